@@ -1,0 +1,39 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Both build .venv on first use.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CPU build of torch lies on this machine's disk; any other torch spec would download gigabytes.
+WHEELS := $(wildcard /opt/wheels)
+PIP_FLAGS := -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS))
+
+.PHONY: demo test bench lint chromium migration clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install $(PIP_FLAGS) -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fleetlens demo
+
+test: $(STAMP) chromium
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	@set -e; for f in benchmarks/*.py; do echo "# $$f" >&2; $(BIN)/python $$f; done
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Browser tests drive Debian's chromium (never a browser downloaded by Playwright).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+# Regenerate the initial migration from the models (the schema has not been released yet).
+migration: $(STAMP)
+	$(BIN)/python alembic/regenerate.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Analysis: trace antipatterns on HTA, telemetry detectors, hourly rollups and fleet ranking."""

@@ -1,0 +1,51 @@
+"""The analyzer's periodic work as entry points the Airflow DAGs and `fleetlens serve` both call: hourly rollups and
+retention, telemetry detection, and analysis of traces not yet analysed. Each returns a small JSON-able summary."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from analyzer.rollups import apply_retention, rollup
+from analyzer.telemetry import detect
+from analyzer.traces import analyze_pending
+from store.db import Store
+from store.settings import Settings
+
+
+def rollup_hours(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
+    """Roll up every closed hour not rolled up yet (the last one again, for late samples)."""
+    result = rollup(store, now)
+    return {"hours": result.hours, "device_rows": result.device_rows, "workflow_rows": result.workflow_rows,
+            "first_hour": result.first_hour, "last_hour": result.last_hour}
+
+
+def retain(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
+    """Drop raw samples older than `settings.retention_days`, of hours already rolled up only."""
+    result = apply_retention(store, settings.retention_days, now)
+    return {"cutoff": result.cutoff, "device_samples_deleted": result.device_samples_deleted,
+            "process_samples_deleted": result.process_samples_deleted, "hours_kept": result.hours_kept}
+
+
+def rollup_and_retain(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
+    """Both, in the order that keeps every sample until its hour is rolled up (the embedded scheduler's job)."""
+    now = time.time() if now is None else now
+    return {"rollup": rollup_hours(store, settings, now=now), "retention": retain(store, settings, now=now)}
+
+
+def detect_telemetry(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
+    """Run the telemetry detectors over their window ending now; findings are recorded idempotently."""
+    found = detect(store, now)
+    return {"findings": len(found), "by_rule": dict(Counter(f.rule for f in found)),
+            "workflows": sorted({f.workflow_id for f in found})}
+
+
+def analyze_traces(store: Store, settings: Settings, *, limit: int | None = None) -> dict[str, int]:
+    """Analyse every registered trace not analysed yet; returns {"analyzed": n, "failed": m}."""
+    return analyze_pending(store, limit=limit, cache_dir=settings.home / "cache" / "traces")
+
+
+def analyze(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
+    """Telemetry detectors, then pending traces (the embedded scheduler's job; the DAG runs them as two tasks)."""
+    return {"telemetry": detect_telemetry(store, settings, now=now), "traces": analyze_traces(store, settings)}

@@ -1,0 +1,256 @@
+"""Hourly rollups per workflow and per device from raw samples, and retention that only drops rolled-up hours.
+
+Definitions (a sample stands for `dt` seconds, see analyzer.telemetry.frame):
+
+- held, per device: a workflow held the device during the sample (below), or, with no workflow's
+  process on it, at least `held_min_gib` of its memory was in use. gpu_hours_held = sum of dt over held
+  samples / 3600.
+- held, per workflow: the workflow's processes held the device during the sample (same rule, for its
+  own processes); a device shared by n workflows at that sample counts 1/n for each, so workflow
+  GPU-hours add up to device GPU-hours.
+- active = held x utilisation: per device, dt x gpu_util over held samples; per workflow, dt x the
+  process's own SM utilisation when the source records it, else dt x gpu_util x 1/n. Capped at held.
+- util_mean / util_p95 / sm_active_mean: over the device samples of the hour (per workflow: of the
+  samples where it held a device). mem_peak: the largest memory in use (per workflow: its processes'
+  memory on one device); mem_total: that device's memory.
+- samples: device samples (per device) or raw process-sample rows (per workflow) in the hour; the
+  retention compares it with the raw rows before deleting, so an hour that changed after it was
+  rolled up is never deleted.
+
+Only closed hours (ending at or before `now`) are rolled up. Re-running upserts on
+(scope, subject, hour), so it is idempotent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import Integer, cast, delete, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from analyzer.telemetry.frame import TelemetryWindow, load_window
+from analyzer.telemetry.thresholds import Thresholds, load_thresholds
+from store.db import Store
+from store.errors import InvalidInput
+from store.models import DeviceSample, ProcessSample, Rollup
+
+HOUR = 3600.0
+CHUNK_HOURS = 6  # hours read per query: bounded memory on a large fleet
+_UPDATED = ("team", "samples", "gpu_hours_held", "gpu_hours_active", "util_mean", "util_p95", "sm_active_mean",
+            "mem_peak", "mem_total", "computed_at")
+
+
+@dataclass(frozen=True)
+class RollupResult:
+    hours: int  # closed hours processed
+    device_rows: int
+    workflow_rows: int
+    first_hour: float | None
+    last_hour: float | None
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    cutoff: float
+    device_samples_deleted: int
+    process_samples_deleted: int
+    hours_kept: int  # (subject, hour) pairs older than the cutoff kept because they are not rolled up
+
+
+def hour_of(ts: float) -> float:
+    return math.floor(ts / HOUR) * HOUR
+
+
+def _hour_expr(store: Store, column):
+    """The SQL start of the hour of an epoch-seconds column (floor; SQLite has no floor() everywhere)."""
+    if store.is_postgres:
+        return func.floor(column / HOUR) * HOUR
+    return cast(column / HOUR, Integer) * HOUR  # timestamps are positive, so truncation is floor
+
+
+def _default_since(store: Store) -> float | None:
+    """Re-roll the last rolled hour (late samples) onward; with no rollups, start at the oldest sample."""
+    with store.session() as session:
+        last = session.scalar(select(func.max(Rollup.hour)))
+        if last is not None:
+            return float(last)
+        first = session.scalar(select(func.min(DeviceSample.ts)))
+        first_p = session.scalar(select(func.min(ProcessSample.ts)))
+    starts = [x for x in (first, first_p) if x is not None]
+    return hour_of(min(starts)) if starts else None
+
+
+def _next_sample_ts(store: Store, after: float) -> float | None:
+    with store.session() as session:
+        found = [
+            session.scalar(select(func.min(model.ts)).where(model.ts >= after))
+            for model in (DeviceSample, ProcessSample)
+        ]
+    found = [float(x) for x in found if x is not None]
+    return min(found) if found else None
+
+
+def rollup(
+    store: Store,
+    now: float | None = None,
+    since: float | None = None,
+    *,
+    thresholds: Thresholds | None = None,
+) -> RollupResult:
+    """Roll up every closed hour from `since` (default: the last rolled hour, else the oldest sample) to `now`."""
+    th = thresholds or load_thresholds()
+    now = time.time() if now is None else float(now)
+    end = hour_of(now)
+    since = _default_since(store) if since is None else hour_of(float(since))
+    if since is None or since >= end:
+        return RollupResult(0, 0, 0, None, None)
+    n_dev = n_wf = 0
+    computed_at = time.time()
+    chunk_start = since
+    while chunk_start < end:
+        chunk_end = min(chunk_start + CHUNK_HOURS * HOUR, end)
+        window = load_window(store, chunk_start, chunk_end, th.common)
+        if window.samples.empty and window.processes.empty:
+            # a hole in the data (or a store idle for months): jump to the hour of the next sample
+            nxt = _next_sample_ts(store, chunk_end)
+            chunk_start = end if nxt is None else max(chunk_end, hour_of(nxt))
+            continue
+        dev_rows = device_rollups(window, computed_at)
+        wf_rows = workflow_rollups(window, computed_at)
+        _upsert(store, dev_rows + wf_rows)
+        n_dev, n_wf = n_dev + len(dev_rows), n_wf + len(wf_rows)
+        chunk_start = chunk_end
+    return RollupResult(int((end - since) // HOUR), n_dev, n_wf, since, end - HOUR)
+
+
+def _none(x) -> float | None:
+    return None if x is None or pd.isna(x) else float(x)
+
+
+def _int(x) -> int | None:
+    return None if x is None or pd.isna(x) else int(x)
+
+
+def device_rollups(window: TelemetryWindow, computed_at: float) -> list[dict]:
+    """One row per (device, hour) of the window's device samples."""
+    s = window.samples
+    if s.empty:
+        return []
+    s = s.assign(hour=np.floor(s["ts"] / HOUR) * HOUR)
+    s["held_s"] = s["dt"].where(s["held"], 0.0)
+    s["active_s"] = (s["held_s"] * s["gpu_util"].fillna(0.0).clip(0.0, 1.0))
+    g = s.groupby(["device_id", "hour"], sort=False)
+    out = g.agg(
+        samples=("ts", "size"), held_s=("held_s", "sum"), active_s=("active_s", "sum"),
+        util_mean=("gpu_util", "mean"), sm_active_mean=("sm_active", "mean"),
+        mem_peak=("mem_used", "max"), mem_total=("mem_total", "max"),
+    )
+    out["util_p95"] = g["gpu_util"].quantile(0.95)
+    return [
+        {
+            "scope": "device", "subject": str(dev), "hour": float(hour), "team": None, "samples": int(r.samples),
+            "gpu_hours_held": float(r.held_s) / HOUR, "gpu_hours_active": float(r.active_s) / HOUR,
+            "util_mean": _none(r.util_mean), "util_p95": _none(r.util_p95), "sm_active_mean": _none(r.sm_active_mean),
+            "mem_peak": _int(r.mem_peak), "mem_total": _int(r.mem_total), "computed_at": computed_at,
+        }
+        for (dev, hour), r in out.iterrows()
+    ]
+
+
+def workflow_rollups(window: TelemetryWindow, computed_at: float) -> list[dict]:
+    """One row per (workflow, hour) that has process samples in the window."""
+    procs = window.processes
+    if procs.empty:
+        return []
+    counts = procs.assign(hour=np.floor(procs["ts"] / HOUR) * HOUR).groupby(["workflow_id", "hour"])["n_raw"].sum()
+    u = window.usage
+    u = u.assign(hour=np.floor(u["ts"] / HOUR) * HOUR)
+    held = u["held"]
+    u["held_s"] = (u["dt"] * u["share"]).where(held, 0.0)
+    own = u["sm_util"].where(u["sm_util"].notna(), u["gpu_util"] * u["share"])
+    u["active_s"] = np.minimum(u["dt"] * own.fillna(0.0).clip(lower=0.0), u["held_s"])
+    # utilisation and memory statistics describe the samples where the workflow held a device
+    hu = u[held]
+    g = hu.groupby(["workflow_id", "hour"], sort=False)
+    stats = g.agg(util_mean=("gpu_util", "mean"), sm_active_mean=("sm_active", "mean"),
+                  mem_peak=("wf_mem", "max"), mem_total=("mem_total", "max"))
+    stats["util_p95"] = g["gpu_util"].quantile(0.95)
+    sums = u.groupby(["workflow_id", "hour"], sort=False)[["held_s", "active_s"]].sum()
+    out = pd.DataFrame({"samples": counts}).join(sums, how="left").join(stats, how="left")
+    teams = window.workflows["team"] if "team" in window.workflows else pd.Series(dtype="object")
+    rows = []
+    for (wf, hour), r in out.iterrows():
+        team = teams.get(wf)
+        rows.append({
+            "scope": "workflow", "subject": str(wf), "hour": float(hour),
+            "team": None if team is None or pd.isna(team) else str(team), "samples": int(r.samples),
+            "gpu_hours_held": (_none(r.held_s) or 0.0) / HOUR, "gpu_hours_active": (_none(r.active_s) or 0.0) / HOUR,
+            "util_mean": _none(r.util_mean), "util_p95": _none(r.util_p95), "sm_active_mean": _none(r.sm_active_mean),
+            "mem_peak": _int(r.mem_peak), "mem_total": _int(r.mem_total), "computed_at": computed_at,
+        })
+    return rows
+
+
+def _upsert(store: Store, rows: list[dict], batch: int = 2000) -> None:
+    if not rows:
+        return
+    insert = pg_insert if store.is_postgres else sqlite_insert
+    stmt = insert(Rollup)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["scope", "subject", "hour"], set_={c: stmt.excluded[c] for c in _UPDATED}
+    )
+    with store.session() as session:
+        for i in range(0, len(rows), batch):
+            session.execute(stmt, rows[i:i + batch])
+
+
+def apply_retention(store: Store, retention_days: float, now: float | None = None) -> RetentionResult:
+    """Delete raw samples older than `retention_days`, but only of hours already rolled up unchanged.
+
+    A (device, hour) of device samples goes only when a device rollup of that hour exists and counted
+    exactly the rows still there; likewise a (workflow, hour) of process samples. Anything else stays
+    (roll it up, then run the retention again).
+    """
+    if retention_days is None or not retention_days > 0:
+        raise InvalidInput(f"retention_days must be a positive number of days, got {retention_days!r}")
+    now = time.time() if now is None else float(now)
+    cutoff = hour_of(now - retention_days * 86400.0)  # whole hours only
+    dev_deleted, dev_kept = _retain(store, DeviceSample, DeviceSample.device_id, "device", cutoff, int)
+    proc_deleted, proc_kept = _retain(store, ProcessSample, ProcessSample.workflow_id, "workflow", cutoff, str)
+    return RetentionResult(cutoff, dev_deleted, proc_deleted, dev_kept + proc_kept)
+
+
+def _retain(store: Store, model, subject_col, scope: str, cutoff: float, to_subject) -> tuple[int, int]:
+    hour = _hour_expr(store, model.ts).label("hour")
+    with store.session() as session:
+        raw = session.execute(
+            select(hour, subject_col, func.count()).where(model.ts < cutoff).group_by(hour, subject_col)
+        ).all()
+        if not raw:
+            return 0, 0
+        rolled = {
+            (float(h), s): n
+            for h, s, n in session.execute(
+                select(Rollup.hour, Rollup.subject, Rollup.samples).where(Rollup.scope == scope, Rollup.hour < cutoff)
+            )
+        }
+        deletable: dict[float, list] = {}
+        kept = 0
+        for h, subject, n in raw:
+            if rolled.get((float(h), str(subject))) == n:
+                deletable.setdefault(float(h), []).append(to_subject(subject))
+            else:
+                kept += 1
+        deleted = 0
+        for h, subjects in deletable.items():
+            for i in range(0, len(subjects), 500):
+                result = session.execute(
+                    delete(model).where(model.ts >= h, model.ts < h + HOUR, subject_col.in_(subjects[i:i + 500]))
+                )
+                deleted += result.rowcount or 0
+    return deleted, kept

@@ -1,0 +1,44 @@
+"""Rule: host-to-device copies from pageable memory (slow, and they serialise with the CPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.rules import TraceFinding, steps_location
+
+RULE = "trace.pageable_memcpy"
+
+
+def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
+    rows = [r for r in s["memcpy"] if r["direction"] == "HtoD" and r["host_memory"] == "pageable"]
+    count = sum(r["count"] for r in rows)
+    if count < th["pageable_memcpy"]["min_copies"]:
+        return None
+    pinned = [r for r in s["memcpy"] if r["direction"] == "HtoD" and r["host_memory"] == "pinned"]
+    total_us = sum(r["total_us"] for r in rows)
+    nbytes = sum(r["bytes"] for r in rows)
+    steps = max(s["n_steps"], 1)
+    step_s = s["step_us_mean"] / 1e6
+    cost = total_us / steps / 1e6 * (1 - 1 / th["pageable_memcpy"]["pinned_speedup"])
+    dtoh = sum(r["count"] for r in s["memcpy"] if r["direction"] == "DtoH" and r["host_memory"] == "pageable")
+    evidence = {
+        "pageable_htod_copies": count,
+        "pageable_htod_bytes": nbytes,
+        "pageable_htod_ms": round(total_us / 1e3, 3),
+        "pageable_htod_gbps": round(nbytes / total_us / 1e3, 3) if total_us else None,
+        "pinned_htod_copies": sum(r["count"] for r in pinned),
+        "pinned_htod_gbps": (round(sum(r["bytes"] for r in pinned) / sum(r["total_us"] for r in pinned) / 1e3, 3)
+                             if pinned and sum(r["total_us"] for r in pinned) else None),
+        "pageable_dtoh_copies": dtoh,
+        "steps": s["n_steps"],
+    }
+    first = min(r["first_ts_us"] for r in rows)
+    return TraceFinding(
+        rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=cost, evidence=evidence,
+        title=f"{count} host-to-device copies from pageable memory ({nbytes / 2**20:.1f} MiB, "
+              f"{total_us / 1e3:.1f} ms at {evidence['pageable_htod_gbps'] or 0:.1f} GB/s)",
+        location=steps_location(s, f"'Memcpy HtoD (Pageable -> Device)' on the GPU (cudaMemcpyAsync on the CPU), "
+                                   f"first at {first / 1e3:.1f} ms"),
+        fix="Copy from pinned memory: DataLoader(pin_memory=True), or tensor.pin_memory() once for tensors "
+            "reused every step, then .to(device, non_blocking=True) so the copy overlaps compute.",
+    )

@@ -1,0 +1,42 @@
+"""Rule: the CPU waits for the GPU many times per step (stream/device syncs, .item(), .cpu())."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.rules import TraceFinding, steps_location
+
+RULE = "trace.sync_heavy"
+
+
+def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
+    sy, t = s["sync"], th["sync_heavy"]
+    step_s = s["step_us_mean"] / 1e6
+    blocked_s = sy["blocked_us_per_step"] / 1e6
+    blocked_fraction = blocked_s / step_s if step_s else 0.0
+    if sy["per_step_mean"] < t["calls_per_step_min"] or blocked_fraction < t["blocked_fraction_min"]:
+        return None
+    tot = sy["totals"]
+    evidence = {
+        "calls_per_step": round(sy["per_step_mean"], 2),
+        "stream_syncs": tot["stream_sync"],
+        "device_syncs": tot["device_sync"],
+        "event_syncs": tot["event_sync"],
+        "item_calls": tot["item"],
+        "blocked_ms_per_step": round(blocked_s * 1e3, 3),
+        "blocked_fraction": round(blocked_fraction, 4),
+        "steps": s["n_steps"],
+        "threshold_calls_per_step": t["calls_per_step_min"],
+    }
+    parts = [f"{tot[k]} {label}" for k, label in (("stream_sync", "cudaStreamSynchronize"),
+             ("device_sync", "cudaDeviceSynchronize"), ("event_sync", "cudaEventSynchronize"),
+             ("item", ".item()")) if tot[k]]
+    first = "; ".join(f"{name} at {', '.join(f'{v:.1f}' for v in ts)} ms" for name, ts in sy["first_calls_ms"].items())
+    return TraceFinding(
+        rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=blocked_s, evidence=evidence,
+        title=f"{sy['per_step_mean']:.0f} synchronising calls per step ({', '.join(parts)} in the trace)",
+        location=steps_location(s, first),
+        fix="Keep the CPU ahead of the GPU: drop torch.cuda.synchronize() from the loop, read losses/metrics "
+            "with .item()/.cpu() every N steps (accumulate them on the GPU), use non_blocking=True copies from "
+            "pinned memory, and avoid data-dependent shapes (nonzero, masked_select) that force a sync.",
+    )

@@ -1,0 +1,239 @@
+"""One bounded time window of telemetry as pandas frames, with each device sample attributed to workflows.
+
+Attribution: a device sample belongs to the workflows that have a process sample on that device at
+that time (the nearest process sample within half the device's sampling interval). Each such
+(workflow, device, sample) row is one row of `usage`. A sample stands for the time `dt` up to the next
+sample of the device, capped at `max_gap_factor` times the device's median interval, so a hole in the
+data is never counted as held or idle time. When several workflows share a device at one sample,
+each gets `share = 1 / n_workflows` of it (the GPU-time it costs is split, not multiplied).
+
+A workflow *holds* the device at a sample when its processes there use at least `held_min_gib` of
+memory, or when the source reports no per-process memory at all (a process with a context on a GPU
+always holds some).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import select
+
+from analyzer.telemetry.thresholds import Common
+from store.db import Store
+from store.models import Device, DeviceSample, ProcessSample, Workflow
+
+DEFAULT_INTERVAL_S = 60.0
+
+
+@dataclass
+class TelemetryWindow:
+    """Samples of [start, end) ready for the detectors and the rollups."""
+
+    start: float
+    end: float
+    # device_id, ts, gpu_util, mem_used, mem_total, sm_active, dt (seconds this sample stands for),
+    # n_workflows (workflows attributed to this sample), held (see the module doc)
+    samples: pd.DataFrame
+    # workflow_id, device_id, ts, wf_mem, sm_util, n_raw (process sample rows), plus the device
+    # sample's gpu_util, mem_used, mem_total, sm_active, dt, n_workflows, share, held
+    usage: pd.DataFrame
+    # workflow_id, device_id, ts, n_raw: every process sample row of the window, attributed or not
+    processes: pd.DataFrame
+    # device_id -> host_id, index, name, memory_total
+    devices: pd.DataFrame
+    # workflow_id -> team, gpus
+    workflows: pd.DataFrame
+    # the store the window came from, for detectors that look up more (e.g. when processes ended)
+    store: Store | None = None
+    # results the detectors share (e.g. per workflow-device statistics), computed once per window
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def span_s(self) -> float:
+        """The time the window's samples cover (first sample to the end of the last one)."""
+        if "span_s" not in self.cache:
+            s = self.samples
+            self.cache["span_s"] = 0.0 if s.empty else float((s["ts"] + s["dt"]).max() - s["ts"].min())
+        return self.cache["span_s"]
+
+    def per_day(self, gpu_seconds: float) -> float:
+        """GPU-seconds seen in this window as GPU-hours per day at the same rate."""
+        span = self.span_s
+        return 0.0 if span <= 0 else gpu_seconds / span * 24.0
+
+    def device_label(self, device_id: int) -> str:
+        if "labels" not in self.cache:
+            d = self.devices
+            self.cache["labels"] = {
+                int(i): f"device {i} ({h}:{x}, {n})" for i, h, x, n in zip(d.index, d["host_id"], d["index"], d["name"],
+                                                                          strict=True)
+            }
+        return self.cache["labels"].get(int(device_id), f"device {device_id}")
+
+    def device_short(self, device_id: int) -> str:
+        """host:index of the device, for titles."""
+        if device_id in self.devices.index:
+            d = self.devices.loc[device_id]
+            return f"{d['host_id']}:{d['index']}"
+        return f"device {device_id}"
+
+    def device_total(self, device_id: int) -> float | None:
+        if device_id in self.devices.index:
+            total = self.devices.loc[device_id, "memory_total"]
+            return None if pd.isna(total) else float(total)
+        return None
+
+
+def fmt_ts(ts: float) -> str:
+    return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def fmt_window(start: float, end: float) -> str:
+    return f"{fmt_ts(start)} to {fmt_ts(end)} UTC"
+
+
+def _read(store: Store, query) -> pd.DataFrame:
+    with store.engine.connect() as conn:
+        return pd.read_sql_query(query, conn)
+
+
+def _read_window(store: Store, table: str, columns: tuple[str, ...], start: float, end: float) -> pd.DataFrame:
+    """Rows of [start, end) of a sample table, fetched past the ORM: a day of a fleet is millions of rows.
+
+    PostgreSQL streams them with COPY ... TO STDOUT as CSV; SQLite hands over tuples from its own cursor.
+    """
+    cols = ", ".join(columns)
+    # floats only are inlined, nothing user-written
+    where = f"ts >= {float(start)!r} AND ts < {float(end)!r}"
+    dtypes = {c: ("str" if c in ("workflow_id", "host_id") else "float64") for c in columns}
+    with store.engine.connect() as conn:
+        cursor = conn.connection.driver_connection.cursor()
+        try:
+            if store.is_postgres:
+                buf = io.BytesIO()
+                with cursor.copy(f"COPY (SELECT {cols} FROM {table} WHERE {where}) TO STDOUT WITH (FORMAT csv)") as cp:
+                    for block in cp:
+                        buf.write(block)
+                buf.seek(0)
+                if not buf.getbuffer().nbytes:
+                    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
+                return pd.read_csv(buf, names=list(columns), header=None, dtype=dtypes, keep_default_na=False,
+                                   na_values={c: [""] for c in columns if dtypes[c] == "float64"})
+            lo, hi = cursor.execute(f"SELECT min(ts), max(ts) FROM {table}").fetchone()
+            if lo is not None and (min(end, hi) - max(start, lo)) > 0.5 * (hi - lo):
+                # the window is most of the table: one sequential scan beats a lookup per row via the ts index
+                where = f"+ts >= {float(start)!r} AND +ts < {float(end)!r}"
+            cursor.execute(f"SELECT {cols} FROM {table} WHERE {where}")
+            rows = cursor.fetchall()
+        finally:
+            cursor.close()
+    if not rows:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
+    text = [i for i, c in enumerate(columns) if dtypes[c] == "str"]
+    if not text:
+        # all numeric: numpy converts the tuples (None -> NaN) far faster than pandas' object path
+        return pd.DataFrame(np.array(rows, dtype="float64"), columns=list(columns))
+    return pd.DataFrame(rows, columns=list(columns)).astype(dtypes)
+
+
+def _sample_intervals(samples: pd.DataFrame, max_gap_factor: float) -> pd.Series:
+    """dt of each sample: the time to the device's next sample, capped; the last one gets the median."""
+    nxt = samples.groupby("device_id", sort=False)["ts"].shift(-1)
+    gap = nxt - samples["ts"]
+    median = gap.groupby(samples["device_id"], sort=False).transform("median")
+    fallback = float(gap.median()) if gap.notna().any() else DEFAULT_INTERVAL_S
+    median = median.fillna(fallback)
+    return gap.fillna(median).clip(upper=median * max_gap_factor).clip(lower=0.0)
+
+
+def load_window(store: Store, start: float, end: float, common: Common) -> TelemetryWindow:
+    """Read device and process samples of [start, end) and attribute each device sample to workflows."""
+    samples = _read_window(
+        store, DeviceSample.__tablename__, ("device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active"),
+        start, end,
+    )
+    raw = _read_window(
+        store, ProcessSample.__tablename__, ("workflow_id", "device_id", "ts", "mem_used", "sm_util", "cpu_util"),
+        start, end,
+    )
+    # A process's own utilisation (NVML's per-process SM share, or the cpu source's share of the device's cores)
+    # says what the workflow does on a shared device; the device's reading mixes in its neighbours.
+    raw["own_util"] = raw["sm_util"].astype("float64").fillna(raw["cpu_util"].astype("float64"))
+    # several processes of one workflow on one device count together
+    g = raw.groupby(["workflow_id", "device_id", "ts"], sort=False)
+    procs = pd.DataFrame(
+        {"wf_mem": g["mem_used"].sum(min_count=1), "sm_util": g["sm_util"].max(),
+         "own_util": g["own_util"].sum(min_count=1).clip(upper=1.0), "n_raw": g.size()}
+    ).reset_index()
+    devices = _read(store, select(Device.id.label("device_id"), Device.host_id, Device.index, Device.name,
+                                  Device.memory_total)).set_index("device_id")
+    workflows = _read(store, select(Workflow.id.label("workflow_id"), Workflow.team, Workflow.gpus)).set_index(
+        "workflow_id"
+    )
+
+    samples["device_id"] = samples["device_id"].astype("int64")
+    samples = samples.sort_values(["device_id", "ts"], kind="stable").reset_index(drop=True)
+    # a sample without its own mem_total takes the device's registered one
+    if not samples.empty:
+        samples["mem_total"] = samples["mem_total"].fillna(samples["device_id"].map(devices["memory_total"]))
+    samples["dt"] = _sample_intervals(samples, common.max_gap_factor) if not samples.empty else pd.Series(
+        dtype="float64")
+
+    usage = _attribute(procs, samples)
+    n = usage.groupby(["device_id", "ts"], sort=False).size().rename("n_workflows")
+    samples = samples.merge(n, left_on=["device_id", "ts"], right_index=True, how="left")
+    samples["n_workflows"] = samples["n_workflows"].fillna(0).astype("int64")
+    usage = usage.merge(n, left_on=["device_id", "ts"], right_index=True, how="left")
+    usage["share"] = 1.0 / usage["n_workflows"]
+    # a workflow alone on a device whose source has no per-process memory holds the device's memory
+    alone = usage["wf_mem"].isna() & (usage["n_workflows"] == 1)
+    usage.loc[alone, "wf_mem"] = usage.loc[alone, "mem_used"]
+    usage["held"] = usage["wf_mem"].isna() | (usage["wf_mem"] >= common.held_min_bytes)
+    # the device is held when a workflow on it holds it, or, with nobody on it, when its memory is in use
+    holding = usage[usage["held"]].groupby(["device_id", "ts"], sort=False).size()
+    samples = samples.merge(holding.rename("n_holding"), left_on=["device_id", "ts"], right_index=True, how="left")
+    samples["held"] = samples["n_holding"].notna() | (
+        (samples["n_workflows"] == 0) & (samples["mem_used"].fillna(0) >= common.held_min_bytes)
+    )
+    samples = samples.drop(columns="n_holding")
+    return TelemetryWindow(
+        start=start, end=end, samples=samples, usage=usage,
+        processes=procs[["workflow_id", "device_id", "ts", "n_raw"]], devices=devices, workflows=workflows, store=store,
+    )
+
+
+def _attribute(procs: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """Join each workflow's process sample to the nearest device sample of the same device."""
+    cols = ["workflow_id", "device_id", "ts", "wf_mem", "sm_util", "own_util", "n_raw",
+            "gpu_util", "device_util", "mem_used", "mem_total", "sm_active", "dt"]
+    if procs.empty or samples.empty:
+        return pd.DataFrame({c: pd.Series(dtype="object" if c == "workflow_id" else "float64") for c in cols})
+    procs = procs.astype({"device_id": "int64", "ts": "float64", "wf_mem": "float64", "sm_util": "float64",
+                          "own_util": "float64"})
+    procs = procs.sort_values("ts", kind="stable")
+    right = samples[["device_id", "ts", "dt"]].rename(columns={"ts": "dev_ts"}).sort_values("dev_ts", kind="stable")
+    tolerance = float(np.nanmedian(samples["dt"])) / 2 if samples["dt"].notna().any() else DEFAULT_INTERVAL_S / 2
+    joined = pd.merge_asof(
+        procs, right.drop(columns="dt"), left_on="ts", right_on="dev_ts", by="device_id",
+        direction="nearest", tolerance=max(tolerance, 1e-6),
+    )
+    joined = joined.dropna(subset=["dev_ts"])
+    # two process samples that land on one device sample: one row, the larger memory
+    joined = (
+        joined.groupby(["workflow_id", "device_id", "dev_ts"], sort=False)
+        .agg(wf_mem=("wf_mem", "max"), sm_util=("sm_util", "max"), own_util=("own_util", "max"),
+             n_raw=("n_raw", "sum"))
+        .reset_index()
+        .rename(columns={"dev_ts": "ts"})
+    )
+    joined = joined.merge(samples[["device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active", "dt"]],
+                          on=["device_id", "ts"], how="left")
+    # the workflow's utilisation: its processes' own where recorded, else the device's
+    joined["device_util"] = joined["gpu_util"]
+    joined["gpu_util"] = joined["own_util"].where(joined["own_util"].notna(), joined["gpu_util"])
+    return joined.sort_values(["workflow_id", "device_id", "ts"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,57 @@
+"""Cache of parsed traces under FLEETLENS_HOME/cache/traces, keyed by path, size and mtime.
+
+Parsing is most of an analysis; re-running the rules on a trace (a new threshold, a new rule) reads the
+pickled frame back instead of the JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+from pathlib import Path
+
+from analyzer.traces.parse import ParsedTrace, parse_trace
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = "2"  # bump when ParsedTrace or the parse changes
+
+
+def cache_key(path: str | Path) -> str:
+    p = Path(path).resolve()
+    st = p.stat()
+    from hta.version import __version_tuple__ as hta_version  # noqa: PLC0415
+
+    raw = f"{p}|{st.st_size}|{st.st_mtime_ns}|{CACHE_VERSION}|{hta_version}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def load_trace(path: str | Path, cache_dir: Path | None = None, memory_budget: int | None = None) -> ParsedTrace:
+    """Parse a trace, or read it from the cache when the same file (path, size, mtime) was parsed before."""
+    if cache_dir is None:
+        return parse_trace(path, memory_budget)
+    try:
+        file = Path(cache_dir) / f"{cache_key(path)}.pkl"
+    except OSError:
+        return parse_trace(path, memory_budget)  # parse_trace names the problem
+    if file.exists():
+        try:
+            with file.open("rb") as fh:
+                cached = pickle.load(fh)
+            if isinstance(cached, ParsedTrace):
+                cached.path = str(path)
+                return cached
+        except Exception as exc:  # a broken cache entry is only a cache miss
+            log.warning("ignoring unreadable cache entry %s: %s", file, exc)
+    parsed = parse_trace(path, memory_budget)
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=file.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump(parsed, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, file)
+    except OSError as exc:
+        log.warning("could not cache %s: %s", path, exc)
+    return parsed

@@ -1,0 +1,103 @@
+"""Shared selections over a parsed trace: GPU events with their kind, CPU events, and interval arithmetic."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+from hta.utils.utils import get_kernel_type
+
+from analyzer.traces.parse import GPU_CATS, ParsedTrace
+
+# Tensor-core kernels by name: NVIDIA HMMA/IMMA paths (xmma, *_tensorop, sm80+ cutlass/cuBLASLt, wgmma, tf32/fp16
+# gemm variants, flash attention) and AMD MFMA (rocBLAS/Tensile "Cijk_..._MI<m>x<n>x<k>").
+TENSOR_CORE_RE = re.compile(
+    r"xmma|hmma|imma|wgmma|tensorop|_s1688|_h1688|_s16816|_h16816|_i8816|sm8\d_|sm9\d_|cutlass.*(?:tf32|f16|bf16)"
+    r"|gemm.*(?:tf32|fp16|bf16|f16|_h\d)|flash_?(?:fwd|bwd|attn)|fmha|_MI\d+x\d+x\d+",
+    re.IGNORECASE,
+)
+# Kernels that do matrix multiplies or convolutions: where tensor cores apply at all
+MATMUL_RE = re.compile(r"(?<!fb)gemm|gemv|conv|fprop|dgrad|wgrad|matmul|Cijk_|xmma|cutlass|fmha|flash", re.IGNORECASE)
+SYNC_NAMES = {
+    "cudaStreamSynchronize": "stream_sync",
+    "hipStreamSynchronize": "stream_sync",
+    "cudaDeviceSynchronize": "device_sync",
+    "hipDeviceSynchronize": "device_sync",
+    "cudaEventSynchronize": "event_sync",
+    "hipEventSynchronize": "event_sync",
+    "aten::item": "item",
+    "aten::_local_scalar_dense": "local_scalar_dense",
+}
+LAUNCH_RE = re.compile(r"(cuda|hip|cu|hipExtModule)LaunchKernel|cudaLaunchKernelExC|cudaGraphLaunch|LaunchCooperative")
+
+
+def gpu_events(t: ParsedTrace) -> pd.DataFrame:
+    """Kernels, copies and memsets on the device, each with kind: COMPUTATION | COMMUNICATION | MEMORY."""
+    cached = t.__dict__.get("_gpu_events")
+    if cached is not None:  # several questions ask for it; classify once per trace
+        return cached
+    g = _classify(t)
+    t.__dict__["_gpu_events"] = g
+    return g
+
+
+def _classify(t: ParsedTrace) -> pd.DataFrame:
+    df = t.df
+    g = df[df["stream"].ge(0) & df["s_cat"].isin(GPU_CATS)].copy()
+    if g.empty:
+        g["kind"] = pd.Series(dtype=str)
+        return g
+    names = g["s_name"].astype("category").cat.remove_unused_categories()
+    kind_of = {n: get_kernel_type(str(n)) for n in names.cat.categories}
+    g["kind"] = names.map(kind_of).astype(str)
+    mem = g["s_cat"].isin(["gpu_memcpy", "Memcpy", "gpu_memset", "Memset"])
+    g.loc[mem, "kind"] = "MEMORY"
+    g.loc[g["kind"].eq("OTHER"), "kind"] = "COMPUTATION"
+    return g.sort_values("ts")
+
+
+def cpu_events(t: ParsedTrace) -> pd.DataFrame:
+    return t.df[t.df["stream"].lt(0)]
+
+
+def merge_intervals(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals as sorted disjoint (start, end) arrays."""
+    if len(ts) == 0:
+        return np.empty(0), np.empty(0)
+    order = np.argsort(ts, kind="stable")
+    s, e = np.asarray(ts, float)[order], np.asarray(end, float)[order]
+    run_end = np.maximum.accumulate(e)
+    new = np.empty(len(s), bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    return s[new], np.maximum.reduceat(e, np.flatnonzero(new))
+
+
+def covered_until(starts: np.ndarray, ends: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Length of the (sorted, disjoint) intervals that lies before each time x."""
+    if len(starts) == 0:
+        return np.zeros(len(x))
+    cum = np.concatenate([[0.0], np.cumsum(ends - starts)])
+    k = np.searchsorted(starts, x, side="right")  # intervals starting at or before x
+    last = np.clip(k - 1, 0, None)
+    partial = np.where(k > 0, np.clip(np.minimum(x, ends[last]) - starts[last], 0, None), 0.0)
+    return cum[last] * (k > 0) + partial
+
+
+def clipped_total(starts: np.ndarray, ends: np.ndarray, w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
+    """For each window [w0, w1): the length of the (sorted, disjoint) intervals inside it."""
+    return covered_until(starts, ends, np.asarray(w1, float)) - covered_until(starts, ends, np.asarray(w0, float))
+
+
+def union_length(ts: np.ndarray, end: np.ndarray) -> float:
+    s, e = merge_intervals(ts, end)
+    return float((e - s).sum())
+
+
+def step_windows(t: ParsedTrace) -> tuple[np.ndarray, np.ndarray]:
+    return t.steps["ts"].to_numpy(float), t.steps["end"].to_numpy(float)
+
+
+def has_gpu(t: ParsedTrace) -> bool:
+    return bool((t.df["stream"].ge(0) & t.df["s_cat"].isin(GPU_CATS)).any())

@@ -1,0 +1,121 @@
+"""Analyse registered traces (traces table): status registered -> analyzing -> analyzed | failed, findings upserted.
+
+The status change to 'analyzing' is committed before the work starts and the final state in its own
+transaction, so a crash in between is caught and recorded as failed (never left 'analyzing').
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from analyzer.rules import load_thresholds, run_set_rules
+from analyzer.traces.errors import InvalidTrace
+from analyzer.traces.run import analyze_one
+from store import profiling
+from store.db import Store
+from store.errors import NotFound
+from store.findings import upsert_finding
+from store.models import Trace, Workflow
+from store.settings import get_settings
+from store.workflows import upsert_workflow
+
+log = logging.getLogger(__name__)
+
+
+def _workflow_for(session, trace: Trace) -> Workflow:
+    """The trace's workflow; a trace registered without one gets a workflow of its own to hang findings on."""
+    if trace.workflow_id is not None:
+        wf = session.get(Workflow, trace.workflow_id)
+        if wf is not None:
+            return wf
+    wf = upsert_workflow(session, f"trace:{trace.id}", id_source="cmdline", name=Path(trace.path).name)
+    trace.workflow_id = wf.id
+    return wf
+
+
+def analyze_trace(store: Store, trace_id: int, *, thresholds: dict | None = None, cache_dir: Path | None = None,
+                  memory_budget: int | None = None) -> dict[str, Any]:
+    """Analyse one registered trace; returns {"status", "error", "findings", "summary"}.
+
+    A bad file marks the trace failed with the reason (the error is returned, not raised); an unknown
+    trace id raises NotFound.
+    """
+    th = thresholds or load_thresholds()
+    if cache_dir is None:
+        cache_dir = get_settings().home / "cache" / "traces"
+    with store.session() as session:
+        trace = session.get(Trace, trace_id)
+        if trace is None:
+            raise NotFound(f"no trace {trace_id} in the store; `fleetlens analyze PATH --store` registers one")
+        trace.status, trace.error = "analyzing", None
+        path = trace.path
+    try:
+        summary, found = analyze_one(path, thresholds=th, cache_dir=cache_dir, memory_budget=memory_budget)
+    except Exception as exc:  # every failure is recorded; only InvalidTrace is the file's fault
+        reason = exc.problem if isinstance(exc, InvalidTrace) else f"analysis failed: {type(exc).__name__}: {exc}"
+        if not isinstance(exc, InvalidTrace):
+            log.exception("trace %s (%s) failed", trace_id, path)
+        with store.session() as session:
+            trace = session.get(Trace, trace_id)
+            trace.status, trace.error, trace.analyzed_at = "failed", f"{path}: {reason}", time.time()
+        return {"status": "failed", "error": f"{path}: {reason}", "findings": [], "summary": None}
+
+    with store.session() as session:
+        trace = session.get(Trace, trace_id)
+        wf = _workflow_for(session, trace)
+        gpus = wf.gpus or 1
+        for f in found:
+            upsert_finding(session, f.to_spec(wf.id, gpus, trace.id))
+        trace.status, trace.error, trace.analyzed_at = "analyzed", None, time.time()
+        trace.summary = summary
+        trace.steps = summary["n_steps"]
+        trace.rank = summary["rank"]
+        set_findings = _set_rules(session, trace, th, gpus)
+    return {"status": "analyzed", "error": None, "findings": [f.as_dict(gpus) for f in [*found, *set_findings]],
+            "summary": summary}
+
+
+def _set_rules(session, trace: Trace, th: dict, gpus: int) -> list:
+    """Once all ranks of one profile request are analysed, compare them (straggler)."""
+    if trace.profile_request_id is None:
+        return []
+    siblings = list(session.scalars(select(Trace).where(Trace.profile_request_id == trace.profile_request_id)))
+    if len(siblings) < 2 or any(t.status != "analyzed" or not t.summary for t in siblings):
+        return []
+    found = run_set_rules([t.summary for t in siblings], th)
+    for f in found:
+        f.subject = f"ranks:{trace.profile_request_id}"
+        upsert_finding(session, f.to_spec(trace.workflow_id, gpus, trace.id))
+    return found
+
+
+def analyze_pending(store: Store, *, limit: int | None = None, thresholds: dict | None = None,
+                    cache_dir: Path | None = None) -> dict[str, int]:
+    """Analyse every trace still 'registered' (oldest first); returns {"analyzed": n, "failed": m}."""
+    with store.session() as session:
+        query = select(Trace.id).where(Trace.status == "registered").order_by(Trace.created_at, Trace.id)
+        if limit:
+            query = query.limit(limit)
+        ids = list(session.scalars(query))
+    counts = {"analyzed": 0, "failed": 0}
+    th = thresholds or load_thresholds()
+    for trace_id in ids:
+        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir)
+        counts[res["status"]] += 1
+    return counts
+
+
+def register_trace(store: Store, path: str | Path, *, workflow_id: str | None = None, rank: int = 0,
+                   host_id: str | None = None, profile_request_id: int | None = None) -> int:
+    """Record a trace file given by hand in the store (status 'registered'), creating its workflow if it is new;
+    returns its id. Traces the job SDK captures are registered by the agent through store.profiling."""
+    with store.session() as session:
+        if workflow_id is not None:
+            upsert_workflow(session, workflow_id)
+        return profiling.register_trace(session, workflow_id, Path(path).resolve(), rank, profile_request_id,
+                                        host_id=host_id).id

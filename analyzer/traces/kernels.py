@@ -1,0 +1,91 @@
+"""GPU kernels: the top kernels by time, launch statistics, and the share of GPU time on tensor cores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyzer.traces.events import LAUNCH_RE, MATMUL_RE, TENSOR_CORE_RE, gpu_events
+from analyzer.traces.parse import ParsedTrace
+
+
+def _kernels(t: ParsedTrace) -> pd.DataFrame:
+    g = gpu_events(t)
+    return g[g["s_cat"].isin(["kernel", "Kernel"])]
+
+
+def top_kernels(t: ParsedTrace, n: int = 10) -> pd.DataFrame:
+    """Kernels grouped by name: count, total/mean/max time (us), kind and share of all kernel time."""
+    k = _kernels(t)
+    cols = ["name", "kind", "count", "total_us", "mean_us", "max_us", "share"]
+    if k.empty:
+        return pd.DataFrame(columns=cols)
+    grouped = (
+        k.groupby("s_name", observed=True)
+        .agg(kind=("kind", "first"), count=("dur", "size"), total_us=("dur", "sum"), mean_us=("dur", "mean"),
+             max_us=("dur", "max"))
+        .reset_index()
+        .sort_values("total_us", ascending=False)
+    )
+    grouped["name"] = grouped["s_name"].astype(str)
+    grouped["share"] = grouped["total_us"] / float(k["dur"].sum())
+    return grouped.head(n)[cols].reset_index(drop=True)
+
+
+def launch_stats(t: ParsedTrace, tiny_kernel_us: float = 10.0) -> dict:
+    """How kernels were launched: counts per step, CPU launch cost, launch-to-start delay, tiny kernels."""
+    k = _kernels(t)
+    steps = max(len(t.steps), 1)
+    df = t.df
+    launch_codes = [i for i, n in enumerate(df["s_name"].cat.categories) if LAUNCH_RE.search(str(n))]
+    launches = df[df["name"].isin(launch_codes) & df["stream"].lt(0)]
+    res = {
+        "kernels": int(len(k)),
+        "kernels_per_step": len(k) / steps,
+        "launch_calls": int(len(launches)),
+        "launch_cpu_mean_us": float(launches["dur"].mean()) if len(launches) else None,
+        "launch_cpu_total_us": float(launches["dur"].sum()),
+        "tiny_kernel_us": tiny_kernel_us,
+        "tiny_kernels": int(k["dur"].lt(tiny_kernel_us).sum()) if len(k) else 0,
+        "tiny_kernels_per_step": float(k["dur"].lt(tiny_kernel_us).sum()) / steps if len(k) else 0.0,
+        "tiny_share": float(k["dur"].lt(tiny_kernel_us).mean()) if len(k) else 0.0,
+        "kernel_mean_us": float(k["dur"].mean()) if len(k) else None,
+        "kernel_median_us": float(k["dur"].median()) if len(k) else None,
+        "launch_delay_mean_us": None,
+        "launch_delay_p95_us": None,
+        "launch_names": sorted({str(n) for n in launches["s_name"].unique()}),
+    }
+    if len(k) and "index_correlation" in k:
+        linked = k[k["index_correlation"].gt(0)]
+        runtime_ts = df["ts"].reindex(linked["index_correlation"].to_numpy()).to_numpy(float)
+        delay = linked["ts"].to_numpy(float) - runtime_ts
+        delay = delay[~np.isnan(delay)]
+        if len(delay):
+            res["launch_delay_mean_us"] = float(delay.mean())
+            res["launch_delay_p95_us"] = float(np.percentile(delay, 95))
+    return res
+
+
+def tensor_core_usage(t: ParsedTrace) -> dict:
+    """Share of computation time in tensor-core kernels, and in matmul/conv kernels that do not use them."""
+    g = gpu_events(t)
+    comp = g[g["kind"].eq("COMPUTATION") & g["s_cat"].isin(["kernel", "Kernel"])]
+    if comp.empty:
+        return {"computation_us": 0.0, "tensor_core_us": 0.0, "tensor_core_share": None, "matmul_us": 0.0,
+                "matmul_share": None, "matmul_without_tensor_cores_us": 0.0, "top_non_tc_matmul": []}
+    cats = comp["s_name"].astype("category").cat.remove_unused_categories()
+    is_tc = cats.map({n: bool(TENSOR_CORE_RE.search(str(n))) for n in cats.cat.categories}).astype(bool)
+    is_mm = cats.map({n: bool(MATMUL_RE.search(str(n))) for n in cats.cat.categories}).astype(bool)
+    total = float(comp["dur"].sum())
+    non_tc_mm = comp[is_mm & ~is_tc]
+    top = (non_tc_mm.assign(name=non_tc_mm["s_name"].astype(str)).groupby("name")["dur"].sum()
+           .sort_values(ascending=False).head(5))
+    return {
+        "computation_us": total,
+        "tensor_core_us": float(comp.loc[is_tc, "dur"].sum()),
+        "tensor_core_share": float(comp.loc[is_tc, "dur"].sum()) / total if total else None,
+        "matmul_us": float(comp.loc[is_mm, "dur"].sum()),
+        "matmul_share": float(comp.loc[is_mm, "dur"].sum()) / total if total else None,
+        "matmul_without_tensor_cores_us": float(non_tc_mm["dur"].sum()),
+        "top_non_tc_matmul": [{"name": n, "total_us": float(v)} for n, v in top.items()],
+    }

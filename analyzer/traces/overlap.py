@@ -1,0 +1,34 @@
+"""Communication/computation overlap: the share of communication kernel time hidden under computation.
+
+Same ratio as HTA's `get_comm_comp_overlap` (overlap over merged communication time), computed with
+interval arithmetic: |comm ∩ comp| = |comm| + |comp| − |comm ∪ comp|.
+"""
+
+from __future__ import annotations
+
+from analyzer.traces.events import gpu_events, union_length
+from analyzer.traces.parse import ParsedTrace
+
+
+def comm_comp_overlap(t: ParsedTrace) -> dict:
+    g = gpu_events(t)
+    comm = g[g["kind"].eq("COMMUNICATION")]
+    comp = g[g["kind"].eq("COMPUTATION")]
+    comm_us = union_length(comm["ts"].to_numpy(float), comm["end"].to_numpy(float))
+    if comm_us <= 0:
+        return {"communication_us": 0.0, "overlap_us": 0.0, "overlap_ratio": None, "exposed_communication_us": 0.0,
+                "top_comm_kernels": []}
+    comp_us = union_length(comp["ts"].to_numpy(float), comp["end"].to_numpy(float))
+    both = g[g["kind"].isin(["COMMUNICATION", "COMPUTATION"])]
+    union_us = union_length(both["ts"].to_numpy(float), both["end"].to_numpy(float))
+    overlap = comm_us + comp_us - union_us
+    top = (comm.assign(name=comm["s_name"].astype(str)).groupby("name")["dur"].agg(["size", "sum"])
+           .sort_values("sum", ascending=False).head(5))
+    return {
+        "communication_us": comm_us,
+        "overlap_us": overlap,
+        "overlap_ratio": overlap / comm_us,
+        "exposed_communication_us": comm_us - overlap,
+        "top_comm_kernels": [{"name": n, "count": int(r["size"]), "total_us": float(r["sum"])}
+                             for n, r in top.iterrows()],
+    }

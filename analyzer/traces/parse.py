@@ -1,0 +1,227 @@
+"""Read one Kineto trace file into a ParsedTrace with HTA's parser, refusing bad files with a clear reason.
+
+We call HTA's lower-level pieces (`round_down_time_stamps`, `_compress_df`, `transform_correlation_to_index`)
+instead of `TraceAnalysis`, because TraceAnalysis needs `distributedInfo.rank`, drops the events of the last
+profiler step and assigns iterations row by row; validating the raw JSON between HTA's steps is what lets
+us name the problem of a bad file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import psutil
+
+from analyzer.traces.errors import InvalidTrace
+
+log = logging.getLogger(__name__)
+
+# A JSON trace held as Python objects takes about this many times its text size (dicts of small strings);
+# pandas and HTA's compressed frame come on top while the raw objects are still alive.
+MEMORY_PER_TEXT_BYTE = 8.0
+STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+# events that occupy the device (sync markers and GPU-side annotations do not)
+GPU_CATS = ["kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"]
+
+
+@dataclass
+class ParsedTrace:
+    """One rank's trace: HTA's event frame (with decoded names) plus the file's metadata."""
+
+    path: str
+    rank: int
+    meta: dict[str, Any]
+    df: pd.DataFrame  # HTA columns + s_name/s_cat (categorical) + iteration
+    steps: pd.DataFrame  # step, name, ts, end, dur (CPU ProfilerStep spans or one fallback window)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int | None:
+        info = self.meta.get("distributedInfo") or {}
+        return info.get("world_size")
+
+    @property
+    def device_name(self) -> str | None:
+        props = self.meta.get("deviceProperties") or []
+        return props[0].get("name") if props and isinstance(props[0], dict) else None
+
+
+def _uncompressed_size(path: Path) -> int:
+    """Size of the JSON text: gzip keeps it (mod 4 GiB) in its last four bytes."""
+    size = path.stat().st_size
+    if path.name.endswith(".gz") and size >= 18:
+        with path.open("rb") as fh:
+            fh.seek(-4, os.SEEK_END)
+            isize = struct.unpack("<I", fh.read(4))[0]
+        # ISIZE wraps at 4 GiB; never believe less than the compressed size
+        return max(isize, size)
+    return size
+
+
+def check_trace_file(path: str | Path, memory_budget: int | None = None) -> int:
+    """Refuse what cannot be a trace before reading it; returns the expected JSON text size in bytes."""
+    p = Path(path)
+    if not p.exists():
+        raise InvalidTrace(str(p), "no such file")
+    if not p.is_file():
+        raise InvalidTrace(str(p), "is not a file")
+    if not (p.name.endswith(".json") or p.name.endswith(".json.gz") or p.name.endswith(".gz")):
+        raise InvalidTrace(str(p), "is not a trace: the name must end in .json or .json.gz")
+    if p.stat().st_size == 0:
+        raise InvalidTrace(str(p), "is empty (0 bytes); the profiler did not finish writing it")
+    text_size = _uncompressed_size(p)
+    budget = memory_budget if memory_budget is not None else psutil.virtual_memory().available
+    need = int(text_size * MEMORY_PER_TEXT_BYTE)
+    if need > budget:
+        raise InvalidTrace(
+            str(p),
+            f"is too large to analyse here: {text_size / 2**20:.0f} MiB of JSON needs about {need / 2**30:.1f} GiB "
+            f"of memory and {budget / 2**30:.1f} GiB is available; analyse it on a larger machine or capture "
+            "fewer steps (torch.profiler schedule active=1..3)",
+        )
+    return text_size
+
+
+def _read_json(p: Path) -> Any:
+    try:
+        if p.name.endswith(".gz"):
+            with gzip.open(p, "rb") as fh:
+                raw = fh.read()
+        else:
+            raw = p.read_bytes()
+    except EOFError:
+        raise InvalidTrace(str(p), "is truncated: the gzip stream ends early (copy it again)") from None
+    except (gzip.BadGzipFile, zlib.error) as exc:
+        raise InvalidTrace(str(p), f"is not valid gzip ({exc})") from None
+    except OSError as exc:
+        raise InvalidTrace(str(p), f"cannot be read ({exc.strerror or exc})") from None
+    if not raw.strip():
+        raise InvalidTrace(str(p), "holds no data (empty JSON text)")
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise InvalidTrace(str(p), "is not JSON text (binary content)") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidTrace(str(p), f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+
+
+def _rank_of(meta: dict[str, Any], p: Path, warnings: list[str]) -> int:
+    info = meta.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if isinstance(rank, int):
+        return rank
+    msg = f"{p.name} has no distributedInfo.rank; taken as rank 0"
+    log.warning(msg)
+    warnings.append(msg)
+    return 0
+
+
+def _find_steps(df: pd.DataFrame) -> pd.DataFrame:
+    """ProfilerStep#N spans on the CPU; without them the whole trace is one step (a micro-benchmark)."""
+    cats = df["s_name"].cat.categories
+    step_of = {code: int(m.group(1)) for code, name in enumerate(cats) if (m := STEP_RE.match(str(name)))}
+    cpu = df[df["name"].isin(list(step_of)) & df["stream"].lt(0) & df["s_cat"].isin(["user_annotation", "cpu_op"])]
+    spans = cpu[["ts", "dur", "name"]].assign(step=cpu["name"].map(step_of), name=cpu["s_name"].astype(str))
+    spans = spans.drop_duplicates("step").sort_values("ts")
+    if spans.empty:
+        # no steps: a micro-benchmark; take the span the GPU was in use (from the first launch), else all
+        gpu = df[df["stream"].ge(0) & df["s_cat"].isin(GPU_CATS)]
+        if gpu.empty:
+            ts0, ts1, name = float(df["ts"].min()), float((df["ts"] + df["dur"]).max()), "whole trace"
+        else:
+            launches = df.loc[df.index.intersection(gpu["index_correlation"][gpu["index_correlation"].gt(0)]), "ts"]
+            ts0 = float(min(gpu["ts"].min(), launches.min() if len(launches) else np.inf))
+            ts1, name = float((gpu["ts"] + gpu["dur"]).max()), "GPU active span"
+        spans = pd.DataFrame({"step": [0], "name": [name], "ts": [ts0], "dur": [ts1 - ts0]})
+    spans["end"] = spans["ts"] + spans["dur"]
+    return spans[["step", "name", "ts", "end", "dur"]].reset_index(drop=True)
+
+
+def _assign_iterations(df: pd.DataFrame, steps: pd.DataFrame) -> None:
+    """CPU events take the step whose span holds their start; GPU events take the step of their launch."""
+    starts, ends = steps["ts"].to_numpy(), steps["end"].to_numpy()
+    ts = df["ts"].to_numpy()
+    pos = np.searchsorted(starts, ts, side="right") - 1
+    ok = (pos >= 0) & (ts < ends[np.clip(pos, 0, None)])
+    it = np.where(ok, steps["step"].to_numpy()[np.clip(pos, 0, None)], -1)
+    df["iteration"] = it
+    if "index_correlation" in df.columns:
+        corr = df["index_correlation"].to_numpy()
+        gpu = (df["stream"].to_numpy() >= 0) & (corr > 0)
+        by_index = pd.Series(it, index=df.index)
+        linked = by_index.reindex(corr[gpu]).to_numpy()
+        df.loc[gpu, "iteration"] = np.where(np.isnan(linked), -1, linked).astype(np.int64)
+    df["iteration"] = df["iteration"].astype(np.int32)
+
+
+def parse_trace(path: str | Path, memory_budget: int | None = None) -> ParsedTrace:
+    """Parse one trace file; raises InvalidTrace naming the file and the problem."""
+    from hta.common.trace import transform_correlation_to_index
+    from hta.common.trace_parser import _compress_df, round_down_time_stamps
+    from hta.configs.parser_config import ParserConfig
+
+    p = Path(path)
+    check_trace_file(p, memory_budget)
+    record = _read_json(p)
+    if not isinstance(record, dict):
+        kind = type(record).__name__
+        raise InvalidTrace(str(p), f"is JSON but not a trace: the top level is a {kind}, not an object")
+    if "traceEvents" not in record:
+        raise InvalidTrace(str(p), "is JSON but not a Kineto trace: it has no traceEvents")
+    events = record.pop("traceEvents")
+    meta = record
+    if not isinstance(events, list) or not events:
+        raise InvalidTrace(str(p), "has no events (traceEvents is empty)")
+    warnings: list[str] = []
+    rank = _rank_of(meta, p, warnings)
+
+    hta_log = logging.getLogger("hta")
+    level = hta_log.level
+    hta_log.setLevel(logging.ERROR)  # HTA logs every parse at WARNING
+    try:
+        df = pd.DataFrame(events)
+        del events
+        missing = {"ts", "dur", "name", "cat"} - set(df.columns)
+        if missing:
+            raise InvalidTrace(str(p), f"has no complete ('X') events: fields {sorted(missing)} are missing")
+        for col in ("pid", "tid"):
+            if col not in df.columns:
+                df[col] = 0
+        df["ts"] = pd.to_numeric(df["ts"], errors="coerce")
+        df["dur"] = pd.to_numeric(df["dur"], errors="coerce")
+        round_down_time_stamps(df)
+        df.reset_index(inplace=True)
+        df["index"] = pd.to_numeric(df["index"], downcast="integer")
+        df, symbols = _compress_df(df, ParserConfig.get_default_cfg())
+        if df.empty:
+            raise InvalidTrace(str(p), "has no complete ('X') events with a duration")
+        df = transform_correlation_to_index(df, symbols)
+    except InvalidTrace:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidTrace(str(p), f"has malformed events ({type(exc).__name__}: {exc})") from None
+    finally:
+        hta_log.setLevel(level)
+
+    # per-op shapes are kept by HTA as Python lists; no question here uses them and they dominate pickling
+    df = df.drop(columns=[c for c in ("input_dims", "input_type", "input_strides") if c in df.columns])
+    table = symbols.get_sym_table()
+    df["s_name"] = pd.Categorical.from_codes(df["name"].astype(np.int64), categories=table)
+    df["s_cat"] = pd.Categorical.from_codes(df["cat"].astype(np.int64), categories=table)
+    df["end"] = df["ts"] + df["dur"]
+    steps = _find_steps(df)
+    if steps["name"].iloc[0] in ("whole trace", "GPU active span"):
+        warnings.append(f"no ProfilerStep#N spans: one step taken over the {steps['name'].iloc[0]}")
+    _assign_iterations(df, steps)
+    return ParsedTrace(path=str(p), rank=rank, meta=meta, df=df, steps=steps, warnings=warnings)

@@ -1,0 +1,108 @@
+"""Analyse trace files: parse or read the cache, summarise each rank, run the rules; a bad file never stops the rest."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analyzer.rules import TraceFinding, load_thresholds, run_rules, run_set_rules
+from analyzer.traces.cache import load_trace
+from analyzer.traces.errors import InvalidTrace
+from analyzer.traces.straggler import straggler_verdict
+from analyzer.traces.summary import summarize
+
+log = logging.getLogger(__name__)
+TRACE_SUFFIXES = (".json", ".json.gz")
+Progress = Callable[[str, str], None]  # (path, stage) -> None
+
+
+@dataclass
+class AnalysisResult:
+    """What an analysis of one or more trace files found."""
+
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[TraceFinding] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # path -> problem
+    straggler: dict[str, Any] | None = None
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors)
+
+    def as_dict(self, gpus: int = 1) -> dict[str, Any]:
+        return {"traces": self.summaries, "findings": [f.as_dict(gpus) for f in self.findings],
+                "straggler": self.straggler, "errors": self.errors}
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Trace files named directly, and the *.json / *.json.gz files inside named folders."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+            if not found:
+                raise InvalidTrace(str(p), "is a folder with no .json or .json.gz trace files")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def job_ranks(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summaries that are distinct ranks of one distributed job (same world size), else []."""
+    by_world: dict[int, dict[int, dict[str, Any]]] = {}
+    for s in summaries:
+        if s.get("world_size") and s["world_size"] > 1:
+            by_world.setdefault(s["world_size"], {})[s["rank"]] = s
+    best = max(by_world.values(), key=len, default={})
+    return list(best.values()) if len(best) >= 2 else []
+
+
+def analyze_one(path: str | Path, *, thresholds: dict | None = None, cache_dir: Path | None = None,
+                memory_budget: int | None = None, progress: Progress | None = None
+                ) -> tuple[dict[str, Any], list[TraceFinding]]:
+    """Summary and per-rank findings of one trace file; raises InvalidTrace for a bad file."""
+    th = thresholds or load_thresholds()
+    if progress:
+        progress(str(path), "parsing")
+    parsed = load_trace(path, cache_dir=cache_dir, memory_budget=memory_budget)
+    if progress:
+        progress(str(path), "analysing")
+    summary = summarize(parsed, consecutive_kernel_delay_us=th["common"]["consecutive_kernel_delay_us"],
+                        tiny_kernel_us=th["common"]["tiny_kernel_us"])
+    del parsed
+    return summary, run_rules(summary, th)
+
+
+def analyze_paths(paths: Iterable[str | Path], *, thresholds: dict | None = None, cache_dir: Path | None = None,
+                  memory_budget: int | None = None, progress: Progress | None = None) -> AnalysisResult:
+    """Analyse trace files (one rank per file) and the set they form; bad files land in `errors`."""
+    th = thresholds or load_thresholds()
+    result = AnalysisResult()
+    files: list[Path] = []
+    for raw in paths:
+        try:
+            files.extend(expand_paths([raw]))
+        except InvalidTrace as exc:
+            result.errors[exc.path] = exc.problem
+    for f in files:
+        try:
+            summary, found = analyze_one(f, thresholds=th, cache_dir=cache_dir, memory_budget=memory_budget,
+                                         progress=progress)
+        except InvalidTrace as exc:
+            log.warning("%s", exc)
+            result.errors[exc.path] = exc.problem
+            continue
+        result.summaries.append(summary)
+        result.findings.extend(found)
+    ranks = job_ranks(result.summaries)
+    if ranks:
+        result.straggler = straggler_verdict(ranks, th["straggler"]["excess_min"])
+        result.findings.extend(run_set_rules(ranks, th))
+    if progress:
+        progress("", "done")
+    return result

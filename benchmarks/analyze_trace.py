@@ -1,0 +1,65 @@
+"""Benchmark: our whole trace analysis vs HTA's TraceAnalysis load of the same file; plus cached re-analysis.
+
+Each measurement runs in a fresh subprocess (time and peak RSS from resource.getrusage). One JSON line per
+trace on stdout: time and peak-memory ratios (target <= 1.5x) and the cache speed-up (target >= 5x).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = ROOT.parent / "shared" / "data" / "traces"
+CASES = ["a100_8rank_rank3_training.json.gz", "a100_80gb_16rank_rank0_training.json.gz"]
+
+OURS = """
+import resource, sys, time
+from pathlib import Path
+from analyzer.traces.run import analyze_paths
+t = time.perf_counter()  # imports are the same cost cached or not; time the analysis
+res = analyze_paths([sys.argv[1]], cache_dir=Path(sys.argv[2]) if sys.argv[2] != "-" else None)
+assert not res.errors, res.errors
+print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, len(res.findings))
+"""
+
+HTA = """
+import logging, os, resource, sys, tempfile, time
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+t = time.perf_counter()
+d = tempfile.mkdtemp()
+os.symlink(sys.argv[1], os.path.join(d, os.path.basename(sys.argv[1])))
+TraceAnalysis(trace_dir=d)
+print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 0)
+"""
+
+
+def _measure(code: str, *args: str) -> tuple[float, int, int]:
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    secs, rss, n = out.stdout.split()[-3:]
+    return float(secs), int(rss), int(n)
+
+
+def main() -> None:
+    for name in CASES:
+        path = str(TRACES / name)
+        print(f"# {name}", file=sys.stderr)
+        hta_s, hta_rss, _ = _measure(HTA, path)
+        with tempfile.TemporaryDirectory() as cache:
+            first_s, first_rss, findings = _measure(OURS, path, cache)
+            cached_s, _, _ = _measure(OURS, path, cache)
+        print(json.dumps({
+            "trace": name,
+            "hta_load_s": round(hta_s, 3), "ours_s": round(first_s, 3), "time_ratio": round(first_s / hta_s, 3),
+            "hta_peak_mib": round(hta_rss / 2**20, 1), "ours_peak_mib": round(first_rss / 2**20, 1),
+            "memory_ratio": round(first_rss / hta_rss, 3),
+            "cached_s": round(cached_s, 3), "cache_speedup": round(first_s / cached_s, 2), "findings": findings,
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

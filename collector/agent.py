@@ -1,0 +1,585 @@
+"""The per-host agent: samples its devices, attributes processes to workflows, batches writes, spools through
+database outages, runs the signed commands addressed to its host, and serves the job SDK on a unix socket.
+
+Three threads keep each concern on time whatever the others do: the sampler reads the source every
+interval into memory; the flusher writes a batch every flush interval (or spools it when the database
+is away); the commander polls and runs commands. A database that hangs can therefore never stall sampling.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from collector.command_runner import CommandRunner, Outcome
+from collector.sources.base import DeviceReading, DeviceSource
+from collector.spool import Spool
+from store.db import Store
+from store.errors import DatabaseUnavailable
+from store.ingest import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS, write_samples
+from store.models import Device, Process, Workflow
+from store.registry import (
+    DeviceSpec,
+    SeenProcess,
+    mark_device_lost,
+    record_processes,
+    register_devices,
+    register_host,
+    touch_host,
+)
+from store.settings import Settings
+from store.workflows import upsert_workflow
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+BATCH_VERSION = 1
+
+# A sample row in memory and in the spool names its device by index on the host, not by id in the store:
+# the agent can sample (and spool) before it ever reached the database to learn its device ids.
+DEVICE_FIELDS: tuple[str, ...] = (
+    "ts", "gpu_util", "mem_util", "mem_used", "mem_total", "power_w", "temperature_c", "sm_clock_mhz",
+    "throttle_reasons", "xid_errors", "ecc_errors", "sm_active", "sm_occupancy", "tensor_active",
+)
+PROCESS_FIELDS: tuple[str, ...] = ("workflow_id", "pid", "ts", "mem_used", "sm_util", "cpu_util")
+
+
+@dataclass
+class AgentStats:
+    """Counters a test or `--once` can read back."""
+
+    rounds: int = 0  # sampling rounds
+    device_rows: int = 0  # device sample rows taken
+    process_rows: int = 0
+    flushes: int = 0
+    batches_written: int = 0  # batches the database took directly
+    batches_spooled: int = 0
+    batches_resent: int = 0  # spooled batches later sent
+    rows_dropped: int = 0  # rows that could not be written (unknown device)
+    sample_errors: int = 0
+    commands: list[Outcome] = field(default_factory=list)
+
+
+@dataclass
+class _Proc:
+    """What the agent knows of one process it saw on a device."""
+
+    pid: int
+    start_time: float
+    workflow_id: str
+    id_source: str
+    cmdline: str | None = None
+    username: str | None = None
+    checked_at: float = 0.0
+
+
+class _Batch:
+    """Rows taken since the last flush, plus the workflows and processes they refer to."""
+
+    def __init__(self) -> None:
+        self.devices: list[list[Any]] = []
+        self.processes: list[list[Any]] = []
+        self.workflows: dict[str, str] = {}  # workflow id -> id_source
+        self.seen: dict[int, _Proc] = {}
+        self.lost: set[int] = set()
+        self.found: set[int] = set()  # devices that answered again after being lost
+
+    @property
+    def rows(self) -> int:
+        return len(self.devices) + len(self.processes)
+
+    def to_json(self, host_id: str) -> dict[str, Any]:
+        return {
+            "v": BATCH_VERSION, "host_id": host_id, "device_fields": list(DEVICE_FIELDS),
+            "process_fields": list(PROCESS_FIELDS), "devices": self.devices, "processes": self.processes,
+            "workflows": self.workflows,
+        }
+
+
+def _default_attribute(pid: int) -> tuple[str, str] | None:
+    """(workflow id, how it was found) for `pid`, from collector.attribution once that module is present."""
+    try:
+        from collector import attribution  # the device-source helper's module; imported late on purpose
+    except ImportError:
+        return None
+    result = attribution.attribute(pid)
+    if result is None:
+        return None
+    if isinstance(result, tuple):
+        return str(result[0]), str(result[1])
+    return str(result.workflow_id), str(getattr(result, "id_source", "cmdline"))
+
+
+class Agent:
+    """One host's collector. `run()` blocks until SIGTERM/SIGINT (or `duration`); `start()`/`stop()` for tests."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        source: DeviceSource,
+        *,
+        host_id: str | None = None,
+        sample_interval_s: float | None = None,
+        flush_interval_s: float | None = None,
+        command_interval_s: float | None = None,
+        spool: Spool | None = None,
+        sdk_handler: Any = None,
+        serve_socket: bool = True,
+        attribute: Callable[[int], tuple[str, str] | None] | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.source = source
+        self.host_id = host_id or settings.host_id
+        self.sample_interval_s = sample_interval_s or settings.sample_interval_s
+        self.flush_interval_s = flush_interval_s or settings.flush_interval_s
+        self.command_interval_s = command_interval_s or max(self.sample_interval_s, 0.2)
+        if self.sample_interval_s <= 0 or self.flush_interval_s <= 0:
+            raise ValueError("the sample and flush intervals must be positive seconds")
+        settings.ensure_home()
+        self.spool = spool or Spool(settings.spool_dir / _safe(self.host_id), settings.spool_max_bytes)
+        self.runner = CommandRunner(store, settings, self.host_id, agent=self)
+        self.stats = AgentStats()
+        self._attribute = attribute or _default_attribute
+        self._serve_socket = serve_socket
+        self._sdk_handler = sdk_handler
+        self._socket_server = None
+        self._batch = _Batch()
+        self._batch_lock = threading.Lock()
+        self._procs: dict[int, _Proc] = {}
+        self._lost: set[int] = set()
+        self._device_ids: dict[int, int] = {}
+        self._registered = False
+        self._known_workflows: set[str] = set()  # workflows this agent has created or found in the store
+        self._recorded: frozenset[tuple[int, float]] | None = None  # processes the store last heard of
+        self._db_up: bool | None = None
+        self._db_lock = threading.Lock()  # one flush at a time (the final flush races the flusher otherwise)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> Agent:
+        if self._started:
+            return self
+        self._started = True
+        self._try_register()
+        if self._serve_socket:
+            self._start_socket()
+        self._install_enforcer_hooks()
+        for name, target in (("sampler", self._sample_loop), ("flusher", self._flush_loop),
+                             ("commander", self._command_loop)):
+            thread = threading.Thread(target=target, name=f"fleetlens-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("agent %s sampling %s every %.3g s, writing every %.3g s", self.host_id, self.source.name,
+                 self.sample_interval_s, self.flush_interval_s)
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling, write (or spool) what is buffered, and release the socket and the source."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=max(30.0, 3 * self.flush_interval_s))
+        self._threads.clear()
+        if self._socket_server is not None:
+            self._socket_server.stop()
+            self._socket_server = None
+        if self._started:
+            try:
+                self.flush()
+                self._flush_sdk()
+            except Exception:  # the batch is spooled (see flush); stopping must still release everything
+                log.exception("the last flush failed")
+        close = getattr(self._sdk_handler, "close", None)
+        if callable(close):
+            close()
+        self.source.close()
+        self._started = False
+        log.info("agent %s stopped (%d rounds, %d batches spooled, %d resent)", self.host_id, self.stats.rounds,
+                 self.stats.batches_spooled, self.stats.batches_resent)
+
+    @property
+    def sdk_handler(self) -> Any:
+        """The object answering the job SDK (collector.sdk_handlers.SdkHandlers when installed), or None."""
+        return self._sdk_handler
+
+    def request_stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def run(self, duration: float | None = None) -> AgentStats:
+        """Run until SIGTERM/SIGINT or `duration` seconds, then stop cleanly (the last batch is flushed)."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self.request_stop)
+        try:
+            self.start()
+            self._stop.wait(timeout=duration)
+        finally:
+            self.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self.stats
+
+    def run_once(self) -> AgentStats:
+        """One sample, one write, the pending commands: what `fleetlens agent --once` does."""
+        self._try_register()
+        self.sample_once()
+        self.flush()
+        self.poll_commands()
+        self.source.close()
+        return self.stats
+
+    # ---- registration ----------------------------------------------------------------------------------
+
+    def _try_register(self) -> bool:
+        if self._registered:
+            return True
+        try:
+            specs = [DeviceSpec(d.index, d.uuid, d.name, d.memory_total, d.cpu_cores) for d in self.source.devices()]
+            with self.store.session() as session:
+                register_host(session, self.host_id, hostname=socket.gethostname(), source=self.source.name,
+                              agent_version=AGENT_VERSION, agent_pid=os.getpid())
+                self._device_ids = register_devices(session, self.host_id, specs, source=self.source.name)
+            self.runner.recover()
+        except DatabaseUnavailable as exc:
+            self._db_down(exc)
+            return False
+        self._registered = True
+        self._db_back()
+        log.info("host %s registered with %d devices", self.host_id, len(self._device_ids))
+        return True
+
+    def _db_down(self, exc: BaseException) -> None:
+        if self._db_up is not False:
+            log.warning("database unavailable, spooling samples to %s: %s", self.spool.directory, exc)
+        self._db_up = False
+
+    def _db_back(self) -> None:
+        if self._db_up is False:
+            log.warning("database reachable again; sending %d spooled batches", len(self.spool))
+        self._db_up = True
+
+    # ---- sampling --------------------------------------------------------------------------------------
+
+    def _sample_loop(self) -> None:
+        start = time.monotonic()
+        tick = 0
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception:  # a source must not raise, but one that does must not end the agent
+                self.stats.sample_errors += 1
+                log.exception("sampling %s failed", self.source.name)
+            tick += 1
+            next_at = start + tick * self.sample_interval_s
+            now = time.monotonic()
+            if next_at < now:  # overran (a slow source): skip the missed ticks rather than burst
+                tick = int((now - start) / self.sample_interval_s) + 1
+                next_at = start + tick * self.sample_interval_s
+            self._stop.wait(next_at - now)
+
+    def sample_once(self) -> int:
+        """Read every device once into the current batch; returns the number of device readings."""
+        readings = self.source.sample()
+        now = time.time()
+        device_rows: list[list[Any]] = []
+        process_rows: list[list[Any]] = []
+        seen: dict[int, _Proc] = {}
+        lost: set[int] = set()
+        found: set[int] = set()
+        for reading in readings:
+            if reading.lost:
+                if reading.index not in self._lost:
+                    log.warning("device %d of host %s is lost (fell off the bus)", reading.index, self.host_id)
+                    self._lost.add(reading.index)
+                    lost.add(reading.index)
+                continue
+            if reading.index in self._lost:
+                self._lost.discard(reading.index)
+                found.add(reading.index)
+            device_rows.append(_device_row(reading))
+            for p in reading.processes:
+                proc = self._proc(p, now)
+                if proc is None:
+                    continue
+                seen[proc.pid] = proc
+                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, p.mem_used, p.sm_util,
+                                     p.cpu_util])
+        with self._batch_lock:
+            batch = self._batch
+            batch.devices.extend(device_rows)
+            batch.processes.extend(process_rows)
+            batch.seen.update(seen)
+            for proc in seen.values():
+                batch.workflows[proc.workflow_id] = proc.id_source
+            batch.lost |= lost
+            batch.found |= found
+        self.stats.rounds += 1
+        self.stats.device_rows += len(device_rows)
+        self.stats.process_rows += len(process_rows)
+        return len(readings)
+
+    def _proc(self, p: Any, now: float) -> _Proc | None:
+        """The workflow of the process on a device; cached per pid and re-checked for pid reuse now and then."""
+        cached = self._procs.get(p.pid)
+        if cached is not None and (now - cached.checked_at < 30.0 or p.workflow_id is not None):
+            return cached
+        if p.workflow_id is not None:  # the source knows (replay): no /proc to read
+            proc = _Proc(p.pid, p.start_time or 0.0, p.workflow_id, p.id_source or "env", checked_at=now)
+            self._procs[p.pid] = proc
+            return proc
+        try:
+            ps = psutil.Process(p.pid)
+            with ps.oneshot():
+                start_time = ps.create_time()
+                if cached is not None and cached.start_time == start_time:
+                    cached.checked_at = now
+                    return cached
+                cmdline = " ".join(ps.cmdline()) or ps.name()
+                username = ps.username()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            self._procs.pop(p.pid, None)
+            return None  # gone between the device listing it and us reading it
+        except psutil.AccessDenied:
+            start_time, cmdline, username = p.start_time or 0.0, None, None
+        try:
+            attributed = self._attribute(p.pid)
+        except (ProcessLookupError, PermissionError, FileNotFoundError):
+            attributed = None
+        if attributed is None:
+            attributed = (f"pid:{p.pid}@{self.host_id}", "cmdline")
+        proc = _Proc(p.pid, start_time, attributed[0], attributed[1], cmdline, username, checked_at=now)
+        self._procs[p.pid] = proc
+        return proc
+
+    # ---- writing ---------------------------------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            try:
+                self.flush()
+                self._flush_sdk()
+            except Exception:
+                log.exception("flush failed")
+
+    def flush(self) -> bool:
+        """Write the current batch (after any spooled ones), or spool it; True when the database took it."""
+        with self._batch_lock:
+            batch, self._batch = self._batch, _Batch()
+        with self._db_lock:
+            self.stats.flushes += 1
+            payload = batch.to_json(self.host_id) if batch.rows else None
+            try:
+                if not self._try_register():
+                    raise DatabaseUnavailable("not registered yet")
+                self.stats.batches_resent += self.spool.drain(self._send, on_poison=self._poisoned)
+                if payload is not None:
+                    self._send(payload)
+                    payload = None  # written: from here on a failure must not spool it a second time
+                    self.stats.batches_written += 1
+                try:
+                    self._record_host(batch)
+                except DatabaseUnavailable:
+                    raise
+                except Exception:  # bookkeeping only: the samples are in; log it and reconcile next time
+                    self._recorded = None
+                    log.exception("recording host %s's processes failed", self.host_id)
+            except DatabaseUnavailable as exc:
+                self._db_down(exc)
+                if payload is not None:
+                    self.spool.put(payload, batch.rows)
+                    self.stats.batches_spooled += 1
+                # lost devices are marked at the next flush that reaches the database
+                with self._batch_lock:
+                    self._batch.lost |= batch.lost
+                    self._batch.found |= batch.found
+                return False
+            except Exception:
+                # not an outage: keep the batch on disk (a batch that fails again is set aside by the
+                # spool's drain) rather than lose it, and let the loop log what went wrong
+                if payload is not None:
+                    self.spool.put(payload, batch.rows)
+                    self.stats.batches_spooled += 1
+                raise
+            self._db_back()
+            return True
+
+    def _poisoned(self, batch: dict[str, Any], exc: BaseException) -> None:
+        log.error("a spooled batch of host %s cannot be written and is set aside: %s", self.host_id, exc)
+
+    def _send(self, payload: dict[str, Any]) -> None:
+        """Write one batch (fresh or spooled) in one transaction."""
+        host_id = payload["host_id"]
+        ids = self._device_ids if host_id == self.host_id else {}
+        indexes = {row[0] for row in payload["devices"]} | {row[0] for row in payload["processes"]}
+        if not indexes <= ids.keys():
+            ids = {**ids, **self._known_devices(host_id)}
+        self._touch_workflows(payload["workflows"])
+        # rows as tuples in the store's column order: no per-row dict on the hot path
+        dorder = [payload["device_fields"].index(c) + 1 for c in DEVICE_SAMPLE_COLUMNS if c != "device_id"]
+        porder = [payload["process_fields"].index(c) + 1 for c in PROCESS_SAMPLE_COLUMNS
+                  if c not in ("device_id", "host_id")]
+        if DEVICE_SAMPLE_COLUMNS[0] != "device_id" or PROCESS_SAMPLE_COLUMNS[:3] != ("device_id", "workflow_id",
+                                                                                       "host_id"):
+            raise RuntimeError("store.ingest's column order changed; update collector.agent._send")
+        device_rows, process_rows, dropped = [], [], 0
+        for row in payload["devices"]:
+            device_id = ids.get(row[0])
+            if device_id is None:
+                dropped += 1
+                continue
+            device_rows.append((device_id, *[row[k] for k in dorder]))
+        wf = porder[0]
+        rest = porder[1:]
+        for row in payload["processes"]:
+            device_id = ids.get(row[0])
+            if device_id is None:
+                dropped += 1
+                continue
+            process_rows.append((device_id, row[wf], host_id, *[row[k] for k in rest]))
+        if dropped:
+            self.stats.rows_dropped += dropped
+            log.error("%d sample rows name devices host %s never registered; dropped", dropped, host_id)
+        write_samples(self.store, device_rows, process_rows)
+
+    def _touch_workflows(self, workflows: dict[str, str]) -> None:
+        """Create the workflows this agent has not registered yet; mark all of them seen (one UPDATE)."""
+        if not workflows:
+            return
+        now = time.time()
+        new = {w: src for w, src in workflows.items() if w not in self._known_workflows}
+        for attempt in (1, 2):
+            try:
+                with self.store.session() as session:
+                    for workflow_id, id_source in new.items():
+                        if session.get(Workflow, workflow_id) is None:
+                            upsert_workflow(session, workflow_id, id_source=id_source, now=now)
+                    session.execute(
+                        update(Workflow).where(Workflow.id.in_(list(workflows)), Workflow.last_seen < now)
+                        .values(last_seen=now)
+                    )
+                break
+            except IntegrityError:
+                # another host's agent created the same workflow (one job on two hosts) between our
+                # check and our insert: the second attempt finds its row
+                if attempt == 2:
+                    raise
+        self._known_workflows.update(new)
+
+    def _known_devices(self, host_id: str) -> dict[int, int]:
+        with self.store.session() as session:
+            return {d.index: d.id for d in session.scalars(select(Device).where(Device.host_id == host_id))}
+
+    def _record_host(self, batch: _Batch) -> None:
+        """Heartbeat, lost and returned devices, and the processes seen in this batch."""
+        with self.store.session() as session:
+            touch_host(session, self.host_id)
+            for index in batch.lost:
+                if index in self._device_ids:
+                    mark_device_lost(session, self._device_ids[index])
+            if batch.found:
+                specs = [DeviceSpec(d.index, d.uuid, d.name, d.memory_total, d.cpu_cores)
+                         for d in self.source.devices() if d.index in batch.found]
+                self._device_ids.update(register_devices(session, self.host_id, specs, source=self.source.name))
+            if not (batch.seen or batch.rows):
+                return
+            keys = frozenset((p.pid, p.start_time) for p in batch.seen.values())
+            if keys == self._recorded:
+                # the same processes as last time: one UPDATE instead of a row-by-row reconciliation
+                session.execute(
+                    update(Process).where(Process.host_id == self.host_id, Process.ended_at.is_(None))
+                    .values(last_seen=time.time())
+                )
+            else:
+                seen = [SeenProcess(p.pid, p.start_time, p.workflow_id, p.cmdline, p.username)
+                        for p in batch.seen.values()]
+                record_processes(session, self.host_id, seen)
+                self._recorded = keys
+
+    def _flush_sdk(self) -> None:
+        flush = getattr(self._sdk_handler, "flush", None)
+        if callable(flush):
+            try:
+                flush()
+            except DatabaseUnavailable as exc:
+                self._db_down(exc)
+
+    # ---- commands --------------------------------------------------------------------------------------
+
+    def _command_loop(self) -> None:
+        while not self._stop.wait(self.command_interval_s):
+            if self._db_up is False:
+                continue  # the flusher finds out when it is back; no need to hammer a dead server from here
+            try:
+                self.poll_commands()
+            except Exception:
+                log.exception("running commands failed")
+
+    def poll_commands(self) -> list[Outcome]:
+        try:
+            outcomes = self.runner.poll()
+        except DatabaseUnavailable as exc:
+            self._db_down(exc)
+            return []
+        self.stats.commands.extend(outcomes)
+        return outcomes
+
+    def _install_enforcer_hooks(self) -> None:
+        """The enforcer's command kinds (launch, checkpoint, stop, relaunch), its lane gate and the job reaper."""
+        try:
+            from collector import migration_handlers
+        except ImportError:
+            return
+        migration_handlers.install(self)
+
+    # ---- job SDK socket --------------------------------------------------------------------------------
+
+    def _start_socket(self) -> None:
+        from collector.socket_server import SocketServer
+
+        if self._sdk_handler is None:
+            self._sdk_handler = _make_sdk_handler(self)
+        self._socket_server = SocketServer(self.settings.socket_path, self._sdk_handler).start()
+
+
+class _AgentInfo:
+    """The socket handler when the SDK's handlers are not installed: answers who is listening, nothing else."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "agent": self.agent.host_id, "pid": os.getpid(), "handled": False}
+
+
+def _make_sdk_handler(agent: Agent) -> Any:
+    try:
+        from collector.sdk_handlers import SdkHandlers
+    except ImportError:
+        return _AgentInfo(agent)
+    return SdkHandlers(agent.store, agent.host_id, agent.settings)
+
+
+def _device_row(r: DeviceReading) -> list[Any]:
+    return [r.index, r.ts, r.gpu_util, r.mem_util, r.mem_used, r.mem_total, r.power_w, r.temperature_c,
+            r.sm_clock_mhz, r.throttle_reasons, r.xid_errors, r.ecc_errors, r.sm_active, r.sm_occupancy,
+            r.tensor_active]
+
+
+def _safe(host_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in host_id)

@@ -1,0 +1,557 @@
+"""The job-side SDK a training script uses: step timing, on-demand profiling, checkpoint and resume hooks.
+
+    from collector.job import job
+
+    with job(name="resnet", total_steps=10_000, checkpoint=save, restore=load) as j:
+        for batch in j.steps(loader):
+            train_step(batch)
+
+`j.steps()` times every step in memory and sends summaries to the host's agent about once a second (never a
+socket round trip per step); each send is also the job's poll for work: a profile request (the next N steps
+are traced with torch.profiler into gzipped Kineto JSON) or a checkpoint request (the `checkpoint` callback
+runs between steps). Without an agent the loop runs exactly the same and the SDK tries to connect again only
+every `sdk_retry_s`. Nothing the SDK does may stop training: agent errors are logged at debug level.
+
+Environment (through store.settings): FLEETLENS_WORKFLOW names the workflow; FLEETLENS_RESUME_FROM (and
+FLEETLENS_RESUME_STEP) say where to resume; FLEETLENS_MEMORY_FRACTION caps this process's CUDA memory;
+FLEETLENS_LANE turns on the per-step lane gate; RANK (or FLEETLENS_RANK) is the trace's rank.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from collector import protocol as p
+from store.errors import ConfigError, InvalidInput
+from store.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+MAX_OUTBOX = 600  # step summaries kept while no agent listens (about ten minutes at one a second)
+MAX_BATCHES_PER_MESSAGE = 200
+
+CheckpointFn = Callable[[str], "str | os.PathLike[str] | None"]
+RestoreFn = Callable[[str], "int | None"]
+
+
+def job(
+    name: str | None = None,
+    *,
+    total_steps: int | None = None,
+    checkpoint: CheckpointFn | None = None,
+    restore: RestoreFn | None = None,
+    workflow: str | None = None,
+    rank: int | None = None,
+    settings: Settings | None = None,
+) -> Job:
+    """A `Job` to use as a context manager around the training loop (see the module's docstring)."""
+    return Job(name, total_steps=total_steps, checkpoint=checkpoint, restore=restore, workflow=workflow,
+               rank=rank, settings=settings)
+
+
+def default_workflow_id(settings: Settings) -> tuple[str, str]:
+    """(workflow id, how it was found): FLEETLENS_WORKFLOW, else what the agent's attribution says of this
+    process (Slurm job, Kubernetes pod, command line), so step times and device samples meet in one workflow."""
+    if settings.workflow:
+        return settings.workflow, "env"
+    try:
+        from collector import attribution
+
+        result = attribution.attribute(os.getpid())
+        if isinstance(result, tuple):
+            return str(result[0]), str(result[1])
+        if result is not None:
+            return str(result.workflow_id), str(getattr(result, "id_source", "cmdline"))
+    except Exception:  # attribution is best effort here; the command line below is always there
+        log.debug("attribution of this process failed", exc_info=True)
+    return " ".join(sys.orig_argv) or sys.executable, "cmdline"
+
+
+class Job:
+    """One training process as fleetlens sees it. Use `job(...)`; see the module's docstring."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        total_steps: int | None = None,
+        checkpoint: CheckpointFn | None = None,
+        restore: RestoreFn | None = None,
+        workflow: str | None = None,
+        rank: int | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
+                                        or total_steps < 0):
+            raise InvalidInput(f"total_steps must be a whole number of steps >= 0, not {total_steps!r}")
+        self.settings = settings or get_settings()
+        self.name = name
+        self.total_steps = total_steps
+        self._checkpoint_fn = checkpoint
+        self._restore_fn = restore
+        if workflow:
+            self.workflow_id, self.id_source = workflow, "env"
+        else:
+            self.workflow_id, self.id_source = default_workflow_id(self.settings)
+        self.rank = self.settings.rank if rank is None else int(rank)
+        self.pid = os.getpid()
+        self.lane = self.settings.lane
+        self.resume_from: Path | None = self.settings.resume_from
+        self.start_step = 0
+        self.memory_fraction_applied: float | None = None
+        self.checkpoints: list[dict[str, Any]] = []  # what this job saved on request: path, step, request_id
+        self.traces: list[str] = []  # trace files this job wrote
+        self._step = 0
+        self._times: list[float] = []
+        self._outbox: deque[dict[str, Any]] = deque(maxlen=MAX_OUTBOX)
+        self._conn = p.AgentConnection(self.settings.socket_path, self.settings.sdk_timeout_s)
+        self._next_connect = 0.0
+        self._next_flush = 0.0
+        self._torch: Any = None
+        self._cuda = False
+        self._mem_persistent: int | None = None
+        self._mem_peak: int | None = None
+        self._capture: _Capture | None = None
+        self._finished_captures: list[dict[str, Any]] = []  # filled by capture threads, sent by the loop
+        self._capture_threads: list[threading.Thread] = []
+        self._started = False
+        self._closed = False
+        self._warned: set[str] = set()
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+
+    def __enter__(self) -> Job:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            outcome = "finished"
+        elif issubclass(exc_type, KeyboardInterrupt | SystemExit):
+            outcome = "stopped"
+        else:
+            outcome = "failed"
+        self.close(outcome)
+
+    def start(self) -> Job:
+        """Resume if asked to, apply the memory cap, and say hello to the agent (if one listens)."""
+        if self._started:
+            return self
+        self._started = True
+        self._resume()
+        self._torch = sys.modules.get("torch")  # only a job that uses torch has CUDA memory to watch
+        if self.settings.memory_fraction is not None:
+            self._apply_memory_fraction(self.settings.memory_fraction)
+        self._cuda = bool(self._torch is not None and self._torch.cuda.is_available())
+        self._step = self.start_step
+        self._next_flush = time.perf_counter() + self.settings.sdk_flush_interval_s
+        self._link_ready()
+        return self
+
+    def close(self, outcome: str = "finished") -> None:
+        """Finish any capture, send the last step summaries and say goodbye. Never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._capture is not None:
+                self._capture.finish()
+                self._capture = None
+            for thread in self._capture_threads:
+                thread.join()
+            self._flush(time.perf_counter())
+            self._send_finished_captures()
+            if self._conn.connected:
+                self._send(self._msg(p.BYE, outcome=outcome, last_step=self._step - 1))
+        except Exception:
+            log.debug("fleetlens job close failed", exc_info=True)
+        finally:
+            self._conn.close()
+
+    # ---- the training loop -----------------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """Steps done so far, counting from 0 at the very start of training (so the next step's index)."""
+        return self._step
+
+    @property
+    def connected(self) -> bool:
+        return self._conn.connected
+
+    def steps(self, iterable: Iterable[Any] | None = None) -> Iterator[Any]:
+        """Yield the items of `iterable` (or the step indices) one step at a time, up to `total_steps`.
+
+        A step is timed from asking `iterable` for its item to the loop body handing control back, so data
+        loading counts. Counting starts at the resume step; call `steps()` again for the next epoch.
+        """
+        if not self._started:
+            self.start()
+        source = iter(iterable) if iterable is not None else itertools.count()
+        indices = iterable is None
+        limit, times, clock = self.total_steps, self._times, time.perf_counter
+        in_lane, cuda = self.lane is not None, self._cuda
+        flush_steps = self.settings.sdk_flush_steps
+        last = clock()
+        while limit is None or self._step < limit:
+            if cuda:
+                self._cuda_begin()
+            try:
+                item = next(source)
+            except StopIteration:
+                return
+            if in_lane:
+                self.gate()
+            yield self._step if indices else item
+            now = clock()
+            times.append(now - last)
+            last = now
+            self._step += 1
+            if cuda:
+                self._cuda_end()
+            if in_lane:
+                self._gate_request("end", self._step - 1)
+            if self._capture is not None:
+                self._capture_step()
+            if now >= self._next_flush or len(times) >= flush_steps:
+                self._flush(now)
+                last = clock()  # the poll's own work (a checkpoint, say) is not the next step's
+
+    def gate(self) -> None:
+        """The per-step lane gate: outside a lane a no-op; in one, wait until the agent says it is our turn."""
+        if self.lane is not None:
+            self._gate_request("begin", self._step)
+
+    # ---- resume and memory -----------------------------------------------------------------------------
+
+    def _resume(self) -> None:
+        if self.resume_from is not None:
+            if not self.resume_from.exists():
+                raise ConfigError(
+                    f"FLEETLENS_RESUME_FROM names {self.resume_from}, which does not exist; "
+                    "point it at a checkpoint the job saved, or unset it to start from step 0"
+                )
+            step = self._restore_fn(str(self.resume_from)) if self._restore_fn is not None else None
+            if step is None:
+                step = self.settings.resume_step
+            self.start_step = int(step or 0)
+        elif self.settings.resume_step is not None:
+            self.start_step = self.settings.resume_step
+
+    def _apply_memory_fraction(self, fraction: float) -> None:
+        torch = self._torch
+        if torch is None:
+            import torch  # asked for a CUDA memory cap: this job uses torch
+            self._torch = torch
+        if torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(fraction)
+            self.memory_fraction_applied = fraction
+
+    def _cuda_begin(self) -> None:
+        cuda = self._torch.cuda
+        cuda.reset_peak_memory_stats()
+        allocated = cuda.memory_allocated()  # what lives across steps: weights, optimizer state, ...
+        if self._mem_persistent is None or allocated > self._mem_persistent:
+            self._mem_persistent = allocated
+
+    def _cuda_end(self) -> None:
+        peak = self._torch.cuda.max_memory_allocated()
+        if self._mem_peak is None or peak > self._mem_peak:
+            self._mem_peak = peak
+
+    def _memory(self) -> tuple[int | None, int | None, str | None]:
+        """(persistent, peak, source) for the batch being summarised."""
+        if self._cuda:
+            result = self._mem_persistent, self._mem_peak, "cuda"
+            self._mem_persistent = self._mem_peak = None
+            return result if result[0] is not None else (None, None, None)
+        try:  # on the CPU: resident memory between steps, and the process's high-water mark
+            import resource
+
+            import psutil
+
+            rss = psutil.Process().memory_info().rss
+            return rss, max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024), "rss"
+        except Exception:
+            return None, None, None
+
+    # ---- talking to the agent --------------------------------------------------------------------------
+
+    def _msg(self, op: str, **fields: Any) -> dict[str, Any]:
+        return {"op": op, "v": p.VERSION, "workflow": self.workflow_id, "pid": self.pid, "rank": self.rank,
+                **fields}
+
+    def _flush(self, now: float) -> None:
+        times = self._times
+        if times:
+            n, ordered, total = len(times), sorted(times), math.fsum(times)
+            persistent, peak, source = self._memory()
+            wall = time.time()
+            self._outbox.append({
+                "first_step": self._step - n, "last_step": self._step - 1, "n_steps": n,
+                "ts_start": wall - total, "ts_end": wall, "mean_s": total / n,
+                "p50_s": ordered[(n - 1) // 2], "p95_s": ordered[max(0, math.ceil(0.95 * n) - 1)],
+                "max_s": ordered[-1], "mem_persistent": persistent, "mem_peak": peak, "mem_source": source,
+            })
+            times.clear()  # in place: steps() holds this list
+        self._next_flush = now + self.settings.sdk_flush_interval_s
+        self._send_finished_captures()
+        if not self._link_ready():
+            return
+        if self._outbox:
+            batches = list(itertools.islice(self._outbox, MAX_BATCHES_PER_MESSAGE))
+            reply = self._send(self._msg(p.STEPS, batches=batches))
+            if reply is not None and (reply.get("ok") or not reply.get("retry")):
+                for _ in batches:  # taken (or refused for good: resending would not help)
+                    self._outbox.popleft()
+        else:
+            reply = self._send(self._msg(p.POLL))
+        if reply is not None:
+            self._act(reply)
+
+    def _link_ready(self) -> bool:
+        """Connected to the agent, connecting (and saying hello) if it is time to try again."""
+        if self._conn.connected:
+            return True
+        now = time.monotonic()
+        if now < self._next_connect:
+            return False
+        try:
+            self._conn.connect()
+        except OSError as exc:
+            self._next_connect = now + self.settings.sdk_retry_s
+            self._note_once("connect", "no fleetlens agent at %s (%s); training goes on without one",
+                            self.settings.socket_path, exc)
+            return False
+        reply = self._send(self._msg(
+            p.HELLO, name=self.name, total_steps=self.total_steps, start_step=self._step, lane=self.lane,
+            id_source=self.id_source, host=socket.gethostname(),
+        ))
+        if reply is None:
+            return False
+        self._act(reply)
+        return self._conn.connected
+
+    def _send(self, message: dict[str, Any], *, wait_forever: bool = False) -> dict[str, Any] | None:
+        try:
+            reply = self._conn.request(message, wait_forever=wait_forever)
+        except OSError as exc:
+            self._next_connect = time.monotonic() + self.settings.sdk_retry_s
+            self._note_once("lost", "lost the fleetlens agent (%s); training goes on", exc)
+            return None
+        if not reply.get("ok"):
+            log.debug("the agent refused %s: %s", message.get("op"), reply.get("error"))
+        return reply
+
+    def _note_once(self, key: str, fmt: str, *args: Any) -> None:
+        level = logging.DEBUG if key in self._warned else logging.INFO
+        self._warned.add(key)
+        log.log(level, fmt, *args)
+
+    def _act(self, reply: dict[str, Any]) -> None:
+        if isinstance(reply.get("checkpoint"), dict):
+            self._checkpoint_on_request(reply["checkpoint"])
+        if isinstance(reply.get("profile"), dict):
+            self._start_capture(reply["profile"])
+
+    def _gate_request(self, phase: str, step: int) -> None:
+        if not self._link_ready():
+            return  # no agent: a job never waits for a gate nobody keeps
+        reply = self._send(self._msg(p.GATE, lane=self.lane, step=step, phase=phase),
+                           wait_forever=phase == "begin")
+        if reply is not None and not reply.get("ok"):
+            self._note_once("gate", "lane gate refused (%s); running ungated", reply.get("error"))
+
+    # ---- checkpoints -----------------------------------------------------------------------------------
+
+    def _checkpoint_on_request(self, request: dict[str, Any]) -> None:
+        request_id = request.get("request_id")
+        directory = request.get("directory") or str(
+            self.settings.checkpoint_dir / p.path_component(self.workflow_id))
+        if self._checkpoint_fn is None:
+            self._send(self._msg(p.CHECKPOINT_FAILED, request_id=request_id, step=self._step,
+                                 error="this job passed no checkpoint callback to collector.job"))
+            return
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            path = self._checkpoint_fn(str(directory))
+            path = str(path if path is not None else directory)
+        except Exception as exc:
+            log.warning("checkpoint into %s failed: %s", directory, exc)
+            self._send(self._msg(p.CHECKPOINT_FAILED, request_id=request_id, step=self._step,
+                                 error=f"{type(exc).__name__}: {exc}"))
+            return
+        self.checkpoints.append({"request_id": request_id, "path": path, "step": self._step})
+        self._send(self._msg(p.CHECKPOINT_DONE, request_id=request_id, path=path, step=self._step))
+
+    # ---- on-demand profiling ---------------------------------------------------------------------------
+
+    def _start_capture(self, request: dict[str, Any]) -> None:
+        request_id, steps = int(request["request_id"]), int(request["steps"])
+        if self._capture is not None:
+            self._send(self._msg(p.PROFILE_FAILED, request_id=request_id,
+                                 error=f"already capturing request #{self._capture.request_id}"))
+            return
+        try:
+            folder = self._trace_folder(request.get("trace_dir"), request_id)
+            self._capture = _Capture(self, request_id, steps, folder)
+        except Exception as exc:
+            log.warning("cannot start profiling: %s", exc)
+            self._send(self._msg(p.PROFILE_FAILED, request_id=request_id, error=f"{type(exc).__name__}: {exc}"))
+
+    def _trace_folder(self, suggested: str | None, request_id: int) -> Path:
+        """The agent's folder for the request if this job can write there, else the job's own FLEETLENS_HOME."""
+        candidates = [Path(suggested)] if suggested else []
+        candidates.append(p.trace_dir_for(self.settings.trace_dir, self.workflow_id, request_id))
+        for folder in candidates:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                if os.access(folder, os.W_OK):
+                    return folder
+            except OSError:
+                continue
+        raise ConfigError(f"no trace folder can be written: {', '.join(map(str, candidates))}")
+
+    def _capture_step(self) -> None:
+        capture = self._capture
+        assert capture is not None
+        capture.step()
+        if capture.done:
+            capture.finish()
+            self._capture = None
+
+    def _capture_finished(self, result: dict[str, Any]) -> None:
+        """Called from a capture's writer thread; the training loop sends it at its next flush."""
+        self._finished_captures.append(result)
+
+    def _send_finished_captures(self) -> None:
+        while self._finished_captures and self._link_ready():
+            result = self._finished_captures[0]
+            if result.get("path"):
+                self.traces.append(result["path"])
+                sent = self._send(self._msg(p.PROFILE_DONE, **result))
+            else:
+                sent = self._send(self._msg(p.PROFILE_FAILED, request_id=result["request_id"],
+                                            error=result["error"]))
+            if sent is None:
+                return
+            self._finished_captures.pop(0)
+
+
+class _Capture:
+    """One on-demand trace: torch.profiler over the next N steps, then gzipped Kineto JSON with the rank set."""
+
+    def __init__(self, owner: Job, request_id: int, steps: int, folder: Path) -> None:
+        import torch
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        self.owner, self.request_id, self.steps, self.folder = owner, request_id, steps, folder
+        self.first_step = owner.step
+        self.recorded = 0
+        self.done = False
+        self._ready_called = False
+        self._actions = ProfilerAction
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        # a schedule makes torch mark each step (ProfilerStep#k), which HTA needs to find iterations
+        self.profiler = profile(activities=activities, schedule=self._schedule, on_trace_ready=self._ready)
+        self.profiler.start()
+
+    def _schedule(self, step: int) -> Any:
+        if step < self.steps - 1:
+            return self._actions.RECORD
+        return self._actions.RECORD_AND_SAVE if step == self.steps - 1 else self._actions.NONE
+
+    def step(self) -> None:
+        self.recorded += 1
+        self.profiler.step()
+        self.done = self._ready_called or self.recorded >= self.steps
+
+    def finish(self) -> None:
+        """Stop the profiler (saving what it has, if the job ends early)."""
+        try:
+            self.profiler.stop()
+        except Exception as exc:
+            log.debug("profiler stop failed", exc_info=True)
+            if not self._ready_called:
+                self._result(error=f"the profiler failed to stop: {exc}")
+                return
+        if not self._ready_called:
+            self._result(error="the job ended before any step was captured")
+
+    def _ready(self, prof: Any) -> None:
+        self._ready_called = True
+        if self.recorded == 0:
+            self._result(error="the job ended before any step was captured")
+            return
+        owner = self.owner
+        stem = f"rank{owner.rank}.{p.path_component(socket.gethostname())}.{owner.pid}"
+        raw = self.folder / f".{stem}.raw"  # names HTA does not read (it reads *.json and *.gz)
+        try:
+            prof.export_chrome_trace(str(raw))
+        except Exception as exc:
+            self._result(error=f"exporting the trace failed: {exc}")
+            return
+        thread = threading.Thread(target=self._write, args=(raw, self.folder / f"{stem}.pt.trace.json.gz"),
+                                  name="fleetlens-trace-writer", daemon=True)
+        owner._capture_threads.append(thread)
+        thread.start()
+
+    def _write(self, raw: Path, final: Path) -> None:
+        """Rank into distributedInfo (first, where HTA looks for it), gzip, rename into place."""
+        partial = final.with_name(final.name + ".partial")
+        try:
+            with open(raw, encoding="utf-8") as f:
+                data = json.load(f)
+            info = {k: v for k, v in (data.get("distributedInfo") or {}).items() if k != "rank"}
+            world, backend = _world()
+            info.setdefault("world_size", world)
+            info.setdefault("backend", backend)
+            data.pop("distributedInfo", None)
+            trace = {"distributedInfo": {"rank": self.owner.rank, **info}, **data, "fleetlens": {
+                "workflow": self.owner.workflow_id, "request_id": self.request_id, "first_step": self.first_step,
+                "steps": self.recorded, "pid": self.owner.pid,
+            }}
+            with gzip.open(partial, "wt", encoding="utf-8", compresslevel=6) as f:
+                json.dump(trace, f)
+            os.replace(partial, final)
+            self._result(path=str(final), size_bytes=final.stat().st_size)
+        except Exception as exc:
+            partial.unlink(missing_ok=True)
+            self._result(error=f"writing the trace failed: {type(exc).__name__}: {exc}")
+        finally:
+            raw.unlink(missing_ok=True)
+
+    def _result(self, *, path: str | None = None, size_bytes: int | None = None, error: str | None = None) -> None:
+        result: dict[str, Any] = {"request_id": self.request_id}
+        if path is not None:
+            result.update(path=path, size_bytes=size_bytes, steps=self.recorded, first_step=self.first_step)
+        else:
+            result["error"] = error
+        self.owner._capture_finished(result)
+
+
+def _world() -> tuple[int, str]:
+    """(world size, backend) of torch.distributed when it runs, else a single process."""
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), str(dist.get_backend())
+    except Exception:
+        pass
+    return 1, "none"

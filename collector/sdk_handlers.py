@@ -1,0 +1,490 @@
+"""The agent's side of the job SDK: what it does with each message a training job sends over the socket.
+
+The agent's socket server calls `SdkHandlers.handle(message)` from one thread per connection, so everything
+here is thread-safe, and `handle` answers from memory only: a slow or absent database never stalls a job.
+Database work (step summaries into `step_stats`, memory profiles onto the workflow, profile requests claimed
+and traces registered) happens in `flush()`, which a small writer thread runs every `sync_interval_s` (and
+the agent's flusher calls too); what the database cannot take yet stays queued, bounded, for the next try.
+
+Every poll is answered with what the job should do next: capture a profile (requests in the store, cached
+here by `flush`), or save a checkpoint (requests the enforcer makes through `request_checkpoint`, held in
+memory because a checkpoint is only ever wanted from a job that runs now). Lane gating is delegated to an
+optional gate object the enforcer provides.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from sqlalchemy.orm import Session
+
+from collector import protocol as p
+from store import profiling
+from store.db import Store
+from store.errors import DatabaseUnavailable, FleetlensError
+from store.models import StepStat, Workflow
+from store.settings import Settings
+from store.workflows import upsert_workflow
+
+log = logging.getLogger(__name__)
+
+# a capturing request is handed to more ranks of the workflow only this long after the first one claimed it
+PROFILE_JOIN_WINDOW_S = 30.0
+JOB_FORGET_S = 600.0  # a job silent this long is dropped from `jobs()` and no longer polled for in the store
+MAX_QUEUED_STEP_ROWS = 200_000  # step summaries waiting for the database; past this the oldest are dropped
+MAX_QUEUED_OPS = 10_000
+
+
+class LaneGate(Protocol):
+    """The enforcer's per-lane iteration gate. `handle` may block until it is the job's turn to run a step."""
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass
+class _Checkpoint:
+    workflow_id: str
+    request_id: Any
+    directory: str
+    requested_at: float
+    delivered: set[tuple[int, int]] = field(default_factory=set)  # (pid, rank) told about it
+    answers: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its answer
+
+
+@dataclass
+class _OpenProfile:
+    """A profile request as last read from the store (or as this agent changed it since)."""
+
+    id: int
+    steps: int
+    status: str
+    claimed_at: float | None
+    delivered: set[tuple[int, int]] = field(default_factory=set)
+
+
+class SdkHandlers:
+    """Answers the job SDK's requests on behalf of one host's agent."""
+
+    def __init__(self, store: Store, host_id: str, settings: Settings, *, sync_interval_s: float = 1.0) -> None:
+        self.store, self.host_id, self.settings = store, host_id, settings
+        self.sync_interval_s = sync_interval_s
+        self.gate: LaneGate | None = None  # set by the enforcer on hosts that run lanes
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._checkpoints: dict[str, _Checkpoint] = {}
+        self._profiles: dict[str, list[_OpenProfile]] = {}  # workflow -> its open requests
+        self._jobs: dict[tuple[str, int], dict[str, Any]] = {}
+        self._mem: dict[tuple[str, int], tuple[int | None, int | None, str]] = {}  # (wf, pid) -> P, E, source
+        self._dirty_mem: set[str] = set()
+        self._step_rows: deque[dict[str, Any]] = deque()
+        self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
+        self._dropped_rows = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- the socket server's entry point -------------------------------------------------------------
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """One request in, one reply out, from memory; never raises (a bad message gets an error reply)."""
+        try:
+            self._ensure_writer()
+            op = p.check_request(msg)
+            return getattr(self, f"_on_{op}")(msg)
+        except FleetlensError as exc:
+            return p.error_reply(str(exc))
+        except Exception as exc:  # a bug here must not take down the agent's socket thread
+            log.exception("job SDK message %r failed", msg.get("op"))
+            return p.error_reply(f"agent error: {type(exc).__name__}: {exc}")
+
+    # ---- what the enforcer calls ---------------------------------------------------------------------
+
+    def request_checkpoint(self, workflow_id: str, request_id: Any, directory: str | Path) -> None:
+        """Ask the workflow's running job to checkpoint into `directory` at its next poll (between steps)."""
+        with self._lock:
+            key = str(request_id)
+            if key not in self._checkpoints:  # asking twice is asking once
+                self._checkpoints[key] = _Checkpoint(workflow_id, request_id, str(directory), time.time())
+
+    def checkpoint_result(self, request_id: Any) -> dict[str, Any] | None:
+        """The job's answer, or None while there is none yet (or for an unknown request).
+
+        Answered means rank 0 answered, or every rank told about it did. The dict holds request_id,
+        workflow_id, status ("done" | "failed"), path, step (the next step to run), error, and `ranks`
+        (each rank's answer).
+        """
+        with self._lock:
+            ckpt = self._checkpoints.get(str(request_id))
+            if ckpt is None or not ckpt.answers:
+                return None
+            ranks_told = {rank for _pid, rank in ckpt.delivered}
+            if 0 in ckpt.answers:
+                main = ckpt.answers[0]
+            elif ranks_told and ranks_told <= set(ckpt.answers):
+                main = ckpt.answers[min(ckpt.answers)]
+            else:
+                return None
+            failed = [a for a in ckpt.answers.values() if a["status"] == "failed"]
+            return {
+                "request_id": ckpt.request_id, "workflow_id": ckpt.workflow_id,
+                "status": "failed" if failed else "done", "path": main.get("path"), "step": main.get("step"),
+                "error": failed[0]["error"] if failed else None,
+                "ranks": {rank: dict(answer) for rank, answer in ckpt.answers.items()},
+            }
+
+    def checkpoint_delivered(self, request_id: Any) -> bool:
+        """Whether a job has been told about the checkpoint request yet (it saves between steps after that)."""
+        with self._lock:
+            ckpt = self._checkpoints.get(str(request_id))
+            return bool(ckpt and ckpt.delivered)
+
+    def cancel_checkpoint(self, request_id: Any) -> None:
+        with self._lock:
+            self._checkpoints.pop(str(request_id), None)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """The SDK jobs heard from recently: workflow, pid, rank, lane, step, total_steps, last_seen."""
+        with self._lock:
+            self._forget_silent(time.time())
+            return [dict(job) for job in self._jobs.values()]
+
+    # ---- the database side: the writer thread and the agent's flusher ------------------------------------
+
+    def flush(self) -> None:
+        """Write what is queued, and refresh the open profile requests of the jobs we serve.
+
+        Raises DatabaseUnavailable when the database is away; nothing queued is lost then.
+        """
+        with self._flush_lock:
+            self._write_steps()
+            self._run_ops()
+            self._refresh_profiles()
+
+    def close(self) -> None:
+        """Stop the writer thread and write what is left (what cannot be written now is logged as lost)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        try:
+            self.flush()
+        except DatabaseUnavailable as exc:
+            log.warning("job SDK data not written at shutdown (%d step summaries, %d updates): %s",
+                        len(self._step_rows), len(self._ops), exc)
+
+    def _ensure_writer(self) -> None:
+        if self._thread is None and not self._stop.is_set():
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._writer, name="fleetlens-sdk-writer", daemon=True)
+                    self._thread.start()
+
+    def _writer(self) -> None:
+        down = False
+        while not self._stop.wait(self.sync_interval_s):
+            try:
+                self.flush()
+                if down:
+                    log.info("job SDK writes reach the database again")
+                down = False
+            except DatabaseUnavailable as exc:
+                if not down:
+                    log.warning("job SDK writes wait for the database: %s", exc)
+                down = True
+            except Exception:
+                log.exception("job SDK write failed")
+
+    def _write_steps(self) -> None:
+        with self._lock:
+            rows = list(self._step_rows)
+            dirty = set(self._dirty_mem)
+            mem = {wf: self._workflow_memory(wf) for wf in dirty}
+        if not rows and not mem:
+            return
+        touches = {r["workflow_id"]: r["_touch"] for r in rows if "_touch" in r}
+        try:
+            with self.store.session() as session:
+                for touch in touches.values():  # the workflow row must exist before its step rows
+                    self._touch_workflow(session, touch)
+                session.add_all(StepStat(**{k: v for k, v in r.items() if k != "_touch"}) for r in rows)
+                for wf, (persistent, ephemeral, source) in mem.items():
+                    workflow = session.get(Workflow, wf)
+                    if workflow is None or source is None:
+                        continue
+                    workflow.mem_persistent, workflow.mem_ephemeral = persistent, ephemeral
+                    if (workflow.labels or {}).get("mem_source") != source:
+                        workflow.labels = {**(workflow.labels or {}), "mem_source": source}
+        except DatabaseUnavailable:
+            raise  # kept for the next try
+        except Exception:  # rows the database refuses would block every later row: drop them, loudly
+            log.exception("job SDK step summaries refused by the database; %d dropped", len(rows))
+        with self._lock:
+            for _ in rows:
+                self._step_rows.popleft()
+            self._dirty_mem -= dirty
+
+    def _run_ops(self) -> None:
+        while True:
+            with self._lock:
+                if not self._ops:
+                    return
+                what, work = self._ops[0]
+            try:
+                with self.store.session() as session:
+                    work(session)
+            except DatabaseUnavailable:
+                raise
+            except FleetlensError as exc:  # this one cannot be done (gone workflow, missing file): say so, go on
+                log.warning("job SDK %s not recorded: %s", what, exc)
+            except Exception:
+                log.exception("job SDK %s failed; dropped", what)
+            with self._lock:
+                self._ops.popleft()
+
+    def _refresh_profiles(self) -> None:
+        now = time.time()
+        with self._lock:
+            self._forget_silent(now)
+            workflows = {wf for wf, _pid in self._jobs}
+        if not workflows:
+            return
+        with self.store.session() as session:
+            profiling.expire_stale(session, capture_timeout_s=self.settings.profile_capture_timeout_s, now=now)
+            fresh = {wf: profiling.open_requests(session, wf, now=now) for wf in workflows}
+        with self._lock:
+            for wf, requests in fresh.items():
+                known = {o.id: o for o in self._profiles.get(wf, [])}
+                merged = []
+                for r in requests:
+                    mine = known.get(r.id)
+                    if mine is not None and mine.status == profiling.CAPTURING:
+                        merged.append(mine)  # our claim may not be written yet: keep what we told jobs
+                    else:
+                        merged.append(_OpenProfile(r.id, r.steps, r.status, r.claimed_at,
+                                                   mine.delivered if mine else set()))
+                self._profiles[wf] = merged
+            for wf in set(self._profiles) - workflows:
+                del self._profiles[wf]
+
+    def _queue(self, what: str, work: Callable[[Session], None]) -> None:
+        with self._lock:
+            if len(self._ops) >= MAX_QUEUED_OPS:
+                dropped, _ = self._ops.popleft()
+                log.warning("job SDK queue full: dropped %s", dropped)
+            self._ops.append((what, work))
+
+    # ---- one method per op ---------------------------------------------------------------------------
+
+    def _on_hello(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self._seen(msg, step=msg.get("start_step"))
+        touch = _touch_fields(msg)
+        restart = int(msg.get("rank") or 0) == 0
+
+        def work(session: Session) -> None:
+            workflow = self._touch_workflow(session, touch)
+            if restart and workflow.state in ("finished", "failed"):
+                workflow.state = "running"  # the same workflow started again
+
+        self._queue(f"hello from {msg['workflow']}", work)
+        return self._instructions(msg)
+
+    def _on_poll(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self._seen(msg)
+        return self._instructions(msg)
+
+    def _on_steps(self, msg: dict[str, Any]) -> dict[str, Any]:
+        batches = msg["batches"]
+        self._seen(msg, step=int(batches[-1]["last_step"]) + 1 if batches else None)
+        wf, pid, rank = msg["workflow"], int(msg["pid"]), int(msg.get("rank") or 0)
+        rows = []
+        for b in batches:
+            row = {f: b[f] for f in p.BATCH_FIELDS}
+            row.update(workflow_id=wf, host_id=self.host_id, pid=pid, rank=rank,
+                       mem_persistent=_int(b.get("mem_persistent")), mem_peak=_int(b.get("mem_peak")),
+                       mem_source=b.get("mem_source") if b.get("mem_source") in ("cuda", "rss") else None)
+            rows.append(row)
+        if rows:
+            rows[0]["_touch"] = _touch_fields(msg)  # the workflow row must exist before its step rows
+        with self._lock:
+            self._step_rows.extend(rows)
+            while len(self._step_rows) > MAX_QUEUED_STEP_ROWS:
+                self._step_rows.popleft()
+                self._dropped_rows += 1
+            if self._note_memory((wf, pid), batches):
+                self._dirty_mem.add(wf)
+        return self._instructions(msg)
+
+    def _on_profile_done(self, msg: dict[str, Any]) -> dict[str, Any]:
+        request_id, wf, rank = int(msg["request_id"]), msg["workflow"], int(msg.get("rank") or 0)
+        path, steps, size = msg["path"], _int(msg.get("steps")), _int(msg.get("size_bytes"))
+
+        def work(session: Session) -> None:
+            try:
+                profiling.register_trace(session, wf, path, rank, request_id, host_id=self.host_id, steps=steps,
+                                         size_bytes=size)
+            except FleetlensError as exc:
+                profiling.fail(session, request_id, f"the job's trace could not be registered: {exc}")
+                return
+            profiling.complete(session, request_id)
+
+        self._queue(f"trace of profile request #{request_id}", work)
+        return {"ok": True}
+
+    def _on_profile_failed(self, msg: dict[str, Any]) -> dict[str, Any]:
+        request_id, error = int(msg["request_id"]), f"the job could not capture: {msg['error']}"
+
+        def work(session: Session) -> None:
+            profiling.fail(session, request_id, error)
+
+        self._queue(f"failure of profile request #{request_id}", work)
+        return {"ok": True}
+
+    def _on_checkpoint_done(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return self._checkpoint_answer(msg, {"status": "done", "path": msg["path"], "step": int(msg["step"])})
+
+    def _on_checkpoint_failed(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return self._checkpoint_answer(msg, {"status": "failed", "path": None, "step": _int(msg.get("step")),
+                                             "error": str(msg["error"])})
+
+    def _on_gate(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg["phase"] not in ("begin", "end"):
+            return p.error_reply(f"gate phase must be begin or end, not {msg['phase']!r}")
+        gate = self.gate
+        if gate is None:  # no lanes on this host: every step may run
+            return {"ok": True, "granted": True}
+        return gate.handle(msg)
+
+    def _on_bye(self, msg: dict[str, Any]) -> dict[str, Any]:
+        wf, pid, outcome = msg["workflow"], int(msg["pid"]), msg["outcome"]
+        with self._lock:
+            self._jobs.pop((wf, pid), None)
+        if int(msg.get("rank") or 0) == 0 and outcome in ("finished", "failed"):
+            touch = _touch_fields(msg)
+
+            def work(session: Session) -> None:
+                workflow = self._touch_workflow(session, touch)
+                if workflow.state == "running":  # a job being moved ("moving") is the enforcer's to settle
+                    workflow.state = outcome
+
+            self._queue(f"end of {wf}", work)
+        return {"ok": True}
+
+    # ---- helpers -------------------------------------------------------------------------------------
+
+    def _seen(self, msg: dict[str, Any], step: int | None = None) -> None:
+        key = (msg["workflow"], int(msg["pid"]))
+        with self._lock:
+            job = self._jobs.setdefault(key, {"workflow": key[0], "pid": key[1], "rank": int(msg.get("rank") or 0)})
+            job["last_seen"] = time.time()
+            for name in ("lane", "total_steps", "name"):
+                if msg.get(name) is not None:
+                    job[name] = msg[name]
+            if step is not None:
+                job["step"] = int(step)
+
+    def _forget_silent(self, now: float) -> None:
+        for key in [k for k, job in self._jobs.items() if now - job["last_seen"] > JOB_FORGET_S]:
+            del self._jobs[key]
+            self._mem.pop(key, None)
+
+    @staticmethod
+    def _touch_workflow(session: Session, touch: dict[str, Any]) -> Workflow:
+        wf = touch["workflow"]
+        existing = session.get(Workflow, wf)
+        if existing is not None:  # a managed or known workflow: only fill what it lacks
+            fields = {"declared_steps": touch["total_steps"]} if existing.declared_steps is None and touch[
+                "total_steps"] else {}
+            return upsert_workflow(session, wf, **fields)
+        return upsert_workflow(session, wf, id_source=touch["id_source"], name=touch["name"],
+                               declared_steps=touch["total_steps"])
+
+    def _note_memory(self, key: tuple[str, int], batches: list[dict[str, Any]]) -> bool:
+        """Keep each process's (P, E) at the largest it has shown; True when that changed. Call under the lock."""
+        before = self._mem.get(key)
+        persistent, ephemeral, source = before or (None, None, "")
+        for b in batches:
+            src, mp, peak = b.get("mem_source"), _int(b.get("mem_persistent")), _int(b.get("mem_peak"))
+            if src not in ("cuda", "rss") or mp is None or (source == "cuda" and src != "cuda"):
+                continue
+            if src != source:  # CUDA numbers replace host-memory ones
+                persistent, ephemeral, source = None, None, src
+            persistent = max(persistent or 0, mp)
+            if peak is not None:
+                ephemeral = max(ephemeral or 0, peak - mp)
+        if not source:
+            return False
+        self._mem[key] = (persistent, ephemeral, source)
+        return self._mem[key] != before
+
+    def _workflow_memory(self, wf: str) -> tuple[int | None, int | None, str | None]:
+        """The workflow's P and E: the largest over its processes, CUDA numbers preferred. Call under the lock."""
+        mine = [v for k, v in self._mem.items() if k[0] == wf]
+        if not mine:
+            return None, None, None
+        best = "cuda" if any(v[2] == "cuda" for v in mine) else "rss"
+        values = [v for v in mine if v[2] == best]
+        return (max((v[0] for v in values if v[0] is not None), default=None),
+                max((v[1] for v in values if v[1] is not None), default=None), best)
+
+    def _checkpoint_answer(self, msg: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            ckpt = self._checkpoints.get(str(msg["request_id"]))
+            if ckpt is None:
+                return p.error_reply(f"no checkpoint request {msg['request_id']!r} is waiting (cancelled?)")
+            answer.setdefault("error", None)
+            ckpt.answers[int(msg.get("rank") or 0)] = answer
+        return {"ok": True}
+
+    def _instructions(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The poll reply: a checkpoint to save and/or a profile to capture, if any is waiting for this job."""
+        reply: dict[str, Any] = {"ok": True}
+        wf, who, now = msg["workflow"], (int(msg["pid"]), int(msg.get("rank") or 0)), time.time()
+        with self._lock:
+            for ckpt in self._checkpoints.values():
+                if ckpt.workflow_id == wf and who not in ckpt.delivered and who[1] not in ckpt.answers:
+                    ckpt.delivered.add(who)
+                    reply["checkpoint"] = {"request_id": ckpt.request_id, "directory": ckpt.directory}
+                    break
+            for request in self._profiles.get(wf, []):
+                if who in request.delivered:
+                    continue
+                if request.status == profiling.PENDING:
+                    request.status, request.claimed_at = profiling.CAPTURING, now
+                    self._ops.append((f"claim of profile request #{request.id}", _claimer(request.id, now)))
+                elif request.claimed_at is None or now - request.claimed_at > PROFILE_JOIN_WINDOW_S:
+                    continue
+                request.delivered.add(who)
+                reply["profile"] = {
+                    "request_id": request.id, "steps": request.steps,
+                    "trace_dir": str(p.trace_dir_for(self.settings.trace_dir, wf, request.id)),
+                }
+                break
+        return reply
+
+
+def _claimer(request_id: int, now: float) -> Callable[[Session], None]:
+    def work(session: Session) -> None:
+        profiling.claim(session, request_id, now=now)
+
+    return work
+
+
+def _touch_fields(msg: dict[str, Any]) -> dict[str, Any]:
+    total = _int(msg.get("total_steps"))
+    return {"workflow": msg["workflow"], "id_source": str(msg.get("id_source") or "env")[:16],
+            "name": str(msg["name"])[:255] if msg.get("name") else None, "total_steps": total or None}
+
+
+def _int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,26 @@
+"""fleetlens_analyze (every 15 minutes): the telemetry detectors, and the analysis of traces not analysed yet."""
+
+from __future__ import annotations
+
+from airflow.sdk import dag, task
+
+from analyzer import periodic
+from dags._runtime import DEFAULT_ARGS, START, TAGS, run
+
+
+@dag(dag_id="fleetlens_analyze", schedule="*/15 * * * *", start_date=START, catchup=False, max_active_runs=1,
+     default_args=DEFAULT_ARGS, tags=TAGS, doc_md=__doc__)
+def fleetlens_analyze() -> None:
+    @task
+    def detect_telemetry() -> dict:
+        return run(periodic.detect_telemetry)
+
+    @task
+    def analyze_traces() -> dict:
+        return run(periodic.analyze_traces)
+
+    detect_telemetry()
+    analyze_traces()
+
+
+fleetlens_analyze()

@@ -1,0 +1,545 @@
+"""Migration, safe by construction: the state machine that moves one managed job, persisted in actions and
+action_events, carried out by signed commands the job's host runs (collector.migration_handlers).
+
+    planned -> checkpoint_requested -> checkpointed -> stopped -> relaunched -> resumed (done)
+                       |                                 |
+                       +--(job died)--> rolling_back <---+--(target full / cannot start there)
+                                             |
+                                             +--> rolled_back (running where it was, from its checkpoint)
+    any step that cannot go on without risk -> failed (with the job left as it was, or said where it is)
+
+`drive(store, action_id)` advances one action by at most one step, from what the store says alone (the action's
+state and the commands issued for it), so it is idempotent and picks up after the enforcer or an agent crashes:
+a command whose outcome never arrives (agent killed, database away) is sent again after its deadline, and every
+handler on the agent is idempotent. Nothing is stopped before a checkpoint is safely written; a job that cannot
+checkpoint is left running where it was. Every transition writes an action_event a person can read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from enforcer.lanes import PERSISTENT_FACTOR
+from enforcer.managed import close_empty_lanes
+from store.commands import enqueue_command
+from store.db import Store
+from store.errors import DatabaseUnavailable, FleetlensError, InvalidInput, NotFound
+from store.models import Action, ActionEvent, Command, Device, Lane, Placement, StepStat, Workflow
+from store.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("resumed", "rolled_back", "failed")
+STATES = ("planned", "checkpoint_requested", "checkpointed", "stopped", "relaunched", "resumed", "rolling_back",
+          "rolled_back", "failed")
+OUTSTANDING = ("pending", "running")
+
+
+@dataclass(frozen=True)
+class MigrationOptions:
+    """Deadlines of the steps. A command with no outcome `command_grace_s` after its own deadline is taken as
+    lost and sent again (at most `max_attempts` times per step)."""
+
+    checkpoint_timeout_s: float = 120.0
+    stop_grace_s: float = 10.0
+    start_timeout_s: float = 3.0  # a relaunched job must survive this long (or say hello to its agent sooner)
+    command_grace_s: float = 15.0
+    resume_timeout_s: float = 120.0
+    max_attempts: int = 3
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> MigrationOptions:
+        return cls(**{"checkpoint_timeout_s": settings.checkpoint_timeout_s, **overrides})
+
+
+# ---- creating an action by hand (the planner's apply_plan makes them too) ----------------------------------
+
+def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lane_id: int | None = None,
+                    new_lane_size: int | None = None, compute_share: float = 1.0, policy: str | None = None,
+                    now: float | None = None) -> int:
+    """A 'planned' migration of a running managed job to a device (whole), an existing lane, or a new lane of
+    `new_lane_size` bytes; returns the action id. Raises, with nothing written, when the move makes no sense."""
+    now = time.time() if now is None else now
+    with store.session() as session:
+        wf = session.get(Workflow, workflow_id)
+        if wf is None:
+            raise NotFound(f"no workflow {workflow_id!r} in the store; nothing moved")
+        if not wf.managed or not wf.command:
+            raise InvalidInput(f"{workflow_id!r} is not a managed job (start it with `fleetlens run`); nothing moved")
+        if wf.state != "running":
+            raise InvalidInput(f"{workflow_id!r} is {wf.state}, not running; nothing moved")
+        here = _active_placement(session, workflow_id)
+        if here is None:
+            raise InvalidInput(f"{workflow_id!r} has no active placement; nothing moved")
+        target = session.get(Device, to_device_id)
+        if target is None or target.state != "ok":
+            raise NotFound(f"target device {to_device_id} is not in the store (or lost); nothing moved")
+        if to_lane_id is not None and session.get(Lane, to_lane_id) is None:
+            raise NotFound(f"target lane {to_lane_id} is not in the store; nothing moved")
+        p_prime, e = _profile(wf, here)
+        if new_lane_size is not None:
+            lane = Lane(device_id=to_device_id, size_bytes=int(new_lane_size), compute_share=compute_share,
+                        state="open", created_at=now)
+            session.add(lane)
+            session.flush()
+            to_lane_id = lane.id
+        action = Action(kind="migrate", workflow_id=workflow_id, policy=policy, from_device_id=here.device_id,
+                        to_device_id=to_device_id, to_lane_id=to_lane_id, state="planned", attempts=0,
+                        created_at=now, updated_at=now)
+        session.add(action)
+        session.flush()
+        session.add(ActionEvent(action_id=action.id, ts=now, from_state=None, to_state="planned",
+                                message=f"planned by hand: device {here.device_id} -> {to_device_id}"
+                                        f"{f' lane {to_lane_id}' if to_lane_id else ' (whole device)'}",
+                                detail={"p_prime": p_prime, "ephemeral": e}))
+        return action.id
+
+
+# ---- driving -----------------------------------------------------------------------------------------------------
+
+def drive(store: Store, action_id: int, *, settings: Settings | None = None,
+          options: MigrationOptions | None = None, now: float | None = None) -> str:
+    """Advance one action by at most one step; returns its state afterwards. Raises DatabaseUnavailable when
+    the store cannot be reached (nothing is half-written: each step is one transaction)."""
+    settings = settings or get_settings()
+    options = options or MigrationOptions.from_settings(settings)
+    now = time.time() if now is None else now
+    with store.session() as session:
+        query = select(Action).where(Action.id == action_id)
+        if store.is_postgres:
+            query = query.with_for_update()  # two enforcers never take the same step twice
+        action = session.scalar(query)
+        if action is None:
+            raise NotFound(f"no action {action_id} in the store")
+        if action.state in TERMINAL:
+            return action.state
+        step = _STEPS.get(action.state)
+        if step is None:
+            _to(session, action, "failed", f"unknown state {action.state!r}; nothing more is done", now)
+            return action.state
+        _Step(session, action, settings, options, now).run(step)
+        return action.state
+
+
+def unfinished(store: Store, plan_id: int | None = None) -> list[int]:
+    with store.session() as session:
+        query = select(Action.id).where(Action.state.not_in(TERMINAL)).order_by(Action.id)
+        if plan_id is not None:
+            query = query.where(Action.plan_id == plan_id)
+        return list(session.scalars(query))
+
+
+def drive_all(store: Store, *, settings: Settings | None = None, options: MigrationOptions | None = None,
+              plan_id: int | None = None) -> dict[int, str]:
+    """One step of every unfinished action (of one plan, if given): {action id: state after}. One action that
+    cannot be driven (its error is logged) does not hold up the others; an unreachable database raises."""
+    states: dict[int, str] = {}
+    for action_id in unfinished(store, plan_id):
+        try:
+            states[action_id] = drive(store, action_id, settings=settings, options=options)
+        except DatabaseUnavailable:
+            raise
+        except FleetlensError as exc:
+            log.error("action %s cannot be driven: %s", action_id, exc)
+    return states
+
+
+def drive_until_done(store: Store, action_ids: Iterable[int] | None = None, *, plan_id: int | None = None,
+                     settings: Settings | None = None, options: MigrationOptions | None = None,
+                     timeout_s: float = 600.0, poll_s: float = 0.2) -> dict[int, str]:
+    """Drive the actions (default: all unfinished, or a plan's) until each is resumed, rolled back or failed, or
+    until `timeout_s`; rides out database outages (retrying). Returns {action id: final state}."""
+    ids = list(action_ids) if action_ids is not None else None
+    deadline = time.monotonic() + timeout_s
+    states: dict[int, str] = {}
+    while True:
+        try:
+            todo = ids if ids is not None else unfinished(store, plan_id)
+            if ids is None and not states:
+                ids = todo
+            for action_id in todo:
+                if states.get(action_id) not in TERMINAL:
+                    states[action_id] = drive(store, action_id, settings=settings, options=options)
+        except DatabaseUnavailable as exc:
+            log.warning("database unavailable while driving migrations (will retry): %s", exc)
+        if ids is not None and all(states.get(a) in TERMINAL for a in ids):
+            return states
+        if time.monotonic() > deadline:
+            return states
+        time.sleep(poll_s)
+
+
+def action_log(store: Store, action_id: int) -> list[dict[str, Any]]:
+    """The action's events, oldest first: ts, from_state, to_state, message, detail."""
+    with store.session() as session:
+        return [{"ts": e.ts, "from_state": e.from_state, "to_state": e.to_state, "message": e.message,
+                 "detail": dict(e.detail or {})}
+                for e in session.scalars(select(ActionEvent).where(ActionEvent.action_id == action_id)
+                                         .order_by(ActionEvent.ts, ActionEvent.id))]
+
+
+# ---- the steps -------------------------------------------------------------------------------------------------
+
+def _to(session: Session, action: Action, state: str, message: str, now: float,
+        detail: dict[str, Any] | None = None, **fields: Any) -> None:
+    previous = action.state
+    for key, value in fields.items():
+        setattr(action, key, value)
+    action.state, action.updated_at = state, now
+    if state == "failed" and "error" not in fields:
+        action.error = message
+    session.add(ActionEvent(action_id=action.id, ts=now, from_state=previous, to_state=state, message=message,
+                            detail=detail or {}))
+    session.flush()
+    log.info("action %s (%s): %s -> %s: %s", action.id, action.workflow_id, previous, state, message)
+
+
+def _note(session: Session, action: Action, message: str, now: float, detail: dict[str, Any] | None = None) -> None:
+    """An event that changes no state (a command sent again, say)."""
+    session.add(ActionEvent(action_id=action.id, ts=now, from_state=action.state, to_state=action.state,
+                            message=message, detail=detail or {}))
+    action.updated_at = now
+    session.flush()
+
+
+def _active_placement(session: Session, workflow_id: str, device_id: int | None = None) -> Placement | None:
+    query = select(Placement).where(Placement.workflow_id == workflow_id, Placement.state == "active")
+    if device_id is not None:
+        query = query.where(Placement.device_id == device_id)
+    return session.scalar(query.order_by(Placement.id.desc()).limit(1))
+
+
+def _profile(wf: Workflow, placement: Placement | None) -> tuple[int, int]:
+    """(P', E) of the job as a lane admits it."""
+    if placement is not None and placement.mem_persistent is not None:
+        return int(placement.mem_persistent), int(placement.mem_ephemeral or 0)
+    persistent = int(wf.mem_persistent or 0)
+    return int(PERSISTENT_FACTOR * persistent), int(wf.mem_ephemeral or 0)
+
+
+class _Step:
+    def __init__(self, session: Session, action: Action, settings: Settings, options: MigrationOptions,
+                 now: float) -> None:
+        self.session, self.action, self.settings, self.options, self.now = session, action, settings, options, now
+
+    def run(self, fn: Any) -> None:
+        wf = self.session.get(Workflow, self.action.workflow_id)
+        if wf is None:
+            self.fail(f"workflow {self.action.workflow_id!r} is no longer in the store; nothing more is done")
+            return
+        fn(self, wf)
+
+    # ---- shared helpers
+    def to(self, state: str, message: str, detail: dict[str, Any] | None = None, **fields: Any) -> None:
+        _to(self.session, self.action, state, message, self.now, detail, **fields)
+
+    def fail(self, message: str, detail: dict[str, Any] | None = None) -> None:
+        self.to("failed", message, detail, error=message)
+
+    def note(self, message: str, detail: dict[str, Any] | None = None) -> None:
+        _note(self.session, self.action, message, self.now, detail)
+
+    def commands(self, kind: str, purpose: str | None = None) -> list[Command]:
+        rows = self.session.scalars(select(Command).where(Command.action_id == self.action.id, Command.kind == kind)
+                                    .order_by(Command.id))
+        return [c for c in rows if purpose is None or (c.payload or {}).get("purpose") == purpose]
+
+    def send(self, host_id: str, kind: str, payload: dict[str, Any], deadline_s: float) -> Command:
+        ttl = deadline_s + self.options.command_grace_s
+        command = enqueue_command(self.session, host_id, kind, {**payload, "deadline_s": deadline_s}, ttl=ttl,
+                                  action_id=self.action.id, secret=self.settings.secret_bytes(), now=self.now)
+        self.action.attempts = len(self.commands(kind, payload.get("purpose")))
+        return command
+
+    def overdue(self, command: Command) -> bool:
+        deadline = float((command.payload or {}).get("deadline_s", 0.0)) + self.options.command_grace_s
+        return command.status in OUTSTANDING and (self.now > command.issued_at + deadline
+                                                  or self.now > command.expires_at)
+
+    def origin(self, wf: Workflow) -> Placement | None:
+        return _active_placement(self.session, wf.id, self.action.from_device_id) or _active_placement(
+            self.session, wf.id)
+
+    def host_of(self, device_id: int | None) -> str | None:
+        device = self.session.get(Device, device_id) if device_id is not None else None
+        return device.host_id if device is not None else None
+
+    # ---- planned: ask for a checkpoint
+    def planned(self, wf: Workflow) -> None:
+        if not wf.managed or not wf.command:
+            self.fail(f"{wf.id} is not a managed job with a registered command line; nothing moved")
+            return
+        here = self.origin(wf)
+        if here is None or here.device_id != self.action.from_device_id:
+            self.fail(f"{wf.id} is no longer on device {self.action.from_device_id}; nothing moved")
+            return
+        if not wf.checkpoint_dir:
+            self.fail(f"{wf.id} has no checkpoint folder registered; nothing moved")
+            return
+        target = self.session.get(Device, self.action.to_device_id)
+        if target is None or target.state != "ok":
+            self.fail(f"target device {self.action.to_device_id} is gone; nothing moved")
+            return
+        self.ask_checkpoint(wf, here.host_id)
+        self.to("checkpoint_requested",
+                f"asked {wf.id} on host {here.host_id} to save a checkpoint into {wf.checkpoint_dir}",
+                {"host_id": here.host_id, "directory": wf.checkpoint_dir})
+
+    def ask_checkpoint(self, wf: Workflow, host_id: str) -> Command:
+        n = len(self.commands("checkpoint")) + 1
+        timeout = self.options.checkpoint_timeout_s
+        return self.send(host_id, "checkpoint", {
+            "workflow_id": wf.id, "request_id": f"action-{self.action.id}-{n}", "directory": wf.checkpoint_dir,
+            "timeout_s": timeout}, deadline_s=timeout)
+
+    # ---- checkpoint_requested: wait for the job's answer
+    def checkpoint_requested(self, wf: Workflow) -> None:
+        sent = self.commands("checkpoint")
+        command = sent[-1] if sent else None
+        here = self.origin(wf)
+        host = here.host_id if here is not None else self.host_of(self.action.from_device_id)
+        if command is None or self.lost(command):
+            if len(sent) >= self.options.max_attempts:
+                self.fail(f"no agent answered {len(sent)} checkpoint requests for {wf.id}; nothing moved, the job was "
+                          f"left as it was on device {self.action.from_device_id}")
+                return
+            if host is None:
+                self.fail(f"the host of device {self.action.from_device_id} is gone; nothing moved")
+                return
+            self.ask_checkpoint(wf, host)
+            self.note(f"the checkpoint request got no answer (agent down or database away); asked {host} again")
+            return
+        if command.status in OUTSTANDING:
+            return
+        result = dict(command.result or {})
+        if command.status != "done":
+            self.fail(f"the agent on {command.host_id} could not ask {wf.id} for a checkpoint "
+                      f"({result.get('error') or result.get('reason') or command.status}); nothing moved, the job was "
+                      f"left as it was", result)
+            return
+        status = result.get("status")
+        if status == "done" and result.get("path"):
+            self.to("checkpointed", f"{wf.id} saved a checkpoint at step {result.get('step')}: {result['path']}",
+                    result, checkpoint_path=str(result["path"]),
+                    checkpoint_step=None if result.get("step") is None else int(result["step"]))
+        elif status == "gone":
+            wf.state = "moving"
+            self.to("rolling_back", f"{wf.id} is no longer running ({result.get('error')}); restarting it where it "
+                    f"was from its last checkpoint", result)
+        else:
+            self.fail(f"{wf.id} could not checkpoint ({result.get('error') or status}); nothing moved, the job goes "
+                      f"on running on device {self.action.from_device_id}", result)
+
+    def lost(self, command: Command) -> bool:
+        return self.overdue(command) or (command.status == "failed" and "agent stopped" in str(
+            (command.result or {}).get("error", "")))
+
+    # ---- checkpointed: stop the job
+    def checkpointed(self, wf: Workflow) -> None:
+        sent = self.commands("stop")
+        command = sent[-1] if sent else None
+        here = self.origin(wf)
+        host = here.host_id if here is not None else self.host_of(self.action.from_device_id)
+        if command is None or self.lost(command) or command.status in ("failed", "refused"):
+            if command is not None and len(sent) >= self.options.max_attempts:
+                wf.state = "running"
+                self.fail(f"{wf.id} could not be stopped on {host} after {len(sent)} tries "
+                          f"({(command.result or {}).get('error') or command.status}); nothing moved, it runs on where "
+                          f"it was", dict(command.result or {}))
+                return
+            if host is None:
+                self.fail(f"the host of device {self.action.from_device_id} is gone; {wf.id} was not stopped")
+                return
+            wf.state = "moving"  # from here the enforcer, not the job's exit, settles the workflow's state
+            self.send(host, "stop", {"workflow_id": wf.id, "grace_s": self.options.stop_grace_s},
+                      deadline_s=self.options.stop_grace_s + 5)
+            self.note(f"stopping {wf.id} on {host} (SIGTERM, SIGKILL after {self.options.stop_grace_s:.0f} s)"
+                      + (" again: the last stop got no answer" if command is not None else ""))
+            return
+        if command.status in OUTSTANDING:
+            return
+        result = dict(command.result or {})
+        killed = f", killed {result['killed']} after the grace period" if result.get("killed") else ""
+        what = ("was already stopped" if result.get("already_stopped")
+                else f"stopped (pids {result.get('stopped')}{killed})")
+        self.to("stopped", f"{wf.id} {what}", result)
+
+    # ---- stopped: relaunch at the target
+    def stopped(self, wf: Workflow) -> None:
+        self.relaunch(wf, purpose="move")
+
+    def relaunch(self, wf: Workflow, *, purpose: str) -> None:
+        move = purpose == "move"
+        sent = self.commands("relaunch", purpose)
+        command = sent[-1] if sent else None
+        if command is not None and command.status in OUTSTANDING and not self.lost(command):
+            return
+        if command is not None and command.status == "done":
+            self.relaunched_at(wf, command, move)
+            return
+        if command is not None and len(sent) >= self.options.max_attempts:
+            why = (command.result or {}).get("error") or ("no answer" if command.status in OUTSTANDING
+                                                          else command.status)
+            if move:
+                self.to("rolling_back", f"{wf.id} could not be started on device {self.action.to_device_id} after "
+                        f"{len(sent)} tries ({why}); putting it back where it was", dict(command.result or {}))
+            else:
+                wf.state = "failed"  # stopped, and nowhere to run: its owner must start it again
+                self.fail(f"{wf.id} could not be restarted where it was after {len(sent)} tries ({why}); it is "
+                          f"stopped, its checkpoint is {self.action.checkpoint_path or '(none)'}: start it again "
+                          "with `fleetlens run`", dict(command.result or {}))
+            return
+        device_id, lane_id = self.destination(wf, move)
+        if move:
+            full = self.target_full(wf)
+            if full is not None:
+                self.to("rolling_back", f"{full}; putting {wf.id} back where it was")
+                return
+        host = self.host_of(device_id)
+        if host is None:
+            if move:
+                self.to("rolling_back", f"target device {device_id} is gone; putting {wf.id} back where it was")
+            else:
+                self.fail(f"device {device_id} where {wf.id} ran is gone; it is stopped, its checkpoint is "
+                          f"{self.action.checkpoint_path}")
+            return
+        resume_from, resume_step = self.resume_point(wf)
+        self.send(host, "relaunch", {
+            "workflow_id": wf.id, "device_id": device_id, "lane_id": lane_id, "resume_from": resume_from,
+            "resume_step": resume_step, "purpose": purpose, "timeout_s": self.options.start_timeout_s,
+        }, deadline_s=self.options.start_timeout_s + 5)
+        where = f"device {device_id}{f' lane {lane_id}' if lane_id else ''} on {host}"
+        again = ""
+        if command is not None:
+            last = ("got no answer" if command.status in OUTSTANDING
+                    else f"failed: {(command.result or {}).get('error')}")
+            again = f" (again: the last try {last})"
+        self.note(f"starting {wf.id} on {where} from {resume_from or 'the beginning'}{again}",
+                  {"resume_from": resume_from, "resume_step": resume_step})
+
+    def destination(self, wf: Workflow, move: bool) -> tuple[int, int | None]:
+        if move:
+            return int(self.action.to_device_id), self.action.to_lane_id
+        here = _active_placement(self.session, wf.id, self.action.from_device_id)
+        return int(self.action.from_device_id), here.lane_id if here is not None else None
+
+    def resume_point(self, wf: Workflow) -> tuple[str | None, int | None]:
+        if self.action.checkpoint_path and Path(self.action.checkpoint_path).exists():
+            return self.action.checkpoint_path, self.action.checkpoint_step
+        folder = Path(wf.checkpoint_dir or "")
+        if wf.checkpoint_dir and folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):
+            return str(folder), None  # the job's newest checkpoint in its folder (the job picks it)
+        return None, None
+
+    def target_full(self, wf: Workflow) -> str | None:
+        """Why the target cannot take the job now (None when it can): Salus's rule against the store."""
+        p_prime, e = self.job_profile(wf)
+        if self.action.to_lane_id is not None:
+            lane = self.session.get(Lane, self.action.to_lane_id)
+            if lane is None or lane.state != "open":
+                return f"target lane {self.action.to_lane_id} is closed"
+            others = [p for p in self.session.scalars(select(Placement).where(
+                Placement.lane_id == lane.id, Placement.state.in_(("active", "pending")))) if p.workflow_id != wf.id]
+            held = sum(int(p.mem_persistent or 0) for p in others)
+            peak = max([int(p.mem_ephemeral or 0) for p in others] + [e])
+            if lane.size_bytes - held < p_prime + peak:
+                used = held + max((int(p.mem_ephemeral or 0) for p in others), default=0)
+                return (f"target lane {lane.id} is full: it holds {used} "
+                        f"of {lane.size_bytes} bytes for {len(others)} jobs, and {wf.id} needs {p_prime} + {e}")
+            return None
+        device = self.session.get(Device, self.action.to_device_id)
+        others = [p for p in self.session.scalars(select(Placement).where(
+            Placement.device_id == self.action.to_device_id, Placement.state.in_(("active", "pending"))))
+            if p.workflow_id != wf.id]
+        if others:
+            return f"target device {self.action.to_device_id} is taken by {', '.join(p.workflow_id for p in others)}"
+        if device is not None and device.memory_total and p_prime + e > device.memory_total:
+            return f"target device {device.id} has {device.memory_total} bytes, {wf.id} needs {p_prime + e}"
+        return None
+
+    def job_profile(self, wf: Workflow) -> tuple[int, int]:
+        planned = self.session.scalar(select(ActionEvent).where(
+            ActionEvent.action_id == self.action.id, ActionEvent.to_state == "planned").order_by(ActionEvent.id))
+        detail = dict(planned.detail or {}) if planned is not None else {}
+        if detail.get("p_prime") is not None:
+            return int(detail["p_prime"]), int(detail.get("ephemeral") or 0)
+        return _profile(wf, _active_placement(self.session, wf.id))
+
+    def relaunched_at(self, wf: Workflow, command: Command, move: bool) -> None:
+        result = dict(command.result or {})
+        pid = int(result["pid"])
+        device_id, lane_id = self.destination(wf, move)
+        old = list(self.session.scalars(select(Placement).where(
+            Placement.workflow_id == wf.id, Placement.state.in_(("active", "pending")))))
+        p_prime, e = self.job_profile(wf)
+        share = 1.0
+        if lane_id is not None:
+            lane = self.session.get(Lane, lane_id)
+            share = lane.compute_share if lane is not None else 1.0
+        for p in old:
+            p.state, p.ended_at = "ended", self.now
+        self.session.add(Placement(workflow_id=wf.id, device_id=device_id, lane_id=lane_id,
+                                   host_id=command.host_id, pid=pid, mem_persistent=p_prime, mem_ephemeral=e,
+                                   compute_share=share, state="active", started_at=self.now))
+        self.session.flush()
+        close_empty_lanes(self.session, {p.lane_id for p in old if p.lane_id is not None and p.lane_id != lane_id},
+                          self.now)
+        wf.state = "running"
+        where = f"device {device_id}{f' lane {lane_id}' if lane_id else ''} on {command.host_id}"
+        start = result.get("already_running") and "(it was already running there)" or (
+            f"from step {self.action.checkpoint_step}" if self.action.checkpoint_step is not None else "")
+        detail = {**result, "device_id": device_id, "lane_id": lane_id}
+        if move:
+            self.to("relaunched", f"{wf.id} started on {where} as pid {pid} {start}".strip(), detail)
+        else:
+            self.to("rolled_back", f"{wf.id} is running again where it was, {where}, as pid {pid} {start}".strip(),
+                    detail)
+
+    # ---- relaunched: wait for the job to report progress from its checkpoint
+    def relaunched(self, wf: Workflow) -> None:
+        command = self.commands("relaunch", "move")[-1]
+        pid = int((command.result or {})["pid"])
+        first = self.session.scalar(select(StepStat).where(StepStat.workflow_id == wf.id, StepStat.pid == pid)
+                                    .order_by(StepStat.first_step).limit(1))
+        if first is not None:
+            expected = self.action.checkpoint_step
+            gap = expected is not None and first.first_step > expected
+            self.to("resumed", f"{wf.id} resumed at step {first.first_step} (checkpoint step {expected}) as pid {pid}"
+                    f"{'; steps between were not reported' if gap else ''}",
+                    {"pid": pid, "first_step": first.first_step, "checkpoint_step": expected})
+            return
+        if wf.state in ("finished",):
+            self.to("resumed", f"{wf.id} finished after its relaunch as pid {pid}", {"pid": pid})
+            return
+        if self.now - self.action.updated_at > self.options.resume_timeout_s:
+            self.fail(f"{wf.id} was started as pid {pid} but reported no step within "
+                      f"{self.options.resume_timeout_s:.0f} s; see its log ({(command.result or {}).get('log')})")
+
+    # ---- rolling back: relaunch where it was, from its checkpoint
+    def rolling_back(self, wf: Workflow) -> None:
+        self.relaunch(wf, purpose="rollback")
+
+
+_STEPS = {
+    "planned": _Step.planned,
+    "checkpoint_requested": _Step.checkpoint_requested,
+    "checkpointed": _Step.checkpointed,
+    "stopped": _Step.stopped,
+    "relaunched": _Step.relaunched,
+    "rolling_back": _Step.rolling_back,
+}
+
+
+def reset_workflow_state(store: Store, workflow_id: str) -> None:
+    """After a failed move whose job still runs where it was: its state goes back to running."""
+    with store.session() as session:
+        session.execute(update(Workflow).where(Workflow.id == workflow_id, Workflow.state == "moving")
+                        .values(state="running"))

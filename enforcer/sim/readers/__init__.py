@@ -1,0 +1,1 @@
+"""Readers that turn a trace file or the store into a simulator Trace."""

@@ -1,0 +1,129 @@
+"""`Store`: one engine and its session factory, with SQLite tuned for a busy agent and PostgreSQL via psycopg 3."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from store.errors import ConfigError, DatabaseUnavailable
+from store.settings import Settings, get_settings
+
+
+def mask_url(url: str | URL) -> str:
+    """The URL with any password replaced by ***, safe to print."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<malformed URL>"
+
+
+def parse_url(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(
+            f"FLEETLENS_DB_URL is not a database URL: {url!r}; use e.g. sqlite:////path/fleetlens.db "
+            "or postgresql+psycopg://user@host:5432/db"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise ConfigError(f"FLEETLENS_DB_URL names {backend!r}; fleetlens runs on sqlite or postgresql")
+    if backend == "postgresql" and parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")  # psycopg 3, never psycopg2
+    return parsed
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+class Store:
+    """The database fleetlens reads and writes. Functions take a Store; there is no global one."""
+
+    def __init__(self, url: str, *, connect_timeout_s: float = 5.0, echo: bool = False) -> None:
+        self.url = parse_url(url)
+        self.dialect = self.url.get_backend_name()
+        kwargs: dict = {"echo": echo, "future": True}
+        if self.dialect == "sqlite":
+            db = self.url.database
+            if db and db != ":memory:":
+                folder = Path(db).expanduser().resolve().parent
+                if not folder.is_dir():
+                    raise ConfigError(f"the SQLite database's folder {folder} does not exist; run `fleetlens init`")
+            kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        else:
+            kwargs["connect_args"] = {"connect_timeout": max(1, int(connect_timeout_s))}
+            kwargs["pool_pre_ping"] = True
+        try:
+            self.engine: Engine = create_engine(self.url, **kwargs)
+        except (ArgumentError, NoSuchModuleError) as exc:
+            raise ConfigError(f"FLEETLENS_DB_URL {mask_url(self.url)} cannot be used: {exc}") from None
+        if self.dialect == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Store:
+        settings = settings or get_settings()
+        return cls(settings.resolved_db_url)
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.url)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on any error.
+
+        A database that cannot be reached raises DatabaseUnavailable, so callers can spool or retry.
+        """
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except OperationalError as exc:
+            session.rollback()
+            raise self.unavailable(exc) from None
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def unavailable(self, exc: BaseException) -> DatabaseUnavailable:
+        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else type(exc).__name__
+        return DatabaseUnavailable(
+            f"cannot reach the database at {self.masked_url} ({reason}); "
+            "check FLEETLENS_DB_URL and that the database server is running"
+        )
+
+    def ping(self) -> None:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except (OperationalError, DBAPIError) as exc:
+            raise self.unavailable(exc) from None
+
+    def table_names(self) -> set[str]:
+        try:
+            return set(inspect(self.engine).get_table_names())
+        except (OperationalError, DBAPIError) as exc:
+            raise self.unavailable(exc) from None
+
+    def dispose(self) -> None:
+        self.engine.dispose()

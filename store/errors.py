@@ -1,0 +1,27 @@
+"""The project's own exceptions: errors a user can cause, each with a message that says what to do."""
+
+
+class FleetlensError(Exception):
+    """Base for every error a user can cause. The CLI prints the message and exits with `exit_code`."""
+
+    exit_code = 2
+
+
+class ConfigError(FleetlensError):
+    """A setting is missing or malformed (database URL, home folder, secret)."""
+
+
+class DatabaseUnavailable(FleetlensError):
+    """The database cannot be reached right now; callers that can wait (the agent) spool and retry."""
+
+
+class SchemaError(FleetlensError):
+    """The database schema is missing or at a revision this code does not know."""
+
+
+class NotFound(FleetlensError):
+    """A named thing (workflow, trace, device, action) is not in the store."""
+
+
+class InvalidInput(FleetlensError):
+    """A file or argument the user gave cannot be used (bad trace, malformed replay file, bad policy)."""

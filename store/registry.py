@@ -1,0 +1,125 @@
+"""Shared queries for what an agent registers: its host, its devices, and the processes it sees."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from store.models import Device, Host, Process
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What a source knows of a device when it registers it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total: int | None
+    cpu_cores: tuple[int, ...] | None = None
+
+
+def register_host(
+    session: Session,
+    host_id: str,
+    *,
+    hostname: str,
+    source: str,
+    agent_version: str | None = None,
+    agent_pid: int | None = None,
+    labels: dict[str, Any] | None = None,
+    now: float | None = None,
+) -> Host:
+    now = time.time() if now is None else now
+    host = session.get(Host, host_id)
+    if host is None:
+        host = Host(id=host_id, started_at=now, hostname=hostname, source=source, last_seen=now, labels={})
+        session.add(host)
+    host.hostname, host.source, host.last_seen = hostname, source, now
+    host.agent_version, host.agent_pid = agent_version, agent_pid
+    if labels is not None:
+        host.labels = labels
+    session.flush()
+    return host
+
+
+def touch_host(session: Session, host_id: str, now: float | None = None) -> None:
+    """Keep the host row alive: last_seen is when its agent last wrote."""
+    session.execute(update(Host).where(Host.id == host_id).values(last_seen=time.time() if now is None else now))
+
+
+def register_devices(
+    session: Session, host_id: str, specs: Iterable[DeviceSpec], *, source: str, now: float | None = None
+) -> dict[int, int]:
+    """Create or refresh the host's devices; returns {device index on the host: device id in the store}."""
+    now = time.time() if now is None else now
+    existing = {d.index: d for d in session.scalars(select(Device).where(Device.host_id == host_id))}
+    ids: dict[int, int] = {}
+    for spec in specs:
+        device = existing.get(spec.index)
+        if device is None:
+            device = Device(host_id=host_id, index=spec.index, registered_at=now)
+            session.add(device)
+        device.uuid, device.name, device.source = spec.uuid, spec.name, source
+        device.memory_total = spec.memory_total
+        device.cpu_cores = list(spec.cpu_cores) if spec.cpu_cores is not None else None
+        device.state, device.last_seen = "ok", now
+        session.flush()
+        ids[spec.index] = device.id
+    return ids
+
+
+def mark_device_lost(session: Session, device_id: int, now: float | None = None) -> None:
+    session.execute(
+        update(Device).where(Device.id == device_id).values(state="lost", last_seen=time.time() if now is None else now)
+    )
+
+
+@dataclass(frozen=True)
+class SeenProcess:
+    pid: int
+    start_time: float
+    workflow_id: str
+    cmdline: str | None = None
+    username: str | None = None
+
+
+def record_processes(session: Session, host_id: str, seen: Iterable[SeenProcess], now: float | None = None) -> None:
+    """Upsert the processes seen in this round and mark the host's others as ended."""
+    now = time.time() if now is None else now
+    live = {(p.pid, p.start_time): p for p in seen}
+    open_rows = session.scalars(select(Process).where(Process.host_id == host_id, Process.ended_at.is_(None)))
+    known = set()
+    for row in open_rows:
+        key = (row.pid, row.start_time)
+        if key in live:
+            row.last_seen = now
+            known.add(key)
+        else:
+            row.ended_at = now
+    new = [key for key in live if key not in known]
+    if new:
+        # A process marked ended (missed for one round, e.g. unreadable /proc) may come back: reopen its row.
+        pids = {pid for pid, _ in new}
+        ended = session.scalars(
+            select(Process).where(Process.host_id == host_id, Process.pid.in_(pids), Process.ended_at.is_not(None))
+        )
+        for row in ended:
+            key = (row.pid, row.start_time)
+            if key in live and key not in known:
+                row.ended_at, row.last_seen = None, now
+                known.add(key)
+    for key, p in live.items():
+        if key not in known:
+            session.add(
+                Process(
+                    host_id=host_id, pid=p.pid, start_time=p.start_time, workflow_id=p.workflow_id,
+                    cmdline=p.cmdline, username=p.username, first_seen=now, last_seen=now,
+                )
+            )
+    session.flush()

@@ -1,0 +1,132 @@
+"""All settings in one place (pydantic-settings, prefix FLEETLENS_); no other module reads the environment."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from store.errors import ConfigError
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLEETLENS_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".fleetlens")
+    db_url: str | None = None
+    secret: SecretStr | None = None
+    host_id: str = Field(default_factory=socket.gethostname)
+
+    # collector
+    source: str = "auto"  # auto | nvml | cpu | replay
+    cpu_cores_per_device: int = 1
+    sample_interval_s: float = 1.0
+    flush_interval_s: float = 10.0
+    spool_max_bytes: int = 256 * 1024 * 1024
+    command_ttl_s: float = 300.0
+    workflow: str | None = None  # FLEETLENS_WORKFLOW: set in a job's environment to name its workflow
+    replay_path: str | None = None  # source=replay: "alibaba", an Alibaba folder, or a `fleetlens export` file
+    replay_speedup: float = 60.0  # source=replay: recorded seconds played per wall-clock second
+    replay_host: str | None = None  # source=replay: play only this virtual host's devices (None = all)
+    # the real cluster telemetry (Alibaba GenAI, ...) read in place, never copied
+    fleet_data_dir: Path = Field(
+        default_factory=lambda: Path(__file__).resolve().parents[2] / "shared" / "data" / "fleet"
+    )
+
+    # job SDK (collector.job): read inside the training process
+    rank: int = Field(0, validation_alias=AliasChoices("FLEETLENS_RANK", "RANK"))  # torchrun sets RANK
+    lane: str | None = None  # FLEETLENS_LANE: set by `fleetlens run` for a job placed in a lane
+    memory_fraction: float | None = Field(None, gt=0, le=1)  # applied with set_per_process_memory_fraction
+    resume_from: Path | None = None  # FLEETLENS_RESUME_FROM: checkpoint to restore before the first step
+    resume_step: int | None = Field(None, ge=0)  # the step to resume at when the restore callback cannot say
+    sdk_flush_interval_s: float = 1.0  # step summaries go to the agent at most this often...
+    sdk_flush_steps: int = 10_000  # ...or after this many steps (bounds memory and sorting for tiny steps)
+    sdk_retry_s: float = 30.0  # with no agent listening, try to connect again this rarely
+    sdk_timeout_s: float = 5.0  # a reply slower than this drops the connection (training never waits longer)
+    profile_ttl_s: float = 600.0  # a profile request no job picked up by then expires
+    profile_capture_timeout_s: float = 900.0  # a claimed capture with no trace by then has failed
+
+    # analyzer
+    retention_days: float = 7.0
+    profile_top_n: int = Field(5, ge=0)  # the periodic profile traces this many workflows, most GPU-hours first
+    profile_steps: int = Field(20, ge=1)  # steps each periodic profile captures
+
+    # enforcer
+    policy: str = "pack"
+    enforce: bool = False  # apply plans (otherwise dry-run)
+    max_moves_per_cycle: int = 4
+    cooldown_s: float = 3600.0
+    movable_teams: list[str] = Field(default_factory=list)
+    checkpoint_timeout_s: float = 120.0
+    enforce_drive_s: float = Field(120.0, ge=0)  # one enforcement cycle drives migrations this long (0: one step)
+
+    # ui
+    ui_port: int = 8501
+    ui_operators: str = ""  # "name:pbkdf2_sha256$iterations$salt$hash,..."
+
+    @property
+    def resolved_db_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.home / 'fleetlens.db'}"
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.home / "traces"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.home / "checkpoints"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.home / "agent.sock"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.home / "spool"
+
+    def ensure_home(self) -> Path:
+        """Create FLEETLENS_HOME if needed and prove it is writable."""
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            probe = self.home / f".write-test-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(
+                f"FLEETLENS_HOME {self.home} cannot be written ({exc.strerror or exc}); "
+                "set FLEETLENS_HOME to a folder you can write"
+            ) from None
+        return self.home
+
+    def secret_bytes(self) -> bytes:
+        """The key that signs agent commands: FLEETLENS_SECRET, else a key kept in FLEETLENS_HOME/secret.
+
+        A fleet must set FLEETLENS_SECRET to the same value on every host; one host can live with the
+        generated file.
+        """
+        if self.secret is not None and self.secret.get_secret_value():
+            return self.secret.get_secret_value().encode()
+        path = self.home / "secret"
+        if not path.exists():
+            self.ensure_home()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        return path.read_text().strip().encode()
+
+
+@lru_cache(maxsize=1)
+def _cached() -> Settings:
+    return Settings()
+
+
+def get_settings(fresh: bool = False) -> Settings:
+    """The process's settings. `fresh=True` re-reads the environment (tests, subcommands)."""
+    if fresh:
+        _cached.cache_clear()
+    return _cached()

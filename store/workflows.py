@@ -1,0 +1,47 @@
+"""Shared queries on workflows: register or update one, and find one or say it is unknown."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from store.errors import NotFound
+from store.models import Team, Workflow
+
+
+def get_workflow(session: Session, workflow_id: str) -> Workflow:
+    workflow = session.get(Workflow, workflow_id)
+    if workflow is None:
+        raise NotFound(f"no workflow {workflow_id!r} in the store; `fleetlens status` lists what is recorded")
+    return workflow
+
+
+def upsert_workflow(session: Session, workflow_id: str, *, now: float | None = None, **fields: Any) -> Workflow:
+    """Create the workflow if it is new, set the given fields, and mark it seen now."""
+    now = time.time() if now is None else now
+    workflow = session.get(Workflow, workflow_id)
+    if workflow is None:
+        workflow = Workflow(id=workflow_id, created_at=now, last_seen=now, labels={})
+        session.add(workflow)
+    for key, value in fields.items():
+        if not hasattr(Workflow, key):
+            raise AttributeError(f"workflows have no column {key!r}")
+        setattr(workflow, key, value)
+    workflow.last_seen = max(workflow.last_seen or now, now)
+    session.flush()
+    return workflow
+
+
+def is_movable(session: Session, workflow: Workflow) -> bool:
+    """Only managed jobs are moved, and only when their owner opted in (per workflow or per team)."""
+    if not workflow.managed:
+        return False
+    if workflow.movable:
+        return True
+    if workflow.team:
+        team = session.scalar(select(Team).where(Team.name == workflow.team))
+        return bool(team and team.movable)
+    return False

@@ -1,0 +1,36 @@
+"""Fixtures for the trace analyzer tests: the shared real traces, parsed once per session where they are big."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from analyzer.rules import load_thresholds
+from tests.conftest import TRACES
+
+
+def raw_events(name: str) -> list[dict]:
+    """The trace's events straight from the JSON, to check the analyzer's counts against."""
+    with gzip.open(TRACES / name, "rb") as fh:
+        return json.loads(fh.read())["traceEvents"]
+
+
+@pytest.fixture(scope="session")
+def thresholds() -> dict:
+    return load_thresholds()
+
+
+@pytest.fixture(scope="session")
+def trace_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trace-cache")
+
+
+@pytest.fixture(scope="session")
+def rank3(trace_cache: Path):
+    """The 8-rank A100 training trace (rank 3): big, so analysed once for the session."""
+    from analyzer.traces.run import analyze_one
+
+    return analyze_one(TRACES / "a100_8rank_rank3_training.json.gz", cache_dir=trace_cache)

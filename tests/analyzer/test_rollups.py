@@ -1,0 +1,145 @@
+"""Hourly rollups: the numbers, idempotent upserts on SQLite and PostgreSQL, and a retention that never loses an
+hour that was not rolled up."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from sqlalchemy import func, select
+
+from analyzer.rollups import apply_retention, rollup
+from store.errors import InvalidInput
+from store.models import DeviceSample, ProcessSample, Rollup
+from tests.analyzer.telemetry_fleet import GIB, T0, Fleet
+
+HOUR = 3600.0
+
+
+def _rows(store) -> pd.DataFrame:
+    with store.engine.connect() as conn:
+        frame = pd.read_sql_query(select(Rollup).order_by(Rollup.scope, Rollup.subject, Rollup.hour), conn)
+    return frame.drop(columns=["id", "computed_at"])
+
+
+def _count(store, model) -> int:
+    with store.session() as s:
+        return s.scalar(select(func.count()).select_from(model))
+
+
+def _three_hours(store) -> tuple[Fleet, int, int]:
+    fleet = Fleet(store)
+    busy, shared = fleet.device(), fleet.device()
+    fleet.workflow("busy", team="vision")
+    fleet.workflow("a", team="llm")
+    fleet.workflow("b", team="llm")
+    fleet.run(busy, "busy", 0, 60, util=0.8, mem_gib=70, sm_active=0.6)
+    fleet.run(busy, "busy", 60, 180, util=0.0, mem_gib=70, sm_active=0.0)
+    fleet.run(shared, "a", 0, 180, util=0.5, mem_gib=40, wf_mem_gib=30, pid=1)
+    fleet.run(shared, "b", 0, 180, util=0.5, mem_gib=40, wf_mem_gib=10, pid=2, device_rows=False)
+    fleet.flush()
+    return fleet, busy, shared
+
+
+def test_rollup_numbers(sqlite_store):
+    _, busy, shared = _three_hours(sqlite_store)
+    result = rollup(sqlite_store, now=T0 + 3 * HOUR + 60)
+    assert (result.hours, result.device_rows, result.workflow_rows) == (3, 6, 9)
+    rows = _rows(sqlite_store).set_index(["scope", "subject", "hour"])
+    first = rows.loc[("device", str(busy), T0)]
+    assert first.samples == 60 and first.gpu_hours_held == pytest.approx(1.0)
+    assert first.gpu_hours_active == pytest.approx(0.8) and first.util_p95 == pytest.approx(0.8)
+    assert first.sm_active_mean == pytest.approx(0.6)
+    assert first.mem_peak == 70 * GIB and first.mem_total == 80 * GIB and first.team is None
+    assert rows.loc[("device", str(busy), T0 + HOUR)].gpu_hours_active == pytest.approx(0.0)
+    wf = rows.loc[("workflow", "busy", T0)]
+    assert wf.team == "vision" and wf.samples == 60 and wf.gpu_hours_held == pytest.approx(1.0)
+    # two workflows on one device split it: each holds half, together the device's hour
+    a, b = rows.loc[("workflow", "a", T0)], rows.loc[("workflow", "b", T0)]
+    assert a.gpu_hours_held == pytest.approx(0.5) and b.gpu_hours_held == pytest.approx(0.5)
+    assert a.gpu_hours_active == pytest.approx(0.25)  # held x utilisation, per share
+    assert a.mem_peak == 30 * GIB and b.mem_peak == 10 * GIB and a.team == "llm"
+    assert rows.loc[("device", str(shared), T0)].gpu_hours_held == pytest.approx(1.0)
+
+
+def test_only_closed_hours_are_rolled_up(sqlite_store):
+    _three_hours(sqlite_store)
+    result = rollup(sqlite_store, now=T0 + 2 * HOUR + 1800)  # the third hour is still open
+    assert result.hours == 2 and result.last_hour == T0 + HOUR
+    assert set(_rows(sqlite_store)["hour"]) == {T0, T0 + HOUR}
+    assert rollup(sqlite_store, now=T0 + 10).hours == 0  # nothing closed yet before the first hour ends
+
+
+def test_rollup_twice_gives_the_same_rows(any_store):
+    _three_hours(any_store)
+    rollup(any_store, now=T0 + 3 * HOUR, since=T0)
+    before = _rows(any_store)
+    rollup(any_store, now=T0 + 3 * HOUR, since=T0)
+    rollup(any_store, now=T0 + 3 * HOUR)  # default: from the last rolled hour
+    after = _rows(any_store)
+    assert len(before) == 15
+    pd.testing.assert_frame_equal(before, after)
+
+
+def test_late_samples_update_the_hour(any_store):
+    fleet, busy, _ = _three_hours(any_store)
+    rollup(any_store, now=T0 + 3 * HOUR)
+    # a late batch for the last hour: re-rolling from the default (the last rolled hour) picks it up
+    fleet.run(busy, "busy", 179, 180, util=1.0, mem_gib=79)
+    fleet.flush()
+    rollup(any_store, now=T0 + 3 * HOUR)
+    row = _rows(any_store).set_index(["scope", "subject", "hour"]).loc[("device", str(busy), T0 + 2 * HOUR)]
+    assert row.samples == 61 and row.mem_peak == 79 * GIB
+
+
+def test_retention_deletes_only_rolled_up_hours(any_store):
+    fleet, busy, _ = _three_hours(any_store)
+    now = T0 + 3 * HOUR + 60
+    # nothing rolled up: a retention of one hour must keep everything
+    kept = apply_retention(any_store, 1 / 24, now=now)
+    assert (kept.device_samples_deleted, kept.process_samples_deleted) == (0, 0) and kept.hours_kept > 0
+    assert _count(any_store, DeviceSample) == 360 and _count(any_store, ProcessSample) == 540
+
+    rollup(any_store, now=T0 + HOUR)  # only the first hour
+    result = apply_retention(any_store, 1 / 24, now=now)  # cutoff: T0 + 2 h
+    assert result.cutoff == T0 + 2 * HOUR
+    assert (result.device_samples_deleted, result.process_samples_deleted) == (120, 180)
+    with any_store.session() as s:
+        assert s.scalar(select(func.min(DeviceSample.ts))) == T0 + HOUR  # the second hour was not rolled up
+
+    # a sample arrives late for the second hour after it was rolled up: its hour is kept until re-rolled
+    rollup(any_store, now=T0 + 2 * HOUR)
+    fleet.run(busy, "busy", 90, 91, util=0.3, mem_gib=70)
+    fleet.flush()
+    stale = apply_retention(any_store, 1 / 24, now=now)
+    assert stale.device_samples_deleted == 60  # the other device's hour matched its rollup
+    assert stale.process_samples_deleted == 120  # workflows a and b; busy's hour changed
+    rollup(any_store, now=T0 + 2 * HOUR, since=T0 + HOUR)
+    done = apply_retention(any_store, 1 / 24, now=now)
+    assert (done.device_samples_deleted, done.process_samples_deleted) == (61, 61)
+    with any_store.session() as s:
+        assert s.scalar(select(func.min(DeviceSample.ts))) == T0 + 2 * HOUR
+        assert s.scalar(select(func.min(ProcessSample.ts))) == T0 + 2 * HOUR
+    assert len(_rows(any_store)) == 10  # rollups themselves are never deleted
+
+
+def test_retention_rejects_a_bad_number(sqlite_store):
+    for bad in (0, -1, None):
+        with pytest.raises(InvalidInput, match="retention_days"):
+            apply_retention(sqlite_store, bad)
+
+
+def test_rollup_of_an_empty_store(sqlite_store):
+    assert rollup(sqlite_store, now=T0).hours == 0
+    assert apply_retention(sqlite_store, 7, now=T0).device_samples_deleted == 0
+
+
+def test_rollup_jumps_over_months_without_samples(sqlite_store):
+    fleet = Fleet(sqlite_store)
+    dev = fleet.device()
+    fleet.workflow("w")
+    fleet.run(dev, "w", 0, 60, util=0.5, mem_gib=10)
+    fleet.run(dev, "w", 90 * 24 * 60, 90 * 24 * 60 + 60, util=0.5, mem_gib=10)  # 90 days later
+    fleet.flush()
+    result = rollup(sqlite_store, now=T0 + 400 * 86400.0)  # more than a year of hours, nearly all empty
+    assert (result.device_rows, result.workflow_rows) == (2, 2)
+    assert set(_rows(sqlite_store)["hour"]) == {T0, T0 + 90 * 86400.0}

@@ -1,0 +1,105 @@
+"""Corrupted copies of the shared traces: each refused with the file and the problem, the rest still analysed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from analyzer.traces import InvalidTrace, analyze_paths, analyze_trace, register_trace
+from analyzer.traces.parse import parse_trace
+from store.errors import InvalidInput
+from store.models import Finding, Trace
+from tests.conftest import TRACES
+from ui.cli import run
+
+GOOD = TRACES / "a100_alexnet_microbench.json.gz"
+
+
+def _truncated(tmp: Path) -> Path:
+    data = GOOD.read_bytes()
+    p = tmp / "truncated.json.gz"
+    p.write_bytes(data[: len(data) // 2])
+    return p
+
+
+def _not_json(tmp: Path) -> Path:
+    p = tmp / "not_json.json.gz"
+    with gzip.open(GOOD, "rb") as fh:
+        text = fh.read()
+    p.write_bytes(gzip.compress(b"<html>" + text[:1000]))
+    return p
+
+
+def _no_events(tmp: Path) -> Path:
+    with gzip.open(GOOD, "rb") as fh:
+        record = json.loads(fh.read())
+    del record["traceEvents"]
+    p = tmp / "no_events.json"
+    p.write_text(json.dumps(record))
+    return p
+
+
+def _empty(tmp: Path) -> Path:
+    p = tmp / "empty.json.gz"
+    p.write_bytes(b"")
+    return p
+
+
+CASES = {
+    "truncated": (_truncated, "truncated"),
+    "not_json": (_not_json, "not valid JSON"),
+    "no_events": (_no_events, "no traceEvents"),
+    "empty": (_empty, "empty"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_file_is_refused_naming_the_file_and_problem(tmp_path, case):
+    make, problem = CASES[case]
+    path = make(tmp_path)
+    with pytest.raises(InvalidTrace) as err:
+        parse_trace(path)
+    assert isinstance(err.value, InvalidInput)
+    assert str(path) in str(err.value) and problem in str(err.value)
+
+
+def test_file_larger_than_memory_allows_is_refused_up_front(tmp_path):
+    with pytest.raises(InvalidTrace, match="too large to analyse here"):
+        parse_trace(GOOD, memory_budget=1024 * 1024)
+
+
+def test_one_bad_file_does_not_stop_the_others(tmp_path):
+    bad = _truncated(tmp_path)
+    res = analyze_paths([bad, GOOD, tmp_path / "missing.json"])
+    assert [s["path"] for s in res.summaries] == [str(GOOD)]
+    assert set(res.errors) == {str(bad), str(tmp_path / "missing.json")}
+    assert "truncated" in res.errors[str(bad)]
+
+
+def test_cli_exits_2_when_any_trace_failed(tmp_path, fleet_home, capsys):
+    bad = _not_json(tmp_path)
+    code = run(["analyze", str(bad), str(GOOD), "--json"])
+    assert code == 2
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["traces"]) == 1 and str(bad) in out["errors"]
+    assert run(["analyze", str(GOOD), "--json"]) == 0
+
+
+def test_store_marks_bad_trace_failed_with_reason_and_analyses_the_rest(tmp_path, any_store):
+    from analyzer.traces import analyze_pending
+
+    bad_id = register_trace(any_store, _empty(tmp_path), workflow_id="wf-bad")
+    good_id = register_trace(any_store, GOOD, workflow_id="wf-good")
+    counts = analyze_pending(any_store, cache_dir=tmp_path / "cache")
+    assert counts == {"analyzed": 1, "failed": 1}
+    with any_store.session() as s:
+        bad, good = s.get(Trace, bad_id), s.get(Trace, good_id)
+        assert bad.status == "failed" and "empty" in bad.error and "empty.json.gz" in bad.error
+        assert good.status == "analyzed" and good.summary["n_steps"] == 1
+        assert not s.scalars(select(Finding).where(Finding.workflow_id == "wf-bad")).all()
+    again = analyze_trace(any_store, bad_id, cache_dir=tmp_path / "cache")
+    assert again["status"] == "failed"

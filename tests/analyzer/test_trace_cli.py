@@ -1,0 +1,46 @@
+"""`fleetlens analyze`: terminal report, --json, --html (self-contained, plotly inline), --store."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import select
+
+from store.db import Store
+from store.models import Trace
+from tests.conftest import TRACES
+from ui.cli import run
+
+ALEXNET = TRACES / "a100_alexnet_microbench.json.gz"
+
+
+def test_terminal_report(fleet_home, capsys):
+    assert run(["analyze", str(ALEXNET)]) == 0
+    out = capsys.readouterr().out
+    assert "trace.pageable_memcpy" in out and "memory copies" in out and "top kernels" in out
+
+
+def test_json_output(fleet_home, capsys):
+    assert run(["analyze", str(TRACES / "amd_mi250_minitoy.json.gz"), "--json", "--gpus", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["traces"][0]["launch"]["kernels"] == 14
+    assert all(f["gpu_hours_per_day"] <= 8 * 24 for f in out["findings"])
+
+
+def test_html_is_one_self_contained_page(fleet_home, tmp_path, capsys):
+    page = tmp_path / "report.html"
+    assert run(["analyze", str(ALEXNET), "--html", str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "plotly" in text.lower()
+    assert '<script src="http' not in text  # plotly.js is inline
+    assert "trace.pageable_memcpy" in text
+
+
+def test_store_option_registers_and_analyses(fleet_home, capsys):
+    assert run(["init"]) == 0
+    assert run(["analyze", str(ALEXNET), "--store", "--workflow", "alexnet"]) == 0
+    store = Store(f"sqlite:///{fleet_home / 'fleetlens.db'}")
+    with store.session() as s:
+        traces = s.scalars(select(Trace)).all()
+        assert [(t.status, t.workflow_id) for t in traces] == [("analyzed", "alexnet")]
+    store.dispose()

@@ -1,0 +1,157 @@
+"""The per-host agent: samples into the store, registers host/devices/workflows, marks lost devices,
+runs commands addressed to it, serves the SDK socket, and flushes on a clean stop."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from collector.agent import Agent
+from collector.socket_server import connect
+from store.commands import enqueue_command, get_command
+from store.db import Store
+from store.models import Device, Host, Process, Workflow
+from store.settings import Settings
+from tests.collector.agent_helpers import StubSource, count_samples, wait_for
+
+
+def fixed_attribution(pid: int) -> tuple[str, str]:
+    return ("wf-agent-test", "env")
+
+
+@pytest.fixture
+def settings(fleet_home: Path) -> Settings:
+    return Settings()
+
+
+def make_agent(store, settings, source, **kw) -> Agent:
+    kw.setdefault("sample_interval_s", 0.05)
+    kw.setdefault("flush_interval_s", 0.3)
+    kw.setdefault("attribute", fixed_attribution)
+    kw.setdefault("serve_socket", False)
+    return Agent(store, settings, source, host_id=kw.pop("host_id", "host-a"), **kw)
+
+
+def test_agent_writes_every_sample_it_takes(any_store, settings):
+    source = StubSource(n=3)
+    agent = make_agent(any_store, settings, source).start()
+    wait_for(lambda: agent.stats.batches_written >= 3)
+    agent.stop()
+    assert source.closed
+    assert agent.stats.rounds > 5
+    assert count_samples(any_store) == (agent.stats.device_rows, agent.stats.process_rows)
+    assert agent.stats.device_rows == 3 * agent.stats.rounds
+    with any_store.session() as s:
+        host = s.get(Host, "host-a")
+        assert host.source == "cpu" and host.last_seen > time.time() - 10
+        assert sorted(d.index for d in s.scalars(select(Device).where(Device.host_id == "host-a"))) == [0, 1, 2]
+        assert s.get(Workflow, "wf-agent-test").id_source == "env"
+        procs = s.scalars(select(Process)).all()
+        assert [(p.pid, p.workflow_id) for p in procs] == [(source.pids[0], "wf-agent-test")]
+        assert procs[0].ended_at is None
+    assert len(agent.spool) == 0
+
+
+def test_lost_device_is_marked_and_the_agent_carries_on(sqlite_store, settings):
+    source = StubSource(n=2)
+    agent = make_agent(sqlite_store, settings, source).start()
+    wait_for(lambda: agent.stats.batches_written >= 1)
+    source.lost.add(1)
+    rounds = agent.stats.rounds
+
+    def lost_state():
+        with sqlite_store.session() as s:
+            return s.scalar(select(Device.state).where(Device.host_id == "host-a", Device.index == 1)) == "lost"
+
+    wait_for(lost_state)
+    wait_for(lambda: agent.stats.rounds > rounds + 5)
+    source.lost.clear()  # it came back (reset): registered as ok again
+
+    def ok_state():
+        with sqlite_store.session() as s:
+            return s.scalar(select(Device.state).where(Device.host_id == "host-a", Device.index == 1)) == "ok"
+
+    wait_for(ok_state)
+    agent.stop()
+    assert count_samples(sqlite_store)[0] == agent.stats.device_rows  # device 0 kept being written throughout
+
+
+def test_vanished_processes_are_skipped(sqlite_store, settings):
+    source = StubSource(n=1, pids=[2**22 + 12345])  # above pid_max's default: no such process
+    agent = make_agent(sqlite_store, settings, source, attribute=None)  # would need collector.attribution
+    agent.sample_once()
+    agent.flush()
+    assert count_samples(sqlite_store) == (1, 0)
+
+
+def test_commands_addressed_to_the_host_are_run(sqlite_store, settings):
+    agent = make_agent(sqlite_store, settings, StubSource(n=1), command_interval_s=0.1).start()
+    try:
+        with sqlite_store.session() as s:
+            mine = enqueue_command(s, "host-a", "ping", {"echo": 1}, 60).id
+            other = enqueue_command(s, "host-b", "ping", {"echo": 2}, 60).id
+        wait_for(lambda: any(o.command_id == mine for o in agent.stats.commands))
+    finally:
+        agent.stop()
+    with sqlite_store.session() as s:
+        assert get_command(s, mine).status == "done" and get_command(s, mine).result["echo"] == 1
+        assert get_command(s, other).status == "pending"
+
+
+def test_stop_flushes_what_is_buffered(sqlite_store, settings):
+    agent = make_agent(sqlite_store, settings, StubSource(n=2), flush_interval_s=3600).start()
+    wait_for(lambda: agent.stats.rounds >= 3)
+    agent.stop()
+    assert agent.stats.batches_written == 1
+    assert count_samples(sqlite_store)[0] == agent.stats.device_rows > 0
+
+
+def test_serves_the_sdk_socket_while_running(sqlite_store, settings):
+    agent = make_agent(sqlite_store, settings, StubSource(n=1), serve_socket=True).start()
+    try:
+        with connect(settings.socket_path, timeout=5) as sock:
+            sock.sendall(json.dumps({"op": "poll", "v": 1, "workflow": "wf", "pid": 1}).encode() + b"\n")
+            reply = json.loads(sock.makefile("rb").readline())
+        assert isinstance(reply, dict) and "ok" in reply
+    finally:
+        agent.stop()
+    assert not settings.socket_path.exists()
+
+
+def test_bad_intervals_are_refused(sqlite_store, settings):
+    with pytest.raises(ValueError, match="positive"):
+        Agent(sqlite_store, settings, StubSource(), sample_interval_s=-1)
+
+
+def test_cli_refuses_bad_intervals(fleet_home, capsys):
+    from ui.cli import run
+
+    assert run(["agent", "--interval", "0"]) == 2
+    assert "--interval must be a positive number of seconds" in capsys.readouterr().err
+    assert run(["agent", "--flush-interval", "-3", "--once"]) == 2
+
+
+def test_cli_refuses_a_database_without_schema(fleet_home, capsys):
+    from ui.cli import run
+
+    fleet_home.mkdir(parents=True, exist_ok=True)
+    assert run(["agent", "--once"]) == 2
+    assert "fleetlens init" in capsys.readouterr().err
+
+
+def test_cli_once_records_this_machine(fleet_home, capsys):
+    pytest.importorskip("collector.sources.cpu", reason="collector.sources.cpu is not written yet")
+    from ui.cli import run
+
+    assert run(["init"]) == 0
+    assert run(["agent", "--once", "--source", "cpu", "--host-id", "cli-host"]) == 0
+    assert "cli-host" in capsys.readouterr().out
+    store = Store.from_settings(Settings())
+    with store.session() as s:
+        devices = s.scalars(select(Device).where(Device.host_id == "cli-host")).all()
+        assert devices and all(d.source == "cpu" for d in devices)
+    assert count_samples(store, "cli-host")[0] == len(devices)

@@ -1,0 +1,158 @@
+"""The cpu source on this machine's real cores and real processes, and `open_source` picking a source."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from collector.sources import open_source
+from collector.sources.base import SourceUnavailable
+from collector.sources.cpu import CpuSource
+from collector.sources.replay import ReplaySource
+from store.errors import ConfigError
+from store.settings import Settings
+
+BUSY = [sys.executable, "-c", "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"]
+# An idle child says "ready" once its interpreter has started, so start-up CPU is not taken for work.
+IDLE = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"]
+
+
+@pytest.fixture
+def spawn() -> Iterator:
+    children: list[subprocess.Popen] = []
+
+    def start(argv: list[str], env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+        env.update(env_extra or {})
+        child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+        children.append(child)
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).cmdline() != argv:  # wait for the exec, so environ is the child's
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        if argv is IDLE:
+            assert child.stdout.readline() == "ready\n"
+        return child
+
+    yield start
+    for child in children:
+        child.kill()
+        child.wait()
+
+
+def _find(readings, pid: int):
+    for r in readings:
+        for p in r.processes:
+            if p.pid == pid:
+                return r, p
+    return None, None
+
+
+def test_one_device_per_core_by_default_with_a_share_of_ram() -> None:
+    src = CpuSource(host_id="h1")
+    n = psutil.cpu_count()
+    infos = src.devices()
+    assert [d.cpu_cores for d in infos] == [(c,) for c in range(n)]
+    assert infos[0].uuid == "cpu:h1:0-0" and infos[0].name == "cpu core 0"
+    assert sum(d.memory_total for d in infos) == pytest.approx(psutil.virtual_memory().total, abs=n)
+    readings = src.sample()
+    assert [r.index for r in readings] == list(range(n))
+    assert all(0.0 <= r.gpu_util <= 1.0 and 0 < r.mem_used <= r.mem_total for r in readings)
+
+
+def test_cores_group_into_devices() -> None:
+    n = psutil.cpu_count()
+    src = CpuSource(cores_per_device=n, host_id="h2")
+    (only,) = src.devices()
+    assert only.cpu_cores == tuple(range(n)) and only.memory_total == psutil.virtual_memory().total
+    assert len(src.sample()) == 1
+    with pytest.raises(ConfigError, match="at least 1"):
+        CpuSource(cores_per_device=0)
+
+
+def test_a_marked_busy_process_is_reported_on_its_core(spawn) -> None:
+    child = spawn(BUSY, {"FLEETLENS_WORKFLOW": "busy-job"})
+    src = CpuSource(host_id="h3")
+    first_device, first = _find(src.sample(), child.pid)
+    assert first is not None and first.mem_used > 0  # marked: reported from its first sample
+    time.sleep(0.5)
+    device, proc = _find(src.sample(), child.pid)
+    assert device is not None and device.index == 0  # pinned to core 0
+    assert proc.cpu_util is not None and 0.05 < proc.cpu_util <= 1.0
+    assert proc.mem_used > 1 << 20  # a Python interpreter's resident memory
+    assert proc.start_time == pytest.approx(psutil.Process(child.pid).create_time())
+
+
+def test_a_process_pinned_by_affinity_belongs_to_its_cores_device(spawn) -> None:
+    if psutil.cpu_count() < 2:
+        pytest.skip("needs two cores")
+    last = psutil.cpu_count() - 1
+    child = spawn([sys.executable, "-c", f"import os, time\nos.sched_setaffinity(0, {{{last}}})\ntime.sleep(60)"],
+                  {"FLEETLENS_WORKFLOW": "pinned"})
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).cpu_affinity() != [last]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    device, proc = _find(CpuSource(host_id="h9").sample(), child.pid)
+    assert proc is not None and device.index == last
+
+
+def test_a_marked_idle_process_is_reported_as_idle_not_missing(spawn) -> None:
+    child = spawn(IDLE, {"FLEETLENS_MANAGED": "1"})
+    src = CpuSource(host_id="h4")
+    src.sample()
+    time.sleep(0.2)
+    _, proc = _find(src.sample(), child.pid)
+    assert proc is not None and proc.cpu_util is not None and proc.cpu_util < 0.05
+
+
+def test_an_unmarked_idle_process_is_not_reported(spawn) -> None:
+    child = spawn(IDLE)
+    src = CpuSource(host_id="h5")
+    src.sample()
+    time.sleep(0.2)
+    assert _find(src.sample(), child.pid) == (None, None)
+
+
+def test_an_unmarked_busy_process_is_a_top_consumer(spawn) -> None:
+    child = spawn(BUSY)
+    src = CpuSource(host_id="h6", top_n=50)
+    src.sample()
+    time.sleep(0.5)
+    device, proc = _find(src.sample(), child.pid)
+    assert device is not None and device.index == 0 and proc.cpu_util > 0.05
+
+
+def test_a_process_that_vanishes_is_skipped_quietly(spawn) -> None:
+    child = spawn(IDLE, {"FLEETLENS_WORKFLOW": "short"})
+    src = CpuSource(host_id="h7")
+    assert _find(src.sample(), child.pid)[1] is not None
+    child.kill()
+    child.wait()
+    assert _find(src.sample(), child.pid) == (None, None)
+
+
+def test_open_source_auto_falls_back_to_cpu_without_a_gpu(fleet_home) -> None:
+    source = open_source(Settings(source="auto", host_id="h8"))
+    assert isinstance(source, CpuSource) and source.name == "cpu"
+    assert source.devices()[0].uuid.startswith("cpu:h8:")
+
+
+def test_open_source_nvml_says_what_to_do(fleet_home) -> None:
+    with pytest.raises(SourceUnavailable, match="FLEETLENS_SOURCE=cpu"):
+        open_source(Settings(source="nvml"))
+
+
+def test_open_source_replay_and_bad_names(fleet_home) -> None:
+    with pytest.raises(ConfigError, match="FLEETLENS_REPLAY_PATH"):
+        open_source(Settings(source="replay"))
+    with pytest.raises(ConfigError, match="one of auto, nvml, cpu, replay"):
+        open_source(Settings(source="tpu"))
+    source = open_source(Settings(source="replay", replay_path="alibaba", replay_host="alibaba-h02"))
+    assert isinstance(source, ReplaySource) and len(source.devices()) == 8

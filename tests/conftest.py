@@ -1,0 +1,80 @@
+"""Shared fixtures: a fresh FLEETLENS_HOME, real SQLite stores, and real PostgreSQL on a fresh schema per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from store.db import Store
+from store.migrations import upgrade
+from store.settings import get_settings
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
+TRACES = SHARED_DATA / "traces"
+FLEET = SHARED_DATA / "fleet"
+
+
+@pytest.fixture
+def fleet_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """FLEETLENS_HOME in a temporary folder, with the default SQLite database inside it."""
+    home = tmp_path / "home"
+    for var in list(os.environ):
+        if var.startswith("FLEETLENS_") and var != "FLEETLENS_TEST_PG_URL":
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("FLEETLENS_HOME", str(home))
+    monkeypatch.setenv("FLEETLENS_SECRET", "test-secret")
+    get_settings(fresh=True)
+    yield home
+    get_settings(fresh=True)
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    store = Store(f"sqlite:///{tmp_path / 'fleetlens.db'}")
+    upgrade(store)
+    yield store
+    store.dispose()
+
+
+def pg_base_url() -> str:
+    url = os.environ.get("FLEETLENS_TEST_PG_URL")
+    if not url:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("FLEETLENS_TEST_PG_URL is not set, and PostgreSQL tests must run when CI=true")
+        pytest.skip("FLEETLENS_TEST_PG_URL is not set (PostgreSQL tests run when it names a database)")
+    return url
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a schema created for this test and dropped after it."""
+    base = pg_base_url()
+    schema = f"fl_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(Store(base).url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    sep = "&" if "?" in base else "?"
+    yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+    admin.dispose()
+
+
+@pytest.fixture
+def pg_store(pg_url: str) -> Iterator[Store]:
+    store = Store(pg_url)
+    upgrade(store)
+    yield store
+    store.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
+def any_store(request: pytest.FixtureRequest) -> Store:
+    """The same test on SQLite and on PostgreSQL."""
+    return request.getfixturevalue("sqlite_store" if request.param == "sqlite" else "pg_store")

@@ -1,0 +1,105 @@
+"""`fleetlens demo` end to end on this machine: real agent, real torch jobs, real traces, a real migration."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from store.db import Store
+from store.models import Action, Finding, StepStat, Trace, Workflow
+from ui.processes import processes_of
+
+FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
+pytestmark = pytest.mark.slow
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    env.update({"FLEETLENS_HOME": str(home), "FLEETLENS_SECRET": "demo-test-secret"})
+    return env
+
+
+def _rules(session, workflow_id: str) -> set[str]:
+    return set(session.scalars(select(Finding.rule).where(Finding.workflow_id == workflow_id,
+                                                          Finding.status != "resolved")))
+
+
+def test_demo_runs_the_whole_loop_and_leaves_nothing_running(tmp_path):
+    home = tmp_path / "home"
+    result = subprocess.run([FLEETLENS, "demo", "--no-ui", "--duration", "90"], env=_env(home), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=900)
+    demo_home = home / "demo"
+    summary = json.loads((demo_home / "demo-summary.json").read_text())
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert summary["steps_failed"] == []
+    jobs = {name: job["workflow"] for name, job in summary["jobs"].items()}
+    assert set(jobs) == {"healthy", "tiny-steps", "input-bound", "idle-holder"}
+
+    store = Store(summary["db_url"])
+    with store.session() as s:
+        for name, wf in jobs.items():
+            # the jobs reported steps through the SDK and the agent
+            assert s.scalar(select(StepStat.id).where(StepStat.workflow_id == wf).limit(1)), name
+            # each was profiled on demand, and its trace analysed
+            traces = s.scalars(select(Trace).where(Trace.workflow_id == wf)).all()
+            assert traces and all(t.profile_request_id for t in traces), name
+            assert {t.status for t in traces} == {"analyzed"}, name
+        # the findings they deserve, and none the healthy job does not
+        assert "trace.input_pipeline" in _rules(s, jobs["input-bound"])
+        assert "idle_holder" in _rules(s, jobs["idle-holder"])
+        healthy = _rules(s, jobs["healthy"])
+        assert not healthy & {"idle_holder", "low_utilization", "memory_overprovisioned", "trace.input_pipeline"}
+
+        # at least one migration finished, the job resuming from its checkpoint with no step lost before it
+        resumed = s.scalars(select(Action).where(Action.state == "resumed")).all()
+        assert resumed, summary["migrations"]
+        for action in resumed:
+            assert action.checkpoint_step is not None and action.checkpoint_step > 0
+            stats = s.scalars(select(StepStat).where(StepStat.workflow_id == action.workflow_id)
+                              .order_by(StepStat.ts_start)).all()
+            after = [st for st in stats if st.ts_start >= action.created_at and st.first_step == action.checkpoint_step]
+            assert after, f"{action.workflow_id} did not resume at step {action.checkpoint_step}"
+            assert len({st.pid for st in stats}) >= 2  # a new process continued the work
+            covered = sorted((st.first_step, st.last_step) for st in stats if st.first_step < action.checkpoint_step)
+            assert covered[0][0] == 0
+            for (_, last), (first, _) in zip(covered, covered[1:], strict=False):
+                assert first <= last + 1, "a step before the checkpoint was lost"
+        assert summary["devices_freed"] >= 1
+
+        # the replayed fleet's idle containers were flagged
+        replayed_idle = s.scalars(select(Finding.workflow_id).join(Workflow, Workflow.id == Finding.workflow_id)
+                                  .where(Finding.rule == "idle_holder", Workflow.id.not_in(jobs.values()),
+                                         Workflow.id_source != "cmdline")).all()
+        assert len(set(replayed_idle)) >= 100
+    assert summary["fleet"]["workflows"] == 143
+    assert "devices freed" in result.stdout
+
+    assert list(processes_of(demo_home)) == []
+
+
+def test_ctrl_c_stops_every_process_the_demo_started(tmp_path):
+    home = tmp_path / "home"
+    demo_home = home / "demo"
+    proc = subprocess.Popen([FLEETLENS, "demo", "--no-ui", "--duration", "900"], env=_env(home), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while len(list(processes_of(demo_home))) < 5 and time.monotonic() < deadline:  # the agent and four jobs
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(1)
+        assert len(list(processes_of(demo_home))) >= 5
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    assert list(processes_of(demo_home)) == []

@@ -1,0 +1,183 @@
+"""`fleetlens run`: managed jobs registered with their command line, placed under the policy on the host's devices,
+started with the device / lane environment (real child processes, real CPU affinity); bad input writes nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+import ui.cli
+from enforcer.managed import PlacementError, register_managed
+from store.db import Store
+from store.migrations import upgrade
+from store.models import Host, Lane, Placement, Workflow
+from store.registry import DeviceSpec, register_devices, register_host
+from store.settings import get_settings
+from tests.conftest import PROJECT_ROOT
+
+PROBE = ("import json, os, sys; "
+         "keys = ['FLEETLENS_WORKFLOW', 'FLEETLENS_MANAGED', 'CUDA_VISIBLE_DEVICES', 'FLEETLENS_LANE', "
+         "'FLEETLENS_MEMORY_FRACTION', 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']; "
+         "out = {k: os.environ.get(k) for k in keys}; out['affinity'] = sorted(os.sched_getaffinity(0)); "
+         "open(sys.argv[1], 'w').write(json.dumps(out)); sys.exit(int(sys.argv[2]))")
+DEVICE_BYTES = 8 << 30
+
+
+@pytest.fixture
+def host(fleet_home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Store, dict[int, int]]:
+    """A host registered with two cpu devices (core 0 and core 1), as its agent would have done."""
+    monkeypatch.setenv("FLEETLENS_HOST_ID", "h1")
+    settings = get_settings(fresh=True)
+    settings.ensure_home()
+    store = Store.from_settings(settings)
+    upgrade(store)
+    with store.session() as s:
+        register_host(s, "h1", hostname="h1", source="cpu")
+        ids = register_devices(s, "h1", [DeviceSpec(i, f"cpu:h1:{i}", f"cpu core {i}", DEVICE_BYTES, (i,))
+                                         for i in range(2)], source="cpu")
+    yield store, ids
+    store.dispose()
+
+
+def probe(tmp_path: Path, *options: str, exit_code: int = 0) -> tuple[int, dict]:
+    out = tmp_path / "env.json"
+    code = ui.cli.run(["run", *options, "--", sys.executable, "-c", PROBE, str(out), str(exit_code)])
+    return code, json.loads(out.read_text()) if out.exists() else {}
+
+
+def count(store: Store, model: type) -> int:
+    with store.session() as s:
+        return s.scalar(select(func.count()).select_from(model))
+
+
+def test_foreground_run_places_a_whole_device_and_returns_the_jobs_exit_code(host, tmp_path: Path) -> None:
+    store, ids = host
+    code, env = probe(tmp_path, "--name", "fg", "--steps", "123", "--team", "vision", exit_code=3)
+    assert code == 3
+    with store.session() as s:
+        wf = s.scalar(select(Workflow))
+        placement = s.scalar(select(Placement))
+        assert wf.id.startswith("fg-") and wf.managed and wf.id_source == "managed" and not wf.movable
+        assert wf.command[-3:] == [PROBE, str(tmp_path / "env.json"), "3"] and wf.cwd == str(Path.cwd())
+        assert wf.declared_steps == 123 and wf.team == "vision" and wf.state == "failed"
+        assert Path(wf.checkpoint_dir).is_dir() and wf.checkpoint_dir.startswith(str(get_settings().checkpoint_dir))
+        assert placement.workflow_id == wf.id and placement.lane_id is None and placement.state == "ended"
+        device_index = {v: k for k, v in ids.items()}[placement.device_id]
+    assert env["FLEETLENS_WORKFLOW"] == wf.id and env["FLEETLENS_MANAGED"] == "h1"
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["FLEETLENS_LANE"] is None
+    assert env["affinity"] == [device_index]  # pinned to the cpu device's core
+
+
+def test_lane_auto_starts_the_job_in_a_lane_with_its_memory_fraction_and_compute_share(host, tmp_path: Path) -> None:
+    store, _ = host
+    code, env = probe(tmp_path, "--lane", "auto", "--mem-mb", "100", "--movable")
+    assert code == 0
+    with store.session() as s:
+        lane = s.scalar(select(Lane))
+        placement = s.scalar(select(Placement))
+        assert placement.lane_id == lane.id and lane.state == "closed"  # the job ended: its lane closed
+        assert placement.mem_persistent == int(1.1 * (100 << 20)) + 1 or placement.mem_persistent >= 110 << 20
+        assert s.scalar(select(Workflow)).movable
+    assert env["FLEETLENS_LANE"] == str(lane.id)
+    assert float(env["FLEETLENS_MEMORY_FRACTION"]) == pytest.approx(lane.size_bytes / DEVICE_BYTES, rel=1e-4)
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(round(lane.compute_share * 100))
+
+
+def test_the_policy_decides_where_lane_jobs_go(host) -> None:
+    store, _ = host
+    settings = get_settings()
+
+    def place(policy: str, util: float):
+        return register_managed(store, [sys.executable, "-c", "pass"], settings=settings, lane="auto",
+                                mem_bytes=100 << 20, util=util, policy=policy, cwd=PROJECT_ROOT)
+
+    a, b = place("pack", 0.2), place("pack", 0.2)
+    assert a.device_ids == b.device_ids  # PACK: light jobs onto the device already in use
+    c = place("fair", 0.2)
+    assert c.device_ids != a.device_ids  # FAIR: spread onto the least loaded device
+    with store.session() as s:
+        assert s.scalar(select(func.count()).select_from(Lane).where(Lane.state == "open")) == 3
+        shares = sorted(lane.compute_share for lane in s.scalars(select(Lane)))
+        assert shares[0] == pytest.approx(0.2)
+
+
+def test_whole_devices_are_exclusive_and_a_full_host_is_a_clear_error(host) -> None:
+    store, ids = host
+    settings = get_settings()
+    cmd = [sys.executable, "-c", "pass"]
+    both = register_managed(store, cmd, settings=settings, gpus=2, cwd=PROJECT_ROOT)
+    assert sorted(both.device_ids) == sorted(ids.values()) and both.lane_id is None
+    workflows = count(store, Workflow)
+    with pytest.raises(PlacementError, match="no device on host 'h1' has room"):
+        register_managed(store, cmd, settings=settings, gpus=1, name="late", cwd=PROJECT_ROOT)
+    with pytest.raises(PlacementError):
+        register_managed(store, cmd, settings=settings, lane="auto", name="late", cwd=PROJECT_ROOT)
+    assert count(store, Workflow) == workflows  # nothing written for the jobs that found no room
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--policy", "bogus"], "unknown policy 'bogus'"),
+    (["--gpus", "1", "--lane", "auto"], "not both"),
+    (["--lane", "3"], "--lane takes 'auto'"),
+    (["--gpus", "0"], "at least 1"),
+])
+def test_bad_options_are_one_line_errors_and_write_nothing(host, options, message, capsys) -> None:
+    store, _ = host
+    code = ui.cli.run(["run", *options, "--", sys.executable, "-c", "pass"])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert count(store, Workflow) == count(store, Placement) == 0
+
+
+def test_an_unwritable_checkpoint_folder_is_refused_before_anything_is_written(host, capsys) -> None:
+    store, _ = host
+    get_settings().checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+    get_settings().checkpoint_dir.write_text("a file where the checkpoint folders should go")
+    code = ui.cli.run(["run", "--", sys.executable, "-c", "pass"])
+    assert code == 2
+    assert "checkpoint folder" in capsys.readouterr().err
+    assert count(store, Workflow) == count(store, Placement) == 0
+
+
+def test_a_host_without_devices_or_without_an_agent_is_a_clear_error(host, monkeypatch, capsys) -> None:
+    store, _ = host
+    with store.session() as s:  # the host's agent was last heard of long ago
+        s.get(Host, "h1").last_seen -= 3600
+    # detached with no agent running on the host: the placement is withdrawn again
+    code = ui.cli.run(["run", "--detach", "--lane", "auto", "--", sys.executable, "-c", "pass"])
+    assert code == 2 and "no fleetlens agent is running on host 'h1'" in capsys.readouterr().err
+    with store.session() as s:
+        assert [p.state for p in s.scalars(select(Placement))] == ["ended"]
+        assert [lane.state for lane in s.scalars(select(Lane))] == ["closed"]
+    monkeypatch.setenv("FLEETLENS_HOST_ID", "nowhere")
+    code = ui.cli.run(["run", "--", sys.executable, "-c", "pass"])
+    assert code == 2 and "host 'nowhere' has no registered devices" in capsys.readouterr().err
+
+
+def test_no_command_is_a_clear_error(host, capsys) -> None:
+    assert ui.cli.run(["run", "--name", "x"]) == 2
+    assert "no command to run" in capsys.readouterr().err
+
+
+def test_drive_with_nothing_to_do_says_so(host, capsys) -> None:
+    assert ui.cli.run(["drive"]) == 0
+    assert "no unfinished actions" in capsys.readouterr().out
+
+
+def test_devices_restricts_the_placement_and_refuses_foreign_devices(sqlite_store, fleet_home):
+    from store.errors import NotFound
+    from store.registry import DeviceSpec, register_devices, register_host
+
+    with sqlite_store.session() as s:
+        register_host(s, "pin-host", hostname="pin-host", source="cpu")
+        ids = register_devices(s, "pin-host", [DeviceSpec(i, f"pin-{i}", f"cpu {i}", 8 << 30) for i in range(3)],
+                               source="cpu")
+    job = register_managed(sqlite_store, ["python", "x.py"], lane="auto", host_id="pin-host", devices=[ids[2]],
+                           name="pinned")
+    assert job.device_ids == [ids[2]]
+    with pytest.raises(NotFound, match="not on host"):
+        register_managed(sqlite_store, ["python", "x.py"], host_id="pin-host", devices=[999_999], name="lost")

@@ -1,0 +1,213 @@
+"""The planner on real stores: which jobs move where, what comes free, limits, cool-downs, apply, bad input, CLI."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import delete, func, select
+
+from enforcer.planner import Holding, PlanDevice, apply_plan, load_state, make_plan, plan_moves
+from store.db import Store
+from store.errors import InvalidInput, NotFound
+from store.findings import FindingSpec, upsert_finding
+from store.ingest import write_samples
+from store.models import Action, ActionEvent, Lane, Placement, Plan, Workflow
+from store.registry import DeviceSpec, register_devices, register_host
+from store.settings import Settings
+from store.workflows import upsert_workflow
+from ui.cli import run
+
+GIB = 2**30
+NOW = 1_800_000_000.0
+
+
+def seed(store: Store, now: float = NOW) -> dict[int, int]:
+    """One host, four 16 GiB devices: two idle movable jobs, one busy job that may not move, one foreign user."""
+    with store.session() as s:
+        register_host(s, "h1", hostname="h1", source="replay", now=now)
+        ids = register_devices(s, "h1", [DeviceSpec(i, f"GPU-{i}", "T4", 16 * GIB) for i in range(4)],
+                               source="replay", now=now)
+        jobs = {
+            "idle-a": dict(device=ids[0], p=2 * GIB, e=GIB // 2, movable=True, rule="idle_holder",
+                           evidence={"util_mean_while_idle": 0.01, "mem_held_gib": 2.5}),
+            "idle-b": dict(device=ids[1], p=2 * GIB, e=0, movable=True, rule="low_utilization",
+                           evidence={"util_p95": 0.1, "util_mean": 0.05}),
+            "busy-c": dict(device=ids[2], p=4 * GIB, e=GIB, movable=False, rule=None, evidence={}),
+        }
+        for name, j in jobs.items():
+            upsert_workflow(s, name, now=now, managed=True, movable=j["movable"], command=["python", "train.py"],
+                            mem_persistent=j["p"], mem_ephemeral=j["e"], id_source="managed")
+            s.add(Placement(workflow_id=name, device_id=j["device"], host_id="h1", pid=100,
+                            mem_persistent=int(j["p"] * 1.1), mem_ephemeral=j["e"], started_at=now))
+            if j["rule"]:
+                upsert_finding(s, FindingSpec(rule=j["rule"], workflow_id=name, source="telemetry", severity="high",
+                                              title="t", fix="f", evidence=j["evidence"], device_id=j["device"],
+                                              gpu_hours_per_day=10.0), now=now)
+        # an unmanaged job flagged idle: never moved
+        upsert_workflow(s, "foreign-d", now=now)
+        upsert_finding(s, FindingSpec(rule="idle_holder", workflow_id="foreign-d", source="telemetry",
+                                      severity="high", title="t", fix="f", evidence={"util_mean_while_idle": 0.0},
+                                      device_id=ids[3]), now=now)
+    write_samples(store, [dict(device_id=ids[3], ts=now, mem_used=10 * GIB, mem_total=16 * GIB, gpu_util=0.0)], [])
+    return ids
+
+
+def counts(store: Store) -> tuple[int, int]:
+    with store.session() as s:
+        return s.scalar(select(func.count()).select_from(Action)), s.scalar(select(func.count()).select_from(Lane))
+
+
+def test_pack_frees_two_devices_and_apply_creates_planned_actions(any_store: Store) -> None:
+    ids = seed(any_store)
+    result = make_plan(any_store, "pack", settings=Settings(max_moves_per_cycle=4), now=NOW)
+    assert {m.workflow_id for m in result.moves} == {"idle-a", "idle-b"}
+    # both go next to the busy job (best fit): devices 0 and 1 come free, the busy and foreign jobs stay
+    assert {m.to_device_id for m in result.moves} == {ids[2]}
+    assert sorted(result.devices_freed) == sorted([ids[0], ids[1]])
+    for m in result.moves:
+        assert m.to_lane_id is None and m.new_lane  # each opens its own lane next to busy-c's
+        assert 1.0 <= m.expected_slowdown < 1.5
+        assert m.lane_size >= m.p_prime + m.ephemeral
+    assert counts(any_store) == (0, 0)  # dry run: nothing recorded but the plan
+    with any_store.session() as s:
+        plan = s.get(Plan, result.plan_id)
+        assert not plan.applied and plan.devices_freed == 2 and len(plan.moves) == 2
+
+    actions = apply_plan(any_store, result.plan_id, now=NOW + 1)
+    assert [a.state for a in actions] == ["planned", "planned"]
+    with any_store.session() as s:
+        assert s.get(Plan, result.plan_id).applied
+        rows = s.scalars(select(Action).order_by(Action.id)).all()
+        assert {(r.workflow_id, r.to_device_id, r.state) for r in rows} == {
+            ("idle-a", ids[2], "planned"), ("idle-b", ids[2], "planned")}
+        lanes = {lane.id: lane for lane in s.scalars(select(Lane))}
+        assert all(r.to_lane_id in lanes and lanes[r.to_lane_id].device_id == ids[2] for r in rows)
+        assert sum(lane.size_bytes for lane in lanes.values()) <= 16 * GIB
+        assert s.scalar(select(func.count()).select_from(ActionEvent)) == 2
+        # nothing moved yet: the migration state machine does that
+        assert {p.device_id for p in s.scalars(select(Placement).where(Placement.workflow_id == "idle-a"))} == {ids[0]}
+    with pytest.raises(InvalidInput, match="applied already"):
+        apply_plan(any_store, result.plan_id)
+    # the next cycle leaves the jobs alone: their moves are under way, and their lanes stay reserved
+    again = make_plan(any_store, "pack", settings=Settings(), now=NOW + 2)
+    assert again.moves == [] and again.skipped.get("in cool-down") == 2
+    with any_store.session() as s:
+        _, holdings = load_state(s, Settings(), NOW + 2)
+    reserved = {h.workflow_id: h for h in holdings if h.workflow_id.startswith("arriving:")}
+    assert set(reserved) == {"arriving:idle-a", "arriving:idle-b"}
+    assert all(h.device_id == ids[2] and h.p_prime == h.lane_size for h in reserved.values())
+
+
+def test_fair_spreads_and_frees_less(sqlite_store: Store) -> None:
+    ids = seed(sqlite_store)
+    result = make_plan(sqlite_store, "fair", settings=Settings(), now=NOW)
+    # idle-b goes to the least loaded device (idle-a's), which then stays in use
+    assert [(m.workflow_id, m.to_device_id) for m in result.moves] == [("idle-b", ids[0])]
+    assert result.devices_freed == [ids[1]]
+
+
+def test_move_limit_and_cooldown(sqlite_store: Store) -> None:
+    ids = seed(sqlite_store)
+    one = make_plan(sqlite_store, "pack", settings=Settings(max_moves_per_cycle=1), now=NOW)
+    assert len(one.moves) == 1 and one.skipped["over the moves-per-cycle limit"] == 1
+    with sqlite_store.session() as s:  # idle-b was moved an hour ago and has finished moving
+        s.add(Action(workflow_id="idle-b", state="resumed", created_at=NOW - 100, updated_at=NOW - 100))
+    cool = make_plan(sqlite_store, "pack", settings=Settings(cooldown_s=3600), now=NOW)
+    assert [m.workflow_id for m in cool.moves] == ["idle-a"] and cool.devices_freed == [ids[0]]
+    later = make_plan(sqlite_store, "pack", settings=Settings(cooldown_s=60), now=NOW)
+    assert len(later.moves) == 2
+
+
+def test_not_movable_and_unmanaged_jobs_stay(sqlite_store: Store) -> None:
+    seed(sqlite_store)
+    with sqlite_store.session() as s:
+        s.get(Workflow, "idle-a").movable = False
+    result = make_plan(sqlite_store, "pack", settings=Settings(), now=NOW)
+    assert [m.workflow_id for m in result.moves] == ["idle-b"]
+    assert result.skipped["not movable"] == 1
+    # ... unless the team opts in
+    with sqlite_store.session() as s:
+        s.get(Workflow, "idle-a").team = "research"
+    result = make_plan(sqlite_store, "pack", settings=Settings(movable_teams=["research"]), now=NOW)
+    assert {m.workflow_id for m in result.moves} == {"idle-a", "idle-b"}
+
+
+def test_never_over_memory(sqlite_store: Store) -> None:
+    seed(sqlite_store)
+    with sqlite_store.session() as s:  # the busy job grows to fill its device: no room for anyone
+        s.get(Workflow, "busy-c").mem_persistent = 13 * GIB
+        for name in ("idle-a", "idle-b"):
+            s.get(Workflow, name).mem_persistent = 7 * GIB
+    result = make_plan(sqlite_store, "pack", settings=Settings(), now=NOW)
+    # 7 GiB jobs ask lanes of 8.1 (+E) GiB: neither fits next to the other's 16 GiB device's lane, nor busy-c's
+    assert result.moves == [] and result.devices_freed == []
+    assert result.skipped["no device has room"] == 2
+
+
+def test_plan_naming_a_workflow_that_has_gone(any_store: Store) -> None:
+    seed(any_store)
+    result = make_plan(any_store, "pack", settings=Settings(), now=NOW)
+    with any_store.session() as s:
+        s.execute(delete(Workflow).where(Workflow.id == "idle-b"))
+    with pytest.raises(NotFound, match="'idle-b', which is no longer in the store; nothing was moved"):
+        apply_plan(any_store, result.plan_id)
+    assert counts(any_store) == (0, 0)
+    with any_store.session() as s:
+        assert not s.get(Plan, result.plan_id).applied
+    with pytest.raises(NotFound, match="no plan 999"):
+        apply_plan(any_store, 999)
+
+
+def test_plan_for_a_job_that_has_already_left(sqlite_store: Store) -> None:
+    seed(sqlite_store)
+    result = make_plan(sqlite_store, "pack", settings=Settings(), now=NOW)
+    with sqlite_store.session() as s:
+        s.execute(Placement.__table__.update().where(Placement.workflow_id == "idle-a").values(state="ended"))
+    with pytest.raises(InvalidInput, match="'idle-a' is no longer on device"):
+        apply_plan(sqlite_store, result.plan_id)
+    assert counts(sqlite_store) == (0, 0)
+
+
+def test_unknown_policy(sqlite_store: Store) -> None:
+    with pytest.raises(InvalidInput, match="known policies: fair, fifo, pack, srtf"):
+        make_plan(sqlite_store, "greedy")
+    with sqlite_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(Plan)) == 0
+
+
+def test_pure_core_keeps_lanes_and_foreign_memory() -> None:
+    devices = [PlanDevice(1, 16 * GIB, "h"), PlanDevice(2, 16 * GIB, "h", foreign=15 * GIB),
+               PlanDevice(3, 16 * GIB, "h")]
+    holdings = [
+        Holding("a", 1, GIB, util=0.05, movable=True, rules=("idle_holder",)),
+        # a job in a store lane, on a device also used by processes fleetlens does not manage
+        Holding("b", 2, GIB // 2, util=0.1, lane_id=7, lane_size=GIB, p_prime=GIB // 2 + GIB // 20),
+        Holding("c", 3, 2 * GIB, util=0.5),
+    ]
+    result = plan_moves(devices, holdings, "pack", max_moves=4)
+    # device 2 has 15 GiB used by others: only device 3 has room for a's lane
+    assert [(m.workflow_id, m.to_device_id) for m in result.moves] == [("a", 3)]
+    assert result.devices_freed == [1]
+
+
+def test_cli_enforce_and_lanes(fleet_home, capsys) -> None:
+    assert run(["init"]) == 0
+    store = Store.from_settings()
+    seed(store, now=time.time())
+    capsys.readouterr()
+    assert run(["enforce", "--policy", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown policy 'nosuch'; known policies: fair, fifo, pack, srtf" in err and err.count("\n") == 1
+    assert run(["enforce", "--policy", "pack"]) == 0
+    out = capsys.readouterr().out
+    assert "idle-a" in out and "idle-b" in out and "devices freed: 2" in out and "dry run" in out
+    assert counts(store) == (0, 0)
+    assert run(["enforce", "--policy", "pack", "--apply"]) == 0
+    out = capsys.readouterr().out
+    assert "applied" in out
+    assert counts(store)[0] == 2
+    assert run(["lanes"]) == 0
+    out = capsys.readouterr().out
+    assert "arriving" in out and "busy-c" in out and "whole device" in out
+    store.dispose()

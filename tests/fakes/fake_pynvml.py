@@ -1,0 +1,306 @@
+"""A fake NVML at the `pynvml` function boundary: same function names, the real pynvml's errors and constants.
+
+No GPU is here, so tests and benchmarks stand this in for the `pynvml` module. Everything that is not an
+NVML *function* (NVMLError and its subclasses, NVML_* constants, ctypes structures such as
+c_nvmlGpmMetricsGet_t) is the real pynvml's own object, so `except pynvml.NVMLError_GpuIsLost` behaves exactly
+as against a driver. Errors are raised the way pynvml raises them: `pynvml.NVMLError(code)`.
+
+    fake = FakeNVML([FakeGPU(processes=[FakeProcess(pid=123, used_memory=2 << 30, sm_util=40)])])
+    monkeypatch.setattr(collector.sources.nvml, "pynvml", fake)
+
+Configure per GPU: metric values (NVML's own units: percent, mW, MHz, bytes), `unsupported` (function names
+that raise NotSupported), `denied` (NoPermission), `lost` (every call raises GpuIsLost), `gpm` (metric id ->
+percent; None = the GPU has no GPM), pending `xid_events`. `FakeNVML(library_missing=True)` fails nvmlInit the
+way a machine without a driver does. `calls` counts every function called (for benchmarks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import Counter
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml as _real
+
+GiB = 1 << 30
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    used_memory: int | None = 1 * GiB  # None: NVML reports "not available" (WDDM, containers)
+    sm_util: int | None = None  # percent; None: no utilisation sample for this process
+
+
+@dataclass
+class FakeGPU:
+    name: str = "NVIDIA A100-SXM4-80GB"
+    uuid: str | None = None  # default GPU-fake-<index>
+    memory_total: int = 80 * GiB
+    memory_used: int = 0
+    gpu_util: int = 0  # percent
+    mem_util: int = 0  # percent
+    power_mw: int = 60_000
+    temperature_c: int = 35
+    sm_clock_mhz: int = 1410
+    throttle_reasons: int = 0
+    ecc_uncorrected: int = 0
+    processes: list[FakeProcess] = field(default_factory=list)
+    gpm: dict[int, float] | None = None  # metric id -> percent; None: GPM not supported (pre-Hopper)
+    unsupported: set[str] = field(default_factory=set)
+    denied: set[str] = field(default_factory=set)
+    lost: bool = False
+    xid_events: list[int] = field(default_factory=list)  # XID codes waiting in the event set
+    util_timestamp: int = 1_000_000  # µs; process utilisation samples carry it, bumped on each read
+
+
+class _Handle:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class FakeNVML:
+    """Stands in for the `pynvml` module."""
+
+    def __init__(
+        self,
+        gpus: list[FakeGPU] | None = None,
+        *,
+        library_missing: bool = False,
+        driver_missing: bool = False,
+    ) -> None:
+        self.gpus = list(gpus or [])
+        for i, gpu in enumerate(self.gpus):
+            if gpu.uuid is None:
+                gpu.uuid = f"GPU-fake-{i:04d}"
+        self.library_missing = library_missing
+        self.driver_missing = driver_missing
+        self.initialized = 0
+        self.calls: Counter[str] = Counter()
+        self._handles = [_Handle(i) for i in range(len(self.gpus))]
+        self._gpm_samples: dict[int, tuple[int, Any]] = {}  # sample address -> (gpu index, struct kept alive)
+        self._registered: set[int] = set()
+
+    # everything that is not a function is the real pynvml's (errors, constants, structures)
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("nvml") and callable(getattr(_real, name, None)):
+            def missing(*_args: Any, **_kw: Any) -> Any:
+                raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+            return missing
+        return getattr(_real, name)
+
+    # ------------------------------------------------------------------------------------ helpers
+
+    def _gpu(self, fn: str, handle: Any) -> FakeGPU:
+        self.calls[fn] += 1
+        if not self.initialized:
+            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+        if not isinstance(handle, _Handle):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[handle.index]
+        if gpu.lost:
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
+        if fn in gpu.unsupported:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        if fn in gpu.denied:
+            raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)
+        return gpu
+
+    # ------------------------------------------------------------------------------------ library
+
+    def nvmlInit(self) -> None:
+        self.calls["nvmlInit"] += 1
+        if self.library_missing:
+            raise _real.NVMLError(_real.NVML_ERROR_LIBRARY_NOT_FOUND)
+        if self.driver_missing:
+            raise _real.NVMLError(_real.NVML_ERROR_DRIVER_NOT_LOADED)
+        self.initialized += 1
+
+    def nvmlShutdown(self) -> None:
+        self.calls["nvmlShutdown"] += 1
+        if not self.initialized:
+            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+        self.initialized -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.54.15"
+
+    def nvmlDeviceGetCount(self) -> int:
+        self.calls["nvmlDeviceGetCount"] += 1
+        if not self.initialized:
+            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        self.calls["nvmlDeviceGetHandleByIndex"] += 1
+        if not 0 <= index < len(self.gpus):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._handles[index]
+
+    def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
+        self._gpu("nvmlDeviceGetIndex", handle)
+        return handle.index
+
+    # ------------------------------------------------------------------------------------ device metrics
+
+    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+        return self._gpu("nvmlDeviceGetUUID", handle).uuid or ""
+
+    def nvmlDeviceGetName(self, handle: _Handle) -> str:
+        return self._gpu("nvmlDeviceGetName", handle).name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: Any = None) -> Any:
+        gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
+        mem = _real.c_nvmlMemory_t()
+        mem.total, mem.used, mem.free = gpu.memory_total, gpu.memory_used, gpu.memory_total - gpu.memory_used
+        return mem
+
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> Any:
+        gpu = self._gpu("nvmlDeviceGetUtilizationRates", handle)
+        util = _real.c_nvmlUtilization_t()
+        util.gpu, util.memory = gpu.gpu_util, gpu.mem_util
+        return util
+
+    def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetTemperature", handle)
+        if sensor != _real.NVML_TEMPERATURE_GPU:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temperature_c
+
+    def nvmlDeviceGetClockInfo(self, handle: _Handle, clock_type: int) -> int:
+        gpu = self._gpu("nvmlDeviceGetClockInfo", handle)
+        if clock_type != _real.NVML_CLOCK_SM:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.sm_clock_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle).throttle_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", handle).throttle_reasons
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, error_type: int, counter_type: int) -> int:
+        return self._gpu("nvmlDeviceGetTotalEccErrors", handle).ecc_uncorrected
+
+    # ------------------------------------------------------------------------------------ processes
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
+        gpu = self._gpu("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [
+            SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_memory, gpuInstanceId=0xFFFFFFFF,
+                            computeInstanceId=0xFFFFFFFF)
+            for p in gpu.processes
+        ]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timestamp: int) -> list[Any]:
+        gpu = self._gpu("nvmlDeviceGetProcessUtilization", handle)
+        gpu.util_timestamp += 1_000_000
+        samples = []
+        for p in gpu.processes:
+            if p.sm_util is None:
+                continue
+            s = _real.c_nvmlProcessUtilizationSample_t()
+            s.pid, s.timeStamp, s.smUtil, s.memUtil = p.pid, gpu.util_timestamp, p.sm_util, 0
+            if s.timeStamp > timestamp:
+                samples.append(s)
+        if not samples:  # what the driver says when no process ran since `timestamp`
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+        return samples
+
+    # ------------------------------------------------------------------------------------ GPM
+
+    def nvmlGpmQueryDeviceSupport(self, handle: _Handle) -> Any:
+        gpu = self._gpu("nvmlGpmQueryDeviceSupport", handle)
+        support = _real.c_nvmlGpmSupport_t()
+        support.version = _real.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = 0 if gpu.gpm is None else 1
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self.calls["nvmlGpmSampleAlloc"] += 1
+        struct = _real.struct_c_nvmlGpmSample_t()
+        sample = _real.c_nvmlGpmSample_t(struct)
+        self._gpm_samples[ctypes.addressof(struct)] = (-1, struct)
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self.calls["nvmlGpmSampleFree"] += 1
+        self._gpm_samples.pop(ctypes.cast(sample, ctypes.c_void_p).value or 0, None)
+
+    def nvmlGpmSampleGet(self, handle: _Handle, sample: Any) -> Any:
+        gpu = self._gpu("nvmlGpmSampleGet", handle)
+        if gpu.gpm is None:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        address = ctypes.cast(sample, ctypes.c_void_p).value or 0
+        if address not in self._gpm_samples:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        self._gpm_samples[address] = (handle.index, self._gpm_samples[address][1])
+        return sample
+
+    def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:
+        self.calls["nvmlGpmMetricsGet"] += 1
+        if metrics_get.version != _real.NVML_GPM_METRICS_GET_VERSION:
+            raise _real.NVMLError(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = self._gpm_samples.get(ctypes.cast(metrics_get.sample1, ctypes.c_void_p).value or 0)
+        second = self._gpm_samples.get(ctypes.cast(metrics_get.sample2, ctypes.c_void_p).value or 0)
+        if first is None or second is None or first[0] < 0 or first[0] != second[0]:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[first[0]]
+        if gpu.lost:
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
+        for k in range(metrics_get.numMetrics):
+            metric = metrics_get.metrics[k]
+            value = (gpu.gpm or {}).get(metric.metricId)
+            if value is None:
+                metric.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+            else:
+                metric.nvmlReturn, metric.value = _real.NVML_SUCCESS, float(value)
+        return metrics_get
+
+    # ------------------------------------------------------------------------------------ events (XID)
+
+    def nvmlEventSetCreate(self) -> Any:
+        self.calls["nvmlEventSetCreate"] += 1
+        return SimpleNamespace(kind="fake-event-set")
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        self.calls["nvmlEventSetFree"] += 1
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: Any) -> None:
+        self._gpu("nvmlDeviceRegisterEvents", handle)
+        if event_types & _real.nvmlEventTypeXidCriticalError:
+            self._registered.add(handle.index)
+
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
+        self.calls["nvmlEventSetWait_v2"] += 1
+        for index in sorted(self._registered):
+            gpu = self.gpus[index]
+            if gpu.xid_events:
+                xid = gpu.xid_events.pop(0)
+                return SimpleNamespace(device=self._handles[index], eventType=_real.nvmlEventTypeXidCriticalError,
+                                       eventData=xid, gpuInstanceId=0, computeInstanceId=0)
+        raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> Any:
+        return self.nvmlEventSetWait_v2(event_set, timeout_ms)
+
+
+def fleet(n_gpus: int = 8, procs_per_gpu: int = 32, *, gpm: bool = True) -> FakeNVML:
+    """A busy host: n GPUs with procs_per_gpu processes each (pids 10000+), GPM on (the benchmark's setup)."""
+    gpus = []
+    for g in range(n_gpus):
+        procs = [FakeProcess(pid=10_000 + g * procs_per_gpu + k, used_memory=(k + 1) * 64 * (1 << 20),
+                             sm_util=(g * 7 + k) % 100) for k in range(procs_per_gpu)]
+        gpus.append(FakeGPU(memory_used=sum(p.used_memory or 0 for p in procs), gpu_util=50 + g, mem_util=20,
+                            processes=procs,
+                            gpm={_real.NVML_GPM_METRIC_SM_UTIL: 45.0, _real.NVML_GPM_METRIC_SM_OCCUPANCY: 30.0,
+                                 _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 12.5} if gpm else None))
+    return FakeNVML(gpus)

@@ -1,0 +1,89 @@
+"""`fleetlens init` / `status`, and the one-line errors for bad settings: exit 2, no traceback, nothing half-written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from store.db import Store
+from store.migrations import current_revision, head_revision
+from ui.cli import run
+
+FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    full = {"PATH": os.environ["PATH"], "HOME": env.get("HOME", "/tmp"), **env}
+    return subprocess.run([FLEETLENS, *args], env=full, capture_output=True, text=True, timeout=120)
+
+
+def test_init_creates_home_and_schema_then_status_counts(fleet_home, capsys):
+    assert run(["init"]) == 0
+    store = Store(f"sqlite:///{fleet_home / 'fleetlens.db'}")
+    assert current_revision(store) == head_revision()
+    assert (fleet_home / "fleetlens.db").exists()
+    assert run(["init"]) == 0  # idempotent
+    capsys.readouterr()
+    assert run(["status"]) == 0
+    out = capsys.readouterr().out
+    assert head_revision() in out
+    for label in ("hosts", "devices", "workflows", "device samples", "findings"):
+        assert label in out
+
+
+@pytest.mark.pg
+def test_status_masks_the_password(pg_url, capsys, fleet_home, monkeypatch):
+    url = pg_url.replace("postgres@", "postgres:hunter2@")
+    monkeypatch.setenv("FLEETLENS_DB_URL", url)
+    assert run(["init"]) == 0
+    assert run(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "hunter2" not in out and "***" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"FLEETLENS_DB_URL": "not a url"}, "is not a database URL"),
+        ({"FLEETLENS_DB_URL": "mysql://root@127.0.0.1/x"}, "fleetlens runs on sqlite or postgresql"),
+        ({"FLEETLENS_DB_URL": "postgresql://u:secretpw@127.0.0.1:1/x"}, "cannot reach the database"),
+        ({"FLEETLENS_HOME": "/proc/fleetlens-cannot-write"}, "cannot be written"),
+    ],
+)
+def test_bad_settings_give_one_line_and_exit_2(tmp_path, env, expected):
+    env = {"FLEETLENS_HOME": str(tmp_path / "home"), **env}
+    result = _cli(["init"], env)
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 3
+    assert "secretpw" not in result.stderr
+
+
+def test_database_at_newer_revision_is_refused_and_left_untouched(fleet_home, capsys):
+    assert run(["init"]) == 0
+    store = Store(f"sqlite:///{fleet_home / 'fleetlens.db'}")
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
+    capsys.readouterr()
+    assert run(["init"]) == 2
+    err = capsys.readouterr().err
+    assert "newer than this fleetlens" in err and "upgrade fleetlens" in err
+    assert current_revision(store) == "9999_from_the_future"
+
+
+def test_status_without_schema_says_to_init(fleet_home, capsys):
+    fleet_home.mkdir(parents=True)
+    Store(f"sqlite:///{fleet_home / 'fleetlens.db'}").ping()
+    assert run(["status"]) == 0
+    assert "fleetlens init" in capsys.readouterr().out
+
+
+def test_help_lists_commands():
+    result = _cli(["--help"], {})
+    assert result.returncode == 0
+    assert "init" in result.stdout and "status" in result.stdout

@@ -1,0 +1,154 @@
+"""Every dashboard page on a seeded store (AppTest): the numbers shown are the store's, and the controls work."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+
+from analyzer.ranking import rank_workflows
+from analyzer.rollups import device_rollups
+from analyzer.telemetry.frame import load_window
+from analyzer.telemetry.thresholds import load_thresholds
+from store.models import Device, DeviceSample, Host, Plan, Rollup
+from tests.ui.helpers import assert_clean, metrics, page, texts
+from tests.ui.seed import GIB, trace_summary
+from ui.common import WINDOWS
+from ui.queries import Window
+
+
+def _rollup_hours(store, window: Window) -> tuple[float, float]:
+    with store.session() as s:
+        held, active = s.execute(
+            select(func.sum(Rollup.gpu_hours_held), func.sum(Rollup.gpu_hours_active)).where(
+                Rollup.scope == "device", Rollup.hour >= window.start, Rollup.hour < window.end)
+        ).one()
+    return held, active
+
+
+def test_fleet_week_shows_the_rollups_sums(seeded):
+    store, _ = seeded
+    at = page("fleet")
+    at.selectbox(key="fl_window").set_value("7 days").run()
+    assert_clean(at)
+    before = Window.last(WINDOWS["7 days"])
+    shown = metrics(at)
+    expected = {f"{h:,.1f}" for h, _ in [_rollup_hours(store, before), _rollup_hours(store, Window.last(7 * 86400))]}
+    assert shown["Device-hours held"] in expected
+    held, active = _rollup_hours(store, before)
+    assert shown["Device-hours active"] == f"{active:,.1f}" and held > 100
+    with store.session() as s:
+        assert shown["Hosts"] == str(s.scalar(select(func.count()).select_from(Host)))
+        assert shown["Devices"] == str(s.scalar(select(func.count()).select_from(Device)))
+    # a week reads rollups: the sidebar says so, and the charts (timeline, histogram, freed) are drawn
+    assert "hourly rollups" in texts(at.sidebar.caption)
+    assert len(at.get("plotly_chart")) >= 3
+    # the applied plans of the week: 2 + 1 + 2 + 1 + 1 devices freed
+    with store.session() as s:
+        freed = s.scalar(select(func.sum(Plan.devices_freed)).where(Plan.applied.is_(True)))
+    assert shown["Devices freed (applied plans)"] == str(freed) == "7"
+
+
+def test_fleet_hour_reads_raw_samples_with_the_analyzers_definition(seeded):
+    store, _ = seeded
+    at = page("fleet")
+    at.selectbox(key="fl_window").set_value("1 hour").run()
+    assert_clean(at)
+    window = Window.last(3600)
+    th = load_thresholds()
+    rows = device_rollups(load_window(store, window.start, window.end, th.common), 0.0)
+    held = sum(r["gpu_hours_held"] for r in rows)
+    assert metrics(at)["Device-hours held"] == f"{held:,.1f}"
+    assert 5.5 < held <= 6.0  # six of the eight seeded devices hold a job's memory the whole hour
+    assert "raw samples" in texts(at.sidebar.caption)
+
+
+def test_fleet_hosts_table_marks_the_silent_agent_stale(seeded):
+    at = page("fleet")
+    assert_clean(at)
+    hosts = next(df.value for df in at.dataframe if "agent" in df.value.columns)
+    state = dict(zip(hosts.host, hosts.agent, strict=True))
+    assert state == {"gpu-a": "ok", "gpu-b": "stale"}
+    assert list(hosts.devices) == [4, 4]
+
+
+def test_workflow_page_from_query_params(seeded):
+    store, _ = seeded
+    at = page("workflow", workflow="bert-finetune")
+    assert_clean(at)
+    assert at.selectbox[0].value == "bert-finetune"
+    shown = metrics(at)
+    assert shown["Peak memory"] == f"{22 * GIB / 2**30:.1f} GiB"
+    window = Window.last(86400)  # the default window: more than 6 h, so the workflow's rollups
+    with store.session() as s:
+        util = s.scalar(select(func.avg(Rollup.util_mean)).where(
+            Rollup.scope == "workflow", Rollup.subject == "bert-finetune", Rollup.hour >= window.start,
+            Rollup.hour < window.end))
+    assert shown["Mean utilisation"] == f"{util:.0%}"
+    # its finding with evidence and fix, and its analysed trace drawn from traces.summary
+    md = texts(at.markdown)
+    assert "GPU waits 41% of each step for the data loader" in "\n".join(e.label for e in at.expander)
+    assert "num_workers" in md
+    charts = at.get("plotly_chart")
+    assert len(charts) == 4  # telemetry, plus the trace: time per step by kind, idle time by cause, top kernels
+    assert metrics(at)["idle share"] == f"{trace_summary()['fractions']['idle']:.0%}"
+
+
+def test_unknown_workflow_in_the_url_is_a_message(seeded):
+    at = page("workflow", workflow="no-such-job")
+    assert_clean(at)
+    assert "no-such-job" in texts(at.warning)
+    assert at.selectbox[0].value in {"resnet50-train", "bert-finetune", "notebook-alice", "llm-eval"}
+
+
+def test_findings_filters(seeded):
+    at = page("findings")
+    assert_clean(at)
+    assert metrics(at)["Findings shown"] == "3"
+    assert metrics(at)["GPU-hours per day at stake"] == f"{22.1 + 8.4 + 1.5:,.1f}"
+    at.multiselect(key="fl_f_team").set_value(["nlp"]).run()
+    assert metrics(at)["Findings shown"] == "2"
+    at.multiselect(key="fl_f_sev").set_value(["high"]).run()
+    table = at.dataframe[0].value
+    assert list(table.rule) == ["idle_holder"] and list(table.workflow_id) == ["notebook-alice"]
+
+
+def test_enforcement_page_plans_lanes_and_action_timeline(seeded):
+    store, data = seeded
+    at = page("enforcement")
+    assert_clean(at)
+    freed = [m.value for m in at.metric if m.label == "Devices freed"]
+    assert freed == ["1", "1"]  # PACK and FAIR side by side, as the seeded plans say
+    assert [m.value for m in at.metric if m.label == "Worst slowdown"] == ["1.22×", "1.08×"]
+    figures = at.get("plotly_chart")
+    assert len(figures) == 2  # lanes and the selected migration's state timeline
+    events = at.dataframe[-1].value
+    assert list(events.to_state) == ["planned", "checkpoint_requested", "checkpointed", "stopped", "relaunched",
+                                     "resumed"]
+
+
+def test_fleet_waste_ranking_is_the_analyzers(seeded):
+    store, _ = seeded
+    at = page("fleet")
+    assert_clean(at)
+    table = next(df.value for df in at.dataframe if "recoverable_gpu_hours_per_day" in df.value.columns)
+    window = Window.last(86400)
+    expected = rank_workflows(store, now=window.end, period_s=window.seconds)
+    assert list(table.workflow_id) == list(expected.workflow_id)
+    assert table.recoverable_gpu_hours_per_day.tolist() == expected.recoverable_gpu_hours_per_day.tolist()
+    assert table.workflow_id.iloc[0] == "notebook-alice"  # the idle notebook holds the most recoverable hours
+    assert {c.proto.id for c in at.get("plotly_chart")}  # team and workflow bars drawn
+
+
+def test_workflow_hour_reads_raw_samples(seeded):
+    store, _ = seeded
+    at = page("workflow", workflow="resnet50-train")
+    at.selectbox(key="fl_window").set_value("1 hour").run()
+    assert_clean(at)
+    shown = metrics(at)
+    assert shown["Peak memory"] == f"{61 * GIB / 2**30:.1f} GiB"  # its processes' memory from process_samples
+    window = Window.last(3600)
+    with store.session() as s:
+        devices = s.scalars(select(Device.id).where(Device.host_id == "gpu-a", Device.index.in_([0, 1]))).all()
+        util = s.scalar(select(func.avg(DeviceSample.gpu_util)).where(
+            DeviceSample.device_id.in_(devices), DeviceSample.ts >= window.start))
+    assert abs(float(shown["Mean utilisation"].rstrip("%")) - util * 100) <= 1.0
+    assert len(at.get("plotly_chart")) == 2  # utilisation / SM / memory, and step time

@@ -1,0 +1,45 @@
+"""The `fleetlens` command line: every command module registers on one Typer app; errors print one line."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from typer._click.exceptions import ClickException  # typer 0.29 carries its own click
+
+from store.errors import FleetlensError
+from ui.cli import agent as _agent  # noqa: F401  (registers agent)
+from ui.cli import analyze as _analyze  # noqa: F401  (registers analyze)
+from ui.cli import core  # noqa: F401  (registers init, status)
+from ui.cli import dashboard as _dashboard  # noqa: F401  (registers ui, ui-passwd)
+from ui.cli import demo as _demo  # noqa: F401  (registers demo)
+from ui.cli import enforce as _enforce  # noqa: F401  (registers enforce, lanes)
+from ui.cli import export as _export  # noqa: F401  (registers export, load-replay)
+from ui.cli import findings as _findings  # noqa: F401  (registers findings, detect, rollup, rank)
+from ui.cli import profile as _profile  # noqa: F401  (registers profile)
+from ui.cli import run as _run  # noqa: F401  (registers run, move, drive)
+from ui.cli import serve as _serve  # noqa: F401  (registers serve)
+from ui.cli import simulate as _simulate  # noqa: F401  (registers simulate)
+from ui.cli.app import app, err_console
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run one command and return its exit code; a user's error is one line on stderr and exit code 2."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except FleetlensError as exc:
+        err_console.print(f"fleetlens: {exc}", highlight=False, soft_wrap=True, markup=False)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        err_console.print("fleetlens: interrupted")
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+def main() -> None:
+    sys.exit(run())

@@ -1,0 +1,60 @@
+"""`fleetlens agent`: run this host's collector (sample, write, spool, run commands, serve the job SDK)."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from collector.agent import Agent
+from store.errors import ConfigError
+from ui.cli.app import app, console, open_store, settings
+
+
+@app.command()
+def agent(
+    interval: float = typer.Option(None, "--interval", help="Seconds between samples (FLEETLENS_SAMPLE_INTERVAL_S)."),
+    flush_interval: float = typer.Option(
+        None, "--flush-interval", help="Seconds between writes to the database (FLEETLENS_FLUSH_INTERVAL_S)."
+    ),
+    source: str = typer.Option(None, "--source", help="auto | nvml | cpu | replay (FLEETLENS_SOURCE)."),
+    host_id: str = typer.Option(None, "--host-id", help="This host's id in the store (FLEETLENS_HOST_ID)."),
+    once: bool = typer.Option(False, "--once", help="Take one sample, write it, run pending commands, exit."),
+    duration: float = typer.Option(None, "--duration", help="Stop cleanly after this many seconds."),
+    no_socket: bool = typer.Option(False, "--no-socket", help="Do not serve the job SDK socket."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every flush and command."),
+) -> None:
+    """Run the per-host agent until SIGTERM or Ctrl-C; the last batch is written (or spooled) on the way out."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for name, value in (("--interval", interval), ("--flush-interval", flush_interval), ("--duration", duration)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{name} must be a positive number of seconds, not {value}")
+    overrides = {
+        k: v
+        for k, v in {
+            "sample_interval_s": interval, "flush_interval_s": flush_interval, "source": source, "host_id": host_id,
+        }.items()
+        if v is not None
+    }
+    s = settings().model_copy(update=overrides)
+    s.ensure_home()
+    store = open_store()
+    from collector.sources import open_source  # the sources import pynvml/psutil: only when an agent runs
+
+    dev_source = open_source(s)
+    the_agent = Agent(store, s, dev_source, serve_socket=not no_socket and not once)
+    if once:
+        stats = the_agent.run_once()
+        console.print(
+            f"host {the_agent.host_id}: {stats.device_rows} device and {stats.process_rows} process samples "
+            f"{'written' if stats.batches_written else 'spooled'}; {len(stats.commands)} commands handled"
+        )
+        return
+    stats = the_agent.run(duration=duration)
+    console.print(
+        f"agent {the_agent.host_id} stopped after {stats.rounds} rounds: {stats.batches_written} batches written, "
+        f"{stats.batches_spooled} spooled, {stats.batches_resent} resent, {len(the_agent.spool)} still spooled"
+    )

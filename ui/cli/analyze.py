@@ -1,0 +1,87 @@
+"""`fleetlens analyze PATH...`: analyse trace files (one rank per file) into a terminal, JSON or HTML report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from analyzer.report import print_report
+from analyzer.traces.run import AnalysisResult, analyze_paths, expand_paths
+from store.errors import InvalidInput
+from ui.cli.app import app, console, err_console, open_store, settings
+
+LARGE_TRACE_BYTES = 256 * 1024  # show a progress bar once a file takes more than a blink
+
+
+def _run_with_progress(paths: list[str], cache_dir: Path | None, quiet: bool) -> AnalysisResult:
+    try:
+        files = expand_paths(paths)
+    except InvalidInput:
+        files = []
+    large = any(f.exists() and f.stat().st_size >= LARGE_TRACE_BYTES for f in files)
+    if quiet or not large:
+        return analyze_paths(paths, cache_dir=cache_dir)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as progress:
+        task = progress.add_task("analysing traces", total=len(files))
+
+        def step(path: str, stage: str) -> None:
+            if stage == "analysing":
+                progress.advance(task)  # parsing, the long part, is done
+            progress.update(task, description=f"{stage} {Path(path).name}")
+
+        return analyze_paths(paths, cache_dir=cache_dir, progress=step)
+
+
+@app.command()
+def analyze(
+    paths: list[str] = typer.Argument(..., help="Trace files (.json, .json.gz) or folders of them, one rank each."),
+    as_json: bool = typer.Option(False, "--json", help="Print the analysis as JSON."),
+    html: Path | None = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
+    store: bool = typer.Option(False, "--store", help="Register the traces in the store and record findings."),
+    workflow: str | None = typer.Option(None, "--workflow", help="Workflow the traces belong to (with --store)."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs the job runs on, for GPU-hours per day."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Parse again even if the trace was parsed before."),
+) -> int:
+    """Find why a training job wastes its GPU, from its PyTorch profiler traces. Exit code 2 if any trace failed."""
+    s = settings()
+    cache_dir = None if no_cache else s.home / "cache" / "traces"
+    if store:
+        return _analyze_into_store(paths, workflow, as_json, cache_dir)
+    result = _run_with_progress(paths, cache_dir, quiet=as_json)
+    if as_json:
+        console.print_json(json.dumps(result.as_dict(gpus)))
+    else:
+        print_report(result, console, gpus)
+    if html is not None:
+        from analyzer.report_html import render_html  # plotly only when asked
+
+        html.write_text(render_html(result, gpus), encoding="utf-8")
+        err_console.print(f"wrote {html}")
+    for path, problem in result.errors.items():
+        err_console.print(f"fleetlens: trace {path}: {problem}", highlight=False, markup=False)
+    return 2 if result.failed else 0
+
+
+def _analyze_into_store(paths: list[str], workflow: str | None, as_json: bool, cache_dir: Path | None) -> int:
+    from analyzer.traces.jobs import analyze_trace, register_trace
+
+    st = open_store()
+    files = expand_paths(paths)
+    out, failed = [], False
+    for f in files:
+        trace_id = register_trace(st, f, workflow_id=workflow)
+        res = analyze_trace(st, trace_id, cache_dir=cache_dir)
+        failed |= res["status"] == "failed"
+        out.append({"trace_id": trace_id, "path": str(f), "status": res["status"], "error": res["error"],
+                    "findings": res["findings"]})
+        if not as_json:
+            console.print(f"trace {trace_id} {f.name}: {res['status']}"
+                          + (f" ({res['error']})" if res["error"] else f", {len(res['findings'])} findings"),
+                          highlight=False, markup=False)
+    if as_json:
+        console.print_json(json.dumps(out))
+    return 2 if failed else 0

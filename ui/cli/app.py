@@ -1,0 +1,32 @@
+"""The `fleetlens` Typer application that every command module registers on, and shared CLI helpers."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from store.db import Store
+from store.migrations import check_schema
+from store.settings import Settings, get_settings
+
+app = typer.Typer(
+    name="fleetlens",
+    help="See how every workflow uses its GPUs, find out why it wastes them, and give idle GPUs back.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+def settings() -> Settings:
+    return get_settings(fresh=True)
+
+
+def open_store(check: bool = True) -> Store:
+    """The configured store; with `check`, refuse a database whose schema is missing or foreign."""
+    store = Store.from_settings(settings())
+    if check:
+        check_schema(store)
+    return store

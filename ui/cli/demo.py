@@ -1,0 +1,39 @@
+"""`fleetlens demo`: the whole loop on this machine, from a replayed real fleet to a job moved and resumed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ui.cli.app import app, console, settings
+
+
+@app.command()
+def demo(
+    duration: float = typer.Option(None, help="Stop after this many seconds (default: Ctrl-C; 120 with --no-ui)."),
+    no_ui: bool = typer.Option(False, "--no-ui", help="Do not start the dashboard."),
+    speedup: float = typer.Option(
+        120.0, help="Demo time for the local jobs: detector durations shrink this much (30 min idle: 15 s)."
+    ),
+    steps: int = typer.Option(1_000_000, help="Declared steps of each demo job (they train until the demo ends)."),
+    port: int = typer.Option(None, help="Dashboard port (default FLEETLENS_UI_PORT, 8501)."),
+    home: Path = typer.Option(None, help="The demo's own folder (default FLEETLENS_HOME/demo); wiped at start."),
+) -> None:
+    """Replay a real fleet, run four PyTorch jobs here, profile, analyse, consolidate with PACK, show it all."""
+    from ui.demo import Demo, DemoOptions
+    from ui.processes import sigterm_as_interrupt
+
+    s = settings()
+    if duration is None and no_ui:
+        duration = 120.0
+    options = DemoOptions(home=home or s.home / "demo", duration=duration, ui=not no_ui, speedup=speedup,
+                          steps=steps, port=port or s.ui_port, console=console)
+    with sigterm_as_interrupt():
+        try:
+            report = Demo(options).run()
+        except KeyboardInterrupt:
+            console.print("stopped; every process the demo started has been stopped")
+            raise typer.Exit(130) from None
+    if report.steps_failed:
+        raise typer.Exit(1)

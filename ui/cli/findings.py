@@ -1,0 +1,175 @@
+"""`fleetlens findings`, `detect`, `rollup` and `rank`: telemetry findings, hourly rollups and the fleet ranking."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import typer
+from rich.table import Table
+
+from analyzer.ranking import findings_frame, rank_teams, rank_workflows
+from analyzer.rollups import apply_retention, rollup
+from analyzer.telemetry import detect as detect_findings
+from analyzer.telemetry import load_thresholds
+from store.errors import InvalidInput
+from ui.cli.app import app, console, open_store, settings
+
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
+
+
+def _echo_json(payload) -> None:
+    typer.echo(json.dumps(payload, indent=2, default=str))
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return json.loads(frame.to_json(orient="records"))
+
+
+def _fmt(x, digits: int = 1) -> str:
+    return "-" if x is None or pd.isna(x) else f"{x:,.{digits}f}"
+
+
+def _trend(x) -> str:
+    if x is None or pd.isna(x) or abs(x) < 0.05:
+        return "="
+    return f"[red]+{x:,.1f}[/red]" if x > 0 else f"[green]{x:,.1f}[/green]"
+
+
+@app.command()
+def findings(
+    workflow: str | None = typer.Option(None, "--workflow", "-w", help="Only this workflow."),
+    rule: str | None = typer.Option(None, "--rule", "-r", help="Only this rule, e.g. idle_holder."),
+    team: str | None = typer.Option(None, "--team", "-t", help="Only workflows of this team."),
+    include_resolved: bool = typer.Option(False, "--all", help="Include resolved findings."),
+    limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many rows in the table."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every matching finding) instead of a table."),
+) -> None:
+    """List findings (trace and telemetry), the costliest first."""
+    frame = findings_frame(open_store(), workflow_id=workflow, rule=rule, team=team,
+                           include_resolved=include_resolved)
+    if as_json:
+        _echo_json(_records(frame))
+        return
+    if frame.empty:
+        console.print("no findings match" if (workflow or rule or team) else
+                      "no findings yet: run `fleetlens detect` (telemetry) or `fleetlens analyze` (traces)")
+        return
+    table = Table(title=f"findings ({len(frame)}; GPU-hours per day recoverable)")
+    table.add_column("id", justify="right")
+    table.add_column("finding", ratio=3)
+    table.add_column("GPU-h/day", justify="right", no_wrap=True)
+    table.add_column("fix", ratio=2)
+    for r in frame.head(limit).itertuples():
+        status = "" if r.status == "open" else f" ({r.status})"
+        head = (f"[{SEVERITY_STYLE.get(r.severity, '')}]{r.severity}[/] [bold]{r.rule}[/bold]{status} "
+                f"{r.workflow_id}" + (f" [dim]({r.team})[/dim]" if r.team else ""))
+        table.add_row(str(r.id), f"{head}\n{r.title}\n[dim]{r.location or ''}[/dim]", _fmt(r.gpu_hours_per_day, 2),
+                      r.fix)
+    console.print(table)
+    if len(frame) > limit:
+        console.print(f"[dim]{len(frame) - limit} more; use --limit or --json[/dim]")
+
+
+@app.command()
+def detect(
+    window_hours: float | None = typer.Option(None, "--window-hours", help="Look back this many hours "
+                                              "(default: the thresholds file's window)."),
+    now: float | None = typer.Option(None, "--now", help="End of the window, epoch seconds (default: now)."),
+    thresholds: Path | None = typer.Option(None, "--thresholds", help="Another thresholds TOML file."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Run the telemetry detectors over the store's samples and record their findings."""
+    if window_hours is not None and window_hours <= 0:
+        raise InvalidInput(f"--window-hours must be positive, got {window_hours}")
+    th = load_thresholds(thresholds)
+    found = detect_findings(open_store(), now=now, window_s=None if window_hours is None else window_hours * 3600,
+                            thresholds=th)
+    by_rule: dict[str, list] = {}
+    for f in found:
+        by_rule.setdefault(f.rule, []).append(f)
+    summary = {
+        rule: {"findings": len(fs), "workflows": len({f.workflow_id for f in fs}),
+               "gpu_hours_per_day": round(sum(f.gpu_hours_per_day for f in fs), 3)}
+        for rule, fs in sorted(by_rule.items())
+    }
+    if as_json:
+        _echo_json({"findings": len(found), "workflows": len({f.workflow_id for f in found}), "rules": summary})
+        return
+    table = Table(title=f"telemetry findings: {len(found)} in {len({f.workflow_id for f in found})} workflows")
+    table.add_column("rule")
+    table.add_column("findings", justify="right")
+    table.add_column("workflows", justify="right")
+    table.add_column("GPU-h/day (sum)", justify="right")
+    for rule, s in summary.items():
+        table.add_row(rule, str(s["findings"]), str(s["workflows"]), _fmt(s["gpu_hours_per_day"]))
+    console.print(table)
+    console.print("[dim]`fleetlens findings` lists them; `fleetlens rank` ranks workflows and teams[/dim]")
+
+
+@app.command("rollup")
+def rollup_cmd(
+    since: float | None = typer.Option(None, "--since", help="Roll up from this epoch second "
+                                       "(default: the last rolled-up hour)."),
+    now: float | None = typer.Option(None, "--now", help="Roll up hours closed by then (default: now)."),
+    retention_days: float | None = typer.Option(None, "--retention-days", help="Delete raw samples older "
+                                                "than this once rolled up (default: FLEETLENS_RETENTION_DAYS)."),
+    keep_raw: bool = typer.Option(False, "--keep-raw", help="Do not apply the retention."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Roll raw samples up into hourly rows per workflow and device, then drop raw samples past the retention."""
+    days = settings().retention_days if retention_days is None else retention_days
+    if not keep_raw and not days > 0:
+        raise InvalidInput(f"retention_days must be a positive number of days, got {days}")
+    store = open_store()
+    result = rollup(store, now=now, since=since)
+    out = {"hours": result.hours, "device_rows": result.device_rows, "workflow_rows": result.workflow_rows,
+           "first_hour": result.first_hour, "last_hour": result.last_hour}
+    if not keep_raw:
+        kept = apply_retention(store, days, now=now)
+        out.update(retention_days=days, cutoff=kept.cutoff, device_samples_deleted=kept.device_samples_deleted,
+                   process_samples_deleted=kept.process_samples_deleted, hours_kept_not_rolled_up=kept.hours_kept)
+    if as_json:
+        _echo_json(out)
+        return
+    table = Table(title="rollup", show_header=False)
+    for key, value in out.items():
+        table.add_row(key.replace("_", " "), str(value))
+    console.print(table)
+
+
+@app.command()
+def rank(
+    teams: bool = typer.Option(False, "--teams", help="Rank teams instead of workflows."),
+    team: str | None = typer.Option(None, "--team", "-t", help="Only workflows of this team."),
+    period_hours: float = typer.Option(24.0, "--period-hours", min=1.0, help="Period of the trend, in hours."),
+    now: float | None = typer.Option(None, "--now", help="End of the period, epoch seconds (default: now)."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, help="At most this many rows."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Rank workflows (or teams) by recoverable GPU-hours per day, with the trend of their wasted GPU-hours."""
+    store = open_store()
+    period_s = period_hours * 3600
+    frame = rank_teams(store, now, period_s) if teams else rank_workflows(store, now, period_s, team=team)
+    frame = frame.head(limit)
+    if as_json:
+        _echo_json(_records(frame))
+        return
+    if frame.empty:
+        console.print("nothing to rank yet: run `fleetlens rollup` and `fleetlens detect`")
+        return
+    first = "team" if teams else "workflow"
+    table = Table(title=f"{first}s by recoverable GPU-hours per day; GPU-hours of the last {period_hours:g} h, "
+                        "trend of the wasted ones vs the period before")
+    table.add_column(first, overflow="fold")
+    table.add_column("wfs" if teams else "team", justify="right" if teams else "left")
+    for col in ("GPU-h/d", "held", "active", "waste", "trend"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in frame.itertuples():
+        table.add_row(
+            str(r.team if teams else r.workflow_id), str(r.workflows) if teams else (r.team or "-"),
+            _fmt(r.recoverable_gpu_hours_per_day), _fmt(r.gpu_hours_held), _fmt(r.gpu_hours_active),
+            _fmt(r.waste_gpu_hours), _trend(r.trend_gpu_hours),
+        )
+    console.print(table)

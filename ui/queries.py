@@ -1,0 +1,479 @@
+"""The dashboard's read-only queries: one function per view, each a SQL aggregate returned as a DataFrame or dict.
+
+Windows longer than RAW_LIMIT_S read the hourly rollups the analyzer writes, never raw samples, so a week of a
+thousand devices stays a few hundred thousand rows. Nothing here writes; state changes live in ui.actions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Integer, and_, case, cast, func, literal, select
+from sqlalchemy.sql import ColumnElement, Select
+
+from store.db import Store
+from store.models import (
+    Action,
+    ActionEvent,
+    Device,
+    DeviceSample,
+    Finding,
+    Host,
+    Lane,
+    Placement,
+    Plan,
+    ProcessSample,
+    ProfileRequest,
+    Rollup,
+    StepStat,
+    Trace,
+    Workflow,
+)
+
+RAW_LIMIT_S = 6 * 3600  # longer windows read rollups
+HOUR = 3600.0
+STALE_AFTER_S = 120.0  # an agent silent this long is shown as stale
+
+
+@dataclass(frozen=True)
+class Window:
+    """A time range [start, end) in epoch seconds; hashable so st.cache_data can key on it."""
+
+    start: float
+    end: float
+
+    @classmethod
+    def last(cls, seconds: float, now: float | None = None, align_s: float = 60.0) -> Window:
+        # Align the end so reruns within the same minute hit the cache.
+        now = time.time() if now is None else now
+        end = (now // align_s + 1) * align_s
+        return cls(end - seconds, end)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    @property
+    def uses_rollups(self) -> bool:
+        return self.seconds > RAW_LIMIT_S
+
+    @property
+    def bucket_s(self) -> int:
+        """Chart resolution: about 120 points per series on raw samples; an hour on rollups."""
+        if self.uses_rollups:
+            return 3600
+        return max(60, int(self.seconds // 120 // 60 * 60))
+
+
+def _frame(store: Store, stmt: Select) -> pd.DataFrame:
+    with store.session() as session:
+        return pd.read_sql(stmt, session.connection())
+
+
+def _bucket(store: Store, ts: ColumnElement, seconds: int) -> ColumnElement:
+    if store.is_postgres:
+        return func.floor(ts / seconds) * seconds
+    return cast(ts / seconds, Integer) * seconds
+
+
+# ---------------------------------------------------------------- store state
+
+
+def store_state(store: Store) -> dict[str, int]:
+    """Counts that decide whether there is anything to show (empty store) and what the header says."""
+    with store.session() as session:
+        def count(model: Any) -> int:
+            return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+        has_samples = session.scalar(select(DeviceSample.id).limit(1)) is not None
+        has_rollups = session.scalar(select(Rollup.id).limit(1)) is not None
+        return {
+            "hosts": count(Host),
+            "devices": count(Device),
+            "workflows": count(Workflow),
+            "has_samples": int(has_samples),
+            "has_rollups": int(has_rollups),
+        }
+
+
+# ---------------------------------------------------------------- fleet
+
+
+def fleet_hours(store: Store, window: Window) -> dict[str, float]:
+    """Device-hours held (a job holds the device) and active (held x utilisation) in the window.
+
+    Both are the analyzer's figures. Long windows sum the hourly rollups it wrote. Short (raw) windows sum the
+    rollups of the whole hours inside the window that are already rolled up, and run the analyzer's rollup
+    function over the raw samples of the rest (the partial hour at the start, and the hours not rolled up yet).
+    """
+    if window.uses_rollups:
+        stmt = select(
+            func.coalesce(func.sum(Rollup.gpu_hours_held), 0.0).label("held"),
+            func.coalesce(func.sum(Rollup.gpu_hours_active), 0.0).label("active"),
+            func.count(func.distinct(Rollup.subject)).label("devices"),
+        ).where(Rollup.scope == "device", Rollup.hour >= window.start, Rollup.hour < window.end)
+        row = _frame(store, stmt).iloc[0]
+        return {"held": float(row.held), "active": float(row.active), "devices": int(row.devices)}
+    first_full = math.ceil(window.start / HOUR) * HOUR
+    rolled = _frame(store, (
+        select(Rollup.hour, func.sum(Rollup.gpu_hours_held).label("held"),
+               func.sum(Rollup.gpu_hours_active).label("active"),
+               func.count(func.distinct(Rollup.subject)).label("devices"))
+        .where(Rollup.scope == "device", Rollup.hour >= first_full, Rollup.hour + HOUR <= window.end)
+        .group_by(Rollup.hour)
+    )).set_index("hour")
+    rolled_end = first_full
+    while rolled_end in rolled.index:  # only a contiguous run from the start, so no hour is counted twice
+        rolled_end += HOUR
+    used = rolled.loc[rolled.index < rolled_end]
+    held, active = float(used.held.sum()), float(used.active.sum())
+    segments = [(window.start, first_full), (rolled_end, window.end)] if rolled_end > first_full else [
+        (window.start, window.end)]
+    devices = set()
+    for seg_start, seg_end in segments:
+        if seg_end <= seg_start:
+            continue
+        for row in _analyzer_device_rollups(store, seg_start, seg_end):
+            held += row["gpu_hours_held"]
+            active += row["gpu_hours_active"]
+            devices.add(row["subject"])
+    n_devices = max(len(devices), int(used.devices.max()) if not used.empty else 0)
+    return {"held": held, "active": active, "devices": n_devices}
+
+
+def _analyzer_device_rollups(store: Store, start: float, end: float) -> list[dict[str, Any]]:
+    from analyzer.rollups import device_rollups
+    from analyzer.telemetry.frame import load_window
+    from analyzer.telemetry.thresholds import load_thresholds
+
+    thresholds = load_thresholds()
+    return device_rollups(load_window(store, start, end, thresholds.common), time.time())
+
+
+def fleet_timeline(store: Store, window: Window) -> pd.DataFrame:
+    """Devices held and devices active on average per time bucket (columns t, held, active).
+
+    On rollups an hour's device-hours are exactly that hour's mean device count. On raw samples the chart
+    shows the samples themselves: devices with memory in use, and the sum of their utilisation.
+    """
+    if window.uses_rollups:
+        stmt = (
+            select(
+                Rollup.hour.label("t"),
+                func.sum(Rollup.gpu_hours_held).label("held"),
+                func.sum(Rollup.gpu_hours_active).label("active"),
+            )
+            .where(Rollup.scope == "device", Rollup.hour >= window.start, Rollup.hour < window.end)
+            .group_by(Rollup.hour)
+            .order_by(Rollup.hour)
+        )
+        return _frame(store, stmt)
+    s = DeviceSample
+    bucket = _bucket(store, s.ts, window.bucket_s).label("t")
+    per_device = (
+        select(
+            bucket,
+            s.device_id,
+            func.avg(case((s.mem_used > 0, 1.0), else_=0.0)).label("held"),
+            func.avg(func.coalesce(s.gpu_util, 0.0)).label("active"),
+        )
+        .where(s.ts >= window.start, s.ts < window.end)
+        .group_by(bucket, s.device_id)
+        .subquery()
+    )
+    stmt = (
+        select(per_device.c.t, func.sum(per_device.c.held).label("held"),
+               func.sum(per_device.c.active).label("active"))
+        .group_by(per_device.c.t)
+        .order_by(per_device.c.t)
+    )
+    return _frame(store, stmt)
+
+
+def device_utilisation(store: Store, window: Window) -> pd.DataFrame:
+    """Mean utilisation per device in the window (device_id, host_id, name, util_mean) for the distribution."""
+    if window.uses_rollups:
+        weighted = func.sum(Rollup.util_mean * Rollup.samples) / func.nullif(
+            func.sum(case((Rollup.util_mean.is_not(None), Rollup.samples), else_=0)), 0
+        )
+        sub = (
+            select(Rollup.subject.label("subject"), weighted.label("util_mean"))
+            .where(Rollup.scope == "device", Rollup.hour >= window.start, Rollup.hour < window.end)
+            .group_by(Rollup.subject)
+            .subquery()
+        )
+        stmt = select(
+            Device.id.label("device_id"), Device.host_id, Device.name, sub.c.util_mean
+        ).join(sub, cast(Device.id, sub.c.subject.type) == sub.c.subject)
+        return _frame(store, stmt)
+    s = DeviceSample
+    sub = (
+        select(s.device_id, func.avg(s.gpu_util).label("util_mean"))
+        .where(s.ts >= window.start, s.ts < window.end)
+        .group_by(s.device_id)
+        .subquery()
+    )
+    stmt = select(Device.id.label("device_id"), Device.host_id, Device.name, sub.c.util_mean).join(
+        sub, sub.c.device_id == Device.id
+    )
+    return _frame(store, stmt)
+
+
+def hosts(store: Store, now: float | None = None) -> pd.DataFrame:
+    """Hosts with their agent, device count and seconds since the agent last wrote."""
+    now = time.time() if now is None else now
+    n_devices = (
+        select(Device.host_id, func.count().label("devices"))
+        .where(Device.state == "ok")
+        .group_by(Device.host_id)
+        .subquery()
+    )
+    stmt = (
+        select(
+            Host.id.label("host"),
+            Host.hostname,
+            Host.source,
+            Host.agent_version,
+            func.coalesce(n_devices.c.devices, 0).label("devices"),
+            Host.last_seen,
+            (literal(now) - Host.last_seen).label("silent_s"),
+        )
+        .outerjoin(n_devices, n_devices.c.host_id == Host.id)
+        .order_by(Host.last_seen.desc())
+    )
+    df = _frame(store, stmt)
+    df["agent"] = ["stale" if s > STALE_AFTER_S else "ok" for s in df.silent_s]
+    return df
+
+
+def plans(store: Store, window: Window | None = None, limit: int = 200) -> pd.DataFrame:
+    stmt = select(
+        Plan.id, Plan.created_at, Plan.policy, Plan.applied, Plan.devices_freed, Plan.moves, Plan.summary
+    ).order_by(Plan.created_at.desc()).limit(limit)
+    if window is not None:
+        stmt = stmt.where(Plan.created_at >= window.start, Plan.created_at < window.end)
+    return _frame(store, stmt)
+
+
+def freed_over_time(store: Store, window: Window) -> pd.DataFrame:
+    """Devices freed by applied plans per bucket (t, devices_freed, plans)."""
+    bucket = _bucket(store, Plan.created_at, 3600 if window.seconds <= 2 * 86400 else 86400).label("t")
+    stmt = (
+        select(bucket, func.sum(Plan.devices_freed).label("devices_freed"), func.count().label("plans"))
+        .where(Plan.applied.is_(True), Plan.created_at >= window.start, Plan.created_at < window.end)
+        .group_by(bucket)
+        .order_by(bucket)
+    )
+    return _frame(store, stmt)
+
+
+def actions(store: Store, limit: int = 500) -> pd.DataFrame:
+    stmt = (
+        select(
+            Action.id, Action.plan_id, Action.kind, Action.workflow_id, Action.policy, Action.from_device_id,
+            Action.to_device_id, Action.to_lane_id, Action.state, Action.expected_slowdown, Action.attempts,
+            Action.error, Action.created_at, Action.updated_at,
+        )
+        .order_by(Action.created_at.desc())
+        .limit(limit)
+    )
+    return _frame(store, stmt)
+
+
+def action_events(store: Store, action_id: int) -> pd.DataFrame:
+    stmt = (
+        select(ActionEvent.ts, ActionEvent.from_state, ActionEvent.to_state, ActionEvent.message, ActionEvent.detail)
+        .where(ActionEvent.action_id == action_id)
+        .order_by(ActionEvent.ts, ActionEvent.id)
+    )
+    return _frame(store, stmt)
+
+
+# ---------------------------------------------------------------- workflow
+
+
+def workflows(store: Store) -> pd.DataFrame:
+    stmt = select(
+        Workflow.id, Workflow.name, Workflow.team, Workflow.owner, Workflow.state, Workflow.managed,
+        Workflow.last_seen,
+    ).order_by(Workflow.last_seen.desc())
+    return _frame(store, stmt)
+
+
+def workflow(store: Store, workflow_id: str) -> dict[str, Any] | None:
+    with store.session() as session:
+        row = session.get(Workflow, workflow_id)
+        if row is None:
+            return None
+        return {c.name: getattr(row, c.name) for c in Workflow.__table__.columns}
+
+
+def workflow_devices(store: Store, workflow_id: str, window: Window) -> pd.DataFrame:
+    """The devices the workflow's processes were seen on in the window, with their memory."""
+    used = (
+        select(ProcessSample.device_id)
+        .where(ProcessSample.workflow_id == workflow_id, ProcessSample.ts >= window.start,
+               ProcessSample.ts < window.end)
+        .distinct()
+        .subquery()
+    )
+    stmt = select(Device.id.label("device_id"), Device.host_id, Device.name, Device.memory_total).join(
+        used, used.c.device_id == Device.id
+    )
+    return _frame(store, stmt)
+
+
+def workflow_series(store: Store, workflow_id: str, window: Window) -> pd.DataFrame:
+    """Per time bucket: utilisation and SM activity of its devices, its memory, and its devices' memory.
+
+    Columns t, util, sm_active, mem_used (its processes' memory on its fullest device), mem_total (that
+    device's memory).
+    """
+    if window.uses_rollups:
+        stmt = (
+            select(
+                Rollup.hour.label("t"),
+                Rollup.util_mean.label("util"),
+                Rollup.sm_active_mean.label("sm_active"),
+                Rollup.mem_peak.label("mem_used"),
+                Rollup.mem_total.label("mem_total"),
+            )
+            .where(Rollup.scope == "workflow", Rollup.subject == workflow_id,
+                   Rollup.hour >= window.start, Rollup.hour < window.end)
+            .order_by(Rollup.hour)
+        )
+        return _frame(store, stmt)
+    b = window.bucket_s
+    devices = workflow_devices(store, workflow_id, window)
+    if devices.empty:
+        return pd.DataFrame(columns=["t", "util", "sm_active", "mem_used", "mem_total"])
+    ds = DeviceSample
+    dbucket = _bucket(store, ds.ts, b).label("t")
+    dev = _frame(store, (
+        select(dbucket, func.avg(ds.gpu_util).label("util"), func.avg(ds.sm_active).label("sm_active"))
+        .where(ds.device_id.in_([int(d) for d in devices.device_id]), ds.ts >= window.start, ds.ts < window.end)
+        .group_by(dbucket)
+    ))
+    ps = ProcessSample
+    # as the analyzer's rollups: the memory its processes hold on one device (the fullest one), against that
+    # device's memory
+    per_ts = (
+        select(ps.ts, func.sum(ps.mem_used).label("mem"))
+        .where(ps.workflow_id == workflow_id, ps.ts >= window.start, ps.ts < window.end)
+        .group_by(ps.ts, ps.device_id)
+        .subquery()
+    )
+    pbucket = _bucket(store, per_ts.c.ts, b).label("t")
+    mem = _frame(store, select(pbucket, func.max(per_ts.c.mem).label("mem_used")).group_by(pbucket))
+    df = dev.merge(mem, on="t", how="outer").sort_values("t")
+    df["mem_total"] = float(devices.memory_total.max()) if devices.memory_total.notna().any() else None
+    return df.reset_index(drop=True)
+
+
+def workflow_steps(store: Store, workflow_id: str, window: Window) -> pd.DataFrame:
+    s = StepStat
+    stmt = (
+        select(s.ts_end.label("t"), s.rank, s.first_step, s.last_step, s.n_steps, s.mean_s, s.p50_s, s.p95_s,
+               s.max_s)
+        .where(s.workflow_id == workflow_id, s.ts_end >= window.start, s.ts_end < window.end)
+        .order_by(s.ts_end)
+    )
+    return _frame(store, stmt)
+
+
+def workflow_traces(store: Store, workflow_id: str, limit: int = 20) -> pd.DataFrame:
+    t = Trace
+    stmt = (
+        select(t.id, t.created_at, t.rank, t.host_id, t.path, t.steps, t.status, t.error, t.analyzed_at, t.summary,
+               t.profile_request_id)
+        .where(t.workflow_id == workflow_id)
+        .order_by(t.created_at.desc())
+        .limit(limit)
+    )
+    return _frame(store, stmt)
+
+
+def profile_requests(store: Store, workflow_id: str, limit: int = 10) -> pd.DataFrame:
+    p = ProfileRequest
+    stmt = (
+        select(p.id, p.steps, p.reason, p.requested_by, p.requested_at, p.status, p.claimed_at, p.completed_at,
+               p.error)
+        .where(p.workflow_id == workflow_id)
+        .order_by(p.requested_at.desc(), p.id.desc())
+        .limit(limit)
+    )
+    return _frame(store, stmt)
+
+
+# ---------------------------------------------------------------- findings
+
+
+def findings(
+    store: Store,
+    *,
+    workflow_id: str | None = None,
+    rules: tuple[str, ...] = (),
+    severities: tuple[str, ...] = (),
+    teams: tuple[str, ...] = (),
+    statuses: tuple[str, ...] = (),
+) -> pd.DataFrame:
+    f = Finding
+    stmt = (
+        select(
+            f.id, f.workflow_id, Workflow.team, f.rule, f.source, f.severity, f.title, f.status,
+            f.gpu_hours_per_day, f.cost_s_per_step, f.location, f.evidence, f.fix, f.trace_id, f.device_id,
+            f.updated_at, f.acted_by,
+        )
+        .outerjoin(Workflow, Workflow.id == f.workflow_id)
+        .order_by(f.gpu_hours_per_day.desc(), f.id)
+    )
+    conditions = []
+    if workflow_id is not None:
+        conditions.append(f.workflow_id == workflow_id)
+    if rules:
+        conditions.append(f.rule.in_(rules))
+    if severities:
+        conditions.append(f.severity.in_(severities))
+    if teams:
+        conditions.append(Workflow.team.in_(teams))
+    if statuses:
+        conditions.append(f.status.in_(statuses))
+    if conditions:
+        stmt = stmt.where(and_(*conditions))
+    return _frame(store, stmt)
+
+
+def finding_facets(store: Store) -> dict[str, list[str]]:
+    """The rules, severities and teams present, for the filters."""
+    with store.session() as session:
+        rules = sorted(r for r in session.scalars(select(Finding.rule).distinct()) if r)
+        severities = sorted(r for r in session.scalars(select(Finding.severity).distinct()) if r)
+        teams = sorted(
+            t for t in session.scalars(
+                select(Workflow.team).join(Finding, Finding.workflow_id == Workflow.id).distinct()
+            ) if t
+        )
+    return {"rules": rules, "severities": severities, "teams": teams}
+
+
+# ---------------------------------------------------------------- enforcement
+
+
+def lanes(store: Store) -> pd.DataFrame:
+    """Open lanes with their device and the workflows placed in them (one row per lane x job; job may be None)."""
+    stmt = (
+        select(
+            Lane.id.label("lane_id"), Lane.device_id, Device.host_id, Device.name.label("device_name"),
+            Device.memory_total, Lane.size_bytes, Lane.compute_share, Placement.workflow_id,
+            Placement.mem_persistent, Placement.mem_ephemeral,
+        )
+        .join(Device, Device.id == Lane.device_id)
+        .outerjoin(Placement, and_(Placement.lane_id == Lane.id, Placement.state == "active"))
+        .where(Lane.state == "open")
+        .order_by(Lane.device_id, Lane.id)
+    )
+    return _frame(store, stmt)

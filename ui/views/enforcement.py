@@ -1,0 +1,103 @@
+"""Enforcement page: lanes per device, the PACK and FAIR plans side by side, apply with confirmation, actions log."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from store.errors import FleetlensError
+from ui import actions, charts
+from ui.common import EMPTY_STORE_HELP, ago, context, fresh, report
+
+POLICIES = ("pack", "fair")
+MOVE_COLUMNS = ["workflow_id", "from_device_id", "to_device_id", "to_lane_id", "new_lane", "lane_size",
+                "expected_slowdown", "rules"]
+
+ctx = context()
+st.title("Enforcement")
+if ctx.empty:
+    st.info(EMPTY_STORE_HELP, icon=":material/sensors:")
+    st.stop()
+
+try:
+    lane_rows = fresh(ctx, "lanes")
+    plan_rows = fresh(ctx, "plans", limit=200)
+    action_rows = fresh(ctx, "actions")
+except FleetlensError as exc:
+    report(exc)
+    st.stop()
+
+st.subheader("Lanes")
+if lane_rows.empty:
+    st.caption("No open lanes: every job has its devices to itself. Lanes appear when a plan packs jobs together.")
+else:
+    st.plotly_chart(charts.lanes(lane_rows))
+
+st.subheader("Plans")
+st.caption("The latest proposal of each policy, as the enforcer recorded it; applying a plan starts exactly "
+           "the moves shown (checkpoint, stop, relaunch in the target lane).")
+if actions.planner_available() and st.button("Re-plan now", help="Operators only: record a fresh PACK and FAIR plan"):
+    try:
+        made = [actions.make_plan(ctx.store, ctx.principal, policy) for policy in POLICIES]
+        st.session_state["fl_flash"] = "New plans recorded: " + ", ".join(
+            f"{p.policy.upper()} (plan {p.plan_id}, {len(p.moves)} moves)" for p in made)
+        st.rerun()
+    except FleetlensError as exc:
+        report(exc)
+cols = st.columns(len(POLICIES))
+for policy, col in zip(POLICIES, cols, strict=True):
+    with col, st.container(border=True):
+        st.markdown(f"##### {policy.upper()}")
+        pending = plan_rows[(plan_rows.policy == policy) & ~plan_rows.applied.astype(bool)]
+        if pending.empty:
+            st.caption(f"No {policy.upper()} plan proposed yet (the enforcer plans every cycle in dry-run).")
+            continue
+        plan = pending.iloc[0]
+        moves = pd.DataFrame(plan.moves or [])
+        slow = moves.expected_slowdown.dropna() if "expected_slowdown" in moves else pd.Series(dtype=float)
+        m = st.columns(3)
+        m[0].metric("Devices freed", int(plan.devices_freed))
+        m[1].metric("Moves", len(moves))
+        m[2].metric("Worst slowdown", f"{slow.max():.2f}×" if not slow.empty else "–")
+        st.caption(f"plan {int(plan.id)} · proposed {ago(plan.created_at)}")
+        if not moves.empty:
+            shown = moves.reindex(columns=MOVE_COLUMNS)
+            shown["lane_size"] = shown.lane_size / 2**30
+            shown["lane"] = moves.get("to_lane_id", pd.Series(dtype=object)).fillna(
+                moves.get("new_lane", pd.Series(dtype=object)).map(lambda x: "new" if x else None))
+            st.dataframe(shown.drop(columns=["to_lane_id", "new_lane"]), hide_index=True, column_config={
+                "lane_size": st.column_config.NumberColumn("lane GiB", format="%.0f"),
+                "expected_slowdown": st.column_config.NumberColumn("slowdown", format="%.2f×"),
+            })
+        confirm = st.checkbox(f"I understand applying plan {int(plan.id)} checkpoints and moves these jobs",
+                              key=f"fl_confirm_{policy}")
+        if not actions.planner_available():
+            st.info("Applying plans is not available yet: this build has no enforcer.planner.",
+                    icon=":material/construction:")
+        elif st.button(f"Apply {policy.upper()} plan", type="primary", key=f"fl_apply_{policy}"):
+            try:
+                actions.apply_plan(ctx.store, ctx.principal, int(plan.id), confirmed=confirm)
+                st.session_state["fl_flash"] = f"Plan {int(plan.id)} ({policy.upper()}) applied."
+                st.rerun()
+            except FleetlensError as exc:
+                report(exc)
+
+st.subheader("Actions")
+if action_rows.empty:
+    st.caption("No enforcement action yet.")
+else:
+    st.dataframe(
+        action_rows[["id", "plan_id", "workflow_id", "policy", "from_device_id", "to_device_id", "state",
+                     "expected_slowdown", "attempts", "error"]],
+        hide_index=True,
+    )
+    picked = st.selectbox("Migration", list(action_rows.id), key="fl_action",
+                          format_func=lambda i: f"action {i} · "
+                          f"{action_rows.set_index('id').workflow_id[i]} · {action_rows.set_index('id').state[i]}")
+    events = fresh(ctx, "action_events", int(picked))
+    if events.empty:
+        st.caption("No state change recorded for this action yet.")
+    else:
+        st.plotly_chart(charts.action_timeline(events), key=f"timeline-{picked}")
+        st.dataframe(events[["ts", "from_state", "to_state", "message"]].assign(
+            ts=pd.to_datetime(events.ts, unit="s", utc=True)), hide_index=True)

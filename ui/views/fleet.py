@@ -1,0 +1,74 @@
+"""Fleet page: device-hours held vs active, utilisation distribution, waste ranking, enforcement, hosts."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from store.errors import FleetlensError
+from ui import charts, waste
+from ui.common import EMPTY_STORE_HELP, ago, cached, context, fmt_hours, fresh, report
+
+ctx = context()
+st.title("Fleet")
+if ctx.empty:
+    st.info(EMPTY_STORE_HELP, icon=":material/sensors:")
+    st.stop()
+
+try:
+    hours = cached(ctx, "fleet_hours", ctx.window)
+    timeline = cached(ctx, "fleet_timeline", ctx.window)
+    util = cached(ctx, "device_utilisation", ctx.window)
+    freed = cached(ctx, "freed_over_time", ctx.window)
+    host_table = fresh(ctx, "hosts")
+except FleetlensError as exc:
+    report(exc)
+    st.stop()
+
+held, active = hours["held"], hours["active"]
+c = st.columns(5)
+c[0].metric("Hosts", f"{ctx.state['hosts']:,}")
+c[1].metric("Devices", f"{ctx.state['devices']:,}")
+c[2].metric("Device-hours held", fmt_hours(held), help=f"last {ctx.window_label}")
+c[3].metric("Device-hours active", fmt_hours(active), help="utilisation-weighted")
+c[4].metric("Active / held", f"{active / held:.0%}" if held else "–")
+
+left, right = st.columns([3, 2])
+with left:
+    if timeline.empty:
+        st.info(f"No device samples or rollups in the last {ctx.window_label}.")
+    else:
+        st.plotly_chart(charts.held_vs_active(timeline))
+with right:
+    if util.util_mean.notna().any():
+        st.plotly_chart(charts.utilisation_histogram(util))
+    else:
+        st.info("No utilisation readings in this window.")
+
+st.subheader("Waste: recoverable GPU-hours")
+waste.show(ctx)
+
+st.subheader("Enforcement")
+e1, e2 = st.columns([3, 2])
+with e1:
+    if freed.empty:
+        st.caption("No plan has been applied in this window.")
+    else:
+        st.plotly_chart(charts.freed_over_time(freed))
+with e2:
+    plan_rows = fresh(ctx, "plans", ctx.window, limit=20)
+    if not plan_rows.empty:
+        st.metric("Devices freed (applied plans)", int(plan_rows.loc[plan_rows.applied, "devices_freed"].sum()))
+        st.dataframe(plan_rows[["id", "policy", "applied", "devices_freed"]], hide_index=True)
+    acts = fresh(ctx, "actions", limit=1000)
+    if not acts.empty:
+        st.dataframe(acts.groupby("state").size().rename("actions").reset_index(), hide_index=True)
+
+st.subheader("Hosts")
+if host_table.empty:
+    st.info("No host has registered an agent yet: run `fleetlens agent` on each host.")
+else:
+    shown = host_table.assign(last_contact=[ago(t) for t in host_table.last_seen])
+    st.dataframe(
+        shown[["host", "hostname", "source", "agent_version", "devices", "agent", "last_contact"]],
+        hide_index=True,
+    )
