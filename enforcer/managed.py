@@ -127,6 +127,13 @@ def load_host_fleet(session: Session, host_id: str) -> tuple[Fleet, dict[int, De
     return fleet, devices
 
 
+def lock_host_placements(session: Session, host_id: str) -> None:
+    """Serialise placing jobs on one host until `session`'s transaction ends, so that two `fleetlens run` started at
+    once never both take the same room: a no-op write to the host's row takes PostgreSQL's row lock, and SQLite's
+    database write lock (the other waits out its busy timeout)."""
+    session.execute(update(Host).where(Host.id == host_id).values(last_seen=Host.last_seen))
+
+
 def register_managed(
     store: Store,
     command: Sequence[str],
@@ -184,6 +191,7 @@ def register_managed(
     whole = lane is None or chosen.exclusive
     only = None if devices is None else {int(d) for d in devices}
     with store.session() as session:
+        lock_host_placements(session, host_id)
         existing = session.get(Workflow, workflow_id)
         if existing is not None:
             live = [p for p in session.scalars(select(Placement).where(

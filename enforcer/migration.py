@@ -3,7 +3,7 @@ action_events, carried out by signed commands the job's host runs (collector.mig
 
     planned -> checkpoint_requested -> checkpointed -> stopped -> relaunched -> resumed (done)
                        |                                 |
-                       +--(job died)--> rolling_back <---+--(target full / cannot start there)
+                       +--(job died)--> rolling_back <---+--(target full / cannot start there / died there)
                                              |
                                              +--> rolled_back (running where it was, from its checkpoint)
     any step that cannot go on without risk -> failed (with the job left as it was, or said where it is)
@@ -429,7 +429,13 @@ class _Step:
         if move:
             return int(self.action.to_device_id), self.action.to_lane_id
         here = _active_placement(self.session, wf.id, self.action.from_device_id)
-        return int(self.action.from_device_id), here.lane_id if here is not None else None
+        if here is None:  # the move got as far as the target: its old lane, if that is still open
+            here = self.session.scalar(select(Placement).where(
+                Placement.workflow_id == wf.id, Placement.device_id == self.action.from_device_id)
+                .order_by(Placement.id.desc()).limit(1))
+            lane = self.session.get(Lane, here.lane_id) if here is not None and here.lane_id is not None else None
+            return int(self.action.from_device_id), lane.id if lane is not None and lane.state == "open" else None
+        return int(self.action.from_device_id), here.lane_id
 
     def resume_point(self, wf: Workflow) -> tuple[str | None, int | None]:
         if self.action.checkpoint_path and Path(self.action.checkpoint_path).exists():
@@ -518,6 +524,12 @@ class _Step:
             return
         if wf.state in ("finished",):
             self.to("resumed", f"{wf.id} finished after its relaunch as pid {pid}", {"pid": pid})
+            return
+        if wf.state == "failed":  # the agent saw the new process die before it reported a single step
+            wf.state = "moving"
+            self.to("rolling_back", f"{wf.id} died as pid {pid} on device {self.action.to_device_id} before it "
+                    f"reported a step (see its log {(command.result or {}).get('log')}); putting it back where it "
+                    "was, from its checkpoint", {"pid": pid})
             return
         if self.now - self.action.updated_at > self.options.resume_timeout_s:
             self.fail(f"{wf.id} was started as pid {pid} but reported no step within "

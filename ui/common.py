@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import streamlit as st
@@ -142,9 +143,17 @@ def bootstrap() -> Context | None:
     label = st.sidebar.selectbox("Time window", list(WINDOWS), index=list(WINDOWS).index(DEFAULT_WINDOW),
                                  key="fl_window")
     window = Window.last(WINDOWS[label])
-    st.sidebar.caption(f"{'hourly rollups' if window.uses_rollups else 'raw samples'} · {store.masked_url}")
+    st.sidebar.caption(f"{rollup_caption(state) if window.uses_rollups else 'raw samples'} · {store.masked_url}")
     ctx = Context(settings, store, url, principal, window, label, state)
     return ctx
+
+
+def rollup_caption(state: dict[str, int]) -> str:
+    """What a long window shows: hourly rollups, up to the last hour `fleetlens rollup` has closed."""
+    if not state.get("rolled_up_to"):
+        return "hourly rollups (none written yet: `fleetlens rollup`)"
+    to = datetime.fromtimestamp(state["rolled_up_to"], tz=timezone.utc)
+    return f"hourly rollups up to {to:%Y-%m-%d %H:%M} UTC"
 
 
 def context() -> Context:

@@ -91,12 +91,15 @@ def store_state(store: Store) -> dict[str, int]:
 
         has_samples = session.scalar(select(DeviceSample.id).limit(1)) is not None
         has_rollups = session.scalar(select(Rollup.id).limit(1)) is not None
+        newest_hour = session.scalar(select(func.max(Rollup.hour)).where(Rollup.scope == "device"))
         return {
             "hosts": count(Host),
             "devices": count(Device),
             "workflows": count(Workflow),
             "has_samples": int(has_samples),
             "has_rollups": int(has_rollups),
+            # the end of the newest hour rolled up: long windows show nothing after it (0: none yet)
+            "rolled_up_to": int(newest_hour + HOUR) if newest_hour is not None else 0,
         }
 
 

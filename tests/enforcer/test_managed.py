@@ -181,3 +181,48 @@ def test_devices_restricts_the_placement_and_refuses_foreign_devices(sqlite_stor
     assert job.device_ids == [ids[2]]
     with pytest.raises(NotFound, match="not on host"):
         register_managed(sqlite_store, ["python", "x.py"], host_id="pin-host", devices=[999_999], name="lost")
+
+
+def test_two_runs_started_at_once_never_take_the_same_device(any_store: Store, fleet_home: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both runs read the host's free devices at the same moment unless placement is serialised per host; the
+    barrier holds the first reader until the second has read too (or gives up after a second, when it cannot)."""
+    import threading
+
+    import enforcer.managed
+
+    with any_store.session() as s:
+        register_host(s, "race", hostname="race", source="cpu")
+        register_devices(s, "race", [DeviceSpec(0, "race-0", "cpu 0", DEVICE_BYTES, (0,))], source="cpu")
+    barrier = threading.Barrier(2)
+    load = enforcer.managed.load_host_fleet
+
+    def load_together(session, host_id):
+        fleet = load(session, host_id)
+        try:
+            barrier.wait(timeout=1.0)
+        except threading.BrokenBarrierError:
+            pass
+        return fleet
+
+    monkeypatch.setattr(enforcer.managed, "load_host_fleet", load_together)
+    outcomes: list[object] = []
+
+    def run(name: str) -> None:
+        try:
+            outcomes.append(register_managed(any_store, ["python", "x.py"], host_id="race", name=name))
+        except Exception as exc:  # noqa: BLE001  (the outcome is what the test checks)
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=run, args=(f"racer-{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    placed = [o for o in outcomes if not isinstance(o, Exception)]
+    refused = [o for o in outcomes if isinstance(o, Exception)]
+    assert len(placed) == 1 and len(refused) == 1, outcomes
+    assert isinstance(refused[0], PlacementError) and "no device on host 'race' has room" in str(refused[0])
+    with any_store.session() as s:
+        held = list(s.scalars(select(Placement).where(Placement.state.in_(("active", "pending")))))
+    assert [p.workflow_id for p in held] == [placed[0].workflow_id]

@@ -1,6 +1,7 @@
 """Fault injection on real migrations (real agent, real torch jobs): the job killed during its checkpoint, the agent
-killed during relaunch, the target lane full at relaunch, the database unreachable mid-move. Each time the job ends
-up running somewhere with progress at or past its last checkpoint, and the action log says what happened."""
+killed during relaunch, the target lane full at relaunch, the job dying at the target before its first step, the
+database unreachable mid-move. Each time the job ends up running somewhere with progress at or past its last
+checkpoint, and the action log says what happened."""
 
 from __future__ import annotations
 
@@ -139,6 +140,33 @@ def test_target_lane_full_at_relaunch_puts_the_job_back_from_its_checkpoint(rig:
     here = rig.placement(job.workflow_id)
     assert here.device_id == job.device_ids[0] and here.pid != job.pid
     wait_for(lambda: workflow(rig.store, job.workflow_id).state == "finished", timeout=60)
+    runs = summaries(Path(job.log_path))
+    assert len(runs) == 1 and runs[0]["start_step"] == moved.checkpoint_step and runs[0]["end_step"] == total
+    assert_steps_cover(rig.store, job.workflow_id, total)
+
+
+def test_job_that_dies_at_the_target_before_its_first_step_is_put_back_from_its_checkpoint(rig: Rig) -> None:
+    total = 14
+    # one second a step: the relaunched job cannot report a step before the test kills it
+    job = rig.launch(train_cmd(total, step_sleep=1.0), name="dies-there", steps=total)
+    wait_for(lambda: last_step(rig.store, job.workflow_id) >= 2, timeout=60)
+    target = rig.other_device(job)
+    action_id = start_migration(rig.store, job.workflow_id, target)
+    drive_until(rig, action_id, "relaunched")
+    moved = action(rig.store, action_id)
+    relaunched_pid = rig.placement(job.workflow_id).pid
+    assert rig.placement(job.workflow_id).device_id == target
+    os.kill(relaunched_pid, signal.SIGKILL)  # it dies on the target before its first step
+    wait_for(lambda: workflow(rig.store, job.workflow_id).state == "failed", timeout=30)  # the agent saw it die
+
+    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=60)
+    assert states == {action_id: "rolled_back"}, messages(rig.store, action_id)
+    log = messages(rig.store, action_id)
+    assert f"died as pid {relaunched_pid} on device {target} before it reported a step" in log
+    assert "running again where it was" in log
+    here = rig.placement(job.workflow_id)
+    assert here.device_id == job.device_ids[0] and here.pid not in (job.pid, relaunched_pid)
+    wait_for(lambda: workflow(rig.store, job.workflow_id).state == "finished", timeout=90)
     runs = summaries(Path(job.log_path))
     assert len(runs) == 1 and runs[0]["start_step"] == moved.checkpoint_step and runs[0]["end_step"] == total
     assert_steps_cover(rig.store, job.workflow_id, total)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from sqlalchemy import func, select
 
 from analyzer.ranking import rank_workflows
@@ -39,7 +41,10 @@ def test_fleet_week_shows_the_rollups_sums(seeded):
         assert shown["Hosts"] == str(s.scalar(select(func.count()).select_from(Host)))
         assert shown["Devices"] == str(s.scalar(select(func.count()).select_from(Device)))
     # a week reads rollups: the sidebar says so, and the charts (timeline, histogram, freed) are drawn
-    assert "hourly rollups" in texts(at.sidebar.caption)
+    with store.session() as s:
+        newest = s.scalar(select(func.max(Rollup.hour)).where(Rollup.scope == "device"))
+    to = datetime.fromtimestamp(newest + 3600, tz=timezone.utc)
+    assert f"hourly rollups up to {to:%Y-%m-%d %H:%M} UTC" in texts(at.sidebar.caption)
     assert len(at.get("plotly_chart")) >= 3
     # the applied plans of the week: 2 + 1 + 2 + 1 + 1 devices freed
     with store.session() as s:
