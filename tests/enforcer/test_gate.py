@@ -67,6 +67,14 @@ def test_lanes_run_in_parallel() -> None:
     gate.end("2", ("b", 2, 0))
 
 
+def wait_queued(gate: LaneGate, lane: str, n: int) -> None:
+    """Until `n` jobs wait for the lane's turn (threads asking for it may take a while to get there)."""
+    deadline = time.monotonic() + 10
+    while len(gate.snapshot().get(lane, {}).get("waiting", [])) < n:
+        assert time.monotonic() < deadline, gate.snapshot()
+        time.sleep(0.005)
+
+
 def test_fair_gives_the_next_step_to_the_job_with_least_attained_time() -> None:
     gate = LaneGate("fair")
     heavy, light, holder = ("heavy", 1, 0), ("light", 2, 0), ("holder", 3, 0)
@@ -86,10 +94,10 @@ def test_fair_gives_the_next_step_to_the_job_with_least_attained_time() -> None:
 
     t_heavy = threading.Thread(target=wait_turn, args=(heavy,))
     t_heavy.start()
-    time.sleep(0.05)  # heavy asked first ...
+    wait_queued(gate, "1", 1)  # heavy asked first ...
     t_light = threading.Thread(target=wait_turn, args=(light,))
     t_light.start()
-    time.sleep(0.05)
+    wait_queued(gate, "1", 2)
     gate.end("1", holder)
     t_heavy.join()
     t_light.join()
@@ -114,9 +122,9 @@ def test_srtf_gives_the_next_step_to_the_job_with_least_remaining_time() -> None
 
     threads = [threading.Thread(target=wait_turn, args=(k,)) for k in (long_, short)]
     threads[0].start()
-    time.sleep(0.05)
+    wait_queued(gate, "1", 1)
     threads[1].start()
-    time.sleep(0.05)
+    wait_queued(gate, "1", 2)
     gate.end("1", holder)
     for t in threads:
         t.join()
@@ -224,7 +232,7 @@ def test_releasing_a_stopped_job_passes_its_turn_on_at_once() -> None:
 
     t = threading.Thread(target=other)
     t.start()
-    time.sleep(0.05)
+    wait_queued(gate, "1", 1)
     assert not done.is_set()
     assert gate.release("stopped") == 1
     t.join(timeout=10)
