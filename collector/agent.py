@@ -201,7 +201,7 @@ class Agent:
         if self._started:
             try:
                 self.flush()
-                self._flush_sdk()
+                self.flush_sdk()
             except Exception:  # the batch is spooled (see flush); stopping must still release everything
                 log.exception("the last flush failed")
         close = getattr(self._sdk_handler, "close", None)
@@ -373,7 +373,7 @@ class Agent:
         while not self._stop.wait(self.flush_interval_s):
             try:
                 self.flush()
-                self._flush_sdk()
+                self.flush_sdk()
             except Exception:
                 log.exception("flush failed")
 
@@ -511,7 +511,8 @@ class Agent:
                 record_processes(session, self.host_id, seen)
                 self._recorded = keys
 
-    def _flush_sdk(self) -> None:
+    def flush_sdk(self) -> None:
+        """Write the step statistics the jobs reported over the socket (an outage leaves them buffered)."""
         flush = getattr(self._sdk_handler, "flush", None)
         if callable(flush):
             try:

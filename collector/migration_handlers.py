@@ -113,6 +113,9 @@ class _Reaper:
             return
         from enforcer.managed import end_placements
 
+        flush_steps = getattr(agent, "flush_sdk", None)
+        if callable(flush_steps):
+            flush_steps()  # a job's last steps reach the store before the job is marked ended
         left = []
         for wf, pid, outcome in pending:
             try:

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -78,3 +79,16 @@ def pg_store(pg_url: str) -> Iterator[Store]:
 def any_store(request: pytest.FixtureRequest) -> Store:
     """The same test on SQLite and on PostgreSQL."""
     return request.getfixturevalue("sqlite_store" if request.param == "sqlite" else "pg_store")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """No process a test started outlives the run: any left (a test that failed before its clean-up) is named and
+    killed, so one broken test cannot slow the machine for the next run."""
+    left = psutil.Process().children(recursive=True)
+    for proc in left:
+        try:
+            print(f"\nkilling a process a test left running: {proc.pid} {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(left, timeout=10)

@@ -179,8 +179,10 @@ def rig_fixture(fleet_home: Path) -> Iterator[Rig]:
     store = Store.from_settings(settings)
     upgrade(store)
     agent = AgentProc(fleet_home).start(store)
-    yield Rig(fleet_home, store, agent, settings.model_copy(update={"host_id": agent.host_id}))
+    rig = Rig(fleet_home, store, agent, settings.model_copy(update={"host_id": agent.host_id}))
+    yield rig
     agent.stop()
+    rig.agent.stop()  # the agent a test started in place of a killed one
     for proc in psutil.process_iter():  # jobs this test started that are still running
         try:
             if proc.environ().get("FLEETLENS_MANAGED") == agent.host_id:
