@@ -149,10 +149,14 @@ def rank_workflows(
 
 def rank_teams(store: Store, now: float | None = None, period_s: float = 86400.0) -> pd.DataFrame:
     """Teams ranked by recoverable GPU-hours per day (sum of their workflows'). Columns: TEAM_COLUMNS."""
-    wf = rank_workflows(store, now, period_s)
-    if wf.empty:
+    return teams_of(rank_workflows(store, now, period_s))
+
+
+def teams_of(workflows: pd.DataFrame) -> pd.DataFrame:
+    """rank_teams from a rank_workflows frame already at hand (of the whole fleet); the frame is not changed."""
+    if workflows.empty:
         return pd.DataFrame(columns=TEAM_COLUMNS)
-    wf["team"] = wf["team"].fillna(NO_TEAM)
+    wf = workflows.assign(team=workflows["team"].fillna(NO_TEAM))
     g = wf.groupby("team")
     out = g[["open_findings", "recoverable_gpu_hours_per_day", "gpu_hours_held", "gpu_hours_active",
              "waste_gpu_hours", "waste_gpu_hours_prev", "trend_gpu_hours"]].sum()

@@ -104,7 +104,7 @@ def seed(store: Store, now: float) -> dict[str, int]:
 
 def bare(store: Store, window_s: float) -> float:
     """The Fleet page's queries and analyzer calls, without Streamlit."""
-    from analyzer.ranking import rank_teams, rank_workflows
+    from analyzer.ranking import rank_workflows, teams_of
     from ui import queries
     from ui.queries import Window
 
@@ -119,8 +119,7 @@ def bare(store: Store, window_s: float) -> float:
     queries.hosts(store)
     queries.plans(store, window, limit=20)
     queries.actions(store, limit=1000)
-    rank_teams(store, now=window.end, period_s=window.seconds)
-    rank_workflows(store, now=window.end, period_s=window.seconds)
+    teams_of(rank_workflows(store, now=window.end, period_s=window.seconds))
     return time.perf_counter() - t0
 
 

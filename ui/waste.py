@@ -52,7 +52,7 @@ def show(ctx: Context) -> None:
 @st.cache_data(ttl=60, show_spinner=False)
 def _ranked(url: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     """analyzer.ranking over the window: (teams, workflows), keyed on the store and the time window."""
-    from analyzer.ranking import rank_teams, rank_workflows
+    from analyzer.ranking import rank_workflows, teams_of
 
-    store = store_for(url)
-    return rank_teams(store, now=end, period_s=end - start), rank_workflows(store, now=end, period_s=end - start)
+    workflows = rank_workflows(store_for(url), now=end, period_s=end - start)
+    return teams_of(workflows), workflows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from analyzer.ranking import (
@@ -13,6 +14,7 @@ from analyzer.ranking import (
     findings_frame,
     rank_teams,
     rank_workflows,
+    teams_of,
 )
 from analyzer.rollups import rollup
 from analyzer.telemetry import detect
@@ -75,6 +77,11 @@ def test_teams_ranked(ranked):
     assert list(teams["team"]) == ["llm", "vision"]
     vision = teams.set_index("team").loc["vision"]
     assert vision.workflows == 2
+    # the dashboard derives the teams from the workflows it already ranked: same table, workflows untouched
+    workflows = rank_workflows(store, now=now, period_s=DAY)
+    before = workflows.copy()
+    pd.testing.assert_frame_equal(teams_of(workflows), teams)
+    pd.testing.assert_frame_equal(workflows, before)
     assert vision.waste_gpu_hours == pytest.approx(0.6 + 0.6)  # better and small each waste 10 % of 6 h
 
 
