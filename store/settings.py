@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     # collector
     source: str = "auto"  # auto | nvml | cpu | replay
     cpu_cores_per_device: int = 1
+    # cpu source: besides marked jobs, the host's busiest processes are reported as workflows (0: marked jobs only)
+    cpu_top_processes: int = Field(8, ge=0)
     sample_interval_s: float = 1.0
     flush_interval_s: float = 10.0
     spool_max_bytes: int = 256 * 1024 * 1024

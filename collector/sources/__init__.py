@@ -20,7 +20,8 @@ SOURCES = ("auto", "nvml", "cpu", "replay")
 def _cpu(settings: Settings) -> DeviceSource:
     from collector.sources.cpu import CpuSource
 
-    return CpuSource(cores_per_device=settings.cpu_cores_per_device, host_id=settings.host_id)
+    return CpuSource(cores_per_device=settings.cpu_cores_per_device, host_id=settings.host_id,
+                     top_n=settings.cpu_top_processes)
 
 
 def _nvml() -> DeviceSource:

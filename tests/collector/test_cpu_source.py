@@ -129,6 +129,20 @@ def test_an_unmarked_busy_process_is_a_top_consumer(spawn) -> None:
     assert device is not None and device.index == 0 and proc.cpu_util > 0.05
 
 
+def test_cpu_top_processes_zero_reports_marked_jobs_only(spawn, fleet_home, monkeypatch) -> None:
+    busy = spawn(BUSY)
+    marked = spawn(IDLE, {"FLEETLENS_WORKFLOW": "marked"})
+    monkeypatch.setenv("FLEETLENS_CPU_TOP_PROCESSES", "0")
+    src = open_source(Settings(source="cpu", host_id="h10"))
+    src.sample()
+    time.sleep(0.5)
+    readings = src.sample()
+    assert _find(readings, busy.pid) == (None, None)  # busy, but nobody marked it
+    assert _find(readings, marked.pid)[1] is not None
+    with pytest.raises(ValueError):
+        Settings(cpu_top_processes=-1)
+
+
 def test_a_process_that_vanishes_is_skipped_quietly(spawn) -> None:
     child = spawn(IDLE, {"FLEETLENS_WORKFLOW": "short"})
     src = CpuSource(host_id="h7")
