@@ -53,11 +53,15 @@ def analyze_trace(store: Store, trace_id: int, *, thresholds: dict | None = None
         if trace is None:
             raise NotFound(f"no trace {trace_id} in the store; `fleetlens analyze PATH --store` registers one")
         trace.status, trace.error = "analyzing", None
-        path = trace.path
+        path, written_on = trace.path, trace.host_id
     try:
         summary, found = analyze_one(path, thresholds=th, cache_dir=cache_dir, memory_budget=memory_budget)
     except Exception as exc:  # every failure is recorded; only InvalidTrace is the file's fault
         reason = exc.problem if isinstance(exc, InvalidTrace) else f"analysis failed: {type(exc).__name__}: {exc}"
+        here = get_settings().host_id
+        if isinstance(exc, InvalidTrace) and not Path(path).exists() and written_on and written_on != here:
+            reason += (f" here on {here}; host {written_on} wrote it: the analyzer must see the same traces folder "
+                       "(mount FLEETLENS_HOME/traces on shared storage, see docs/airflow.md)")
         if not isinstance(exc, InvalidTrace):
             log.exception("trace %s (%s) failed", trace_id, path)
         with store.session() as session:

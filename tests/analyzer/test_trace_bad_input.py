@@ -13,6 +13,7 @@ from analyzer.traces import InvalidTrace, analyze_paths, analyze_trace, register
 from analyzer.traces.parse import parse_trace
 from store.errors import InvalidInput
 from store.models import Finding, Trace
+from store.settings import get_settings
 from tests.conftest import TRACES
 from ui.cli import run
 
@@ -103,3 +104,25 @@ def test_store_marks_bad_trace_failed_with_reason_and_analyses_the_rest(tmp_path
         assert not s.scalars(select(Finding).where(Finding.workflow_id == "wf-bad")).all()
     again = analyze_trace(any_store, bad_id, cache_dir=tmp_path / "cache")
     assert again["status"] == "failed"
+
+
+def test_a_trace_another_host_wrote_and_this_one_cannot_read_says_where_to_put_traces(tmp_path, sqlite_store,
+                                                                                      fleet_home, monkeypatch):
+    monkeypatch.setenv("FLEETLENS_HOST_ID", "analyzer-host")
+    get_settings(fresh=True)
+    elsewhere = tmp_path / "gpu-node-7" / "traces" / "rank0.json.gz"  # a path on the job's host only
+    gone = tmp_path / "gone.json.gz"
+    elsewhere.parent.mkdir(parents=True)
+    for path in (elsewhere, gone):
+        path.write_bytes(b"")
+    there = register_trace(sqlite_store, elsewhere, workflow_id="wf-far", host_id="gpu-node-7")
+    here = register_trace(sqlite_store, gone, workflow_id="wf-near", host_id="analyzer-host")
+    for path in (elsewhere, gone):  # the analyzer's host does not see the first; the second was deleted
+        path.unlink()
+    assert analyze_trace(sqlite_store, there, cache_dir=tmp_path / "cache")["status"] == "failed"
+    analyze_trace(sqlite_store, here, cache_dir=tmp_path / "cache")
+    with sqlite_store.session() as s:
+        far, near = s.get(Trace, there), s.get(Trace, here)
+        assert far.status == "failed" and "no such file here on analyzer-host; host gpu-node-7 wrote it" in far.error
+        assert "shared storage" in far.error
+        assert near.status == "failed" and "no such file" in near.error and "shared storage" not in near.error
