@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import streamlit as st
@@ -152,7 +152,7 @@ def rollup_caption(state: dict[str, int]) -> str:
     """What a long window shows: hourly rollups, up to the last hour `fleetlens rollup` has closed."""
     if not state.get("rolled_up_to"):
         return "hourly rollups (none written yet: `fleetlens rollup`)"
-    to = datetime.fromtimestamp(state["rolled_up_to"], tz=timezone.utc)
+    to = datetime.fromtimestamp(state["rolled_up_to"], tz=UTC)
     return f"hourly rollups up to {to:%Y-%m-%d %H:%M} UTC"
 
 

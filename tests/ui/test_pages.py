@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 
@@ -43,7 +43,7 @@ def test_fleet_week_shows_the_rollups_sums(seeded):
     # a week reads rollups: the sidebar says so, and the charts (timeline, histogram, freed) are drawn
     with store.session() as s:
         newest = s.scalar(select(func.max(Rollup.hour)).where(Rollup.scope == "device"))
-    to = datetime.fromtimestamp(newest + 3600, tz=timezone.utc)
+    to = datetime.fromtimestamp(newest + 3600, tz=UTC)
     assert f"hourly rollups up to {to:%Y-%m-%d %H:%M} UTC" in texts(at.sidebar.caption)
     assert len(at.get("plotly_chart")) >= 3
     # the applied plans of the week: 2 + 1 + 2 + 1 + 1 devices freed
