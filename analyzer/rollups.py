@@ -146,7 +146,7 @@ def device_rollups(window: TelemetryWindow, computed_at: float) -> list[dict]:
     s["active_s"] = (s["held_s"] * s["gpu_util"].fillna(0.0).clip(0.0, 1.0))
     g = s.groupby(["device_id", "hour"], sort=False)
     out = g.agg(
-        samples=("ts", "size"), held_s=("held_s", "sum"), active_s=("active_s", "sum"),
+        samples=("n_raw", "sum"), held_s=("held_s", "sum"), active_s=("active_s", "sum"),
         util_mean=("gpu_util", "mean"), sm_active_mean=("sm_active", "mean"),
         mem_peak=("mem_used", "max"), mem_total=("mem_total", "max"),
     )

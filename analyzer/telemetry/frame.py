@@ -10,6 +10,11 @@ each gets `share = 1 / n_workflows` of it (the GPU-time it costs is split, not m
 A workflow *holds* the device at a sample when its processes there use at least `held_min_gib` of
 memory, or when the source reports no per-process memory at all (a process with a context on a GPU
 always holds some).
+
+Agents sample every second; a day of a thousand devices is then 86 M rows. When the window's samples come
+faster than one per `bucket_s`, the database averages them into buckets of `bucket_s` per device (and per
+workflow and device) before anything is fetched: utilisation and SM activity are bucket means, memory the
+bucket's peak, the bucket's time that of its first sample. Data already as coarse as a bucket is read raw.
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ class TelemetryWindow:
 
     start: float
     end: float
-    # device_id, ts, gpu_util, mem_used, mem_total, sm_active, dt (seconds this sample stands for),
-    # n_workflows (workflows attributed to this sample), held (see the module doc)
+    # device_id, ts, gpu_util, mem_used, mem_total, sm_active, n_raw (samples recorded: 1, or a bucket's count),
+    # dt (seconds this sample stands for), n_workflows (workflows attributed to this sample), held (see module doc)
     samples: pd.DataFrame
     # workflow_id, device_id, ts, wf_mem, sm_util, n_raw (process sample rows), plus the device
     # sample's gpu_util, mem_used, mem_total, sm_active, dt, n_workflows, share, held
@@ -141,6 +146,65 @@ def _read_window(store: Store, table: str, columns: tuple[str, ...], start: floa
     return pd.DataFrame(rows, columns=list(columns)).astype(dtypes)
 
 
+def _mean_interval(store: Store, start: float, end: float, probe_s: float) -> float | None:
+    """The mean time between two samples of one device over the last `probe_s` of the window (None: no data)."""
+    lo = max(start, end - probe_s)
+    with store.engine.connect() as conn:
+        cursor = conn.connection.driver_connection.cursor()
+        try:
+            mark = "%s" if store.is_postgres else "?"
+            cursor.execute(f"SELECT count(*), count(DISTINCT device_id), min(ts), max(ts) FROM device_samples "
+                           f"WHERE ts >= {mark} AND ts < {mark}", (float(lo), float(end)))
+            rows, devices, first, last = cursor.fetchone()
+        finally:
+            cursor.close()
+    if not rows or not devices:
+        return None
+    per_device = rows / devices
+    return (float(last) - float(first)) / (per_device - 1) if per_device > 1 else float(end - lo)
+
+
+def _bucket_sql(store: Store, bucket_s: float) -> str:
+    b = float(bucket_s)
+    return f"floor(ts / {b!r})" if store.is_postgres else f"CAST(ts / {b!r} AS INTEGER)"
+
+
+def _read_bucketed_devices(store: Store, start: float, end: float, bucket_s: float) -> pd.DataFrame:
+    """Device samples of [start, end) averaged per device and bucket, in the database."""
+    bucket = _bucket_sql(store, bucket_s)
+    sql = (f"SELECT device_id, min(ts) AS ts, avg(gpu_util) AS gpu_util, max(mem_used) AS mem_used, "
+           f"max(mem_total) AS mem_total, avg(sm_active) AS sm_active, count(*) AS n_raw FROM device_samples "
+           f"WHERE ts >= {float(start)!r} AND ts < {float(end)!r} GROUP BY device_id, {bucket}")
+    return _fetch(store, sql, ("device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active", "n_raw"))
+
+
+def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: float) -> pd.DataFrame:
+    """Process samples of [start, end): first summed per workflow, device and sample time (a workflow's processes
+    count together), then averaged per bucket, in the database. Columns as load_window's `procs`."""
+    bucket = _bucket_sql(store, bucket_s)
+    own = "CASE WHEN sum(coalesce(sm_util, cpu_util)) > 1.0 THEN 1.0 ELSE sum(coalesce(sm_util, cpu_util)) END"
+    sql = (f"SELECT workflow_id, device_id, min(ts) AS ts, max(wf_mem) AS wf_mem, avg(sm_util) AS sm_util, "
+           f"avg(own_util) AS own_util, sum(n) AS n_raw FROM ("
+           f"SELECT workflow_id, device_id, ts, sum(mem_used) AS wf_mem, max(sm_util) AS sm_util, {own} AS own_util, "
+           f"count(*) AS n FROM process_samples WHERE ts >= {float(start)!r} AND ts < {float(end)!r} "
+           f"GROUP BY workflow_id, device_id, ts) per_ts GROUP BY workflow_id, device_id, {bucket}")
+    return _fetch(store, sql, ("workflow_id", "device_id", "ts", "wf_mem", "sm_util", "own_util", "n_raw"))
+
+
+def _fetch(store: Store, sql: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    dtypes = {c: ("str" if c == "workflow_id" else "float64") for c in columns}
+    with store.engine.connect() as conn:
+        cursor = conn.connection.driver_connection.cursor()
+        try:
+            cursor.execute(sql)
+            rows = cursor.fetchall()
+        finally:
+            cursor.close()
+    if not rows:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
+    return pd.DataFrame(rows, columns=list(columns)).astype(dtypes)
+
+
 def _sample_intervals(samples: pd.DataFrame, max_gap_factor: float) -> pd.Series:
     """dt of each sample: the time to the device's next sample, capped; the last one gets the median."""
     nxt = samples.groupby("device_id", sort=False)["ts"].shift(-1)
@@ -153,23 +217,13 @@ def _sample_intervals(samples: pd.DataFrame, max_gap_factor: float) -> pd.Series
 
 def load_window(store: Store, start: float, end: float, common: Common) -> TelemetryWindow:
     """Read device and process samples of [start, end) and attribute each device sample to workflows."""
-    samples = _read_window(
-        store, DeviceSample.__tablename__, ("device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active"),
-        start, end,
-    )
-    raw = _read_window(
-        store, ProcessSample.__tablename__, ("workflow_id", "device_id", "ts", "mem_used", "sm_util", "cpu_util"),
-        start, end,
-    )
-    # A process's own utilisation (NVML's per-process SM share, or the cpu source's share of the device's cores)
-    # says what the workflow does on a shared device; the device's reading mixes in its neighbours.
-    raw["own_util"] = raw["sm_util"].astype("float64").fillna(raw["cpu_util"].astype("float64"))
-    # several processes of one workflow on one device count together
-    g = raw.groupby(["workflow_id", "device_id", "ts"], sort=False)
-    procs = pd.DataFrame(
-        {"wf_mem": g["mem_used"].sum(min_count=1), "sm_util": g["sm_util"].max(),
-         "own_util": g["own_util"].sum(min_count=1).clip(upper=1.0), "n_raw": g.size()}
-    ).reset_index()
+    bucket_s = common.bucket_s
+    interval = _mean_interval(store, start, end, probe_s=4 * bucket_s) if bucket_s > 0 else None
+    if interval is not None and interval < bucket_s / 2:
+        samples = _read_bucketed_devices(store, start, end, bucket_s)
+        procs = _read_bucketed_processes(store, start, end, bucket_s)
+    else:
+        samples, procs = _read_raw(store, start, end)
     devices = _read(store, select(Device.id.label("device_id"), Device.host_id, Device.index, Device.name,
                                   Device.memory_total)).set_index("device_id")
     workflows = _read(store, select(Workflow.id.label("workflow_id"), Workflow.team, Workflow.gpus)).set_index(
@@ -205,6 +259,29 @@ def load_window(store: Store, start: float, end: float, common: Common) -> Telem
         start=start, end=end, samples=samples, usage=usage,
         processes=procs[["workflow_id", "device_id", "ts", "n_raw"]], devices=devices, workflows=workflows, store=store,
     )
+
+
+def _read_raw(store: Store, start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(device samples, per-workflow process samples) of [start, end), every sample as recorded."""
+    samples = _read_window(
+        store, DeviceSample.__tablename__, ("device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active"),
+        start, end,
+    )
+    samples["n_raw"] = 1.0
+    raw = _read_window(
+        store, ProcessSample.__tablename__, ("workflow_id", "device_id", "ts", "mem_used", "sm_util", "cpu_util"),
+        start, end,
+    )
+    # A process's own utilisation (NVML's per-process SM share, or the cpu source's share of the device's cores)
+    # says what the workflow does on a shared device; the device's reading mixes in its neighbours.
+    raw["own_util"] = raw["sm_util"].astype("float64").fillna(raw["cpu_util"].astype("float64"))
+    # several processes of one workflow on one device count together
+    g = raw.groupby(["workflow_id", "device_id", "ts"], sort=False)
+    procs = pd.DataFrame(
+        {"wf_mem": g["mem_used"].sum(min_count=1), "sm_util": g["sm_util"].max(),
+         "own_util": g["own_util"].sum(min_count=1).clip(upper=1.0), "n_raw": g.size()}
+    ).reset_index()
+    return samples, procs
 
 
 def _attribute(procs: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:

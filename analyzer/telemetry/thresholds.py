@@ -16,6 +16,7 @@ GIB = 1 << 30
 @dataclass(frozen=True)
 class Common:
     window_s: float
+    bucket_s: float
     held_min_gib: float
     max_gap_factor: float
     severity_high_gpu_hours: float
