@@ -14,7 +14,8 @@ always holds some).
 Agents sample every second; a day of a thousand devices is then 86 M rows. When the window's samples come
 faster than one per `bucket_s`, the database averages them into buckets of `bucket_s` per device (and per
 workflow and device) before anything is fetched: utilisation and SM activity are bucket means, memory the
-bucket's peak, the bucket's time that of its first sample. Data already as coarse as a bucket is read raw.
+bucket's peak, the bucket's time that of its first sample (see _read_bucketed_processes for a workflow with
+several processes on one device). Data already as coarse as a bucket is read raw.
 """
 
 from __future__ import annotations
@@ -129,11 +130,7 @@ def _read_window(store: Store, table: str, columns: tuple[str, ...], start: floa
                     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
                 return pd.read_csv(buf, names=list(columns), header=None, dtype=dtypes, keep_default_na=False,
                                    na_values={c: [""] for c in columns if dtypes[c] == "float64"})
-            lo, hi = cursor.execute(f"SELECT min(ts), max(ts) FROM {table}").fetchone()
-            if lo is not None and (min(end, hi) - max(start, lo)) > 0.5 * (hi - lo):
-                # the window is most of the table: one sequential scan beats a lookup per row via the ts index
-                where = f"+ts >= {float(start)!r} AND +ts < {float(end)!r}"
-            cursor.execute(f"SELECT {cols} FROM {table} WHERE {where}")
+            cursor.execute(f"SELECT {cols} FROM {table} WHERE {_sqlite_where(cursor, table, start, end)}")
             rows = cursor.fetchall()
         finally:
             cursor.close()
@@ -174,35 +171,49 @@ def _read_bucketed_devices(store: Store, start: float, end: float, bucket_s: flo
     bucket = _bucket_sql(store, bucket_s)
     sql = (f"SELECT device_id, min(ts) AS ts, avg(gpu_util) AS gpu_util, max(mem_used) AS mem_used, "
            f"max(mem_total) AS mem_total, avg(sm_active) AS sm_active, count(*) AS n_raw FROM device_samples "
-           f"WHERE ts >= {float(start)!r} AND ts < {float(end)!r} GROUP BY device_id, {bucket}")
-    return _fetch(store, sql, ("device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active", "n_raw"))
+           f"WHERE {{where}} GROUP BY device_id, {bucket}")
+    return _fetch(store, sql, "device_samples", start, end,
+                  ("device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active", "n_raw"))
 
 
 def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: float) -> pd.DataFrame:
-    """Process samples of [start, end): first summed per workflow, device and sample time (a workflow's processes
-    count together), then averaged per bucket, in the database. Columns as load_window's `procs`."""
+    """Process samples of [start, end) per workflow, device and bucket, aggregated in the database in one pass
+    (columns as load_window's `procs`). A workflow's processes on one device count together: its utilisation is
+    their per-sample sum averaged over the bucket (at most 1), its memory the largest process's peak times the
+    processes seen, an upper bound of their peak sum, exact for the usual one process per device."""
     bucket = _bucket_sql(store, bucket_s)
-    own = "CASE WHEN sum(coalesce(sm_util, cpu_util)) > 1.0 THEN 1.0 ELSE sum(coalesce(sm_util, cpu_util)) END"
-    sql = (f"SELECT workflow_id, device_id, min(ts) AS ts, max(wf_mem) AS wf_mem, avg(sm_util) AS sm_util, "
-           f"avg(own_util) AS own_util, sum(n) AS n_raw FROM ("
-           f"SELECT workflow_id, device_id, ts, sum(mem_used) AS wf_mem, max(sm_util) AS sm_util, {own} AS own_util, "
-           f"count(*) AS n FROM process_samples WHERE ts >= {float(start)!r} AND ts < {float(end)!r} "
-           f"GROUP BY workflow_id, device_id, ts) per_ts GROUP BY workflow_id, device_id, {bucket}")
-    return _fetch(store, sql, ("workflow_id", "device_id", "ts", "wf_mem", "sm_util", "own_util", "n_raw"))
+    samples = "count(DISTINCT ts)"
+    own = f"sum(coalesce(sm_util, cpu_util)) / {samples}"
+    sql = (f"SELECT workflow_id, device_id, min(ts) AS ts, max(mem_used) * count(DISTINCT pid) AS wf_mem, "
+           f"avg(sm_util) AS sm_util, CASE WHEN {own} > 1.0 THEN 1.0 ELSE {own} END AS own_util, count(*) AS n_raw "
+           f"FROM process_samples WHERE {{where}} GROUP BY workflow_id, device_id, {bucket}")
+    return _fetch(store, sql, "process_samples", start, end,
+                  ("workflow_id", "device_id", "ts", "wf_mem", "sm_util", "own_util", "n_raw"))
 
 
-def _fetch(store: Store, sql: str, columns: tuple[str, ...]) -> pd.DataFrame:
+def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Rows of an aggregate over `table`'s [start, end) (`{where}` in `sql`), as a frame of `columns`."""
     dtypes = {c: ("str" if c == "workflow_id" else "float64") for c in columns}
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
         try:
-            cursor.execute(sql)
+            where = (f"ts >= {float(start)!r} AND ts < {float(end)!r}" if store.is_postgres
+                     else _sqlite_where(cursor, table, start, end))
+            cursor.execute(sql.format(where=where))
             rows = cursor.fetchall()
         finally:
             cursor.close()
     if not rows:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
     return pd.DataFrame(rows, columns=list(columns)).astype(dtypes)
+
+
+def _sqlite_where(cursor: Any, table: str, start: float, end: float) -> str:
+    """SQLite's filter for [start, end): through the ts index, unless the window is most of the table, when one
+    sequential scan beats a lookup per row (`+ts` keeps the planner off the index)."""
+    lo, hi = cursor.execute(f"SELECT min(ts), max(ts) FROM {table}").fetchone()
+    scan = "+" if lo is not None and (min(end, hi) - max(start, lo)) > 0.5 * (hi - lo) else ""
+    return f"{scan}ts >= {float(start)!r} AND {scan}ts < {float(end)!r}"
 
 
 def _sample_intervals(samples: pd.DataFrame, max_gap_factor: float) -> pd.Series:
