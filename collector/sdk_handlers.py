@@ -162,8 +162,12 @@ class SdkHandlers:
         Raises DatabaseUnavailable when the database is away; nothing queued is lost then.
         """
         with self._flush_lock:
+            # Only the updates that arrived before the steps written now: a job's "finished" (its goodbye) must
+            # never reach the store ahead of the last steps it sent just before it.
+            with self._lock:
+                ops_before = len(self._ops)
             self._write_steps()
-            self._run_ops()
+            self._run_ops(ops_before)
             self._refresh_profiles()
 
     def close(self) -> None:
@@ -174,6 +178,7 @@ class SdkHandlers:
             self._thread = None
         try:
             self.flush()
+            self.flush()  # the updates that came in while the first flush wrote its steps
         except DatabaseUnavailable as exc:
             log.warning("job SDK data not written at shutdown (%d step summaries, %d updates): %s",
                         len(self._step_rows), len(self._ops), exc)
@@ -229,8 +234,9 @@ class SdkHandlers:
                 self._step_rows.popleft()
             self._dirty_mem -= dirty
 
-    def _run_ops(self) -> None:
-        while True:
+    def _run_ops(self, limit: int) -> None:
+        """Carry out the first `limit` queued updates, in order."""
+        for _ in range(limit):
             with self._lock:
                 if not self._ops:
                     return
