@@ -16,6 +16,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -90,19 +92,29 @@ def bare_fetch(store: Store, start: float, end: float) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    from analyzer.rollups import rollup
-    from analyzer.telemetry import detect
-
+@contextmanager
+def seeded_store(n_devices: int = N_DEVICES, interval_s: float = 60.0) -> Iterator[tuple[Store, float, int]]:
+    """(store, now, sample rows): a fresh SQLite store under a temporary FLEETLENS_HOME, seeded, its cache warm."""
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["FLEETLENS_HOME"] = tmp
         store = Store(f"sqlite:///{Path(tmp) / 'fleetlens.db'}")
         upgrade(store)
         now = (time.time() // HOUR) * HOUR
         t0 = time.perf_counter()
-        rows = seed(store, now)
-        log(f"seeded {rows:,} sample rows in {time.perf_counter() - t0:.1f} s")
-        bare_fetch(store, now - DAY, now)  # SQLite's page cache warm for both
+        rows = seed(store, now, n_devices, interval_s)
+        log(f"seeded {rows:,} sample rows ({interval_s:.0f} s apart) in {time.perf_counter() - t0:.1f} s")
+        bare_fetch(store, now - DAY, now)  # SQLite's page cache warm for whatever runs first
+        try:
+            yield store, now, rows
+        finally:
+            store.dispose()
+
+
+def main() -> None:
+    from analyzer.rollups import rollup
+    from analyzer.telemetry import detect
+
+    with seeded_store() as (store, now, rows):
         ours, anchor, found = [], [], 0
         for _ in range(2):
             t0 = time.perf_counter()
@@ -126,7 +138,6 @@ def main() -> None:
             + backfill.workflow_rows, "backfill_24h_s": round(day, 2),
             "bare_fetch_24h_s": round(a, 2), "ratio_backfill": round(day / a, 2),
         }), flush=True)
-        store.dispose()
     agent_rate()
 
 
@@ -135,15 +146,7 @@ def agent_rate(n_devices: int = 250, interval_s: float = 10.0) -> None:
 
     th = load_thresholds()
     raw = replace(th, common=replace(th.common, bucket_s=0.0))
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["FLEETLENS_HOME"] = tmp
-        store = Store(f"sqlite:///{Path(tmp) / 'fleetlens.db'}")
-        upgrade(store)
-        now = (time.time() // HOUR) * HOUR
-        t0 = time.perf_counter()
-        rows = seed(store, now, n_devices, interval_s)
-        log(f"seeded {rows:,} sample rows ({interval_s:.0f} s apart) in {time.perf_counter() - t0:.1f} s")
-        bare_fetch(store, now - DAY, now)
+    with seeded_store(n_devices, interval_s) as (store, now, rows):
         t0 = time.perf_counter()
         bucketed = {(f.rule, f.workflow_id) for f in detect(store, now=now, window_s=DAY, thresholds=th)}
         ours = time.perf_counter() - t0
@@ -156,7 +159,6 @@ def agent_rate(n_devices: int = 250, interval_s: float = 10.0) -> None:
             "detect_every_sample_s": round(anchor, 2), "ratio": round(ours / anchor, 3),
             "same_findings": bucketed == every, "findings": len(bucketed),
         }), flush=True)
-        store.dispose()
 
 
 if __name__ == "__main__":
