@@ -114,33 +114,25 @@ def _read_window(store: Store, table: str, columns: tuple[str, ...], start: floa
     PostgreSQL streams them with COPY ... TO STDOUT as CSV; SQLite hands over tuples from its own cursor.
     """
     cols = ", ".join(columns)
+    if not store.is_postgres:
+        return _fetch(store, f"SELECT {cols} FROM {table} WHERE {{where}}", table, start, end, columns)
     # floats only are inlined, nothing user-written
     where = f"ts >= {float(start)!r} AND ts < {float(end)!r}"
     dtypes = {c: ("str" if c in ("workflow_id", "host_id") else "float64") for c in columns}
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
         try:
-            if store.is_postgres:
-                buf = io.BytesIO()
-                with cursor.copy(f"COPY (SELECT {cols} FROM {table} WHERE {where}) TO STDOUT WITH (FORMAT csv)") as cp:
-                    for block in cp:
-                        buf.write(block)
-                buf.seek(0)
-                if not buf.getbuffer().nbytes:
-                    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
-                return pd.read_csv(buf, names=list(columns), header=None, dtype=dtypes, keep_default_na=False,
-                                   na_values={c: [""] for c in columns if dtypes[c] == "float64"})
-            cursor.execute(f"SELECT {cols} FROM {table} WHERE {_sqlite_where(cursor, table, start, end)}")
-            rows = cursor.fetchall()
+            buf = io.BytesIO()
+            with cursor.copy(f"COPY (SELECT {cols} FROM {table} WHERE {where}) TO STDOUT WITH (FORMAT csv)") as cp:
+                for block in cp:
+                    buf.write(block)
         finally:
             cursor.close()
-    if not rows:
+    buf.seek(0)
+    if not buf.getbuffer().nbytes:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
-    text = [i for i, c in enumerate(columns) if dtypes[c] == "str"]
-    if not text:
-        # all numeric: numpy converts the tuples (None -> NaN) far faster than pandas' object path
-        return pd.DataFrame(np.array(rows, dtype="float64"), columns=list(columns))
-    return pd.DataFrame(rows, columns=list(columns)).astype(dtypes)
+    return pd.read_csv(buf, names=list(columns), header=None, dtype=dtypes, keep_default_na=False,
+                       na_values={c: [""] for c in columns if dtypes[c] == "float64"})
 
 
 def _mean_interval(store: Store, start: float, end: float, probe_s: float) -> float | None:
@@ -182,8 +174,7 @@ def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: f
     their per-sample sum averaged over the bucket (at most 1), its memory the largest process's peak times the
     processes seen, an upper bound of their peak sum, exact for the usual one process per device."""
     bucket = _bucket_sql(store, bucket_s)
-    samples = "count(DISTINCT ts)"
-    own = f"sum(coalesce(sm_util, cpu_util)) / {samples}"
+    own = "sum(coalesce(sm_util, cpu_util)) / count(DISTINCT ts)"
     sql = (f"SELECT workflow_id, device_id, min(ts) AS ts, max(mem_used) * count(DISTINCT pid) AS wf_mem, "
            f"avg(sm_util) AS sm_util, CASE WHEN {own} > 1.0 THEN 1.0 ELSE {own} END AS own_util, count(*) AS n_raw "
            f"FROM process_samples WHERE {{where}} GROUP BY workflow_id, device_id, {bucket}")
@@ -192,8 +183,9 @@ def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: f
 
 
 def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns: tuple[str, ...]) -> pd.DataFrame:
-    """Rows of an aggregate over `table`'s [start, end) (`{where}` in `sql`), as a frame of `columns`."""
-    dtypes = {c: ("str" if c == "workflow_id" else "float64") for c in columns}
+    """The rows of `sql`, a query over `table`'s [start, end) (its `{where}`), as a frame of `columns`; fetched
+    from the driver's own cursor, past the ORM."""
+    dtypes = {c: ("str" if c in ("workflow_id", "host_id") else "float64") for c in columns}
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
         try:
@@ -205,6 +197,9 @@ def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns
             cursor.close()
     if not rows:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
+    if all(t == "float64" for t in dtypes.values()):
+        # all numeric: numpy converts the tuples (None -> NaN) far faster than pandas' object path
+        return pd.DataFrame(np.array(rows, dtype="float64"), columns=list(columns))
     return pd.DataFrame(rows, columns=list(columns)).astype(dtypes)
 
 
