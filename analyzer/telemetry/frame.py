@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import select
+from sqlalchemy import distinct, func, select
 
 from analyzer.telemetry.thresholds import Common
 from store.db import Store
@@ -118,7 +118,7 @@ def _read_window(store: Store, table: str, columns: tuple[str, ...], start: floa
         return _fetch(store, f"SELECT {cols} FROM {table} WHERE {{where}}", table, start, end, columns)
     # floats only are inlined, nothing user-written
     where = f"ts >= {float(start)!r} AND ts < {float(end)!r}"
-    dtypes = {c: ("str" if c in ("workflow_id", "host_id") else "float64") for c in columns}
+    dtypes = _dtypes(columns)
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
         try:
@@ -130,7 +130,7 @@ def _read_window(store: Store, table: str, columns: tuple[str, ...], start: floa
             cursor.close()
     buf.seek(0)
     if not buf.getbuffer().nbytes:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
+        return _empty(dtypes)
     return pd.read_csv(buf, names=list(columns), header=None, dtype=dtypes, keep_default_na=False,
                        na_values={c: [""] for c in columns if dtypes[c] == "float64"})
 
@@ -138,15 +138,12 @@ def _read_window(store: Store, table: str, columns: tuple[str, ...], start: floa
 def _mean_interval(store: Store, start: float, end: float, probe_s: float) -> float | None:
     """The mean time between two samples of one device over the last `probe_s` of the window (None: no data)."""
     lo = max(start, end - probe_s)
-    with store.engine.connect() as conn:
-        cursor = conn.connection.driver_connection.cursor()
-        try:
-            mark = "%s" if store.is_postgres else "?"
-            cursor.execute(f"SELECT count(*), count(DISTINCT device_id), min(ts), max(ts) FROM device_samples "
-                           f"WHERE ts >= {mark} AND ts < {mark}", (float(lo), float(end)))
-            rows, devices, first, last = cursor.fetchone()
-        finally:
-            cursor.close()
+    ts = DeviceSample.ts
+    with store.session() as session:
+        rows, devices, first, last = session.execute(
+            select(func.count(), func.count(distinct(DeviceSample.device_id)), func.min(ts), func.max(ts))
+            .where(ts >= lo, ts < end)
+        ).one()
     if not rows or not devices:
         return None
     per_device = rows / devices
@@ -185,7 +182,7 @@ def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: f
 def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns: tuple[str, ...]) -> pd.DataFrame:
     """The rows of `sql`, a query over `table`'s [start, end) (its `{where}`), as a frame of `columns`; fetched
     from the driver's own cursor, past the ORM."""
-    dtypes = {c: ("str" if c in ("workflow_id", "host_id") else "float64") for c in columns}
+    dtypes = _dtypes(columns)
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
         try:
@@ -196,11 +193,19 @@ def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns
         finally:
             cursor.close()
     if not rows:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
+        return _empty(dtypes)
     if all(t == "float64" for t in dtypes.values()):
         # all numeric: numpy converts the tuples (None -> NaN) far faster than pandas' object path
         return pd.DataFrame(np.array(rows, dtype="float64"), columns=list(columns))
     return pd.DataFrame(rows, columns=list(columns)).astype(dtypes)
+
+
+def _dtypes(columns: tuple[str, ...]) -> dict[str, str]:
+    return {c: ("str" if c in ("workflow_id", "host_id") else "float64") for c in columns}
+
+
+def _empty(dtypes: dict[str, str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
 
 
 def _sqlite_where(cursor: Any, table: str, start: float, end: float) -> str:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
+import enforcer.managed
 import ui.cli
 from enforcer.managed import PlacementError, register_managed
 from store.db import Store
@@ -187,10 +189,6 @@ def test_two_runs_started_at_once_never_take_the_same_device(any_store: Store, f
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Both runs read the host's free devices at the same moment unless placement is serialised per host; the
     barrier holds the first reader until the second has read too (or gives up after a second, when it cannot)."""
-    import threading
-
-    import enforcer.managed
-
     with any_store.session() as s:
         register_host(s, "race", hostname="race", source="cpu")
         register_devices(s, "race", [DeviceSpec(0, "race-0", "cpu 0", DEVICE_BYTES, (0,))], source="cpu")
