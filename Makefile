@@ -12,20 +12,24 @@ PIP_FLAGS := -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS))
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install $(PIP_FLAGS) -e '.[dev]'
+	$(BIN)/python -m pip install $(PIP_FLAGS) -e '.[all,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/fleetlens demo
 
+# The import contracts run first, as lint-imports prints them; pytest then skips its own run of them
+# (tests/test_layers.py::test_import_contracts, there so that a bare `pytest` checks them too).
 test: $(STAMP) chromium
-	$(BIN)/python -m pytest
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python -m pytest --deselect tests/test_layers.py::test_import_contracts
 
 bench: $(STAMP)
 	@set -e; for f in benchmarks/*.py; do echo "# $$f" >&2; $(BIN)/python $$f; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 # Browser tests drive Debian's chromium (never a browser downloaded by Playwright).
 chromium:

@@ -29,9 +29,10 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import insert  # noqa: E402
 
 from store.db import Store  # noqa: E402
-from store.ingest import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS, write_samples  # noqa: E402
+from store.ingest import write_samples  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
 from store.models import Device, Host, Workflow  # noqa: E402
+from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS  # noqa: E402
 
 N_DEVICES, PER_HOST, DAY, HOUR, GIB = 1000, 8, 86400.0, 3600.0, 1 << 30
 

@@ -20,10 +20,11 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from store.db import Store
-from store.ingest import DEVICE_SAMPLE_COLUMNS, write_samples
+from store.ingest import write_samples
 from store.migrations import upgrade
 from store.models import DeviceSample
 from store.registry import DeviceSpec, register_devices, register_host
+from store.samples import DEVICE_SAMPLE_COLUMNS
 
 ROWS = 200_000
 STREAM_ROWS = 1_000_000

@@ -136,7 +136,6 @@ def bare_cycle(work: Path, i: int) -> dict[str, float]:
 # ---- fleetlens: a real migration ----------------------------------------------------------------------------------
 
 def fleetlens_moves(work: Path) -> list[dict[str, float]]:
-    from enforcer.managed import run_managed
     from enforcer.migration import MigrationOptions, action_log, drive_until_done, start_migration
     from store.db import Store
     from store.migrations import upgrade
@@ -144,6 +143,7 @@ def fleetlens_moves(work: Path) -> list[dict[str, float]]:
     from store.settings import Settings
     from tests.collector.agent_helpers import wait_for
     from tests.enforcer.migration_helpers import AgentProc
+    from ui.serve.run import run_managed
 
     home = work / "home"
     settings = Settings(home=home, secret="bench-secret")

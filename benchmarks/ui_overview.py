@@ -105,8 +105,8 @@ def seed(store: Store, now: float) -> dict[str, int]:
 def bare(store: Store, window_s: float) -> float:
     """The Fleet page's queries and analyzer calls, without Streamlit."""
     from analyzer.ranking import rank_workflows, teams_of
-    from ui import queries
-    from ui.queries import Window
+    from ui.dashboard import queries
+    from ui.dashboard.queries import Window
 
     t0 = time.perf_counter()
     window = Window.last(window_s)
@@ -156,7 +156,7 @@ def main() -> None:
         log(f"seeded {sizes} in {seed_s:.1f} s")
         from streamlit.testing.v1 import AppTest
 
-        at = AppTest.from_file(str(ROOT / "ui" / "views" / "fleet.py"), default_timeout=300)
+        at = AppTest.from_file(str(ROOT / "ui" / "dashboard" / "views" / "fleet.py"), default_timeout=300)
         for case, label, seconds, repeats in CASES:
             page(at, label)  # harness set-up, imports and SQLite's page cache; the bare run below gets them too
             bare(store, seconds)

@@ -16,30 +16,35 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import psutil
-from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
+from collector import attribution, migration_handlers
 from collector.command_runner import CommandRunner, Outcome
+from collector.sdk_handlers import SdkHandlers
+from collector.socket_server import SocketServer
 from collector.sources.base import DeviceReading, DeviceSource
 from collector.spool import Spool
 from store.db import Store
 from store.errors import DatabaseUnavailable
-from store.ingest import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS, write_samples
-from store.models import Device, Process, Workflow
+from store.ingest import write_samples
 from store.registry import (
     DeviceSpec,
     SeenProcess,
+    device_ids,
     mark_device_lost,
     record_processes,
     register_devices,
     register_host,
     touch_host,
+    touch_open_processes,
+    touch_workflows,
 )
+from store.samples import DEVICE_METRICS, DEVICE_SAMPLE_COLUMNS, PROCESS_METRICS, PROCESS_SAMPLE_COLUMNS
 from store.settings import Settings
-from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +52,12 @@ AGENT_VERSION = "0.1.0"
 BATCH_VERSION = 1
 
 # A sample row in memory and in the spool names its device by index on the host, not by id in the store:
-# the agent can sample (and spool) before it ever reached the database to learn its device ids.
-DEVICE_FIELDS: tuple[str, ...] = (
-    "ts", "gpu_util", "mem_util", "mem_used", "mem_total", "power_w", "temperature_c", "sm_clock_mhz",
-    "throttle_reasons", "xid_errors", "ecc_errors", "sm_active", "sm_occupancy", "tensor_active",
-)
-PROCESS_FIELDS: tuple[str, ...] = ("workflow_id", "pid", "ts", "mem_used", "sm_util", "cpu_util")
+# the agent can sample (and spool) before it ever reached the database to learn its device ids. A row is
+# [device index, *FIELDS]; the batch names its fields, so a spooled batch is read by name, whatever the order.
+DEVICE_FIELDS: tuple[str, ...] = ("ts", *DEVICE_METRICS)
+PROCESS_FIELDS: tuple[str, ...] = ("workflow_id", "pid", "ts", *PROCESS_METRICS)
+_device_metrics = attrgetter(*DEVICE_METRICS)
+_process_metrics = attrgetter(*PROCESS_METRICS)
 
 
 @dataclass
@@ -108,11 +113,7 @@ class _Batch:
 
 
 def _default_attribute(pid: int) -> tuple[str, str] | None:
-    """(workflow id, how it was found) for `pid`, from collector.attribution once that module is present."""
-    try:
-        from collector import attribution  # the device-source helper's module; imported late on purpose
-    except ImportError:
-        return None
+    """(workflow id, how it was found) for `pid`, from collector.attribution."""
     result = attribution.attribute(pid)
     if result is None:
         return None
@@ -214,7 +215,7 @@ class Agent:
 
     @property
     def sdk_handler(self) -> Any:
-        """The object answering the job SDK (collector.sdk_handlers.SdkHandlers when installed), or None."""
+        """The object answering the job SDK (collector.sdk_handlers.SdkHandlers unless one was given), or None."""
         return self._sdk_handler
 
     def request_stop(self, *_: object) -> None:
@@ -318,8 +319,7 @@ class Agent:
                 if proc is None:
                     continue
                 seen[proc.pid] = proc
-                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, p.mem_used, p.sm_util,
-                                     p.cpu_util])
+                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *_process_metrics(p)])
         with self._batch_lock:
             batch = self._batch
             batch.devices.extend(device_rows)
@@ -430,28 +430,23 @@ class Agent:
         if not indexes <= ids.keys():
             ids = {**ids, **self._known_devices(host_id)}
         self._touch_workflows(payload["workflows"])
-        # rows as tuples in the store's column order: no per-row dict on the hot path
-        dorder = [payload["device_fields"].index(c) + 1 for c in DEVICE_SAMPLE_COLUMNS if c != "device_id"]
-        porder = [payload["process_fields"].index(c) + 1 for c in PROCESS_SAMPLE_COLUMNS
-                  if c not in ("device_id", "host_id")]
-        if DEVICE_SAMPLE_COLUMNS[0] != "device_id" or PROCESS_SAMPLE_COLUMNS[:3] != ("device_id", "workflow_id",
-                                                                                       "host_id"):
-            raise RuntimeError("store.ingest's column order changed; update collector.agent._send")
+        # Rows as tuples in the sample rows' column order, picked by name: no per-row dict on the hot path.
+        # A batch row with its store keys in front, (device_id, host_id, *row[1:]), is read by one itemgetter.
         device_rows, process_rows, dropped = [], [], 0
+        to_device_row = _row_getter(DEVICE_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["device_fields"]))
+        to_process_row = _row_getter(PROCESS_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["process_fields"]))
         for row in payload["devices"]:
             device_id = ids.get(row[0])
             if device_id is None:
                 dropped += 1
                 continue
-            device_rows.append((device_id, *[row[k] for k in dorder]))
-        wf = porder[0]
-        rest = porder[1:]
+            device_rows.append(to_device_row((device_id, host_id, *row[1:])))
         for row in payload["processes"]:
             device_id = ids.get(row[0])
             if device_id is None:
                 dropped += 1
                 continue
-            process_rows.append((device_id, row[wf], host_id, *[row[k] for k in rest]))
+            process_rows.append(to_process_row((device_id, host_id, *row[1:])))
         if dropped:
             self.stats.rows_dropped += dropped
             log.error("%d sample rows name devices host %s never registered; dropped", dropped, host_id)
@@ -466,13 +461,7 @@ class Agent:
         for attempt in (1, 2):
             try:
                 with self.store.session() as session:
-                    for workflow_id, id_source in new.items():
-                        if session.get(Workflow, workflow_id) is None:
-                            upsert_workflow(session, workflow_id, id_source=id_source, now=now)
-                    session.execute(
-                        update(Workflow).where(Workflow.id.in_(list(workflows)), Workflow.last_seen < now)
-                        .values(last_seen=now)
-                    )
+                    touch_workflows(session, new, workflows, now)
                 break
             except IntegrityError:
                 # another host's agent created the same workflow (one job on two hosts) between our
@@ -483,7 +472,7 @@ class Agent:
 
     def _known_devices(self, host_id: str) -> dict[int, int]:
         with self.store.session() as session:
-            return {d.index: d.id for d in session.scalars(select(Device).where(Device.host_id == host_id))}
+            return device_ids(session, host_id)
 
     def _record_host(self, batch: _Batch) -> None:
         """Heartbeat, lost and returned devices, and the processes seen in this batch."""
@@ -501,10 +490,7 @@ class Agent:
             keys = frozenset((p.pid, p.start_time) for p in batch.seen.values())
             if keys == self._recorded:
                 # the same processes as last time: one UPDATE instead of a row-by-row reconciliation
-                session.execute(
-                    update(Process).where(Process.host_id == self.host_id, Process.ended_at.is_(None))
-                    .values(last_seen=time.time())
-                )
+                touch_open_processes(session, self.host_id)
             else:
                 seen = [SeenProcess(p.pid, p.start_time, p.workflow_id, p.cmdline, p.username)
                         for p in batch.seen.values()]
@@ -542,44 +528,27 @@ class Agent:
 
     def _install_enforcer_hooks(self) -> None:
         """The enforcer's command kinds (launch, checkpoint, stop, relaunch), its lane gate and the job reaper."""
-        try:
-            from collector import migration_handlers
-        except ImportError:
-            return
         migration_handlers.install(self)
 
     # ---- job SDK socket --------------------------------------------------------------------------------
 
     def _start_socket(self) -> None:
-        from collector.socket_server import SocketServer
-
         if self._sdk_handler is None:
             self._sdk_handler = _make_sdk_handler(self)
         self._socket_server = SocketServer(self.settings.socket_path, self._sdk_handler).start()
 
 
-class _AgentInfo:
-    """The socket handler when the SDK's handlers are not installed: answers who is listening, nothing else."""
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-
-    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "agent": self.agent.host_id, "pid": os.getpid(), "handled": False}
-
-
 def _make_sdk_handler(agent: Agent) -> Any:
-    try:
-        from collector.sdk_handlers import SdkHandlers
-    except ImportError:
-        return _AgentInfo(agent)
     return SdkHandlers(agent.store, agent.host_id, agent.settings)
 
 
 def _device_row(r: DeviceReading) -> list[Any]:
-    return [r.index, r.ts, r.gpu_util, r.mem_util, r.mem_used, r.mem_total, r.power_w, r.temperature_c,
-            r.sm_clock_mhz, r.throttle_reasons, r.xid_errors, r.ecc_errors, r.sm_active, r.sm_occupancy,
-            r.tensor_active]
+    return [r.index, r.ts, *_device_metrics(r)]
+
+
+def _row_getter(columns: tuple[str, ...], names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """A function taking a row whose values are `names` to the tuple of `columns` (all of which it must name)."""
+    return itemgetter(*[names.index(c) for c in columns])
 
 
 def _safe(host_id: str) -> str:

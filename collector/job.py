@@ -35,8 +35,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from collector import attribution
 from collector import protocol as p
 from store.errors import ConfigError, InvalidInput
+from store.paths import path_component, trace_dir_for
 from store.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -69,8 +71,6 @@ def default_workflow_id(settings: Settings) -> tuple[str, str]:
     if settings.workflow:
         return settings.workflow, "env"
     try:
-        from collector import attribution
-
         result = attribution.attribute(os.getpid())
         if isinstance(result, tuple):
             return str(result[0]), str(result[1])
@@ -381,7 +381,7 @@ class Job:
     def _checkpoint_on_request(self, request: dict[str, Any]) -> None:
         request_id = request.get("request_id")
         directory = request.get("directory") or str(
-            self.settings.checkpoint_dir / p.path_component(self.workflow_id))
+            self.settings.checkpoint_dir / path_component(self.workflow_id))
         if self._checkpoint_fn is None:
             self._send(self._msg(p.CHECKPOINT_FAILED, request_id=request_id, step=self._step,
                                  error="this job passed no checkpoint callback to collector.job"))
@@ -416,7 +416,7 @@ class Job:
     def _trace_folder(self, suggested: str | None, request_id: int) -> Path:
         """The agent's folder for the request if this job can write there, else the job's own FLEETLENS_HOME."""
         candidates = [Path(suggested)] if suggested else []
-        candidates.append(p.trace_dir_for(self.settings.trace_dir, self.workflow_id, request_id))
+        candidates.append(trace_dir_for(self.settings.trace_dir, self.workflow_id, request_id))
         for folder in candidates:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
@@ -500,7 +500,7 @@ class _Capture:
             self._result(error="the job ended before any step was captured")
             return
         owner = self.owner
-        stem = f"rank{owner.rank}.{p.path_component(socket.gethostname())}.{owner.pid}"
+        stem = f"rank{owner.rank}.{path_component(socket.gethostname())}.{owner.pid}"
         raw = self.folder / f".{stem}.raw"  # names HTA does not read (it reads *.json and *.gz)
         try:
             prof.export_chrome_trace(str(raw))

@@ -21,41 +21,18 @@ from typing import Any
 import psutil
 
 from collector.command_runner import CommandContext, register_handler
+from collector.launch import find_job_processes, job_env, spawn_job
+from enforcer.gate import LaneGate
 from store.errors import DatabaseUnavailable, InvalidInput, NotFound
 from store.models import Workflow
+from store.paths import log_path_for
+from store.placements import end_placements, mark_started
 
 log = logging.getLogger(__name__)
 
 DEFAULT_START_TIMEOUT_S = 3.0  # seconds a started job must survive (or say hello sooner)
 DEFAULT_STOP_GRACE_S = 10.0
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
-
-
-# ---- finding a managed job's processes ------------------------------------------------------------------
-
-def find_job_processes(workflow_id: str, host_id: str) -> list[psutil.Process]:
-    """The live top-level processes of a managed workflow on this host (found by the environment
-    `fleetlens run` gave them, so it works for jobs started by a previous agent or in the foreground)."""
-    from enforcer.managed import MANAGED_ENV
-
-    found: dict[int, psutil.Process] = {}
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            env = proc.environ()
-        except _GONE:
-            continue
-        if env.get("FLEETLENS_WORKFLOW") == workflow_id and env.get(MANAGED_ENV) == host_id:
-            found[proc.pid] = proc
-    top = []
-    for proc in found.values():
-        try:
-            if proc.ppid() not in found:
-                top.append(proc)
-        except _GONE:
-            continue
-    return sorted(top, key=lambda p: p.pid)
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -111,8 +88,6 @@ class _Reaper:
         agent = self.agent
         if agent is None or not pending:
             return
-        from enforcer.managed import end_placements
-
         flush_steps = getattr(agent, "flush_sdk", None)
         if callable(flush_steps):
             flush_steps()  # a job's last steps reach the store before the job is marked ended
@@ -133,8 +108,6 @@ def install(agent: Any) -> None:
     """Called by the agent once it serves the SDK socket: the lane gate goes behind the socket, the reaper starts."""
     handlers = getattr(agent, "sdk_handler", None)
     if handlers is not None and hasattr(handlers, "gate") and handlers.gate is None:
-        from enforcer.gate import LaneGate
-
         handlers.gate = LaneGate(agent.settings.policy, total_steps=_total_steps_lookup(handlers))
     REAPER.start(agent)
 
@@ -163,8 +136,6 @@ def _workflow(ctx: CommandContext, workflow_id: str) -> dict[str, Any]:
 
 def _start(ctx: CommandContext, workflow_id: str, device_ids: list[int], lane_id: int | None, *,
            resume_from: str | None, resume_step: int | None, timeout_s: float) -> dict[str, Any]:
-    from enforcer.managed import job_env, log_path_for, spawn_job
-
     running = [p for p in find_job_processes(workflow_id, ctx.host_id) if _alive(p)]
     if running:  # a re-sent command, or the previous agent started it before it died
         return {"pid": running[0].pid, "already_running": True, "connected": True}
@@ -216,8 +187,6 @@ def _tail(path: Path, n: int = 600) -> str:
 
 def handle_launch(payload: dict[str, Any], ctx: CommandContext) -> dict[str, Any]:
     """Start a registered managed job where `fleetlens run --detach` placed it; its placement gets the pid."""
-    from enforcer.managed import mark_started
-
     workflow_id = str(payload["workflow_id"])
     result = _start(ctx, workflow_id, [int(d) for d in payload["device_ids"]], payload.get("lane_id"),
                     resume_from=None, resume_step=None,

@@ -26,11 +26,11 @@ mem_persistent, mem_peak, mem_source}: memory in bytes (None when unknown), mem_
 from __future__ import annotations
 
 import json
-import re
 import socket
 from pathlib import Path
 from typing import Any
 
+from collector import socket_server
 from store.errors import InvalidInput
 
 VERSION = 1
@@ -62,16 +62,6 @@ OPS = frozenset(REQUIRED)
 BATCH_FIELDS = (
     "first_step", "last_step", "n_steps", "ts_start", "ts_end", "mean_s", "p50_s", "p95_s", "max_s",
 )
-
-
-def path_component(name: str) -> str:
-    """A workflow id as one safe path component (ids may hold slashes and spaces: command lines, pod paths)."""
-    return re.sub(r"[^A-Za-z0-9._=-]+", "_", name).strip("._")[:120] or "workflow"
-
-
-def trace_dir_for(trace_root: str | Path, workflow_id: str, request_id: int) -> Path:
-    """Where one profile request's traces go: a folder per request, a file per rank (the layout HTA reads)."""
-    return Path(trace_root) / path_component(workflow_id) / f"request-{request_id}"
 
 
 class ProtocolError(InvalidInput):
@@ -146,9 +136,8 @@ class AgentConnection:
     def connect(self) -> None:
         if self._sock is not None:
             return
-        from collector.socket_server import connect  # knows how to reach a socket path longer than sun_path
-
-        self._sock, self._buffer = connect(self.path, timeout=self.timeout_s), b""
+        # socket_server.connect knows how to reach a socket path longer than sun_path
+        self._sock, self._buffer = socket_server.connect(self.path, timeout=self.timeout_s), b""
 
     def request(self, message: dict[str, Any], *, wait_forever: bool = False) -> dict[str, Any]:
         """Send one request and wait for its reply; `wait_forever` waits without a timeout (the lane gate)."""

@@ -30,6 +30,7 @@ from store import profiling
 from store.db import Store
 from store.errors import DatabaseUnavailable, FleetlensError
 from store.models import StepStat, Workflow
+from store.paths import trace_dir_for
 from store.settings import Settings
 from store.workflows import upsert_workflow
 
@@ -468,7 +469,7 @@ class SdkHandlers:
                 request.delivered.add(who)
                 reply["profile"] = {
                     "request_id": request.id, "steps": request.steps,
-                    "trace_dir": str(p.trace_dir_for(self.settings.trace_dir, wf, request.id)),
+                    "trace_dir": str(trace_dir_for(self.settings.trace_dir, wf, request.id)),
                 }
                 break
         return reply

@@ -1,1 +1,2 @@
-"""The enforcer: Salus lanes and admission, placement policies, the planner, migration and the simulator."""
+"""The enforcer: Salus lanes and admission, placement policies, the planner and its store side, migration and the
+simulator."""

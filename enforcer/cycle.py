@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from enforcer.migration import drive_all, drive_until_done
-from enforcer.planner import apply_plan, make_plan
+from enforcer.plan_store import apply_plan, make_plan
 from store.db import Store
 from store.errors import FleetlensError
 from store.models import Plan

@@ -90,6 +90,17 @@ class Admission:
         return self.lane_id is None
 
 
+def lane_fits(size: int, persistent_sum: int, max_ephemeral: int, p_prime: int, ephemeral: int) -> bool:
+    """Salus's rule for joining a lane of `size` whose jobs hold `persistent_sum` and peak at `max_ephemeral`: the
+    persistent memory of all, the newcomer's P' included, plus the largest ephemeral peak among them must fit."""
+    return size - persistent_sum >= p_prime + max(ephemeral, max_ephemeral)
+
+
+def whole_device_fits(capacity: int, p_prime: int, ephemeral: int) -> bool:
+    """Whether a job of P' and E fits on an empty device of `capacity` on its own."""
+    return p_prime + ephemeral <= capacity
+
+
 class Lane:
     """One memory slice of a device and the jobs that take turns in it."""
 
@@ -118,7 +129,8 @@ class Lane:
         return self.size - self.used
 
     def fits(self, p_prime: int, ephemeral: int) -> bool:
-        return (not self.exclusive) and self.size - self.persistent_sum >= p_prime + max(ephemeral, self.max_ephemeral)
+        return (not self.exclusive) and lane_fits(self.size, self.persistent_sum, self.max_ephemeral, p_prime,
+                                                  ephemeral)
 
     def _add(self, job: LaneJob) -> None:
         self.jobs[job.job_id] = job
@@ -219,7 +231,7 @@ class DeviceLanes:
         """A whole device for one job (exclusive or part of a multi-device job): only an empty device will do."""
         p_prime, _ = lane_request(job.persistent, job.ephemeral, self.capacity)
         e = max(0, job.ephemeral)
-        if self.lanes or p_prime + e > self.capacity:
+        if self.lanes or not whole_device_fits(self.capacity, p_prime, e):
             return None
         return Admission(job.job_id, self.device_id, None, self.capacity, p_prime, e, exclusive=True)
 
@@ -260,7 +272,7 @@ class DeviceLanes:
             raise ValueError(f"job {job_id!r} is already on device {self.device_id}")
         if lane.exclusive and lane.jobs:
             raise ValueError(f"lane {lane_id} holds a whole device for {next(iter(lane.jobs))!r}")
-        if lane.size - lane.persistent_sum < p_prime + max(ephemeral, lane.max_ephemeral):
+        if not lane_fits(lane.size, lane.persistent_sum, lane.max_ephemeral, p_prime, ephemeral):
             raise ValueError(f"job {job_id!r} ({p_prime} + {ephemeral} bytes) does not fit in lane {lane_id}")
         job = LaneJob(job_id, p_prime, ephemeral, util)
         lane._add(job)

@@ -1,28 +1,21 @@
-"""Managed jobs: register a job's command line, place it on a device or in a lane under the policy, and start it.
+"""Managed jobs: register a job's command line and place it on a device or in a lane under the policy.
 
-`fleetlens run -- CMD` calls `register_managed` (workflow row with the command line, cwd, checkpoint folder and
-declared steps; a device or lane chosen by the active policy from the host's registered devices and current
-placements; the placement recorded) and then either starts the job itself and waits (`start_local`, foreground)
-or asks the host's agent to start it (`launch_detached`: a signed `launch` command; the agent owns the process,
-so it can stop and relaunch it later). Whoever starts it uses `spawn_job` with the environment `job_env` computes
-from the store: FLEETLENS_WORKFLOW, CUDA_VISIBLE_DEVICES (CPU affinity on `cpu` devices), and for a lane
-FLEETLENS_LANE, FLEETLENS_MEMORY_FRACTION and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
-
-Only the command line stored here is ever (re)launched: commands carry a workflow id, never a command line.
+`register_managed` writes the workflow row (command line, cwd, checkpoint folder, declared steps), picks a device
+or lane with the active policy from the host's registered devices and current placements, and records the
+placement as pending. Starting the job is not done here: `fleetlens run` (ui.serve.run) starts it in the
+foreground or asks the host's agent to, with collector.launch.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
-import subprocess
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import psutil
 from sqlalchemy import select, update
@@ -30,16 +23,14 @@ from sqlalchemy.orm import Session
 
 from enforcer.lanes import Fleet, Job
 from enforcer.policies import get_policy
-from store.commands import enqueue_command
 from store.db import Store
 from store.errors import ConfigError, InvalidInput, NotFound
-from store.models import Command, Device, Host, Lane, Placement, Workflow
+from store.models import Device, Host, Lane, Placement, Workflow
+from store.paths import checkpoint_dir_for
 from store.settings import Settings, get_settings
 from store.workflows import upsert_workflow
 
 DEFAULT_PERSISTENT = 1 << 30  # P assumed for a job whose memory nobody has measured yet (1 GiB)
-MANAGED_ENV = "FLEETLENS_MANAGED"  # set to the host id in every managed job's environment: how agents find it
-AGENT_ALIVE_S = 60.0  # an agent whose host row was touched this recently is taken to be running
 
 
 class PlacementError(InvalidInput):
@@ -68,13 +59,6 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:48] or "job"
 
 
-def checkpoint_dir_for(settings: Settings, workflow_id: str) -> Path:
-    """The job's checkpoint folder: FLEETLENS_HOME/checkpoints/<workflow> (what collector.examples.train uses)."""
-    from collector.protocol import path_component
-
-    return settings.checkpoint_dir / path_component(workflow_id)
-
-
 def _check_writable(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -88,7 +72,8 @@ def _check_writable(folder: Path) -> None:
         ) from None
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this pid runs (a zombie does not)."""
     if not pid:
         return False
     try:
@@ -195,7 +180,7 @@ def register_managed(
         existing = session.get(Workflow, workflow_id)
         if existing is not None:
             live = [p for p in session.scalars(select(Placement).where(
-                Placement.workflow_id == workflow_id, Placement.state == "active")) if _pid_alive(p.pid)]
+                Placement.workflow_id == workflow_id, Placement.state == "active")) if pid_alive(p.pid)]
             if live:
                 raise InvalidInput(f"workflow {workflow_id!r} is already running (pid {live[0].pid}); "
                                    "give the new job another --name")
@@ -259,210 +244,3 @@ def register_managed(
         return ManagedJob(workflow_id, host_id, command, cwd, str(ckpt), [a.device_id for a in admissions],
                           lane_id, placement_ids, chosen.name)
 
-
-def job_env(session: Session, workflow_id: str, device_ids: Sequence[int], lane_id: int | None, *,
-            host_id: str, resume_from: str | None = None, resume_step: int | None = None) -> tuple[dict[str, str],
-                                                                                              list[int] | None]:
-    """(environment overrides, cpu cores to pin to or None) for running the workflow on these devices / lane."""
-    devices = [session.get(Device, d) for d in device_ids]
-    if any(d is None for d in devices):
-        raise NotFound(f"device {device_ids} is no longer in the store")
-    env = {"FLEETLENS_WORKFLOW": workflow_id, MANAGED_ENV: host_id}
-    cores: list[int] | None = None
-    if all(d.source == "cpu" for d in devices):
-        cores = sorted({int(c) for d in devices for c in (d.cpu_cores or [])}) or None
-        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU device: the job must not wander onto a GPU it was not given
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.index) for d in devices)
-    if lane_id is not None:
-        lane = session.get(Lane, lane_id)
-        if lane is None:
-            raise NotFound(f"lane {lane_id} is no longer in the store")
-        total = devices[0].memory_total or 0
-        fraction = min(1.0, lane.size_bytes / total) if total else 1.0
-        env.update(FLEETLENS_LANE=str(lane_id), FLEETLENS_MEMORY_FRACTION=f"{max(fraction, 1e-6):.6f}",
-                   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(max(1, min(100, round(lane.compute_share * 100)))))
-    if resume_from:
-        env["FLEETLENS_RESUME_FROM"] = str(resume_from)
-    if resume_step is not None:
-        env["FLEETLENS_RESUME_STEP"] = str(int(resume_step))
-    return env, cores
-
-
-def spawn_job(command: Sequence[str], cwd: str, env_overrides: dict[str, str], *, cores: list[int] | None = None,
-              log_path: str | os.PathLike[str] | None = None, detach: bool = True,
-              base_env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start the job: its own session when detached (it outlives whoever started it), output to `log_path`."""
-    env = dict(os.environ if base_env is None else base_env)
-    for key in ("FLEETLENS_WORKFLOW", "FLEETLENS_LANE", "FLEETLENS_MEMORY_FRACTION", "FLEETLENS_RESUME_FROM",
-                "FLEETLENS_RESUME_STEP", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
-        env.pop(key, None)  # never inherit another job's identity or lane
-    env.update(env_overrides)
-    out: IO[bytes] | int | None = None
-    if log_path is not None:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        out = open(log_path, "ab")  # noqa: SIM115 (handed to the child; closed below)
-    try:
-        proc = subprocess.Popen(list(command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT if out is not None else None,
-                                start_new_session=detach)
-    except OSError as exc:
-        raise InvalidInput(f"cannot start {shlex.join(command)} in {cwd}: {exc.strerror or exc}") from None
-    finally:
-        if out is not None and not isinstance(out, int):
-            out.close()
-    if cores:
-        try:  # set before the interpreter starts its worker threads, which inherit the mask
-            os.sched_setaffinity(proc.pid, cores)
-        except OSError:
-            pass
-    return proc
-
-
-def log_path_for(settings: Settings, workflow_id: str) -> Path:
-    from collector.protocol import path_component
-
-    return settings.home / "logs" / f"{path_component(workflow_id)}.log"
-
-
-def mark_started(store: Store, workflow_id: str, placement_ids: Sequence[int], pid: int) -> None:
-    with store.session() as session:
-        session.execute(update(Placement).where(Placement.id.in_(list(placement_ids)))
-                        .values(pid=pid, state="active"))
-        session.execute(update(Workflow).where(Workflow.id == workflow_id).values(state="running"))
-
-
-def end_placements(store: Store, workflow_id: str, pid: int | None, outcome: str, *, now: float | None = None) -> int:
-    """The job's process `pid` ended: its active placements end and empty lanes close; returns how many ended.
-
-    A workflow being moved is left to the migration (it ends the old placement itself)."""
-    now = time.time() if now is None else now
-    with store.session() as session:
-        wf = session.get(Workflow, workflow_id)
-        if wf is None or wf.state == "moving":
-            return 0
-        rows = list(session.scalars(select(Placement).where(
-            Placement.workflow_id == workflow_id, Placement.state.in_(("active", "pending")),
-            *([Placement.pid == pid] if pid is not None else []))))
-        for p in rows:
-            p.state, p.ended_at = "ended", now
-        session.flush()
-        close_empty_lanes(session, {p.lane_id for p in rows if p.lane_id is not None}, now)
-        if wf.state == "running":
-            wf.state = "finished" if outcome == "finished" else "failed"
-        return len(rows)
-
-
-def close_empty_lanes(session: Session, lane_ids: set[int], now: float) -> None:
-    for lane_id in lane_ids:
-        busy = session.scalar(select(Placement.id).where(
-            Placement.lane_id == lane_id, Placement.state.in_(("active", "pending"))).limit(1))
-        if busy is None:
-            session.execute(update(Lane).where(Lane.id == lane_id, Lane.state == "open")
-                            .values(state="closed", closed_at=now))
-
-
-def start_local(store: Store, job: ManagedJob, *, settings: Settings | None = None) -> subprocess.Popen:
-    """Foreground: start the job from this process (same session, so Ctrl-C reaches it) and mark it placed."""
-    with store.session() as session:
-        env, cores = job_env(session, job.workflow_id, job.device_ids, job.lane_id, host_id=job.host_id)
-    proc = spawn_job(job.command, job.cwd, env, cores=cores, detach=False)
-    job.pid = proc.pid
-    mark_started(store, job.workflow_id, job.placement_ids, proc.pid)
-    return proc
-
-
-def agent_alive(session: Session, host_id: str, now: float | None = None) -> bool:
-    host = session.get(Host, host_id)
-    now = time.time() if now is None else now
-    return host is not None and now - host.last_seen <= AGENT_ALIVE_S and _agent_pid_ok(host)
-
-
-def _agent_pid_ok(host: Host) -> bool:
-    # on this machine we can also check that the agent process itself is there
-    import socket as _socket
-
-    if host.hostname != _socket.gethostname() or not host.agent_pid:
-        return True
-    return _pid_alive(host.agent_pid)
-
-
-def launch_detached(store: Store, job: ManagedJob, *, settings: Settings | None = None,
-                    timeout_s: float = 60.0, poll_s: float = 0.1) -> ManagedJob:
-    """Ask the host's agent to start the job (a signed `launch` command) and wait until it has; the agent owns
-    the process from then on. Raises if no agent runs on the host or it could not start the job."""
-    settings = settings or get_settings()
-    with store.session() as session:
-        alive = agent_alive(session, job.host_id)
-        if not alive:
-            _withdraw(session, job)
-    if not alive:
-        raise ConfigError(f"no fleetlens agent is running on host {job.host_id!r}; start `fleetlens agent` "
-                          "there, or run the job in the foreground (without --detach)")
-    with store.session() as session:
-        command = enqueue_command(session, job.host_id, "launch", {
-            "workflow_id": job.workflow_id, "device_ids": job.device_ids, "lane_id": job.lane_id,
-            "placement_ids": job.placement_ids,
-        }, ttl=timeout_s, secret=settings.secret_bytes())
-        command_id = command.id
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with store.session() as session:
-            row = session.get(Command, command_id)
-            status, result = row.status, dict(row.result or {})
-        if status == "done":
-            job.pid, job.log_path = int(result["pid"]), result.get("log")
-            job.extra["command_id"] = command_id
-            return job
-        if status in ("failed", "refused"):
-            with store.session() as session:
-                _withdraw(session, job)
-            raise InvalidInput(f"the agent on {job.host_id!r} could not start {job.workflow_id!r}: "
-                               f"{result.get('error') or result.get('reason') or result}")
-        time.sleep(poll_s)
-    with store.session() as session:  # withdraw the command too, so that no agent starts the job later
-        withdrawn = session.execute(update(Command).where(Command.id == command_id, Command.status == "pending")
-                                    .values(status="failed", done_at=time.time(),
-                                            result={"error": "withdrawn: no agent took it in time"})).rowcount
-        if withdrawn:
-            _withdraw(session, job)
-    raise ConfigError(f"the agent on {job.host_id!r} did not start {job.workflow_id!r} within {timeout_s:.0f} s"
-                      + ("; the job was withdrawn — is `fleetlens agent` running there?" if withdrawn else
-                         f"; it may still start: see command {command_id}"))
-
-
-def _withdraw(session: Session, job: ManagedJob) -> None:
-    """Undo a placement whose job never started."""
-    now = time.time()
-    session.execute(update(Placement).where(Placement.id.in_(job.placement_ids))
-                    .values(state="ended", ended_at=now))
-    session.flush()
-    if job.lane_id is not None:
-        close_empty_lanes(session, {job.lane_id}, now)
-    session.execute(update(Workflow).where(Workflow.id == job.workflow_id).values(state="failed"))
-
-
-def run_managed(store: Store, command: Sequence[str], *, detach: bool = False, settings: Settings | None = None,
-                **options: Any) -> tuple[ManagedJob, int | None]:
-    """`fleetlens run`: register and place, then start. Detached: (job, None) once the agent started it.
-    Foreground: waits and returns (job, the job's exit code); the placement ends with the job."""
-    settings = settings or get_settings()
-    job = register_managed(store, command, settings=settings, **options)
-    if detach:
-        return launch_detached(store, job, settings=settings), None
-    try:
-        proc = start_local(store, job, settings=settings)
-    except Exception:
-        with store.session() as session:
-            _withdraw(session, job)
-        raise
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.wait()
-        code = 130
-    try:
-        end_placements(store, job.workflow_id, proc.pid, "finished" if code == 0 else "failed")
-    except Exception:  # the database went away: the agent's view catches up later
-        pass
-    return job, code

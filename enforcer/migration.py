@@ -27,12 +27,12 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from enforcer.lanes import PERSISTENT_FACTOR
-from enforcer.managed import close_empty_lanes
+from enforcer.lanes import PERSISTENT_FACTOR, lane_fits, whole_device_fits
 from store.commands import enqueue_command
 from store.db import Store
 from store.errors import DatabaseUnavailable, FleetlensError, InvalidInput, NotFound
 from store.models import Action, ActionEvent, Command, Device, Lane, Placement, StepStat, Workflow
+from store.placements import close_empty_lanes
 from store.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -91,16 +91,27 @@ def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lan
             session.add(lane)
             session.flush()
             to_lane_id = lane.id
-        action = Action(kind="migrate", workflow_id=workflow_id, policy=policy, from_device_id=here.device_id,
-                        to_device_id=to_device_id, to_lane_id=to_lane_id, state="planned", attempts=0,
-                        created_at=now, updated_at=now)
-        session.add(action)
-        session.flush()
-        session.add(ActionEvent(action_id=action.id, ts=now, from_state=None, to_state="planned",
-                                message=f"planned by hand: device {here.device_id} -> {to_device_id}"
-                                        f"{f' lane {to_lane_id}' if to_lane_id else ' (whole device)'}",
-                                detail={"p_prime": p_prime, "ephemeral": e}))
+        action = plan_action(session, workflow_id, policy, here.device_id, to_device_id, to_lane_id, now=now,
+                             message=f"planned by hand: device {here.device_id} -> {to_device_id}"
+                                     f"{f' lane {to_lane_id}' if to_lane_id else ' (whole device)'}",
+                             detail={"p_prime": p_prime, "ephemeral": e})
         return action.id
+
+
+def plan_action(session: Session, workflow_id: str, policy: str | None, from_device_id: int, to_device_id: int,
+                to_lane_id: int | None, *, now: float, message: str, detail: dict[str, Any],
+                plan_id: int | None = None, expected_slowdown: float | None = None) -> Action:
+    """Record a migration in state 'planned' with its first event (`detail` holds the P' and E it was planned
+    with, which the target check uses)."""
+    action = Action(plan_id=plan_id, kind="migrate", workflow_id=workflow_id, policy=policy,
+                    from_device_id=from_device_id, to_device_id=to_device_id, to_lane_id=to_lane_id,
+                    state="planned", expected_slowdown=expected_slowdown, attempts=0, created_at=now,
+                    updated_at=now)
+    session.add(action)
+    session.flush()
+    session.add(ActionEvent(action_id=action.id, ts=now, from_state=None, to_state="planned", message=message,
+                            detail=detail))
+    return action
 
 
 # ---- driving -----------------------------------------------------------------------------------------------------
@@ -446,7 +457,7 @@ class _Step:
         return None, None
 
     def target_full(self, wf: Workflow) -> str | None:
-        """Why the target cannot take the job now (None when it can): Salus's rule against the store."""
+        """Why the target cannot take the job now (None when it can): the lanes' admission rule against the store."""
         p_prime, e = self.job_profile(wf)
         if self.action.to_lane_id is not None:
             lane = self.session.get(Lane, self.action.to_lane_id)
@@ -455,9 +466,9 @@ class _Step:
             others = [p for p in self.session.scalars(select(Placement).where(
                 Placement.lane_id == lane.id, Placement.state.in_(("active", "pending")))) if p.workflow_id != wf.id]
             held = sum(int(p.mem_persistent or 0) for p in others)
-            peak = max([int(p.mem_ephemeral or 0) for p in others] + [e])
-            if lane.size_bytes - held < p_prime + peak:
-                used = held + max((int(p.mem_ephemeral or 0) for p in others), default=0)
+            peak = max((int(p.mem_ephemeral or 0) for p in others), default=0)
+            if not lane_fits(lane.size_bytes, held, peak, p_prime, e):
+                used = held + peak
                 return (f"target lane {lane.id} is full: it holds {used} "
                         f"of {lane.size_bytes} bytes for {len(others)} jobs, and {wf.id} needs {p_prime} + {e}")
             return None
@@ -467,7 +478,7 @@ class _Step:
             if p.workflow_id != wf.id]
         if others:
             return f"target device {self.action.to_device_id} is taken by {', '.join(p.workflow_id for p in others)}"
-        if device is not None and device.memory_total and p_prime + e > device.memory_total:
+        if device is not None and device.memory_total and not whole_device_fits(device.memory_total, p_prime, e):
             return f"target device {device.id} has {device.memory_total} bytes, {wf.id} needs {p_prime + e}"
         return None
 

@@ -1,4 +1,8 @@
-"""Bulk ingestion of device and process samples: COPY on PostgreSQL, one executemany transaction on SQLite."""
+"""Bulk ingestion of device and process samples: COPY on PostgreSQL, one executemany transaction on SQLite.
+
+Columns are written in the order of the sample rows (store.samples); a row may be a tuple in that order
+(a DeviceSampleRow, a plain tuple or list) or a mapping by column name.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +16,7 @@ from sqlalchemy.exc import OperationalError
 from store.db import Store
 from store.errors import InvalidInput
 from store.models import DeviceSample, ProcessSample
-
-DEVICE_SAMPLE_COLUMNS: tuple[str, ...] = tuple(c.name for c in DeviceSample.__table__.columns if c.name != "id")
-PROCESS_SAMPLE_COLUMNS: tuple[str, ...] = tuple(c.name for c in ProcessSample.__table__.columns if c.name != "id")
+from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 
 Row = Mapping[str, Any] | Sequence[Any]
 
@@ -26,8 +28,10 @@ def _as_tuples(rows: Iterable[Row], columns: tuple[str, ...]) -> Iterable[tuple[
         kind = type(row)
         if kind is tuple and len(row) == width:  # rows already in column order: no conversion at all
             yield row
-        elif kind is list and len(row) == width:  # the agent's rows
+        elif kind is list and len(row) == width:
             yield tuple(row)
+        elif isinstance(row, tuple) and len(row) == width and hasattr(row, "_fields"):  # a typed sample row
+            yield row
         elif kind is dict or isinstance(row, Mapping):
             yield tuple(map(row.get, columns))
         else:

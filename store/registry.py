@@ -1,16 +1,17 @@
-"""Shared queries for what an agent registers: its host, its devices, and the processes it sees."""
+"""Shared queries for what an agent registers: its host, its devices, the workflows and the processes it sees."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from store.models import Device, Host, Process
+from store.models import Device, Host, Process, Workflow
+from store.workflows import upsert_workflow
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,11 @@ def register_devices(
     return ids
 
 
+def device_ids(session: Session, host_id: str) -> dict[int, int]:
+    """{device index on the host: device id in the store} for every device the host ever registered."""
+    return {d.index: d.id for d in session.scalars(select(Device).where(Device.host_id == host_id))}
+
+
 def mark_device_lost(session: Session, device_id: int, now: float | None = None) -> None:
     session.execute(
         update(Device).where(Device.id == device_id).values(state="lost", last_seen=time.time() if now is None else now)
@@ -123,3 +129,21 @@ def record_processes(session: Session, host_id: str, seen: Iterable[SeenProcess]
                 )
             )
     session.flush()
+
+
+def touch_open_processes(session: Session, host_id: str, now: float | None = None) -> None:
+    """The host's processes still running are the same as last time: mark them seen in one UPDATE."""
+    session.execute(
+        update(Process).where(Process.host_id == host_id, Process.ended_at.is_(None))
+        .values(last_seen=time.time() if now is None else now)
+    )
+
+
+def touch_workflows(session: Session, new: Mapping[str, str], seen: Iterable[str], now: float) -> None:
+    """Create the workflows in `new` ({id: how it was found}) that are not in the store yet, and mark every workflow
+    in `seen` seen at `now` (one UPDATE). Two agents creating the same workflow at once make one of them raise
+    IntegrityError; trying again then finds the row."""
+    for workflow_id, id_source in new.items():
+        if session.get(Workflow, workflow_id) is None:
+            upsert_workflow(session, workflow_id, id_source=id_source, now=now)
+    session.execute(update(Workflow).where(Workflow.id.in_(list(seen)), Workflow.last_seen < now).values(last_seen=now))

@@ -1,1 +1,1 @@
-"""The user's side of fleetlens: the Streamlit dashboard and the `fleetlens` command line."""
+"""The user's side of fleetlens: the Streamlit dashboard, the `fleetlens` command line, and one host's loop."""

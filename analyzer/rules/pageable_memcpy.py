@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.rules import TraceFinding, steps_location
+from analyzer.rules.base import TraceFinding, steps_location
 
 RULE = "trace.pageable_memcpy"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from analyzer.telemetry.common import KEYS, gib, held_stats, lane_gib, num, runs
 from analyzer.telemetry.frame import TelemetryWindow, fmt_window
 from analyzer.telemetry.thresholds import Thresholds
+from store.finding_contract import IdleHolderEvidence, TelemetryRule
 from store.findings import FindingSpec
 
-RULE = "idle_holder"
+RULE = TelemetryRule.IDLE_HOLDER.value
 
 
 def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
@@ -37,16 +38,16 @@ def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
             rule=RULE, workflow_id=str(wf), source="telemetry", severity=th.severity(per_day),
             title=(f"holds {gib(mem) or '?'} GiB on {window.device_short(int(dev))} while idle "
                    f"{idle_s / 3600:.1f} h ({idle_s / max(held_s, 1.0):.0%} of the time it held it)"),
-            evidence={
-                "idle_hours": num(idle_s / 3600), "idle_runs": int(len(group)),
-                "longest_idle_hours": num(float(longest["duration_s"]) / 3600),
-                "longest_idle_start": num(float(longest["start"]), 1),
-                "longest_idle_end": num(float(longest["end"]), 1),
-                "util_mean_while_idle": num(float(group["util_mean"].mean()), 4),
-                "util_threshold": t.util_max, "min_duration_s": t.min_duration_s,
-                "mem_held_gib": gib(mem), "held_hours": num(held_s / 3600),
-                "window_hours": num(window.span_s / 3600),
-            },
+            evidence=IdleHolderEvidence(
+                idle_hours=num(idle_s / 3600), idle_runs=int(len(group)),
+                longest_idle_hours=num(float(longest["duration_s"]) / 3600),
+                longest_idle_start=num(float(longest["start"]), 1),
+                longest_idle_end=num(float(longest["end"]), 1),
+                util_mean_while_idle=num(float(group["util_mean"].mean()), 4),
+                util_threshold=t.util_max, min_duration_s=t.min_duration_s,
+                mem_held_gib=gib(mem), held_hours=num(held_s / 3600),
+                window_hours=num(window.span_s / 3600),
+            ).as_json(),
             location=(f"{window.device_label(int(dev))}, longest idle run "
                       f"{fmt_window(longest['start'], longest['end'])}"),
             gpu_hours_per_day=round(per_day, 3),

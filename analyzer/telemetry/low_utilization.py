@@ -5,9 +5,10 @@ from __future__ import annotations
 from analyzer.telemetry.common import gib, held_stats, lane_gib, num
 from analyzer.telemetry.frame import TelemetryWindow, fmt_window
 from analyzer.telemetry.thresholds import Thresholds
+from store.finding_contract import LowUtilizationEvidence, TelemetryRule
 from store.findings import FindingSpec
 
-RULE = "low_utilization"
+RULE = TelemetryRule.LOW_UTILIZATION.value
 
 
 def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
@@ -28,12 +29,12 @@ def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
             rule=RULE, workflow_id=str(wf), source="telemetry", severity=th.severity(per_day),
             title=(f"p95 utilisation {st['util_p95']:.0%} (mean {st['util_mean']:.0%}) on "
                    f"{window.device_short(int(dev))} over {st['held_s'] / 3600:.1f} h"),
-            evidence={
-                "util_p95": num(st["util_p95"], 4), "util_mean": num(st["util_mean"], 4),
-                "util_p95_threshold": t.util_p95_max, "held_hours": num(st["held_s"] / 3600),
-                "mem_peak_gib": gib(st["mem_peak"]), "mem_total_gib": gib(total),
-                "share_needed": num(need, 4), "window_hours": num(window.span_s / 3600),
-            },
+            evidence=LowUtilizationEvidence(
+                util_p95=num(st["util_p95"], 4), util_mean=num(st["util_mean"], 4),
+                util_p95_threshold=t.util_p95_max, held_hours=num(st["held_s"] / 3600),
+                mem_peak_gib=gib(st["mem_peak"]), mem_total_gib=gib(total),
+                share_needed=num(need, 4), window_hours=num(window.span_s / 3600),
+            ).as_json(),
             location=f"{window.device_label(int(dev))}, {fmt_window(st['first_ts'], st['last_ts'])}",
             gpu_hours_per_day=round(per_day, 3),
             fix=(f"share the GPU: `fleetlens enforce` can pack it into a lane of {lane} GiB next to other jobs "

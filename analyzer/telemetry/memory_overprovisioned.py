@@ -11,9 +11,10 @@ import math
 from analyzer.telemetry.common import gib, held_stats, lane_gib, num
 from analyzer.telemetry.frame import TelemetryWindow, fmt_window
 from analyzer.telemetry.thresholds import GIB, Thresholds
+from store.finding_contract import MemoryOverprovisionedEvidence, TelemetryRule
 from store.findings import FindingSpec
 
-RULE = "memory_overprovisioned"
+RULE = TelemetryRule.MEMORY_OVERPROVISIONED.value
 
 
 def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
@@ -37,12 +38,12 @@ def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
             rule=RULE, workflow_id=str(wf), source="telemetry", severity=th.severity(per_day),
             title=(f"peak memory {gib(peak)} GiB is {peak / total:.0%} of {window.device_short(int(dev))}'s "
                    f"{gib(total)} GiB"),
-            evidence={
-                "mem_peak_gib": gib(peak), "mem_total_gib": gib(total), "peak_fraction": num(peak / total, 4),
-                "peak_fraction_max": t.peak_fraction_max, "lane_gib": lane, "jobs_per_device": fit,
-                "util_p95": num(util, 4), "held_hours": num(st["held_s"] / 3600),
-                "window_hours": num(window.span_s / 3600),
-            },
+            evidence=MemoryOverprovisionedEvidence(
+                mem_peak_gib=gib(peak), mem_total_gib=gib(total), peak_fraction=num(peak / total, 4),
+                peak_fraction_max=t.peak_fraction_max, lane_gib=lane, jobs_per_device=fit,
+                util_p95=num(util, 4), held_hours=num(st["held_s"] / 3600),
+                window_hours=num(window.span_s / 3600),
+            ).as_json(),
             location=f"{window.device_label(int(dev))}, {fmt_window(st['first_ts'], st['last_ts'])}",
             gpu_hours_per_day=round(per_day, 3),
             fix=(f"move it to a lane of {lane} GiB with `fleetlens enforce` ({fit} such jobs fit on one "

@@ -10,9 +10,10 @@ from __future__ import annotations
 from analyzer.telemetry.common import held_stats, num
 from analyzer.telemetry.frame import TelemetryWindow, fmt_window
 from analyzer.telemetry.thresholds import Thresholds
+from store.finding_contract import TelemetryRule
 from store.findings import FindingSpec
 
-RULE = "misleading_utilization"
+RULE = TelemetryRule.MISLEADING_UTILIZATION.value
 
 
 def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:

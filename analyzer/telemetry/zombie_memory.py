@@ -14,10 +14,11 @@ from sqlalchemy import func, select
 from analyzer.telemetry.common import gib, num, runs
 from analyzer.telemetry.frame import TelemetryWindow, fmt_window
 from analyzer.telemetry.thresholds import Thresholds
+from store.finding_contract import TelemetryRule
 from store.findings import FindingSpec
 from store.models import Process, ProcessSample
 
-RULE = "zombie_memory"
+RULE = TelemetryRule.ZOMBIE_MEMORY.value
 
 
 def _last_workflows(window: TelemetryWindow, device_id: int, before: float) -> list[tuple[str, float]]:

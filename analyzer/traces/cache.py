@@ -22,7 +22,7 @@ CACHE_VERSION = "2"  # bump when ParsedTrace or the parse changes
 def cache_key(path: str | Path) -> str:
     p = Path(path).resolve()
     st = p.stat()
-    from hta.version import __version_tuple__ as hta_version  # noqa: PLC0415
+    from hta.version import __version_tuple__ as hta_version  # noqa: PLC0415  (HTA only when a trace is read)
 
     raw = f"{p}|{st.st_size}|{st.st_mtime_ns}|{CACHE_VERSION}|{hta_version}"
     return hashlib.sha256(raw.encode()).hexdigest()[:32]

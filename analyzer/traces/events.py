@@ -6,7 +6,6 @@ import re
 
 import numpy as np
 import pandas as pd
-from hta.utils.utils import get_kernel_type
 
 from analyzer.traces.parse import GPU_CATS, ParsedTrace
 
@@ -48,6 +47,9 @@ def _classify(t: ParsedTrace) -> pd.DataFrame:
     if g.empty:
         g["kind"] = pd.Series(dtype=str)
         return g
+    # HTA (and the torch it pulls in) loads on the first trace analysed, so the CLI and the agent start light
+    from hta.utils.utils import get_kernel_type
+
     names = g["s_name"].astype("category").cat.remove_unused_categories()
     kind_of = {n: get_kernel_type(str(n)) for n in names.cat.categories}
     g["kind"] = names.map(kind_of).astype(str)

@@ -167,6 +167,7 @@ def _assign_iterations(df: pd.DataFrame, steps: pd.DataFrame) -> None:
 
 def parse_trace(path: str | Path, memory_budget: int | None = None) -> ParsedTrace:
     """Parse one trace file; raises InvalidTrace naming the file and the problem."""
+    # HTA loads on the first parse only, so the CLI and the agent start light
     from hta.common.trace import transform_correlation_to_index
     from hta.common.trace_parser import _compress_df, round_down_time_stamps
     from hta.configs.parser_config import ParserConfig

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.rules import TraceFinding, load_thresholds, run_rules, run_set_rules
+from analyzer.rules.straggler import straggler_verdict
 from analyzer.traces.cache import load_trace
 from analyzer.traces.errors import InvalidTrace
-from analyzer.traces.straggler import straggler_verdict
 from analyzer.traces.summary import summarize
 
 log = logging.getLogger(__name__)

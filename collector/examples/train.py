@@ -26,8 +26,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from collector.job import job
-from collector.protocol import path_component
 from store.errors import FleetlensError
+from store.paths import path_component
 from store.settings import get_settings
 
 MODES = ("healthy", "input-bound", "idle-holder", "tiny")

@@ -9,6 +9,9 @@ from __future__ import annotations
 import logging
 
 from collector.sources.base import DeviceInfo, DeviceReading, DeviceSource, ProcessReading, SourceUnavailable
+from collector.sources.cpu import CpuSource
+from collector.sources.nvml import NvmlSource
+from collector.sources.replay import ReplaySource
 from store.errors import ConfigError
 from store.settings import Settings, get_settings
 
@@ -18,21 +21,15 @@ SOURCES = ("auto", "nvml", "cpu", "replay")
 
 
 def _cpu(settings: Settings) -> DeviceSource:
-    from collector.sources.cpu import CpuSource
-
     return CpuSource(cores_per_device=settings.cpu_cores_per_device, host_id=settings.host_id,
                      top_n=settings.cpu_top_processes)
 
 
 def _nvml() -> DeviceSource:
-    from collector.sources.nvml import NvmlSource
-
     return NvmlSource()
 
 
 def _replay(settings: Settings) -> DeviceSource:
-    from collector.sources.replay import ReplaySource
-
     if not settings.replay_path:
         raise ConfigError(
             "FLEETLENS_SOURCE=replay needs FLEETLENS_REPLAY_PATH: 'alibaba', the Alibaba trace folder, "

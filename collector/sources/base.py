@@ -1,6 +1,7 @@
 """The one interface every device source implements, and the readings it returns.
 
-A reading's metric is None when the device could not report it: missing, never 0.
+A reading's metrics are the sample row's (store.samples); one is None when the device could not report it:
+missing, never 0.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from store.errors import ConfigError
+from store.samples import DeviceMetrics, ProcessMetrics
 
 
 class SourceUnavailable(ConfigError):
@@ -25,11 +27,10 @@ class DeviceInfo:
 
 
 @dataclass
-class ProcessReading:
+class ProcessReading(ProcessMetrics):
+    """One process on a device: its pid and the process metrics (mem_used, sm_util, cpu_util), all keywords."""
+
     pid: int
-    mem_used: int | None = None
-    sm_util: float | None = None
-    cpu_util: float | None = None
     # Set by sources that know the workflow without looking at /proc (replay); otherwise the agent
     # attributes the pid with collector.attribution.
     workflow_id: str | None = None
@@ -38,22 +39,11 @@ class ProcessReading:
 
 
 @dataclass
-class DeviceReading:
+class DeviceReading(DeviceMetrics):
+    """One device at one time: the device metrics (gpu_util, mem_used, ...: DEVICE_METRICS), all keywords."""
+
     index: int
     ts: float
-    gpu_util: float | None = None
-    mem_util: float | None = None
-    mem_used: int | None = None
-    mem_total: int | None = None
-    power_w: float | None = None
-    temperature_c: float | None = None
-    sm_clock_mhz: float | None = None
-    throttle_reasons: int | None = None
-    xid_errors: int | None = None
-    ecc_errors: int | None = None
-    sm_active: float | None = None
-    sm_occupancy: float | None = None
-    tensor_active: float | None = None
     lost: bool = False  # the device fell off the bus; the agent marks it and carries on
     processes: list[ProcessReading] = field(default_factory=list)
 

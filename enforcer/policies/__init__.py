@@ -15,7 +15,7 @@ POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (Pack, Fair, Srtf,
 
 
 def register(cls: type[Policy]) -> type[Policy]:
-    """Add a policy class (e.g. the simulator's Tiresias baseline) so `get_policy` knows its name."""
+    """Add a policy class so `get_policy` knows its name."""
     POLICIES[cls.name] = cls
     return cls
 

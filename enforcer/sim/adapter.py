@@ -8,6 +8,7 @@ from typing import Any
 
 from enforcer.lanes import Admission, Fleet, Job
 from enforcer.policies import Policy, get_policy
+from enforcer.sim.tiresias import TiresiasScheduler
 
 # How jobs of one lane take turns under each policy (what Salus's policies do at iteration boundaries): the
 # policy's own `pick_next` chooses, except that FAIR's least-attained-first is continuous (who is least changes
@@ -61,8 +62,6 @@ def make_policy(name: str, *, one_lane: bool = False, **options: Any) -> Any:
     """A simulator policy by name: the enforcer's (fifo, pack, fair, srtf, via get_policy) or tiresias."""
     key = str(name).strip().lower()
     if key == "tiresias":
-        from enforcer.sim.tiresias import TiresiasScheduler  # noqa: PLC0415
-
         return TiresiasScheduler(**{k: v for k, v in options.items() if k in ("thresholds", "migration_cost_s")})
     opts = {k: v for k, v in options.items() if k in ("model", "max_slowdown")}
     if one_lane:

@@ -24,6 +24,8 @@ import numpy as np
 
 from enforcer.interference import InterferenceModel
 from enforcer.lanes import PERSISTENT_FACTOR, Admission, Fleet, Job
+from enforcer.sim.convert import to_lane_job
+from enforcer.sim.metrics import summarize
 from enforcer.sim.model import NodeSpec, SimJob
 
 EPS = 1e-9
@@ -98,8 +100,6 @@ class Simulation:
         migration_cost_s: float = 30.0,
         check: bool = False,
     ) -> None:
-        from enforcer.sim.convert import to_lane_job  # noqa: PLC0415  (keeps the engine free of reader details)
-
         self.policy = policy
         self.interference = interference or InterferenceModel()
         self.migration_cost_s = migration_cost_s
@@ -136,8 +136,6 @@ class Simulation:
         heapq.heappush(self.events, (t, next(self._seq), kind, idx, version))
 
     def run(self):
-        from enforcer.sim.metrics import summarize  # noqa: PLC0415
-
         if self.jobs:
             self.now = self.jobs[0].sim.arrival
             self.busy_series = [(self.now, 0)]

@@ -12,6 +12,11 @@ from enforcer.sim.adapter import make_policy
 from enforcer.sim.engine import Simulation
 from enforcer.sim.metrics import SimResult
 from enforcer.sim.model import GIB, NodeSpec, Trace, uniform_cluster
+from enforcer.sim.readers.alibaba import read_alibaba
+from enforcer.sim.readers.openb import read_openb
+from enforcer.sim.readers.salus import read_salus
+from enforcer.sim.readers.store import read_store
+from store.db import Store
 from store.errors import InvalidInput
 
 KINDS = ("openb", "salus", "alibaba", "store")
@@ -22,21 +27,12 @@ def read_trace(kind: str, path: str | Path | None = None, **options: Any) -> Tra
     """The trace of `kind` (openb | salus | alibaba | store) at `path` (a database URL for store)."""
     kind = kind.strip().lower()
     if kind == "openb":
-        from enforcer.sim.readers.openb import read_openb  # noqa: PLC0415
-
         return read_openb(Path(path))
     if kind == "salus":
-        from enforcer.sim.readers.salus import read_salus  # noqa: PLC0415
-
         return read_salus(Path(path), **options)
     if kind == "alibaba":
-        from enforcer.sim.readers.alibaba import read_alibaba  # noqa: PLC0415
-
         return read_alibaba(Path(path), **options)
     if kind == "store":
-        from enforcer.sim.readers.store import read_store  # noqa: PLC0415
-        from store.db import Store  # noqa: PLC0415
-
         return read_store(Store(str(path)) if path else Store.from_settings())
     raise InvalidInput(f"unknown trace kind {kind!r}; use one of {', '.join(KINDS)} as KIND:PATH")
 

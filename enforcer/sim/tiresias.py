@@ -15,14 +15,16 @@ import bisect
 from typing import ClassVar
 
 from enforcer.lanes import Job
-from enforcer.policies import register
 from enforcer.policies.fifo import Fifo
 
 DEFAULT_THRESHOLDS = (3600.0, 36000.0)  # device-seconds: three queues
 
 
 class TiresiasPolicy(Fifo):
-    """Whole devices, ordered by 2D-LAS queue then arrival (registered as `tiresias` in enforcer.policies)."""
+    """Whole devices, ordered by 2D-LAS queue then arrival.
+
+    Not in enforcer.policies' registry: it is a simulator baseline, which enforcer.sim.adapter.make_policy names.
+    """
 
     name: ClassVar[str] = "tiresias"
     description: ClassVar[str] = "simulator baseline: 2D least attained service queues, whole devices, preemptive"
@@ -31,8 +33,6 @@ class TiresiasPolicy(Fifo):
     def priority(self, job: Job) -> tuple[float, ...]:
         return (float(bisect.bisect_right(self.thresholds, job.attained_s)),)
 
-
-register(TiresiasPolicy)
 
 
 class TiresiasScheduler:

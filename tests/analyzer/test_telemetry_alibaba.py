@@ -1,6 +1,6 @@
 """The detectors on the real Alibaba GenAI telemetry (143 serving containers, 22.8 h): pinned counts and GPU-hours.
 
-The recording is loaded with collector.sources.replay.load_into_store (one workflow alone on its own
+The recording is loaded with collector.recordings.load.load_into_store (one workflow alone on its own
 80 GiB virtual GPU per container), unshifted, and the detectors look at the whole day.
 """
 
@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from analyzer.ranking import findings_frame, rank_workflows
 from analyzer.rollups import rollup
 from analyzer.telemetry import detect
-from collector.sources.replay import load_into_store
+from collector.recordings.load import load_into_store
 from store.db import Store
 from store.migrations import upgrade
 from store.models import DeviceSample, Rollup

@@ -144,7 +144,6 @@ def test_cli_refuses_a_database_without_schema(fleet_home, capsys):
 
 
 def test_cli_once_records_this_machine(fleet_home, capsys):
-    pytest.importorskip("collector.sources.cpu", reason="collector.sources.cpu is not written yet")
     from ui.cli import run
 
     assert run(["init"]) == 0

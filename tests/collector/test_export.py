@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from collector.export import EXPORT_COLUMNS, read_export, write_export
-from collector.sources.replay import ReplaySource, load_into_store
+from collector.recordings.export_format import EXPORT_COLUMNS
+from collector.recordings.export_reader import read_export
+from collector.recordings.export_writer import write_export
+from collector.recordings.load import load_into_store
+from collector.sources.replay import ReplaySource
 from store.db import Store
 from store.errors import InvalidInput
 from store.migrations import upgrade
@@ -110,7 +113,7 @@ def test_malformed_records_are_skipped_counted_and_the_rest_loaded(sqlite_store,
     ]
     path = _write_jsonl(tmp_path / "bad.jsonl.gz", [header, *(json.dumps(g) for g in good[:4]), *bad,
                                                      *(json.dumps(g) for g in good[4:])])
-    with caplog.at_level(logging.WARNING, logger="collector.sources.replay"):
+    with caplog.at_level(logging.WARNING, logger="collector.recordings.read"):
         summary = load_into_store(sqlite_store, path, end_at=END)
     assert summary.skipped_rows == 6 and "skipped 6 malformed rows" in caplog.text
     assert (summary.device_samples, summary.process_samples, summary.workflows) == (2, 1, 1)

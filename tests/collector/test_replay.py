@@ -9,14 +9,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from collector.sources.replay import (
-    ALIBABA_DUTY_FILE,
-    ALIBABA_MEMORY_FILE,
-    ALIBABA_MEMORY_TOTAL,
-    ReplaySource,
-    load_into_store,
-    read_recording,
-)
+from collector.recordings.alibaba import ALIBABA_DUTY_FILE, ALIBABA_MEMORY_FILE, ALIBABA_MEMORY_TOTAL
+from collector.recordings.load import load_into_store
+from collector.recordings.read import read_recording
+from collector.sources.replay import ReplaySource
 from store.errors import InvalidInput
 from store.models import Device, DeviceSample, Host, Process, ProcessSample, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
@@ -113,7 +109,7 @@ def test_malformed_rows_are_skipped_counted_and_the_rest_played(sqlite_store, tm
         ],
         ["timestamp_anon,value,container_ip", "1000.0,1073741824,aaaaaaaaaaaaaaaa", "1057.0,oops,bbbbbbbbbbbbbbbb"],
     )
-    with caplog.at_level(logging.WARNING, logger="collector.sources.replay"):
+    with caplog.at_level(logging.WARNING, logger="collector.recordings.read"):
         summary = load_into_store(sqlite_store, folder, end_at=END)
     assert summary.skipped_rows == 6
     assert "skipped 6 malformed rows" in caplog.text

@@ -49,7 +49,7 @@ def test_the_embedded_scheduler_runs_each_dag_on_its_cadence(airflow_home: Path)
     from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.encoders import coerce_to_core_timetable
 
-    from ui.scheduler import CADENCES
+    from ui.serve.scheduler import CADENCES
 
     bag = DagBag(dag_folder=str(DAGS))
     t0 = pendulum.datetime(2026, 1, 5, tz="UTC")

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from store.db import Store
 from store.models import Action, Finding, StepStat, Trace, Workflow
-from ui.processes import processes_of
+from ui.serve.processes import processes_of
 
 FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
 pytestmark = pytest.mark.slow

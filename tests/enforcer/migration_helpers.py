@@ -19,7 +19,7 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from enforcer.managed import ManagedJob, run_managed
+from enforcer.managed import ManagedJob
 from enforcer.migration import MigrationOptions
 from store.db import Store
 from store.migrations import upgrade
@@ -27,6 +27,7 @@ from store.models import Action, Command, Device, Host, Placement, StepStat, Wor
 from store.settings import Settings, get_settings
 from tests.collector.agent_helpers import wait_for
 from tests.conftest import PROJECT_ROOT
+from ui.serve.run import run_managed
 
 TRAIN = [sys.executable, "-m", "collector.examples.train"]
 # the job SDK talks to the agent often, and finds a restarted agent again quickly

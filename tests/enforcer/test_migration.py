@@ -11,9 +11,9 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from enforcer.managed import register_managed, start_local
+from enforcer.managed import register_managed
 from enforcer.migration import MigrationOptions, action_log, drive, drive_until_done, start_migration
-from enforcer.planner import apply_plan
+from enforcer.plan_store import apply_plan, make_plan
 from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.models import Action, Placement, Plan, Workflow
@@ -33,6 +33,7 @@ from tests.enforcer.migration_helpers import (  # noqa: F401  (rig_fixture: the 
     train_cmd,
     workflow,
 )
+from ui.serve.run import start_local
 
 pytestmark = pytest.mark.slow
 
@@ -168,8 +169,6 @@ def test_a_plan_naming_a_workflow_that_has_gone_moves_nothing(fleet_home: Path, 
         with pytest.raises(NotFound, match="no workflow 'gone-workflow'"):
             start_migration(sqlite_store, "gone-workflow", ids[1])
         with pytest.raises(InvalidInput, match="unknown policy"):
-            from enforcer.planner import make_plan
-
             make_plan(sqlite_store, "bogus", settings=settings)
     finally:
         proc.kill()

@@ -7,7 +7,8 @@ import time
 import pytest
 from sqlalchemy import delete, func, select
 
-from enforcer.planner import Holding, PlanDevice, apply_plan, load_state, make_plan, plan_moves
+from enforcer.plan_store import apply_plan, load_state, make_plan
+from enforcer.planner import Holding, PlanDevice, plan_moves
 from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.findings import FindingSpec, upsert_finding

@@ -16,7 +16,7 @@ from store.models import Finding, Plan, ProfileRequest, Rollup
 from store.settings import get_settings
 from tests.collector.agent_helpers import wait_for
 from tests.dags.seed import seed
-from ui.scheduler import CADENCES, TRACES_JOB, Job, Scheduler, periodic_jobs
+from ui.serve.scheduler import CADENCES, TRACES_JOB, Job, Scheduler, periodic_jobs
 
 
 class FakeClock:

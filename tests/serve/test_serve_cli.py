@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from store.db import Store
 from store.models import Device, Host, Plan
-from ui.processes import processes_of
+from ui.serve.processes import processes_of
 
 FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
 

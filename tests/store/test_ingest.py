@@ -6,9 +6,10 @@ import pytest
 from sqlalchemy import func, select
 
 from store.errors import InvalidInput
-from store.ingest import DEVICE_SAMPLE_COLUMNS, write_samples
+from store.ingest import write_samples
 from store.models import DeviceSample, ProcessSample
 from store.registry import DeviceSpec, register_devices, register_host
+from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS, DeviceSampleRow, ProcessSampleRow
 
 
 def _device(store) -> int:
@@ -28,6 +29,23 @@ def test_batch_round_trips_with_missing_metrics_as_null(any_store):
         assert samples[3].mem_used == 3 << 20
         assert samples[3].sm_active is None and samples[3].power_w is None
         assert s.scalar(select(ProcessSample.mem_used)) == 7
+
+
+def test_the_sample_rows_are_the_tables_columns_in_order():
+    """Ingestion writes columns in the rows' order: a table and its row must never drift apart."""
+    assert DEVICE_SAMPLE_COLUMNS == tuple(c.name for c in DeviceSample.__table__.columns if c.name != "id")
+    assert PROCESS_SAMPLE_COLUMNS == tuple(c.name for c in ProcessSample.__table__.columns if c.name != "id")
+
+
+def test_typed_rows_are_written_as_they_are(any_store):
+    dev = _device(any_store)
+    rows = [DeviceSampleRow(dev, 5.0, gpu_util=0.5, mem_used=3)]
+    procs = [ProcessSampleRow(dev, "wf", "h1", 42, 5.0, cpu_util=0.25)]
+    assert write_samples(any_store, rows, procs) == (1, 1)
+    with any_store.session() as s:
+        assert s.execute(select(DeviceSample.gpu_util, DeviceSample.mem_used, DeviceSample.power_w)).one() == (
+            0.5, 3, None)
+        assert s.execute(select(ProcessSample.pid, ProcessSample.cpu_util)).one() == (42, 0.25)
 
 
 def test_tuple_rows_and_a_generator_stream(any_store):

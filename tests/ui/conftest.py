@@ -10,9 +10,9 @@ from store.db import Store
 from store.migrations import upgrade
 from store.settings import get_settings
 from tests.ui.seed import Seeded, seed
-from ui.auth import hash_password
+from ui.dashboard.auth import hash_password
 
-UI = Path(__file__).resolve().parents[2] / "ui"
+UI = Path(__file__).resolve().parents[2] / "ui" / "dashboard"
 OPERATOR, OPERATOR_PASSWORD = "olga", "correct horse battery"
 
 

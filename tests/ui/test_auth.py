@@ -7,7 +7,8 @@ import io
 import pytest
 
 from store.errors import ConfigError
-from ui.auth import (
+from ui.cli import run
+from ui.dashboard.auth import (
     VIEWER,
     PermissionDenied,
     authenticate,
@@ -17,7 +18,6 @@ from ui.auth import (
     require_operator,
     verify_password,
 )
-from ui.cli import run
 
 
 def test_hash_round_trip_and_wrong_password():

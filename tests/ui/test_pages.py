@@ -13,8 +13,8 @@ from analyzer.telemetry.thresholds import load_thresholds
 from store.models import Device, DeviceSample, Host, Plan, Rollup
 from tests.ui.helpers import assert_clean, metrics, page, texts
 from tests.ui.seed import GIB, trace_summary
-from ui.common import WINDOWS
-from ui.queries import Window
+from ui.dashboard.common import WINDOWS
+from ui.dashboard.queries import Window
 
 
 def _rollup_hours(store, window: Window) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""ui.queries on their own: short windows combine the analyzer's rollups with its rollup function on raw samples."""
+"""The dashboard's queries on their own: short windows combine the analyzer's rollups with raw samples."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from analyzer.rollups import device_rollups
 from analyzer.telemetry.frame import load_window
 from analyzer.telemetry.thresholds import load_thresholds
 from store.models import Rollup
-from ui import queries
-from ui.queries import HOUR, Window
+from ui.dashboard import queries
+from ui.dashboard.queries import HOUR, Window
 
 
 def test_six_hours_use_rolled_hours_and_raw_for_the_rest(seeded):

@@ -7,8 +7,8 @@ from sqlalchemy import select
 
 from store.models import Action, Finding, Plan, ProfileRequest
 from tests.ui.helpers import assert_clean, button, page, sign_in, texts
-from ui import actions
-from ui.auth import VIEWER, PermissionDenied, Principal
+from ui.dashboard import actions
+from ui.dashboard.auth import VIEWER, PermissionDenied, Principal
 
 
 def _requests(store):
@@ -71,13 +71,10 @@ def test_viewer_apply_is_refused(seeded):
     store, data = seeded
     at = page("enforcement")
     assert_clean(at)
-    if actions.planner_available():
-        at.checkbox(key="fl_confirm_pack").check().run()
-        button(at, "Apply PACK plan").click()
-        at.run()
-        assert "only operators may apply enforcement plans" in texts(at.error)
-    else:
-        assert "not available yet" in texts(at.info)
+    at.checkbox(key="fl_confirm_pack").check().run()
+    button(at, "Apply PACK plan").click()
+    at.run()
+    assert "only operators may apply enforcement plans" in texts(at.error)
     # whatever the page shows, the action itself refuses a viewer before it touches anything
     with pytest.raises(PermissionDenied):
         actions.apply_plan(store, VIEWER, data.plan_ids["pack"], confirmed=True)

@@ -7,6 +7,7 @@ import logging
 import typer
 
 from collector.agent import Agent
+from collector.sources import open_source
 from store.errors import ConfigError
 from ui.cli.app import app, console, open_store, settings
 
@@ -42,8 +43,6 @@ def agent(
     s = settings().model_copy(update=overrides)
     s.ensure_home()
     store = open_store()
-    from collector.sources import open_source  # the sources import pynvml/psutil: only when an agent runs
-
     dev_source = open_source(s)
     the_agent = Agent(store, s, dev_source, serve_socket=not no_socket and not once)
     if once:

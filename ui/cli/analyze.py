@@ -9,6 +9,8 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from analyzer.report import print_report
+from analyzer.report_html import render_html
+from analyzer.traces.jobs import analyze_trace, register_trace
 from analyzer.traces.run import AnalysisResult, analyze_paths, expand_paths
 from store.errors import InvalidInput
 from ui.cli.app import app, console, err_console, open_store, settings
@@ -57,8 +59,6 @@ def analyze(
     else:
         print_report(result, console, gpus)
     if html is not None:
-        from analyzer.report_html import render_html  # plotly only when asked
-
         html.write_text(render_html(result, gpus), encoding="utf-8")
         err_console.print(f"wrote {html}")
     for path, problem in result.errors.items():
@@ -67,8 +67,6 @@ def analyze(
 
 
 def _analyze_into_store(paths: list[str], workflow: str | None, as_json: bool, cache_dir: Path | None) -> int:
-    from analyzer.traces.jobs import analyze_trace, register_trace
-
     st = open_store()
     files = expand_paths(paths)
     out, failed = [], False

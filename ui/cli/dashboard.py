@@ -9,10 +9,10 @@ from pathlib import Path
 import typer
 
 from store.errors import ConfigError
-from ui.auth import hash_password
 from ui.cli.app import app, console, err_console, settings
+from ui.dashboard.auth import hash_password
 
-APP = Path(__file__).resolve().parent.parent / "app.py"
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 
 
 def streamlit_command(port: int, address: str | None = None) -> list[str]:

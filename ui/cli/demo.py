@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 
 from ui.cli.app import app, console, settings
+from ui.serve.demo import Demo, DemoOptions
+from ui.serve.processes import sigterm_as_interrupt
 
 
 @app.command()
@@ -21,9 +23,6 @@ def demo(
     home: Path = typer.Option(None, help="The demo's own folder (default FLEETLENS_HOME/demo); wiped at start."),
 ) -> None:
     """Replay a real fleet, run four PyTorch jobs here, profile, analyse, consolidate with PACK, show it all."""
-    from ui.demo import Demo, DemoOptions
-    from ui.processes import sigterm_as_interrupt
-
     s = settings()
     if duration is None and no_ui:
         duration = 120.0

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from sqlalchemy import select
 
-from enforcer.planner import TERMINAL_ACTION_STATES, make_plan
+from enforcer.plan_store import TERMINAL_ACTION_STATES, make_plan
 from enforcer.policies import get_policy
 from store.models import Action, Device, Lane, Placement
 from ui.cli.app import app, console, open_store, settings

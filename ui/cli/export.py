@@ -8,6 +8,8 @@ from pathlib import Path
 
 import typer
 
+from collector.recordings.export_writer import write_export
+from collector.recordings.load import load_into_store
 from store.errors import InvalidInput
 from ui.cli.app import app, console, open_store
 
@@ -37,8 +39,6 @@ def export(
     host: list[str] = typer.Option([], "--host", help="Only this host (repeatable); default every host."),
 ) -> None:
     """Export hosts, devices, workflows, processes and samples of a time range; `load-replay` reads it back."""
-    from collector.export import write_export
-
     now = time.time()
     summary = write_export(open_store(), path, start=parse_time(since, now=now), end=parse_time(until, now=now),
                            hosts=host or None)
@@ -57,8 +57,6 @@ def load_replay(
     host_prefix: str = typer.Option("", "--host-prefix", help="Prefix for the recording's host ids."),
 ) -> None:
     """Load a whole recording into the store at once, shifted so it ends now (replacing an earlier load)."""
-    from collector.sources.replay import load_into_store
-
     summary = load_into_store(open_store(), source, speedup=speedup, end_at=parse_time(end_at),
                               host_prefix=host_prefix)
     skipped = f"; skipped {summary.skipped_rows} malformed rows" if summary.skipped_rows else ""

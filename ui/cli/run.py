@@ -8,11 +8,11 @@ import shlex
 import typer
 from rich.table import Table
 
-from enforcer.managed import run_managed
 from enforcer.migration import action_log, drive_until_done, start_migration, unfinished
 from enforcer.policies import get_policy
 from store.errors import InvalidInput
 from ui.cli.app import app, console, err_console, open_store, settings
+from ui.serve.run import run_managed
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -9,7 +9,8 @@ import typer
 from store.db import Store
 from store.migrations import upgrade
 from ui.cli.app import app, console, settings
-from ui.processes import Children, fleetlens_command, sigterm_as_interrupt
+from ui.serve.processes import Children, fleetlens_command, sigterm_as_interrupt
+from ui.serve.scheduler import Scheduler, periodic_jobs
 
 
 @app.command()
@@ -23,8 +24,6 @@ def serve(
     The scheduler calls the same functions as the Airflow DAGs, on the same cadences; enforcement stays a dry
     run unless FLEETLENS_ENFORCE=true. Jobs the agent launched keep running when serve stops.
     """
-    from ui.scheduler import Scheduler, periodic_jobs
-
     s = settings()
     s.ensure_home()
     store = Store.from_settings(s)

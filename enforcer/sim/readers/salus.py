@@ -10,6 +10,7 @@ import numpy as np
 
 from enforcer.sim.model import GIB, NodeSpec, ReadReport, SimJob, Trace
 from enforcer.sim.readers.common import numeric, read_csv
+from store.errors import InvalidInput
 
 COLUMNS = ("name", "jct_s", "peak_mem_mib", "iterations", "command")
 MIB = 1024**2
@@ -68,8 +69,6 @@ def read_salus(
     """
     workloads, report = read_salus_workloads(path)
     if not workloads:
-        from store.errors import InvalidInput
-
         raise InvalidInput(f"Salus workloads file {path} has no usable row (skipped: {dict(report.skipped)})")
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(workloads), size=n_jobs)

@@ -8,8 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from store.errors import FleetlensError
-from ui import actions
-from ui.common import Context, ago, report
+from ui.dashboard import actions
+from ui.dashboard.common import Context, ago, report
 
 SEVERITY_BADGE = {"high": ":red-badge[high]", "medium": ":orange-badge[medium]", "low": ":blue-badge[low]"}
 

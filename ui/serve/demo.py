@@ -31,9 +31,9 @@ from analyzer.rollups import rollup
 from analyzer.telemetry import detect
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds, scaled
 from analyzer.traces import analyze_pending
-from enforcer.managed import run_managed
+from collector.recordings.load import load_into_store
 from enforcer.migration import drive_until_done
-from enforcer.planner import apply_plan, make_plan
+from enforcer.plan_store import apply_plan, make_plan
 from store.db import Store
 from store.errors import FleetlensError
 from store.findings import open_findings
@@ -41,7 +41,8 @@ from store.migrations import upgrade
 from store.models import Action, Device, Placement, ProfileRequest, StepStat, Trace
 from store.profiling import request_profile
 from store.settings import Settings, get_settings
-from ui.processes import Children, fleetlens_command, stop_processes_of
+from ui.serve.processes import Children, fleetlens_command, stop_processes_of
+from ui.serve.run import run_managed
 
 # The four local jobs: (name, train.py mode, placement group). Jobs of the same group start on the same device,
 # so consolidation has a whole device to give back: the input-bound job and the idle holder share one.
@@ -204,8 +205,6 @@ class Demo:
             self.console.print(f"[green]✓[/] started {name} ({mode}) as {job.workflow_id} on device {device.id}")
 
     def load_fleet(self) -> None:
-        from collector.sources.replay import load_into_store
-
         summary = load_into_store(self.store, "alibaba")
         self.report.fleet = {"hosts": summary.hosts, "devices": summary.devices, "workflows": summary.workflows,
                              "device_samples": summary.device_samples, "skipped_rows": summary.skipped_rows}

@@ -6,9 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from store.errors import FleetlensError
-from ui import actions, charts
-from ui.common import EMPTY_STORE_HELP, ago, cached, context, fresh, report
-from ui.findings_view import finding_cards
+from ui.dashboard import actions, charts
+from ui.dashboard.common import EMPTY_STORE_HELP, ago, cached, context, fresh, report
+from ui.dashboard.findings_view import finding_cards
 
 PROGRESS_REFRESH_S = 3.0
 PROGRESS = {"pending": (0.15, "waiting for the agent"), "capturing": (0.6, "capturing"),
@@ -86,10 +86,7 @@ with tab_traces:
     col_steps, col_button = st.columns([1, 3], vertical_alignment="bottom")
     n_steps = col_steps.number_input("Steps to capture", min_value=1, max_value=actions.MAX_PROFILE_STEPS,
                                      value=10, step=1, key="fl_profile_steps")
-    if not actions.profiling_available():
-        col_button.info("Profiling is not available yet: this build has no store.profiling.",
-                        icon=":material/construction:")
-    elif col_button.button("Profile now", type="primary", key="fl_profile_now",
+    if col_button.button("Profile now", type="primary", key="fl_profile_now",
                            help="Operators only: asks the workflow's agent to capture a trace"):
         try:
             rid = actions.request_profile(ctx.store, ctx.principal, choice, int(n_steps))

@@ -1,24 +1,17 @@
-"""The Fleet page's waste ranking: shows what analyzer.ranking computes, and says so when it is not there yet."""
+"""The Fleet page's waste ranking: shows what analyzer.ranking computes."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
+from analyzer.ranking import rank_workflows, teams_of
 from store.errors import FleetlensError
-from ui import charts
-from ui.actions import ranking_available
-from ui.common import Context, report, store_for
+from ui.dashboard import charts
+from ui.dashboard.common import Context, report, store_for
 
 
 def show(ctx: Context) -> None:
-    if not ranking_available():
-        st.info(
-            "The waste ranking is not available yet: it comes from the analyzer's ranking "
-            "(analyzer.ranking), which this build does not have.",
-            icon=":material/construction:",
-        )
-        return
     try:
         teams, workflows = _ranked(ctx.url, ctx.window.start, ctx.window.end)
     except FleetlensError as exc:
@@ -52,7 +45,5 @@ def show(ctx: Context) -> None:
 @st.cache_data(ttl=60, show_spinner=False)
 def _ranked(url: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     """analyzer.ranking over the window: (teams, workflows), keyed on the store and the time window."""
-    from analyzer.ranking import rank_workflows, teams_of
-
     workflows = rank_workflows(store_for(url), now=end, period_s=end - start)
     return teams_of(workflows), workflows

@@ -13,9 +13,9 @@ from store.db import Store
 from store.errors import ConfigError, DatabaseUnavailable, FleetlensError, SchemaError
 from store.migrations import check_schema
 from store.settings import Settings, get_settings
-from ui import queries
-from ui.auth import VIEWER, Principal, authenticate, oidc_principal, parse_operators
-from ui.queries import Window
+from ui.dashboard import queries
+from ui.dashboard.auth import VIEWER, Principal, authenticate, oidc_principal, parse_operators
+from ui.dashboard.queries import Window
 
 WINDOWS = {"1 hour": 3600, "6 hours": 6 * 3600, "24 hours": 86400, "7 days": 7 * 86400}
 DEFAULT_WINDOW = "24 hours"

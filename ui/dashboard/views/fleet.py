@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from store.errors import FleetlensError
-from ui import charts, waste
-from ui.common import EMPTY_STORE_HELP, ago, cached, context, fmt_hours, fresh, report
+from ui.dashboard import charts, waste
+from ui.dashboard.common import EMPTY_STORE_HELP, ago, cached, context, fmt_hours, fresh, report
 
 ctx = context()
 st.title("Fleet")

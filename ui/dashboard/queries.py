@@ -1,12 +1,11 @@
 """The dashboard's read-only queries: one function per view, each a SQL aggregate returned as a DataFrame or dict.
 
 Windows longer than RAW_LIMIT_S read the hourly rollups the analyzer writes, never raw samples, so a week of a
-thousand devices stays a few hundred thousand rows. Nothing here writes; state changes live in ui.actions.
+thousand devices stays a few hundred thousand rows. Nothing here writes; state changes live in ui.dashboard.actions.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ import pandas as pd
 from sqlalchemy import Integer, and_, case, cast, func, literal, select
 from sqlalchemy.sql import ColumnElement, Select
 
+from analyzer.device_hours import device_hours, rolled_device_hours
 from store.db import Store
 from store.models import (
     Action,
@@ -109,52 +109,12 @@ def store_state(store: Store) -> dict[str, int]:
 def fleet_hours(store: Store, window: Window) -> dict[str, float]:
     """Device-hours held (a job holds the device) and active (held x utilisation) in the window.
 
-    Both are the analyzer's figures. Long windows sum the hourly rollups it wrote. Short (raw) windows sum the
-    rollups of the whole hours inside the window that are already rolled up, and run the analyzer's rollup
-    function over the raw samples of the rest (the partial hour at the start, and the hours not rolled up yet).
+    Both are the analyzer's figures: long windows sum the hourly rollups it wrote; short (raw) windows add its
+    rollup function over the raw samples of the hours not rolled up (analyzer.device_hours).
     """
     if window.uses_rollups:
-        stmt = select(
-            func.coalesce(func.sum(Rollup.gpu_hours_held), 0.0).label("held"),
-            func.coalesce(func.sum(Rollup.gpu_hours_active), 0.0).label("active"),
-            func.count(func.distinct(Rollup.subject)).label("devices"),
-        ).where(Rollup.scope == "device", Rollup.hour >= window.start, Rollup.hour < window.end)
-        row = _frame(store, stmt).iloc[0]
-        return {"held": float(row.held), "active": float(row.active), "devices": int(row.devices)}
-    first_full = math.ceil(window.start / HOUR) * HOUR
-    rolled = _frame(store, (
-        select(Rollup.hour, func.sum(Rollup.gpu_hours_held).label("held"),
-               func.sum(Rollup.gpu_hours_active).label("active"),
-               func.count(func.distinct(Rollup.subject)).label("devices"))
-        .where(Rollup.scope == "device", Rollup.hour >= first_full, Rollup.hour + HOUR <= window.end)
-        .group_by(Rollup.hour)
-    )).set_index("hour")
-    rolled_end = first_full
-    while rolled_end in rolled.index:  # only a contiguous run from the start, so no hour is counted twice
-        rolled_end += HOUR
-    used = rolled.loc[rolled.index < rolled_end]
-    held, active = float(used.held.sum()), float(used.active.sum())
-    segments = [(window.start, first_full), (rolled_end, window.end)] if rolled_end > first_full else [
-        (window.start, window.end)]
-    devices = set()
-    for seg_start, seg_end in segments:
-        if seg_end <= seg_start:
-            continue
-        for row in _analyzer_device_rollups(store, seg_start, seg_end):
-            held += row["gpu_hours_held"]
-            active += row["gpu_hours_active"]
-            devices.add(row["subject"])
-    n_devices = max(len(devices), int(used.devices.max()) if not used.empty else 0)
-    return {"held": held, "active": active, "devices": n_devices}
-
-
-def _analyzer_device_rollups(store: Store, start: float, end: float) -> list[dict[str, Any]]:
-    from analyzer.rollups import device_rollups
-    from analyzer.telemetry.frame import load_window
-    from analyzer.telemetry.thresholds import load_thresholds
-
-    thresholds = load_thresholds()
-    return device_rollups(load_window(store, start, end, thresholds.common), time.time())
+        return rolled_device_hours(store, window.start, window.end)
+    return device_hours(store, window.start, window.end)
 
 
 def fleet_timeline(store: Store, window: Window) -> pd.DataFrame:

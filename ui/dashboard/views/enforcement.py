@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from store.errors import FleetlensError
-from ui import actions, charts
-from ui.common import EMPTY_STORE_HELP, ago, context, fresh, report
+from ui.dashboard import actions, charts
+from ui.dashboard.common import EMPTY_STORE_HELP, ago, context, fresh, report
 
 POLICIES = ("pack", "fair")
 MOVE_COLUMNS = ["workflow_id", "from_device_id", "to_device_id", "to_lane_id", "new_lane", "lane_size",
@@ -36,7 +36,7 @@ else:
 st.subheader("Plans")
 st.caption("The latest proposal of each policy, as the enforcer recorded it; applying a plan starts exactly "
            "the moves shown (checkpoint, stop, relaunch in the target lane).")
-if actions.planner_available() and st.button("Re-plan now", help="Operators only: record a fresh PACK and FAIR plan"):
+if st.button("Re-plan now", help="Operators only: record a fresh PACK and FAIR plan"):
     try:
         made = [actions.make_plan(ctx.store, ctx.principal, policy) for policy in POLICIES]
         st.session_state["fl_flash"] = "New plans recorded: " + ", ".join(
@@ -71,10 +71,7 @@ for policy, col in zip(POLICIES, cols, strict=True):
             })
         confirm = st.checkbox(f"I understand applying plan {int(plan.id)} checkpoints and moves these jobs",
                               key=f"fl_confirm_{policy}")
-        if not actions.planner_available():
-            st.info("Applying plans is not available yet: this build has no enforcer.planner.",
-                    icon=":material/construction:")
-        elif st.button(f"Apply {policy.upper()} plan", type="primary", key=f"fl_apply_{policy}"):
+        if st.button(f"Apply {policy.upper()} plan", type="primary", key=f"fl_apply_{policy}"):
             try:
                 actions.apply_plan(ctx.store, ctx.principal, int(plan.id), confirmed=confirm)
                 st.session_state["fl_flash"] = f"Plan {int(plan.id)} ({policy.upper()}) applied."

@@ -3,7 +3,7 @@
 Everyone who can open the dashboard is a viewer. Operators are named in FLEETLENS_UI_OPERATORS as
 `name:pbkdf2_sha256$iterations$salt$hash` (make one with `fleetlens ui-passwd NAME`), or, when Streamlit's
 OIDC login is configured ([auth] in .streamlit/secrets.toml), as `email:oidc` for a user who signs in with
-`st.login`. The action functions in ui.actions call `require_operator`, so a viewer's click is refused on
+`st.login`. The action functions in ui.dashboard.actions call `require_operator`, so a viewer's click is refused on
 the server whatever the page shows.
 """
 

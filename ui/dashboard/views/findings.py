@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from store.errors import FleetlensError
-from ui.common import context, fresh, report
-from ui.findings_view import finding_cards
+from ui.dashboard.common import context, fresh, report
+from ui.dashboard.findings_view import finding_cards
 
 ctx = context()
 st.title("Findings")

@@ -1,7 +1,7 @@
 """The embedded scheduler of `fleetlens serve`: the periodic work the Airflow DAGs do for a fleet, run in-process for
 one host, calling the same entry points (analyzer.periodic, analyzer.profiles, enforcer.cycle) on the same cadences.
 
-It lives in `ui` because it composes the analyzer and the enforcer, which never call each other: only the layers
+It lives in `ui.serve` because it composes the analyzer and the enforcer, which never call each other: only the layers
 above both (the DAG files for Airflow, `ui` for the `fleetlens` command's own processes) may.
 
 Each job runs in a thread of its own, so a slow one (a big trace to analyse) never delays the others and never
@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from analyzer import periodic, profiles
+from enforcer import cycle
 from store.db import Store
 from store.errors import FleetlensError, InvalidInput
 from store.settings import Settings
@@ -196,9 +198,6 @@ class Scheduler:
 
 def periodic_jobs(store: Store, settings: Settings, *, speedup: float = 1.0, enforce: bool | None = None) -> list[Job]:
     """The DAGs' periodic work as scheduler jobs on one store; `speedup` divides every interval (the demo)."""
-    from analyzer import periodic, profiles
-    from enforcer import cycle
-
     if not speedup > 0:
         raise InvalidInput(f"speedup must be a positive number, not {speedup!r}")
     calls: dict[str, Callable[[], Any]] = {

@@ -1,0 +1,109 @@
+"""Starting and finding managed jobs' processes: the environment a job runs with, spawning it (with CPU affinity on
+`cpu` devices), and finding its live processes again by that environment.
+
+`job_env` computes from the store: FLEETLENS_WORKFLOW, FLEETLENS_MANAGED (the host id), CUDA_VISIBLE_DEVICES (CPU
+affinity on `cpu` devices), and for a lane FLEETLENS_LANE, FLEETLENS_MEMORY_FRACTION and
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. Whoever starts a job (`fleetlens run` in the foreground, or the agent for a
+detached launch or a relaunch) uses `spawn_job` with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import psutil
+from sqlalchemy.orm import Session
+
+from store.errors import InvalidInput, NotFound
+from store.models import Device, Lane
+
+MANAGED_ENV = "FLEETLENS_MANAGED"  # set to the host id in every managed job's environment: how agents find it
+_GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
+
+
+def job_env(session: Session, workflow_id: str, device_ids: Sequence[int], lane_id: int | None, *,
+            host_id: str, resume_from: str | None = None, resume_step: int | None = None) -> tuple[dict[str, str],
+                                                                                              list[int] | None]:
+    """(environment overrides, cpu cores to pin to or None) for running the workflow on these devices / lane."""
+    devices = [session.get(Device, d) for d in device_ids]
+    if any(d is None for d in devices):
+        raise NotFound(f"device {device_ids} is no longer in the store")
+    env = {"FLEETLENS_WORKFLOW": workflow_id, MANAGED_ENV: host_id}
+    cores: list[int] | None = None
+    if all(d.source == "cpu" for d in devices):
+        cores = sorted({int(c) for d in devices for c in (d.cpu_cores or [])}) or None
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU device: the job must not wander onto a GPU it was not given
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d.index) for d in devices)
+    if lane_id is not None:
+        lane = session.get(Lane, lane_id)
+        if lane is None:
+            raise NotFound(f"lane {lane_id} is no longer in the store")
+        total = devices[0].memory_total or 0
+        fraction = min(1.0, lane.size_bytes / total) if total else 1.0
+        env.update(FLEETLENS_LANE=str(lane_id), FLEETLENS_MEMORY_FRACTION=f"{max(fraction, 1e-6):.6f}",
+                   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(max(1, min(100, round(lane.compute_share * 100)))))
+    if resume_from:
+        env["FLEETLENS_RESUME_FROM"] = str(resume_from)
+    if resume_step is not None:
+        env["FLEETLENS_RESUME_STEP"] = str(int(resume_step))
+    return env, cores
+
+
+def spawn_job(command: Sequence[str], cwd: str, env_overrides: dict[str, str], *, cores: list[int] | None = None,
+              log_path: str | os.PathLike[str] | None = None, detach: bool = True,
+              base_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start the job: its own session when detached (it outlives whoever started it), output to `log_path`."""
+    env = dict(os.environ if base_env is None else base_env)
+    for key in ("FLEETLENS_WORKFLOW", "FLEETLENS_LANE", "FLEETLENS_MEMORY_FRACTION", "FLEETLENS_RESUME_FROM",
+                "FLEETLENS_RESUME_STEP", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        env.pop(key, None)  # never inherit another job's identity or lane
+    env.update(env_overrides)
+    out: IO[bytes] | int | None = None
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        out = open(log_path, "ab")  # noqa: SIM115 (handed to the child; closed below)
+    try:
+        proc = subprocess.Popen(list(command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT if out is not None else None,
+                                start_new_session=detach)
+    except OSError as exc:
+        raise InvalidInput(f"cannot start {shlex.join(command)} in {cwd}: {exc.strerror or exc}") from None
+    finally:
+        if out is not None and not isinstance(out, int):
+            out.close()
+    if cores:
+        try:  # set before the interpreter starts its worker threads, which inherit the mask
+            os.sched_setaffinity(proc.pid, cores)
+        except OSError:
+            pass
+    return proc
+
+
+def find_job_processes(workflow_id: str, host_id: str) -> list[psutil.Process]:
+    """The live top-level processes of a managed workflow on this host (found by the environment
+    `fleetlens run` gave them, so it works for jobs started by a previous agent or in the foreground)."""
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            env = proc.environ()
+        except _GONE:
+            continue
+        if env.get("FLEETLENS_WORKFLOW") == workflow_id and env.get(MANAGED_ENV) == host_id:
+            found[proc.pid] = proc
+    top = []
+    for proc in found.values():
+        try:
+            if proc.ppid() not in found:
+                top.append(proc)
+        except _GONE:
+            continue
+    return sorted(top, key=lambda p: p.pid)
+

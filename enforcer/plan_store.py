@@ -1,0 +1,204 @@
+"""The planner's store side: read the fleet (devices, placements, open findings, movability, cool-downs) into the
+pure planner's inputs, record a plan in `plans`, and apply one as `actions` rows in state 'planned' that the
+migration state machine carries out later (nothing moves here)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import asdict
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from enforcer.lanes import PERSISTENT_FACTOR
+from enforcer.migration import plan_action
+from enforcer.planner import Holding, Move, PlanDevice, PlanResult, plan_moves
+from enforcer.policies import get_policy
+from store.db import Store
+from store.errors import InvalidInput, NotFound
+from store.finding_contract import PLANNER_RULES, MoveEvidence
+from store.findings import open_findings
+from store.models import Action, Device, DeviceSample, Placement, Plan, Team, Workflow
+from store.models import Lane as LaneRow
+from store.settings import Settings, get_settings
+from store.workflows import is_movable
+
+# action states after which a job may be planned again (once its cool-down has passed)
+TERMINAL_ACTION_STATES = ("resumed", "rolled_back", "failed")
+GIB = 2**30
+
+
+
+def load_state(session: Session, settings: Settings, now: float) -> tuple[list[PlanDevice], list[Holding]]:
+    """Devices, current placements, open findings, movability and cool-downs, as `plan_moves` takes them."""
+    latest = (select(DeviceSample.device_id, func.max(DeviceSample.ts).label("ts"))
+              .group_by(DeviceSample.device_id).subquery())
+    used = dict(session.execute(
+        select(DeviceSample.device_id, DeviceSample.mem_used)
+        .join(latest, (latest.c.device_id == DeviceSample.device_id) & (latest.c.ts == DeviceSample.ts))
+    ).all())
+    devices = [
+        PlanDevice(d.id, int(d.memory_total or 0), d.host_id, d.name)
+        for d in session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id))
+        if d.memory_total
+    ]
+
+    findings: dict[str, list] = defaultdict(list)
+    for f in open_findings(session, rules=PLANNER_RULES):
+        findings[f.workflow_id].append(f)
+    busy = set(session.scalars(
+        select(Action.workflow_id).where(
+            (Action.state.not_in(TERMINAL_ACTION_STATES)) | (Action.updated_at >= now - settings.cooldown_s)
+        )
+    ))
+    movable_teams = set(settings.movable_teams) | set(
+        session.scalars(select(Team.name).where(Team.movable.is_(True))))
+
+    rows = session.execute(
+        select(Placement, Workflow, LaneRow)
+        .join(Workflow, Workflow.id == Placement.workflow_id)
+        .outerjoin(LaneRow, LaneRow.id == Placement.lane_id)
+        .where(Placement.state == "active")
+        .order_by(Placement.id)
+    ).all()
+    holdings = []
+    explained: dict[int, int] = defaultdict(int)
+    for placement, wf, lane in rows:
+        flagged = findings.get(wf.id, [])
+        persistent, ephemeral = _memory(wf, placement, flagged)
+        movable = is_movable(session, wf) or (wf.managed and wf.team in movable_teams)
+        holdings.append(Holding(
+            workflow_id=wf.id, device_id=placement.device_id, persistent=persistent, ephemeral=ephemeral,
+            util=_util(placement, lane, flagged), lane_id=lane.id if lane is not None else None,
+            lane_size=lane.size_bytes if lane is not None else None,
+            compute_share=lane.compute_share if lane is not None else 1.0, p_prime=placement.mem_persistent,
+            movable=movable and wf.state == "running", rules=tuple(sorted({f.rule for f in flagged})),
+            cooling=wf.id in busy,
+        ))
+        explained[placement.device_id] += (placement.mem_persistent or 0) + (placement.mem_ephemeral or 0)
+    # lanes opened for moves still under way: reserved for the jobs on their way, whatever else happens
+    arriving = session.execute(
+        select(Action.workflow_id, Action.to_device_id, LaneRow)
+        .join(LaneRow, LaneRow.id == Action.to_lane_id)
+        .where(Action.state.not_in(TERMINAL_ACTION_STATES), LaneRow.state == "open")
+        .order_by(Action.id)
+    ).all()
+    per_lane: dict[int, int] = defaultdict(int)
+    for _, _, lane in arriving:
+        per_lane[lane.id] += 1
+    for workflow_id, device_id, lane in arriving:
+        holdings.append(Holding(
+            workflow_id=f"arriving:{workflow_id}", device_id=device_id, persistent=None, util=1.0,
+            lane_id=lane.id, lane_size=lane.size_bytes, compute_share=lane.compute_share,
+            p_prime=lane.size_bytes // per_lane[lane.id],
+        ))
+        explained[device_id] += lane.size_bytes // per_lane[lane.id]
+    for d in devices:
+        seen = used.get(d.device_id)
+        if seen:
+            d.foreign = max(0, int(seen) - explained[d.device_id])
+    return devices, holdings
+
+
+def _memory(wf: Workflow, placement: Placement, flagged: list) -> tuple[int | None, int]:
+    """P and E: the SDK's memory profile, else what the placement admitted, else the peak a finding measured."""
+    if wf.mem_persistent is not None:
+        return int(wf.mem_persistent), int(wf.mem_ephemeral or 0)
+    if placement.mem_persistent is not None:
+        return int(placement.mem_persistent / PERSISTENT_FACTOR), int(placement.mem_ephemeral or 0)
+    for f in flagged:
+        gib = MoveEvidence.from_json(f.evidence).memory_gib
+        if gib:
+            return int(float(gib) * GIB), 0
+    return None, 0
+
+
+def _util(placement: Placement, lane: LaneRow | None, flagged: list) -> float:
+    evidence = [MoveEvidence.from_json(f.evidence) for f in flagged]
+    for key in MoveEvidence.UTIL_FIELDS:
+        for ev in evidence:
+            value = getattr(ev, key)
+            if value is not None:
+                return max(0.0, min(1.0, float(value)))
+    return float(placement.compute_share if lane is not None else 1.0)
+
+
+def make_plan(store: Store, policy: str = "pack", *, apply: bool = False, settings: Settings | None = None,
+              now: float | None = None) -> PlanResult:
+    """Plan one cycle on the store's fleet and record it in `plans`; with `apply`, also create its actions."""
+    settings = settings or get_settings()
+    chosen = get_policy(policy)  # an unknown policy fails before anything is read or written
+    now = time.time() if now is None else now
+    with store.session() as session:
+        devices, holdings = load_state(session, settings, now)
+    result = plan_moves(devices, holdings, chosen, max_moves=settings.max_moves_per_cycle)
+    with store.session() as session:
+        row = Plan(created_at=now, policy=chosen.name, applied=False, devices_freed=len(result.devices_freed),
+                   moves=[asdict(m) for m in result.moves], summary=result.summary())
+        session.add(row)
+        session.flush()
+        result.plan_id = row.id
+    if apply and result.moves:
+        apply_plan(store, result.plan_id, now=now)
+        result.applied = True
+    return result
+
+
+def apply_plan(store: Store, plan_id: int, *, now: float | None = None) -> list[Action]:
+    """Turn a recorded plan into actions in state 'planned' (one per move) and open the lanes it needs.
+
+    All or nothing: a plan that is unknown or already applied, or names a workflow that has gone, a job no
+    longer where the plan found it, or a device that is gone, raises and leaves the store as it was.
+    """
+    now = time.time() if now is None else now
+    with store.session() as session:
+        plan = session.get(Plan, plan_id)
+        if plan is None:
+            raise NotFound(f"no plan {plan_id} in the store; `fleetlens enforce` makes one")
+        if plan.applied:
+            raise InvalidInput(f"plan {plan_id} was applied already; run `fleetlens enforce` for a fresh plan")
+        moves = [Move(**m) for m in plan.moves]
+        for m in moves:
+            wf = session.get(Workflow, m.workflow_id)
+            if wf is None:
+                raise NotFound(f"plan {plan_id} moves workflow {m.workflow_id!r}, which is no longer in the store; "
+                               "nothing was moved — run `fleetlens enforce` for a fresh plan")
+            if wf.state != "running":
+                raise InvalidInput(f"plan {plan_id} moves workflow {m.workflow_id!r}, which is {wf.state}; "
+                                   "nothing was moved — run `fleetlens enforce` for a fresh plan")
+            here = session.scalar(select(Placement.id).where(
+                Placement.workflow_id == m.workflow_id, Placement.device_id == m.from_device_id,
+                Placement.state == "active"))
+            if here is None:
+                raise InvalidInput(f"plan {plan_id}: workflow {m.workflow_id!r} is no longer on device "
+                                   f"{m.from_device_id}; nothing was moved — run `fleetlens enforce` again")
+            target = session.get(Device, m.to_device_id)
+            if target is None or target.state != "ok":
+                raise NotFound(f"plan {plan_id}: target device {m.to_device_id} is gone; nothing was moved")
+        new_lanes: dict[str, int] = {}
+        actions = []
+        for m in moves:
+            lane_id = m.to_lane_id
+            if lane_id is None and m.new_lane is not None:
+                if m.new_lane not in new_lanes:
+                    lane = LaneRow(device_id=m.to_device_id, size_bytes=m.lane_size, compute_share=m.compute_share,
+                                   state="open", created_at=now)
+                    session.add(lane)
+                    session.flush()
+                    new_lanes[m.new_lane] = lane.id
+                lane_id = new_lanes[m.new_lane]
+            action = plan_action(
+                session, m.workflow_id, plan.policy, m.from_device_id, m.to_device_id, lane_id, now=now,
+                message=f"planned by plan {plan_id} ({plan.policy}): device {m.from_device_id} -> {m.to_device_id}",
+                detail={"rules": m.rules, "expected_slowdown": m.expected_slowdown, "lane_size": m.lane_size,
+                        "p_prime": m.p_prime, "ephemeral": m.ephemeral},
+                plan_id=plan_id, expected_slowdown=m.expected_slowdown)
+            actions.append(action)
+        plan.applied = True
+        session.flush()
+        for action in actions:
+            session.refresh(action)
+        session.expunge_all()
+    return actions
+

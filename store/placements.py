@@ -1,0 +1,64 @@
+"""Placement writes shared by whoever starts, ends or moves a managed job: started, ended, withdrawn, and closing
+lanes left empty."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from store.db import Store
+from store.models import Lane, Placement, Workflow
+
+
+def mark_started(store: Store, workflow_id: str, placement_ids: Sequence[int], pid: int) -> None:
+    """The job runs as `pid`: its placements become active and the workflow running."""
+    with store.session() as session:
+        session.execute(update(Placement).where(Placement.id.in_(list(placement_ids)))
+                        .values(pid=pid, state="active"))
+        session.execute(update(Workflow).where(Workflow.id == workflow_id).values(state="running"))
+
+
+def end_placements(store: Store, workflow_id: str, pid: int | None, outcome: str, *, now: float | None = None) -> int:
+    """The job's process `pid` ended: its active placements end and empty lanes close; returns how many ended.
+
+    A workflow being moved is left to the migration (it ends the old placement itself)."""
+    now = time.time() if now is None else now
+    with store.session() as session:
+        wf = session.get(Workflow, workflow_id)
+        if wf is None or wf.state == "moving":
+            return 0
+        rows = list(session.scalars(select(Placement).where(
+            Placement.workflow_id == workflow_id, Placement.state.in_(("active", "pending")),
+            *([Placement.pid == pid] if pid is not None else []))))
+        for p in rows:
+            p.state, p.ended_at = "ended", now
+        session.flush()
+        close_empty_lanes(session, {p.lane_id for p in rows if p.lane_id is not None}, now)
+        if wf.state == "running":
+            wf.state = "finished" if outcome == "finished" else "failed"
+        return len(rows)
+
+
+def withdraw_placement(session: Session, workflow_id: str, placement_ids: Sequence[int], lane_id: int | None,
+                       *, now: float | None = None) -> None:
+    """Undo a placement whose job never started: the placements end, its lane closes if left empty."""
+    now = time.time() if now is None else now
+    session.execute(update(Placement).where(Placement.id.in_(list(placement_ids)))
+                    .values(state="ended", ended_at=now))
+    session.flush()
+    if lane_id is not None:
+        close_empty_lanes(session, {lane_id}, now)
+    session.execute(update(Workflow).where(Workflow.id == workflow_id).values(state="failed"))
+
+
+def close_empty_lanes(session: Session, lane_ids: set[int], now: float) -> None:
+    """Close each of these lanes that no active or pending placement uses any more."""
+    for lane_id in lane_ids:
+        busy = session.scalar(select(Placement.id).where(
+            Placement.lane_id == lane_id, Placement.state.in_(("active", "pending"))).limit(1))
+        if busy is None:
+            session.execute(update(Lane).where(Lane.id == lane_id, Lane.state == "open")
+                            .values(state="closed", closed_at=now))
