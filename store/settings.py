@@ -66,6 +66,15 @@ class Settings(BaseSettings):
     movable_teams: list[str] = Field(default_factory=list)
     checkpoint_timeout_s: float = 120.0
     enforce_drive_s: float = Field(120.0, ge=0)  # one enforcement cycle drives migrations this long (0: one step)
+    # consolidation (enforcer.consolidate): re-pack by observed demand every interval
+    consolidate_interval_s: float = Field(900.0, gt=0)
+    consolidate_window_s: float = Field(3 * 3600.0, gt=0)  # recent window: peak memory, p95 utilisation
+    consolidate_min_history_s: float = Field(900.0, ge=0)  # history a job needs before it is co-located
+    consolidate_util_cap: float = Field(1.0, gt=0)  # most summed p95 utilisation on one shared device
+    consolidate_max_moves_per_cycle: int = Field(20, ge=0)
+    consolidate_max_moves_per_job_day: int = Field(2, ge=0)
+    consolidate_downtime_s: float = Field(30.0, ge=0)  # a move's downtime, as benchmarks/migration.py measures it
+    consolidate_horizon_s: float = Field(3600.0, gt=0)  # a freed device counts as given back for this long
 
     # ui
     ui_port: int = 8501

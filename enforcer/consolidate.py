@@ -1,0 +1,361 @@
+"""Consolidation: re-pack movable jobs by the demand telemetry has shown so far, with few moves, so devices come free.
+
+Pure and in memory (devices, placements and each job's observed history in; moves out), so the live cycle and the
+simulator run the same code. Nothing here sees the future: a job is sized from its samples up to `now` only.
+
+Sizing. Memory is the job's peak over the recent window; Salus's admission (enforcer.lanes) adds its headroom
+(P' = 1.1 P, lane = 1.05 P'). Compute is the p95 of its utilisation over the same window. A job is shareable (may
+be co-located) when its memory is declared (a quota known at arrival) or when its history covers `min_history_s`
+and its memory is not still growing (no new high in the last quarter of the window); otherwise it keeps a device
+to itself.
+
+Planning keeps placements. Guard moves first: on a shared device whose jobs' lanes no longer fit (a job's memory
+grew toward its share) or whose jobs ask more compute than `util_cap`, the cheapest jobs move off until it fits,
+before real memory runs out. Then consolidation moves: a device is emptied only if all its jobs fit on other
+devices in use (Salus's lane rule, the compute cap) and the device-hours that returns over `horizon_s` outweigh
+the moves' cost (downtime plus the work since each job's last checkpoint). Moves per cycle and per job per day are
+capped; a device is never planned over its memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR, Admission, Fleet, Job, lane_request
+from store.settings import Settings
+
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsolidateParams:
+    window_s: float = 3 * 3600.0  # memory peak and utilisation p95 are taken over this recent window
+    min_history_s: float = 15 * 60.0  # a job is co-located only after this much history
+    util_cap: float = 1.0  # most compute (sum of p95 utilisation) planned on one shared device
+    max_moves_per_cycle: int = 20
+    max_moves_per_job_day: int = 2  # consolidation moves; guard moves (memory running out) are never held back
+    downtime_s: float = 30.0  # a move's downtime (benchmarks/migration.py measures it)
+    horizon_s: float = 3600.0  # how long a freed device is counted as given back when weighing a move
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ConsolidateParams:
+        return cls(
+            window_s=settings.consolidate_window_s, min_history_s=settings.consolidate_min_history_s,
+            util_cap=settings.consolidate_util_cap, max_moves_per_cycle=settings.consolidate_max_moves_per_cycle,
+            max_moves_per_job_day=settings.consolidate_max_moves_per_job_day,
+            downtime_s=settings.consolidate_downtime_s, horizon_s=settings.consolidate_horizon_s,
+        )
+
+
+@dataclass(slots=True)
+class JobDemand:
+    """One job as telemetry has shown it up to now.
+
+    times / mem / util: its samples so far (epoch seconds, bytes, 0..1), oldest first. declared_mem / declared_util:
+    what it asked for at arrival when it did (a quota), which stands in for history. device_id: where it runs now
+    (None: not placed). since_checkpoint_s: work a move would lose. moves: times of its earlier moves.
+    """
+
+    job_id: str
+    device_id: int | None = None
+    times: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    mem: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    util: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    declared_mem: int | None = None
+    declared_util: float | None = None
+    movable: bool = True
+    gpus: int = 1
+    whole: bool = False  # holds its device whole (a part of a multi-device job)
+    since_checkpoint_s: float = 0.0
+    moves: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    job_id: str
+    mem: int  # bytes the job is sized at (before Salus's headroom)
+    util: float
+    shareable: bool
+    why: str  # declared | steady | short_history | growing | no_samples
+
+    def lane_job(self) -> Job:
+        return Job(self.job_id, persistent=self.mem, ephemeral=0, util=self.util, exclusive=not self.shareable)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsolidationMove:
+    job_id: str
+    from_device_id: int
+    to_device_id: int
+    reason: str  # guard_memory | guard_compute | free_device
+    cost_s: float  # downtime plus lost work
+    gain_device_h: float  # device-hours the move's group returns over the horizon (0 for guard moves)
+
+
+@dataclass(slots=True)
+class ConsolidationPlan:
+    moves: list[ConsolidationMove]
+    sizes: dict[str, Size]
+    devices_held: int  # devices holding a job now
+    devices_needed: int  # devices holding a job once the moves are done
+    devices_freed: list[int]
+    unresolved: dict[str, str]  # job -> why it has no place (no room anywhere)
+    packing: Packing | None = None  # the devices once the moves are done
+
+    def summary(self) -> dict:
+        reasons: dict[str, int] = {}
+        for m in self.moves:
+            reasons[m.reason] = reasons.get(m.reason, 0) + 1
+        return {"moves": len(self.moves), "by_reason": reasons, "devices_held": self.devices_held,
+                "devices_needed": self.devices_needed, "devices_freed": len(self.devices_freed),
+                "unresolved": len(self.unresolved)}
+
+
+def size_job(d: JobDemand, now: float, p: ConsolidateParams) -> Size:
+    """What the job is planned at: recent peak memory, recent p95 utilisation, and whether it may share."""
+    if d.whole:
+        return Size(d.job_id, int(d.declared_mem or 0), 1.0, False, "whole_device")
+    if d.declared_mem is not None:
+        util = d.declared_util if d.declared_util is not None else 1.0
+        return Size(d.job_id, int(d.declared_mem), float(util), True, "declared")
+    if len(d.mem) == 0:
+        return Size(d.job_id, 0, 1.0, False, "no_samples")
+    times = np.asarray(d.times, dtype=float)
+    mem = np.asarray(d.mem, dtype=float)
+    util = np.asarray(d.util, dtype=float)
+    recent = times >= now - p.window_s
+    if not recent.any():
+        recent = np.ones(len(times), dtype=bool)
+    peak = int(np.nanmax(mem[recent]))
+    u = util[recent]
+    u = u[~np.isnan(u)]
+    p95 = float(np.quantile(u, 0.95)) if len(u) else 1.0
+    if times[-1] - times[0] < p.min_history_s:
+        return Size(d.job_id, peak, p95, False, "short_history")
+    # still growing: its highest memory came in the last quarter of the window and is above what came before
+    late = times >= now - p.window_s / 4
+    early = recent & ~late
+    if early.any() and late.any() and np.nanmax(mem[late]) > np.nanmax(mem[early]) * 1.02:
+        return Size(d.job_id, peak, p95, False, "growing")
+    return Size(d.job_id, peak, p95, True, "steady")
+
+
+def lane_bytes(size: Size, capacity: int) -> int:
+    """Memory the job's lane holds on a device of `capacity` (a whole device when it may not share)."""
+    if not size.shareable:
+        return capacity
+    return lane_request(size.mem, 0, capacity)[1]
+
+
+def fits_alone(size: Size, capacity: int) -> bool:
+    """A job whose memory fits the device gets it alone, without Salus's headroom."""
+    return size.mem <= capacity
+
+
+class Packing:
+    """Devices, who is where and how much memory and compute each holds: the state plans and simulations change.
+
+    Memory goes through Salus's admission (enforcer.lanes.Fleet): each shareable job opens its own lane, a job
+    that may not share holds its device whole. Compute is the sum of the jobs' p95 utilisation per device.
+    """
+
+    def __init__(self, devices: list[tuple[int, int]], util_cap: float = 1.0) -> None:
+        self.util_cap = util_cap
+        self.fleet = Fleet()
+        for device_id, capacity in devices:
+            self.fleet.add_device(device_id, capacity)
+        n = len(devices)
+        self.util = np.zeros(n)
+        self.n_jobs = np.zeros(n, dtype=np.int64)
+        self.where: dict[str, int] = {}  # job -> device position
+        self.on: dict[int, set[str]] = {}  # device position -> its jobs
+        self.sizes: dict[str, Size] = {}
+        self.capacity = self.fleet.arrays.capacity
+
+    @property
+    def positions_in_use(self) -> np.ndarray:
+        return np.flatnonzero(self.n_jobs > 0)
+
+    def admission(self, i: int, size: Size) -> Admission | None:
+        device = self.fleet.devices[i]
+        if not size.shareable:
+            return device.admit_whole(Job(size.job_id, persistent=0)) if fits_alone(size, device.capacity) else None
+        adm = device.admit(size.lane_job(), whole=False)
+        if adm is None or not adm.new_lane:
+            return None  # own lane only: jobs of one lane take turns, which co-located services do not
+        return adm
+
+    def put(self, i: int, size: Size, adm: Admission | None = None) -> bool:
+        adm = adm or self.admission(i, size)
+        if adm is None:
+            return False
+        job = Job(size.job_id, persistent=0 if not size.shareable else size.mem, util=size.util,
+                  exclusive=not size.shareable)
+        self.fleet.bind([adm], job)
+        self.where[size.job_id] = i
+        self.on.setdefault(i, set()).add(size.job_id)
+        self.sizes[size.job_id] = size
+        self.util[i] += size.util
+        self.n_jobs[i] += 1
+        return True
+
+    def take(self, job_id: str) -> int:
+        i = self.where.pop(job_id)
+        self.on[i].discard(job_id)
+        size = self.sizes.pop(job_id)
+        self.fleet.remove(job_id)
+        self.util[i] -= size.util
+        self.n_jobs[i] -= 1
+        if self.n_jobs[i] == 0:
+            self.util[i] = 0.0
+        return i
+
+    def best_shared(self, size: Size, exclude: set[int] | frozenset[int] = frozenset()) -> int | None:
+        """The in-use shareable device with the least free memory left after the job's lane (best fit)."""
+        if not size.shareable:
+            return None
+        a = self.fleet.arrays
+        need = max(1, math.ceil(LANE_FACTOR * math.ceil(PERSISTENT_FACTOR * size.mem)))
+        mask = (self.n_jobs > 0) & (a.free >= need) & (self.util + size.util <= self.util_cap + 1e-9) & (a.n_lanes > 0)
+        idx = np.flatnonzero(mask)
+        if idx.size == 0:
+            return None
+        order = idx[np.argsort(a.free[idx] - need, kind="stable")]
+        for i in order:
+            i = int(i)
+            if i in exclude:
+                continue
+            if self.admission(i, size) is not None:
+                return i
+        return None
+
+    def empty_device(self, size: Size) -> int | None:
+        """The smallest empty device that holds the job alone."""
+        a = self.fleet.arrays
+        idx = np.flatnonzero((self.n_jobs == 0) & (a.capacity >= size.mem) & a.alive)
+        if idx.size == 0:
+            return None
+        return int(idx[np.argmin(a.capacity[idx])])
+
+    def place_new(self, size: Size, exclude: set[int] | frozenset[int] = frozenset()) -> tuple[int | None, str]:
+        """Where a job goes: next to others if it may share and a device in use has room, else a device alone
+        (in its own lane when Salus's headroom fits there, so others may join it later; else whole).
+
+        Returns (position, "") or (None, the reason it cannot be placed now)."""
+        i = self.best_shared(size, exclude)
+        if i is not None:
+            self.put(i, size)
+            return i, ""
+        i = self.empty_device(size)
+        if i is not None:
+            cap = int(self.capacity[i])
+            alone = size if size.shareable and lane_bytes(size, cap) <= cap else Size(
+                size.job_id, size.mem, size.util, False, size.why)
+            if self.put(i, alone):
+                return i, ""
+        biggest = int(self.capacity.max()) if len(self.capacity) else 0
+        if size.mem > biggest:
+            return None, (f"needs {size.mem / 2**30:.1f} GiB, more than the largest device "
+                          f"({biggest / 2**30:.1f} GiB) holds")
+        return None, "no free device that fits it"
+
+
+def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand], now: float,
+                       params: ConsolidateParams | None = None) -> ConsolidationPlan:
+    """Moves for one cycle: guard moves for devices running out, then moves that free whole devices."""
+    p = params or ConsolidateParams()
+    pk = Packing(devices, p.util_cap)
+    sizes = {d.job_id: size_job(d, now, p) for d in demands}
+    by_id = {d.job_id: d for d in demands}
+    pos_of = pk.fleet.index_of
+
+    def cost(d: JobDemand) -> float:
+        return p.downtime_s + max(0.0, d.since_checkpoint_s)
+
+    # load the current placement device by device; what no longer fits is over
+    over: list[tuple[int, str, str]] = []  # (device position, job, guard reason)
+    groups: dict[int, list[JobDemand]] = {}
+    for d in demands:
+        if d.device_id is not None and d.device_id in pos_of:
+            groups.setdefault(pos_of[d.device_id], []).append(d)
+    unresolved: dict[str, str] = {}
+    for i, members in groups.items():
+        cap = int(pk.capacity[i])
+        if len(members) == 1:
+            s = sizes[members[0].job_id]
+            alone = s if (s.shareable and lane_bytes(s, cap) <= cap) else Size(s.job_id, s.mem, s.util, False, s.why)
+            if not pk.put(i, alone):
+                unresolved[s.job_id] = "its memory outgrew the device it runs on alone"
+            continue
+        # a shared device: the costliest to move stay; the cheapest move off until the rest fit
+        members.sort(key=lambda d: (-cost(d), -sizes[d.job_id].mem, d.job_id))
+        for d in members:
+            s = sizes[d.job_id]
+            in_lane = Size(s.job_id, s.mem, s.util, True, s.why)  # co-located already: it keeps a lane
+            if pk.util[i] + s.util > p.util_cap + 1e-9:
+                over.append((i, d.job_id, "guard_compute"))
+            elif not pk.put(i, in_lane):
+                over.append((i, d.job_id, "guard_memory"))
+    held = len(groups)
+    moves: list[ConsolidationMove] = []
+    moved: set[str] = set()
+    # guard moves: they go now, whatever the caps, to a device with room (shared if the job may share, else alone)
+    for i, job_id, reason in over:
+        to, _ = pk.place_new(sizes[job_id], exclude={i})
+        if to is None:
+            unresolved[job_id] = "no device has room for it"
+            continue
+        moves.append(ConsolidationMove(job_id, pk.fleet.devices[i].device_id, pk.fleet.devices[to].device_id,
+                                       reason, cost(by_id[job_id]), 0.0))
+        moved.add(job_id)
+    # consolidation moves: empty whole devices, easiest first, onto devices in use
+    budget = p.max_moves_per_cycle - len(moves)
+    freed: list[int] = []
+
+    def may_move(d: JobDemand) -> bool:
+        recent = sum(1 for t in d.moves if t > now - DAY_S)
+        return (d.movable and d.gpus == 1 and d.job_id not in moved and sizes[d.job_id].shareable
+                and recent < p.max_moves_per_job_day)
+
+    in_use = pk.positions_in_use
+    a = pk.fleet.arrays
+    order = sorted((int(i) for i in in_use), key=lambda i: (int(pk.n_jobs[i]), -int(a.free[i]), i))
+    emptied: set[int] = set()
+    for i in order:
+        if budget <= 0:
+            break
+        members = sorted(pk.on.get(i, ()))
+        if not members or len(members) > budget or not all(may_move(by_id[j]) for j in members):
+            continue
+        total_cost = sum(cost(by_id[j]) for j in members)
+        gain_s = p.horizon_s
+        if total_cost >= gain_s:
+            continue
+        taken = [(j, pk.sizes[j]) for j in members]
+        for j, _ in taken:
+            pk.take(j)
+        targets: list[tuple[str, int]] = []
+        for j, s in sorted(taken, key=lambda x: -x[1].mem):
+            to = pk.best_shared(s, exclude=emptied | {i})
+            if to is None:
+                break
+            pk.put(to, s)
+            targets.append((j, to))
+        if len(targets) < len(taken):
+            for j, _ in targets:
+                pk.take(j)
+            for _j, s in taken:
+                pk.put(i, s)
+            continue
+        emptied.add(i)
+        freed.append(pk.fleet.devices[i].device_id)
+        gain_h = gain_s / 3600.0
+        for j, to in targets:
+            moves.append(ConsolidationMove(j, pk.fleet.devices[i].device_id, pk.fleet.devices[to].device_id,
+                                           "free_device", cost(by_id[j]), gain_h / len(targets)))
+            moved.add(j)
+        budget -= len(targets)
+    return ConsolidationPlan(moves, sizes, held, int((pk.n_jobs > 0).sum()), freed, unresolved, pk)
