@@ -1,0 +1,152 @@
+"""Consolidation planning: sizing from observed history, guard moves, device-freeing moves, caps, memory never over."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from enforcer.consolidate import (
+    ConsolidateParams,
+    JobDemand,
+    lane_bytes,
+    plan_consolidation,
+    size_job,
+)
+from enforcer.lanes import lane_request
+from store.settings import Settings
+
+GIB = 2**30
+NOW = 100_000.0
+P = ConsolidateParams(window_s=3600.0, min_history_s=900.0, downtime_s=30.0, horizon_s=3600.0)
+
+
+def steady(job_id: str, device_id: int | None, gib: float, util: float = 0.2, minutes: int = 60,
+           **kw) -> JobDemand:
+    t = NOW - 60.0 * np.arange(minutes)[::-1]
+    return JobDemand(job_id, device_id, t, np.full(minutes, gib * GIB), np.full(minutes, util), **kw)
+
+
+def devices(n: int, gib: int = 80) -> list[tuple[int, int]]:
+    return [(i, gib * GIB) for i in range(n)]
+
+
+def assert_within_memory(plan) -> None:
+    pk = plan.packing
+    pk.fleet.check()
+    for d in pk.fleet.devices:
+        assert sum(lane.size for lane in d.lanes.values()) <= d.capacity
+
+
+def test_size_from_recent_peak_and_p95():
+    mem = np.concatenate([np.full(30, 30 * GIB), np.full(30, 10 * GIB)])  # the 30 GiB peak was over an hour ago
+    t = NOW - 60.0 * np.arange(60)[::-1] * 3  # three hours of samples, every 3 minutes
+    util = np.linspace(0.0, 1.0, 60)
+    s = size_job(JobDemand("a", 0, t, mem, util), NOW, P)
+    recent = t >= NOW - P.window_s
+    assert s.mem == int(mem[recent].max()) == 10 * GIB
+    assert s.util == pytest.approx(np.quantile(util[recent], 0.95))
+    assert s.shareable and s.why == "steady"
+
+
+def test_short_history_and_growth_keep_a_job_alone():
+    assert size_job(steady("a", 0, 10, minutes=5), NOW, P).why == "short_history"
+    t = NOW - 60.0 * np.arange(60)[::-1]
+    growing = JobDemand("b", 0, t, np.linspace(5, 20, 60) * GIB, np.full(60, 0.1))
+    s = size_job(growing, NOW, P)
+    assert (s.shareable, s.why) == (False, "growing")
+    assert size_job(JobDemand("c", declared_mem=GIB, declared_util=0.3), NOW, P).why == "declared"
+
+
+def test_two_half_empty_devices_become_one():
+    plan = plan_consolidation(devices(3), [steady("a", 0, 20), steady("b", 1, 20)], NOW, P)
+    assert len(plan.moves) == 1 and plan.moves[0].reason == "free_device"
+    assert plan.devices_held == 2 and plan.devices_needed == 1
+    assert plan.devices_freed == [plan.moves[0].from_device_id]
+    assert_within_memory(plan)
+
+
+def test_no_move_when_it_frees_nothing_or_costs_more_than_it_returns():
+    # 50 + 50 GiB do not fit one 80 GiB device with Salus's headroom: keeping both is the plan
+    plan = plan_consolidation(devices(3), [steady("a", 0, 50), steady("b", 1, 50)], NOW, P)
+    assert plan.moves == [] and plan.devices_needed == 2
+    # a job with more unsaved work than the freed device returns over the horizon stays
+    costly = [steady("a", 0, 20, since_checkpoint_s=2 * P.horizon_s), steady("b", 1, 20,
+                                                                            since_checkpoint_s=2 * P.horizon_s)]
+    assert plan_consolidation(devices(3), costly, NOW, P).moves == []
+    # short histories are never co-located
+    assert plan_consolidation(devices(3), [steady("a", 0, 20, minutes=5), steady("b", 1, 20, minutes=5)],
+                              NOW, P).moves == []
+
+
+def test_move_caps_per_job_per_day_and_per_cycle():
+    moved_twice = [NOW - 3600.0, NOW - 7200.0]
+    jobs = [steady("a", 0, 20, moves=list(moved_twice)), steady("b", 1, 20, moves=list(moved_twice))]
+    assert plan_consolidation(devices(3), jobs, NOW, P).moves == []
+    # a day later the cap has passed
+    old = [NOW - 2 * 86400.0]
+    assert len(plan_consolidation(devices(3), [steady("a", 0, 20, moves=old), steady("b", 1, 20, moves=old)],
+                                  NOW, P).moves) == 1
+    many = [steady(f"j{i}", i, 10) for i in range(12)]
+    capped = ConsolidateParams(window_s=P.window_s, min_history_s=P.min_history_s, max_moves_per_cycle=3)
+    assert len(plan_consolidation(devices(12), many, NOW, capped).moves) == 3
+    assert len(plan_consolidation(devices(12), many, NOW, P).moves) > 3
+
+
+def test_guard_moves_a_job_whose_memory_grew_toward_its_share():
+    # a and b were co-located at 30 GiB each; b's recent peak is now 45 GiB: both lanes no longer fit 80 GiB
+    a = steady("a", 0, 30, since_checkpoint_s=600.0)
+    b = steady("b", 0, 30)
+    b.mem[-10:] = 45 * GIB
+    plan = plan_consolidation(devices(2), [a, b], NOW, P)
+    assert [(m.job_id, m.reason, m.from_device_id, m.to_device_id) for m in plan.moves] == [
+        ("b", "guard_memory", 0, 1)]
+    assert_within_memory(plan)
+    # the one with less work to lose is the one that goes, even when it is not the one that grew
+    a = steady("a", 0, 30)
+    b = steady("b", 0, 30, since_checkpoint_s=600.0)
+    b.mem[-10:] = 45 * GIB
+    assert [m.job_id for m in plan_consolidation(devices(2), [a, b], NOW, P).moves] == ["a"]
+    # both still fit: nothing moves
+    assert plan_consolidation(devices(2), [steady("a", 0, 30), steady("b", 0, 30)], NOW, P).moves == []
+
+
+def test_guard_compute_over_the_cap():
+    plan = plan_consolidation(devices(2), [steady("a", 0, 10, util=0.7), steady("b", 0, 10, util=0.6)], NOW, P)
+    assert [m.reason for m in plan.moves] == ["guard_compute"]
+    assert plan.packing.util.max() <= P.util_cap
+
+
+def test_unmovable_jobs_stay():
+    plan = plan_consolidation(devices(3), [steady("a", 0, 20, movable=False), steady("b", 1, 20, movable=False)],
+                              NOW, P)
+    assert plan.moves == []
+
+
+def test_never_plans_a_device_over_its_memory_random_fleets():
+    rng = random.Random(7)
+    for _ in range(30):
+        n = rng.randint(2, 12)
+        devs = [(i, rng.choice([24, 40, 80]) * GIB) for i in range(n)]
+        jobs = []
+        for k in range(rng.randint(1, 2 * n)):
+            dev = rng.randrange(n)
+            jobs.append(steady(f"j{k}", dev, rng.uniform(0.5, 18), util=rng.uniform(0, 0.6),
+                               minutes=rng.choice([5, 60])))
+        plan = plan_consolidation(devs, jobs, NOW, P)
+        assert_within_memory(plan)
+        where = {m.job_id: m.to_device_id for m in plan.moves}
+        caps = dict(devs)
+        for m in plan.moves:
+            s = plan.sizes[m.job_id]
+            assert lane_bytes(s, caps[m.to_device_id]) <= caps[m.to_device_id]
+        assert len(where) == len(plan.moves)  # a job moves at most once per cycle
+
+
+def test_params_come_from_settings():
+    s = Settings(consolidate_window_s=1234.0, consolidate_max_moves_per_job_day=5)
+    p = ConsolidateParams.from_settings(s)
+    assert (p.window_s, p.max_moves_per_job_day) == (1234.0, 5)
+    assert Settings().consolidate_interval_s == 900.0
+    assert lane_request(10 * GIB, 0, 80 * GIB)[1] > 10 * GIB  # Salus's headroom is what sizing adds
