@@ -34,7 +34,9 @@ DAY_S = 86400.0
 class ConsolidateParams:
     window_s: float = 3 * 3600.0  # memory peak and utilisation p95 are taken over this recent window
     min_history_s: float = 15 * 60.0  # a job is co-located only after this much history
+    growth: float = 0.02  # a new high this much above the earlier peak of the window, lately: still growing
     util_cap: float = 1.0  # most compute (sum of p95 utilisation) planned on one shared device
+    util_guard: float = 1.2  # compute over this on a shared device moves a job off (too much slows, never fails)
     max_moves_per_cycle: int = 20
     max_moves_per_job_day: int = 2  # consolidation moves; guard moves (memory running out) are never held back
     downtime_s: float = 30.0  # a move's downtime (benchmarks/migration.py measures it)
@@ -44,7 +46,8 @@ class ConsolidateParams:
     def from_settings(cls, settings: Settings) -> ConsolidateParams:
         return cls(
             window_s=settings.consolidate_window_s, min_history_s=settings.consolidate_min_history_s,
-            util_cap=settings.consolidate_util_cap, max_moves_per_cycle=settings.consolidate_max_moves_per_cycle,
+            util_cap=settings.consolidate_util_cap, util_guard=settings.consolidate_util_guard,
+            max_moves_per_cycle=settings.consolidate_max_moves_per_cycle,
             max_moves_per_job_day=settings.consolidate_max_moves_per_job_day,
             downtime_s=settings.consolidate_downtime_s, horizon_s=settings.consolidate_horizon_s,
         )
@@ -138,7 +141,7 @@ def size_job(d: JobDemand, now: float, p: ConsolidateParams) -> Size:
     # still growing: its highest memory came in the last quarter of the window and is above what came before
     late = times >= now - p.window_s / 4
     early = recent & ~late
-    if early.any() and late.any() and np.nanmax(mem[late]) > np.nanmax(mem[early]) * 1.02:
+    if early.any() and late.any() and np.nanmax(mem[late]) > np.nanmax(mem[early]) * (1.0 + p.growth):
         return Size(d.job_id, peak, p95, False, "growing")
     return Size(d.job_id, peak, p95, True, "steady")
 
@@ -295,7 +298,7 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
         for d in members:
             s = sizes[d.job_id]
             in_lane = Size(s.job_id, s.mem, s.util, True, s.why)  # co-located already: it keeps a lane
-            if pk.util[i] + s.util > p.util_cap + 1e-9:
+            if pk.util[i] + s.util > max(p.util_cap, p.util_guard) + 1e-9:
                 over.append((i, d.job_id, "guard_compute"))
             elif not pk.put(i, in_lane):
                 over.append((i, d.job_id, "guard_memory"))

@@ -31,6 +31,7 @@ class ReplayResult:
     job_days: float  # sum of the jobs' time alive, in days
     series: list[tuple[float, int, int]] = field(default_factory=list)  # (time, devices held, devices plan needs)
     cycles: int = 0
+    overcommits: list[tuple[float, int, list[str]]] = field(default_factory=list)  # (time, device, its jobs)
 
     @property
     def moves_per_job_day(self) -> float:
@@ -95,6 +96,7 @@ def replay(trace: DemandTrace, devices: list[tuple[int, int]], params: Consolida
 
     pk = Packing(devices, p.util_cap)
     dev_ids = [d for d, _ in devices]
+    pos_of = {d: i for i, d in enumerate(dev_ids)}
     cap = pk.capacity
     live: dict[str, _Live] = {}
     reasons: dict[str, str] = dict(trace.rejected)
@@ -107,6 +109,7 @@ def replay(trace: DemandTrace, devices: list[tuple[int, int]], params: Consolida
     over_min = 0.0
     peak = 0
     series: list[tuple[float, int, int]] = []
+    overcommits: list[tuple[float, int, list[str]]] = []
     last_t, last_held = t0, 0
     departed_since_cycle = False
     n_cycles = 0
@@ -159,11 +162,16 @@ def replay(trace: DemandTrace, devices: list[tuple[int, int]], params: Consolida
                                    for k, i in enumerate(lv.parts))
                 elif jid in pk.where:
                     demands.append(lv.demand(dev_ids[pk.where[jid]]))
-            plan = plan_consolidation(devices, demands, t, p)
+            # the devices in use, and as many empty ones as jobs might have to move off a shared device
+            in_use = pk.positions_in_use
+            sharing = int(pk.n_jobs[pk.n_jobs > 1].sum())
+            empty = np.flatnonzero(pk.n_jobs == 0)[:sharing]
+            subset = [devices[int(i)] for i in np.concatenate([in_use, empty])]
+            plan = plan_consolidation(subset, demands, t, p)
             for m in plan.moves:
                 live[m.job_id].moves.append(t)
                 moves.append((t, m.job_id, m.from_device_id, m.to_device_id, m.reason))
-            pk = plan.packing
+            _sync(pk, plan.packing, pos_of)
             for jid, why in plan.unresolved.items():
                 reasons[jid] = f"stopped at {t - t0:.0f} s: {why}"
                 job_s += t - live[jid].job.arrival
@@ -180,11 +188,13 @@ def replay(trace: DemandTrace, devices: list[tuple[int, int]], params: Consolida
                     mem[pk.where[jid]] += lv.real_mem()
             if t in sampled:
                 over_min += float((mem > cap).sum()) * (trace.step_s or 60.0) / 60.0
+                for i in np.flatnonzero(mem > cap):
+                    overcommits.append((t, dev_ids[int(i)], sorted(pk.on.get(int(i), ()))))
     for lv in live.values():
         job_s += t_end - lv.job.arrival
     span = max(t_end - t0, 1e-9)
     return ReplayResult(held_s / span, peak, held_s / 3600.0, moves, over_min, reasons, job_s / 86400.0, series,
-                        n_cycles)
+                        n_cycles, overcommits)
 
 
 def _take(pk: Packing, lv: _Live) -> None:
@@ -193,6 +203,23 @@ def _take(pk: Packing, lv: _Live) -> None:
             pk.take(f"{lv.job.id}#{k}")
     elif lv.job.id in pk.where:
         pk.take(lv.job.id)
+
+
+def _sync(pk: Packing, planned: Packing, pos_of: dict[int, int]) -> None:
+    """Make the replay's packing what the plan left: jobs that moved or were re-sized are put back as planned."""
+    changed = []
+    for jid, size in planned.sizes.items():
+        at = pos_of[planned.fleet.devices[planned.where[jid]].device_id]
+        if pk.where.get(jid) != at or pk.sizes.get(jid) != size:
+            changed.append((jid, at, size))
+    for jid, _, _ in changed:
+        if jid in pk.where:
+            pk.take(jid)
+    for jid, at, size in sorted(changed, key=lambda c: c[2].shareable):  # whole devices are held first
+        if not pk.put(at, size):
+            raise AssertionError(f"the plan put {jid} on device position {at}, which the replay cannot hold")
+    for jid in [j for j in pk.where if j not in planned.sizes]:
+        pk.take(jid)  # a job the plan could not place is stopped by the caller
 
 
 def _arrive(pk: Packing, lv: _Live, p: ConsolidateParams, now: float) -> str:
