@@ -81,7 +81,8 @@ def main() -> None:
     r = replay(tr, devices, params, interval_s=interval)
     wall = time.perf_counter() - t0
     emit({
-        "case": "openb_default", "exclusive_device_hours": round(excl, 1), "pack_device_hours": round(r.device_hours, 1),
+        "case": "openb_default", "exclusive_device_hours": round(excl, 1),
+        "pack_device_hours": round(r.device_hours, 1),
         "fractional_device_hours": round(frac, 1),
         "share_of_possible_saving": round((excl - r.device_hours) / (excl - frac), 3), "moves": len(r.moves),
         "arrival_only_device_hours": round(arrival_only.device_hours, 1),
