@@ -147,10 +147,11 @@ def size_job(d: JobDemand, now: float, p: ConsolidateParams) -> Size:
 
 
 def lane_bytes(size: Size, capacity: int) -> int:
-    """Memory the job's lane holds on a device of `capacity` (a whole device when it may not share)."""
+    """Memory the job's lane asks on a device of `capacity` (a whole device when it may not share); more than
+    `capacity` when Salus's headroom does not fit there (then the job can only hold the device whole)."""
     if not size.shareable:
         return capacity
-    return lane_request(size.mem, 0, capacity)[1]
+    return lane_request(size.mem, 0, 1 << 62)[1]
 
 
 def fits_alone(size: Size, capacity: int) -> bool:
