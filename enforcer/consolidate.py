@@ -33,7 +33,7 @@ DAY_S = 86400.0
 @dataclass(frozen=True, slots=True)
 class ConsolidateParams:
     window_s: float = 3 * 3600.0  # memory peak and utilisation p95 are taken over this recent window
-    min_history_s: float = 15 * 60.0  # a job is co-located only after this much history
+    min_history_s: float = 3600.0  # a job is co-located only after this much history
     growth: float = 0.02  # a new high this much above the earlier peak of the window, lately: still growing
     util_cap: float = 1.0  # most compute (sum of p95 utilisation) planned on one shared device
     util_guard: float = 1.2  # compute over this on a shared device moves a job off (too much slows, never fails)
@@ -268,8 +268,9 @@ class Packing:
 
 
 def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand], now: float,
-                       params: ConsolidateParams | None = None) -> ConsolidationPlan:
-    """Moves for one cycle: guard moves for devices running out, then moves that free whole devices."""
+                       params: ConsolidateParams | None = None, *, guard_only: bool = False) -> ConsolidationPlan:
+    """Moves for one cycle: guard moves for devices running out, then (unless `guard_only`: a check between
+    cycles when a job's memory passed what it was planned at) moves that free whole devices."""
     p = params or ConsolidateParams()
     pk = Packing(devices, p.util_cap)
     sizes = {d.job_id: size_job(d, now, p) for d in demands}
@@ -316,7 +317,7 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
                                        reason, cost(by_id[job_id]), 0.0))
         moved.add(job_id)
     # consolidation moves: empty whole devices, easiest first, onto devices in use
-    budget = p.max_moves_per_cycle - len(moves)
+    budget = 0 if guard_only else p.max_moves_per_cycle - len(moves)
     freed: list[int] = []
 
     def may_move(d: JobDemand) -> bool:

@@ -29,6 +29,10 @@ def to_lane_job(job: SimJob, *, exclusive: bool = False, quota_device_mem: int =
         persistent, ephemeral = job.mem_persistent, job.mem_ephemeral
     else:
         persistent, ephemeral = job.mem, 0
+    if job.mem is not None and job.mem <= quota_device_mem < math.ceil(PERSISTENT_FACTOR * persistent) + ephemeral:
+        # it fits a device alone, only not with Salus's headroom: it gets a device whole, nobody joins; P is
+        # scaled so that the whole-device check (1.1 P <= capacity) still refuses devices smaller than its memory
+        persistent, ephemeral, exclusive = int(job.mem / PERSISTENT_FACTOR), 0, True
     return Job(
         job_id=job.id,
         persistent=max(0, persistent),

@@ -130,6 +130,7 @@ class Simulation:
         self.integrals = {"busy": 0.0, "util": 0.0, "frag": 0.0}
         self.n_events = 0
         self.unplaceable: list[str] = []
+        self.unplaceable_reasons: dict[str, str] = {}  # job -> why no device could ever hold it
 
     # ---- events
     def push(self, t: float, kind: int, idx: int = -1, version: int = 0) -> None:
@@ -143,8 +144,10 @@ class Simulation:
             for t in self.tracks:
                 t.last_t = self.now
         for js in self.jobs:
-            if not self._fits_anywhere(js):
+            why = self._why_unplaceable(js)
+            if why:
                 self.unplaceable.append(js.job.job_id)
+                self.unplaceable_reasons[js.job.job_id] = why
                 js.state = 2
                 continue
             self.push(js.sim.arrival, ARRIVE, js.idx)
@@ -173,16 +176,21 @@ class Simulation:
             self.fleet.check()
         return summarize(self)
 
-    def _fits_anywhere(self, js: JobState) -> bool:
-        """A job no device (or node, for a multi-device job) could ever hold is reported, not waited on forever."""
+    def _why_unplaceable(self, js: JobState) -> str:
+        """Why no device (or node, for a multi-device job) could ever hold the job ('' if one can): reported per
+        job, not waited on forever."""
         if not len(self.capacity):
-            return False
+            return "the cluster has no devices"
         need = math.ceil(PERSISTENT_FACTOR * js.job.persistent) + js.job.ephemeral
-        if need > int(self.capacity.max()):
-            return False
+        biggest = int(self.capacity.max())
+        if need > biggest:
+            return (f"needs {need / 2**30:.1f} GiB with Salus's headroom (memory {(js.sim.mem or need) / 2**30:.1f}"
+                    f" GiB); the largest device has {biggest / 2**30:.1f} GiB")
         if js.job.gpus > 1:
-            return js.job.gpus <= int(np.bincount(np.asarray(self.node_of)).max())
-        return True
+            most = int(np.bincount(np.asarray(self.node_of)).max())
+            if js.job.gpus > most:
+                return f"needs {js.job.gpus} devices on one node; the largest node has {most}"
+        return ""
 
     def _reschedule(self, t: float, touched: set[int]) -> set[int]:
         if getattr(self.policy, "preemptive", False):

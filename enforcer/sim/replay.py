@@ -71,8 +71,9 @@ class _Live:
 
 
 def replay(trace: DemandTrace, devices: list[tuple[int, int]], params: ConsolidateParams | None = None, *,
-           interval_s: float = 900.0, consolidate: bool = True) -> ReplayResult:
-    """Replay `trace` on `devices` ((device id, bytes) each); `consolidate=False` places at arrival only."""
+           interval_s: float = 900.0, consolidate: bool = True, guard_every_sample: bool = True) -> ReplayResult:
+    """Replay `trace` on `devices` ((device id, bytes) each); `consolidate=False` places at arrival only;
+    `guard_every_sample=False` checks for memory growth only at the cycles."""
     p = params or ConsolidateParams()
     if not trace.jobs:
         raise InvalidInput(f"the {trace.kind} trace has no job to replay")
@@ -150,10 +151,25 @@ def replay(trace: DemandTrace, devices: list[tuple[int, int]], params: Consolida
                                 f"({cap[i] / 2**30:.1f} GiB) at {t - t0:.0f} s")
                 job_s += t - lv.job.arrival
                 _take(pk, live.pop(jid))
-        # the consolidation cycle
-        if t in cycle_set and (has_series or departed_since_cycle):
-            n_cycles += 1
-            departed_since_cycle = False
+        # overcommit: the real memory as it was read, before any move this step can make
+        if has_series:
+            mem = np.zeros(len(dev_ids))
+            for jid, lv in live.items():
+                if jid in pk.where:
+                    mem[pk.where[jid]] += lv.real_mem()
+            if t in sampled:
+                over_min += float((mem > cap).sum()) * (trace.step_s or 60.0) / 60.0
+                for i in np.flatnonzero(mem > cap):
+                    overcommits.append((t, dev_ids[int(i)], sorted(pk.on.get(int(i), ()))))
+        # the consolidation cycle; between cycles, a guard-only pass as soon as a co-located job's memory passes
+        # what it was planned at (telemetry arrives every minute: this is what the agent would report)
+        cycle = t in cycle_set and (has_series or departed_since_cycle)
+        guard = not cycle and guard_every_sample and has_series and any(
+            pk.n_jobs[pk.where[jid]] > 1 and lv.real_mem() > pk.sizes[jid].mem
+            for jid, lv in live.items() if jid in pk.where and not lv.parts)
+        if cycle or guard:
+            n_cycles += cycle
+            departed_since_cycle = departed_since_cycle and not cycle
             demands = []
             for jid, lv in live.items():
                 if lv.parts:  # a multi-device job's devices stay its own
@@ -167,7 +183,7 @@ def replay(trace: DemandTrace, devices: list[tuple[int, int]], params: Consolida
             sharing = int(pk.n_jobs[pk.n_jobs > 1].sum())
             empty = np.flatnonzero(pk.n_jobs == 0)[:sharing]
             subset = [devices[int(i)] for i in np.concatenate([in_use, empty])]
-            plan = plan_consolidation(subset, demands, t, p)
+            plan = plan_consolidation(subset, demands, t, p, guard_only=not cycle)
             for m in plan.moves:
                 live[m.job_id].moves.append(t)
                 moves.append((t, m.job_id, m.from_device_id, m.to_device_id, m.reason))
@@ -176,20 +192,12 @@ def replay(trace: DemandTrace, devices: list[tuple[int, int]], params: Consolida
                 reasons[jid] = f"stopped at {t - t0:.0f} s: {why}"
                 job_s += t - live[jid].job.arrival
                 live.pop(jid)
-            series.append((t, int((pk.n_jobs > 0).sum()), plan.devices_needed))
+            if cycle:
+                series.append((t, int((pk.n_jobs > 0).sum()), plan.devices_needed))
         # measure
         held = int((pk.n_jobs > 0).sum())
         peak = max(peak, held)
         last_held = held
-        if has_series:
-            mem = np.zeros(len(dev_ids))
-            for jid, lv in live.items():
-                if jid in pk.where:
-                    mem[pk.where[jid]] += lv.real_mem()
-            if t in sampled:
-                over_min += float((mem > cap).sum()) * (trace.step_s or 60.0) / 60.0
-                for i in np.flatnonzero(mem > cap):
-                    overcommits.append((t, dev_ids[int(i)], sorted(pk.on.get(int(i), ()))))
     for lv in live.values():
         job_s += t_end - lv.job.arrival
     span = max(t_end - t0, 1e-9)

@@ -13,6 +13,7 @@ from enforcer.sim.model import ReadReport
 from enforcer.sim.readers.demand import DemandJob, DemandTrace, read_alibaba_demand, read_openb_demand
 from enforcer.sim.replay import replay
 from store.errors import InvalidInput
+from ui.cli import run
 
 GIB = 2**30
 FLEET = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "fleet"
@@ -152,3 +153,25 @@ def test_real_alibaba_on_48gib_every_container_placed_or_reasoned():
     assert max(float(j.mem.max()) for j in tr.jobs) < 48 * GIB
     assert r.reasons == {}
     assert r.mean_devices < r.peak_devices
+
+
+def test_cli_consolidate_prints_figures_and_each_job_not_placed(fleet_home, tmp_path: Path, capsys):
+    f = tmp_path / "pods.csv"
+    f.write_text("name,num_gpu,gpu_milli\np0,1,500\np1,1,500\np2,8,1000\n")
+    assert run(["simulate", "--trace", f"openb:{f}", "--consolidate", "--nodes", "1x4x32"]) == 0
+    out = capsys.readouterr().out
+    assert "peak devices" in out and "overcommit device-minutes" in out
+    # the 8-device pod cannot be placed on 4 devices: named, with its reason
+    assert "p2" in out and "needs 8 whole devices" in out
+    assert run(["simulate", "--trace", f"salus:{f}", "--consolidate"]) == 2
+    assert "alibaba or openb" in capsys.readouterr().err
+    assert run(["simulate", "--trace", f"openb:{f}", "--consolidate"]) == 2  # no node list next to it
+    assert "--nodes" in capsys.readouterr().err
+
+
+def test_cli_policies_name_each_job_that_never_ran(fleet_home, capsys):
+    assert run(["simulate", "--trace", f"alibaba:{FLEET}", "--nodes", "120x1x40", "--policy", "pack"]) == 0
+    out = capsys.readouterr().out
+    # 42 containers peak above 40 GiB; each is named (the largest, 47.3 GiB, among them)
+    assert "pack: 42 jobs never ran" in out and "f454d558b9ee961a3f617cfd5aa202eb" in out
+    assert "largest" in out

@@ -52,7 +52,8 @@ def read_alibaba_series(path: Path) -> tuple[pd.DataFrame, ReadReport]:
 
 def read_alibaba(path: Path, *, util_quantile: float = 0.95, device_mem: int = DEVICE_MEM) -> Trace:
     """One job per container, alive from its first sample to its last: util = its `util_quantile` utilisation,
-    mem = its peak memory. A container with only one of the two series is skipped and counted. Each asked
+    mem = its peak memory. A container with only one of the two series is skipped and counted; one larger
+    than a device is kept, and the simulator says per job why it cannot run. Each asked
     for a whole device in production; the trace does not say how many devices the cluster had, so the
     cluster is one device per container (what exclusive allocation needs)."""
     series, report = read_alibaba_series(path)
@@ -67,9 +68,6 @@ def read_alibaba(path: Path, *, util_quantile: float = 0.95, device_mem: int = D
     for cid, row in summary.iterrows():
         if row["util"] != row["util"] or row["mem"] != row["mem"]:
             report.skip("one_series_only")
-            continue
-        if row["mem"] > device_mem:
-            report.skip("larger_than_device")
             continue
         jobs.append(
             SimJob(str(cid), float(row["first"] - t0), float(row["last"] - row["first"] + step), gpus=1,
