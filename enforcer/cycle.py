@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from enforcer.consolidation_store import consolidation_due, make_consolidation_plan
 from enforcer.migration import drive_all, drive_until_done
 from enforcer.plan_store import apply_plan, make_plan
 from store.db import Store
@@ -48,9 +49,28 @@ def run_cycle(
         raise
     finally:
         _record_outcome(store, result.plan_id, outcome)
+    consolidation = _consolidate(store, settings, apply, now)
     driven = _drive(store, settings)
     return {"plan_id": result.plan_id, "policy": result.policy, **result.summary(), "outcome": outcome,
-            "driven": driven}
+            "consolidation": consolidation, "driven": driven}
+
+
+def _consolidate(store: Store, settings: Settings, apply: bool, now: float) -> dict[str, Any] | None:
+    """Every `consolidate_interval_s`: re-pack by observed demand (enforcer.consolidate); applied like a plan."""
+    if not consolidation_due(store, settings, now):
+        return None
+    plan_id, plan = make_consolidation_plan(store, settings, now=now)
+    outcome: dict[str, Any] = {"mode": "enforce" if apply else "dry_run", "applied": False, "actions": []}
+    try:
+        if apply and plan.moves:
+            actions = apply_plan(store, plan_id, now=now)
+            outcome.update(applied=True, actions=[a.id for a in actions])
+    except FleetlensError as exc:
+        outcome["error"] = str(exc)
+        raise
+    finally:
+        _record_outcome(store, plan_id, outcome)
+    return {"plan_id": plan_id, **plan.summary(), "outcome": outcome}
 
 
 def _record_outcome(store: Store, plan_id: int | None, outcome: dict[str, Any]) -> None:

@@ -1,0 +1,116 @@
+"""The store side of consolidation: read placements and each workflow's observed demand, plan with
+enforcer.consolidate, record the plan (policy "consolidate", each move with its reason) and optionally apply it.
+
+A workflow's demand on its device is what its processes' samples show there over the window: memory summed over
+its processes per sample time, utilisation the highest any of them reported (GPU SM, else the cpu source's share
+of the device's cores). The plan is recorded in `plans` like the planner's, so applying it goes through the same
+`apply_plan` and the migration state machine, and the dashboard reads both the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import asdict
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from enforcer.consolidate import ConsolidateParams, ConsolidationPlan, JobDemand, lane_bytes, plan_consolidation
+from enforcer.planner import Move, apply_plan
+from store.db import Store
+from store.models import Action, Device, Placement, Plan, ProcessSample, Team, Workflow
+from store.settings import Settings
+from store.workflows import is_movable
+
+POLICY = "consolidate"
+DAY_S = 86400.0
+
+
+def load_demands(session: Session, settings: Settings, now: float,
+                 params: ConsolidateParams) -> tuple[list[tuple[int, int]], list[JobDemand]]:
+    """Devices ((id, bytes)) and every placed workflow's demand up to `now`."""
+    devices = [(d.id, int(d.memory_total)) for d in
+               session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id)) if d.memory_total]
+    movable_teams = set(settings.movable_teams) | set(
+        session.scalars(select(Team.name).where(Team.movable.is_(True))))
+    rows = session.execute(
+        select(Placement, Workflow).join(Workflow, Workflow.id == Placement.workflow_id)
+        .where(Placement.state == "active").order_by(Placement.id)).all()
+    since = now - params.window_s
+    samples = session.execute(
+        select(ProcessSample.workflow_id, ProcessSample.device_id, ProcessSample.ts,
+               func.sum(ProcessSample.mem_used), func.max(func.coalesce(ProcessSample.sm_util,
+                                                                        ProcessSample.cpu_util)))
+        .where(ProcessSample.ts > since, ProcessSample.ts <= now)
+        .group_by(ProcessSample.workflow_id, ProcessSample.device_id, ProcessSample.ts)
+        .order_by(ProcessSample.ts)).all()
+    series: dict[tuple[str, int], list[tuple[float, float, float]]] = defaultdict(list)
+    for wf, dev, ts, mem, util in samples:
+        if mem is None:
+            continue  # a reading without memory says nothing about the lane the job needs
+        series[(wf, dev)].append((float(ts), float(mem), float(util) if util is not None else 1.0))
+    first_seen = dict(session.execute(
+        select(ProcessSample.workflow_id, func.min(ProcessSample.ts)).group_by(ProcessSample.workflow_id)).all())
+    moved = defaultdict(list)
+    for wf, ts in session.execute(select(Action.workflow_id, Action.created_at)
+                                  .where(Action.created_at > now - DAY_S)).all():
+        moved[wf].append(float(ts))
+    busy = set(session.scalars(select(Action.workflow_id).where(
+        Action.state.not_in(("resumed", "rolled_back", "failed")))))
+    demands = []
+    for placement, wf in rows:
+        pts = series.get((wf.id, placement.device_id), [])
+        arr = np.array(pts, dtype=float).reshape(-1, 3)
+        times, mem, util = arr[:, 0], arr[:, 1], np.clip(arr[:, 2], 0.0, 1.0)
+        if len(times) and first_seen.get(wf.id) is not None and first_seen[wf.id] < times[0]:
+            # history older than the window still counts towards how long the job has been watched
+            times = np.concatenate([[float(first_seen[wf.id])], times])
+            mem = np.concatenate([[mem[0]], mem])
+            util = np.concatenate([[util[0]], util])
+        movable = (is_movable(session, wf) or (wf.managed and wf.team in movable_teams)) and wf.state == "running"
+        demands.append(JobDemand(wf.id, placement.device_id, times, mem, util,
+                                 movable=movable and wf.id not in busy, moves=moved.get(wf.id, [])))
+    return devices, demands
+
+
+def make_consolidation_plan(store: Store, settings: Settings, *, now: float | None = None,
+                            apply: bool = False) -> tuple[int, ConsolidationPlan]:
+    """Plan one consolidation cycle on the store's fleet, record it, apply it when asked; (plan id, plan)."""
+    now = time.time() if now is None else now
+    params = ConsolidateParams.from_settings(settings)
+    with store.session() as session:
+        devices, demands = load_demands(session, settings, now, params)
+    plan = plan_consolidation(devices, demands, now, params)
+    caps = dict(devices)
+    moves = []
+    for k, m in enumerate(plan.moves):
+        size = plan.packing.sizes.get(m.job_id, plan.sizes[m.job_id]) if plan.packing else plan.sizes[m.job_id]
+        cap = caps[m.to_device_id]
+        lane = min(lane_bytes(size, cap), cap)
+        moves.append(asdict(Move(
+            workflow_id=m.job_id, from_device_id=m.from_device_id, to_device_id=m.to_device_id, to_lane_id=None,
+            new_lane=f"c{k}", lane_size=lane, p_prime=min(int(size.mem * 1.1), lane), ephemeral=0,
+            util=size.util, compute_share=min(1.0, max(size.util, 1e-3)), expected_slowdown=1.0,
+            rules=[m.reason])))
+    summary = {**plan.summary(), "freed_device_ids": plan.devices_freed,
+               "move_reasons": [{"workflow": m.job_id, "reason": m.reason, "cost_s": m.cost_s,
+                                 "gain_device_h": m.gain_device_h} for m in plan.moves],
+               "sizes": {j: {"mem": s.mem, "util": round(s.util, 4), "why": s.why} for j, s in plan.sizes.items()}}
+    with store.session() as session:
+        row = Plan(created_at=now, policy=POLICY, applied=False, devices_freed=len(plan.devices_freed),
+                   moves=moves, summary=summary)
+        session.add(row)
+        session.flush()
+        plan_id = row.id
+    if apply and moves:
+        apply_plan(store, plan_id, now=now)
+    return plan_id, plan
+
+
+def consolidation_due(store: Store, settings: Settings, now: float) -> bool:
+    """Whether the last consolidation plan is at least one interval old (or there is none)."""
+    with store.session() as session:
+        last = session.scalar(select(func.max(Plan.created_at)).where(Plan.policy == POLICY))
+    return last is None or now - float(last) >= settings.consolidate_interval_s
