@@ -2,12 +2,14 @@
 
 The host's agent hosts one `LaneGate` and hands it the SDK's `gate` messages (collector.sdk_handlers calls
 `handle` from the connection's own thread, so blocking here blocks only that job). A `begin` waits until it is
-the job's turn; the matching `end` gives the turn to the next waiting job, chosen by the policy's in-lane order:
-FIFO and PACK take requests in arrival order (so jobs alternate), FAIR the job with the least attained step time,
-SRTF the job with the least remaining time (steps left x its mean step time).
+the job's turn; the matching `end` chooses who takes the next step by the policy's lane discipline
+(enforcer.discipline, the same rule the simulator follows): FIFO keeps the lane for the job that came first until
+it is done, PACK alternates step by step, FAIR takes the least attained step time, SRTF the least remaining time
+(steps left x its mean step time).
 
-The turn is handed over at `end` (the next holder is chosen before the releasing job can ask again), so two busy
-jobs alternate instead of one winning every race. A holder that neither ends its step nor asks again within
+The next holder is chosen at `end`, with the releasing job as a candidate that asks now, so the outcome does not
+depend on which thread wins a race. A releasing job that keeps the turn has `reserve_s` to ask again (it may be
+done, or busy between steps) before the turn passes on. A holder that neither ends its step nor asks again within
 `lease_s` (it died mid-step) loses the turn, so a crashed job never blocks its lane for good.
 """
 
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from enforcer.lanes import Job
+from enforcer.discipline import Turn, kind_of, next_turn
 from enforcer.policies import Policy, get_policy
 
 Key = tuple[str, int, int]  # (workflow, pid, rank)
@@ -33,6 +35,7 @@ class _JobStats:
     mean_step_s: float | None = None
     step: int = 0
     total_steps: int | None = None
+    arrival: float = 0.0  # when it first asked (job order)
 
 
 @dataclass
@@ -40,7 +43,8 @@ class _LaneState:
     cond: threading.Condition = field(default_factory=threading.Condition)
     holder: Key | None = None
     granted_at: float = 0.0
-    waiting: dict[Key, Job] = field(default_factory=dict)
+    reserved_until: float | None = None  # the holder kept the turn at the end of its step and has not asked yet
+    waiting: dict[Key, Turn] = field(default_factory=dict)
     turns: int = 0
 
 
@@ -48,9 +52,11 @@ class LaneGate:
     """One step per lane at a time, in the policy's order. Thread-safe; `handle` speaks the SDK's gate message."""
 
     def __init__(self, policy: Policy | str = "fifo", *, total_steps: Callable[[str], int | None] | None = None,
-                 lease_s: float = 60.0) -> None:
+                 lease_s: float = 60.0, reserve_s: float = 1.0) -> None:
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
+        self.kind = kind_of(self.policy.name)
         self.lease_s = lease_s
+        self.reserve_s = reserve_s
         self._total_steps = total_steps
         self._lanes: dict[str, _LaneState] = {}
         self._lanes_lock = threading.Lock()
@@ -86,19 +92,20 @@ class LaneGate:
         start = time.monotonic()
         stats = self._stats.get(key)
         if stats is None:
-            stats = self._stats[key] = _JobStats(total_steps=self._lookup_total(key[0]))
+            stats = self._stats[key] = _JobStats(total_steps=self._lookup_total(key[0]), arrival=next(self._seq))
         stats.step = step
         with state.cond:
             if state.holder is None and not state.waiting or state.holder == key:
                 self._grant(state, key)
                 return 0.0
-            state.waiting[key] = self._job(key, stats)
+            state.waiting[key] = self._turn(key, stats)
             while state.holder != key:
                 now = time.monotonic()
                 if key not in state.waiting:  # released meanwhile, yet still asking: it is alive after all
-                    state.waiting[key] = self._job(key, stats)
-                if state.holder is None or now - state.granted_at > self.lease_s:
-                    # free, or the holder's lease ran out (it died mid-step): hand the turn on here
+                    state.waiting[key] = self._turn(key, stats)
+                reserve_over = state.reserved_until is not None and now > state.reserved_until
+                if state.holder is None or reserve_over or now - state.granted_at > self.lease_s:
+                    # free, a kept turn not taken up, or the holder's lease ran out (it died mid-step): hand on
                     self._grant(state, self._pick(state))
                     if state.holder == key:
                         break
@@ -107,26 +114,40 @@ class LaneGate:
                 if timeout is not None and now - start > timeout:
                     state.waiting.pop(key, None)
                     raise TimeoutError(f"lane {lane}: no turn for {key} within {timeout} s")
-                state.cond.wait(min(1.0, self.lease_s - (now - state.granted_at) + 1e-3))
+                deadline = state.granted_at + self.lease_s
+                if state.reserved_until is not None:
+                    deadline = min(deadline, state.reserved_until)
+                state.cond.wait(min(1.0, max(deadline - now, 0.0) + 1e-3))
             state.waiting.pop(key, None)
         return time.monotonic() - start
 
-    def end(self, lane: str, key: Key) -> None:
-        """`key` finished its step: account its time and hand the turn to the next waiting job."""
+    def end(self, lane: str, key: Key, *, again: bool = True) -> None:
+        """`key` finished its step: account its time and give the next step to the job the discipline picks,
+        `key` itself among the candidates unless it leaves (`again` False) or has done its declared steps."""
         state = self._lane(lane)
         with state.cond:
-            if state.holder != key:
+            if state.holder != key or state.reserved_until is not None:
                 return  # a late end after the lease passed on, or an end without a begin
-            held = time.monotonic() - state.granted_at
+            now = time.monotonic()
+            held = now - state.granted_at
             stats = self._stats.get(key)
             if stats is not None:
                 stats.attained_s += held
                 stats.steps += 1
+                stats.step += 1
                 stats.mean_step_s = held if stats.mean_step_s is None else 0.8 * stats.mean_step_s + 0.2 * held
+                if stats.total_steps is not None and stats.step >= stats.total_steps:
+                    again = False
             state.holder = None
-            if state.waiting:
-                self._grant(state, self._pick(state))
-                state.cond.notify_all()
+            if not state.waiting:
+                return
+            chosen = self._pick(state, self._turn(key, stats) if again and stats is not None else None)
+            if chosen == key:
+                # it keeps the turn for its next step
+                state.holder, state.granted_at, state.reserved_until = key, now, now + self.reserve_s
+                return
+            self._grant(state, chosen)
+            state.cond.notify_all()
 
     def leave(self, key: Key) -> None:
         """A job left (bye, or it died): drop it from every lane, releasing a turn it held."""
@@ -134,7 +155,16 @@ class LaneGate:
             with state.cond:
                 state.waiting.pop(key, None)
             if state.holder == key:
-                self.end(name, key)
+                with state.cond:
+                    reserved = state.reserved_until is not None
+                if reserved:
+                    with state.cond:
+                        state.holder, state.reserved_until = None, None
+                        if state.waiting:
+                            self._grant(state, self._pick(state))
+                        state.cond.notify_all()
+                else:
+                    self.end(name, key, again=False)
         self._stats.pop(key, None)
 
     def release(self, workflow: str, pid: int | None = None) -> int:
@@ -168,24 +198,25 @@ class LaneGate:
     # ---- helpers (call with the lane's condition held) ---------------------------------------------------
 
     def _grant(self, state: _LaneState, key: Key) -> None:
-        state.holder, state.granted_at = key, time.monotonic()
+        state.holder, state.granted_at, state.reserved_until = key, time.monotonic(), None
         state.turns += 1
         state.waiting.pop(key, None)
 
-    def _pick(self, state: _LaneState) -> Key:
-        for key, job in state.waiting.items():  # refresh what the order looks at
+    def _pick(self, state: _LaneState, releasing: Turn | None = None) -> Key:
+        for key, turn in state.waiting.items():  # refresh what the order looks at
             stats = self._stats.get(key)
             if stats is not None:
-                job.attained_s = stats.attained_s
-                job.remaining_s = _remaining(stats)
-        chosen = self.policy.pick_next(state.waiting.values())
+                turn.attained_s = stats.attained_s
+                turn.remaining_s = _remaining(stats)
+        candidates = list(state.waiting.values()) + ([releasing] if releasing is not None else [])
+        chosen = next_turn(self.kind, candidates)
         assert chosen is not None
-        return _key_of(chosen)
+        return chosen.key  # type: ignore[return-value]
 
-    def _job(self, key: Key, stats: _JobStats) -> Job:
-        # arrival is per request: arrival-ordered policies then serve steps first come, first served
-        return Job(f"{key[0]}\x00{key[1]}\x00{key[2]}", arrival=float(next(self._seq)), attained_s=stats.attained_s,
-                   remaining_s=_remaining(stats))
+    def _turn(self, key: Key, stats: _JobStats) -> Turn:
+        # asked is per request (round robin serves steps first come, first served); arrival is the job's
+        return Turn(key, arrival=stats.arrival, asked=float(next(self._seq)), attained_s=stats.attained_s,
+                    remaining_s=_remaining(stats))
 
     def _lookup_total(self, workflow: str) -> int | None:
         if self._total_steps is None:
@@ -201,7 +232,3 @@ def _remaining(stats: _JobStats) -> float | None:
         return None
     return max(0, stats.total_steps - stats.step) * stats.mean_step_s
 
-
-def _key_of(job: Job) -> Key:
-    workflow, pid, rank = job.job_id.split("\x00")
-    return workflow, int(pid), int(rank)

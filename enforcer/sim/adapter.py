@@ -6,14 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from enforcer.discipline import kind_of
 from enforcer.lanes import Admission, Fleet, Job
 from enforcer.policies import Policy, get_policy
 from enforcer.sim.tiresias import TiresiasScheduler
-
-# How jobs of one lane take turns under each policy (what Salus's policies do at iteration boundaries): the
-# policy's own `pick_next` chooses, except that FAIR's least-attained-first is continuous (who is least changes
-# as the running job accrues time), so the engine shares the lane among the jobs tied for least.
-DISCIPLINE = {"fair": "las"}
 
 
 class EnforcerPolicy:
@@ -29,7 +25,8 @@ class EnforcerPolicy:
         self.policy = policy
         self.name = policy.name + ("/1-lane" if one_lane else "")
         self.exclusive = policy.exclusive
-        self.lane_discipline = DISCIPLINE.get(policy.name, "pick")
+        # how jobs of one lane take turns: the live gate's rule (enforcer.discipline)
+        self.lane_discipline = kind_of(policy.name)
         self.one_lane = one_lane
         self.preemptive = False
 

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from enforcer.discipline import LEAST_ATTAINED, Turn, shares
 from enforcer.interference import InterferenceModel
 from enforcer.lanes import PERSISTENT_FACTOR, Admission, Fleet, Job
 from enforcer.sim.convert import to_lane_job
@@ -36,7 +37,7 @@ class SimPolicy(Protocol):
     """What the engine asks of a policy (enforcer/sim/adapter.py wraps the enforcer's policies in this)."""
 
     name: str
-    lane_discipline: str  # fifo | srtf | las
+    lane_discipline: str  # enforcer.discipline's kinds: job_order | round_robin | least_attained | least_remaining
     exclusive: bool  # every job gets whole devices, nobody shares
 
     def queue_order(self, waiting: list[JobState]) -> list[JobState]: ...
@@ -284,18 +285,19 @@ class Simulation:
         """Each lane job's share of the lane's turns, and (las) how long until the order changes."""
         if len(lane_jobs) == 1:
             return {lane_jobs[0].idx: 1.0}, None
-        if self.policy.lane_discipline == "las":
+        kind = self.policy.lane_discipline
+        if kind == LEAST_ATTAINED:
             # least attained first, continuously: the jobs tied for least share the lane's turns equally until
             # they catch up with the next one
-            key = [(self.policy.priority(s.job)[0], s) for s in lane_jobs]
+            key = [(s.attained, s) for s in lane_jobs]
             low = min(k for k, _ in key)
             group = [s for k, s in key if k <= low + 1e-6]
             higher = [k for k, _ in key if k > low + 1e-6]
             share = 1.0 / len(group)
             wake = (min(higher) - low) / (share * group[0].job.gpus) if higher else None
             return {s.idx: share for s in group}, wake
-        chosen = self.policy.pick_next([s.job for s in lane_jobs])
-        return {self.by_id[chosen.job_id].idx: 1.0}, None
+        turns = [Turn(s.job.job_id, s.sim.arrival, s.sim.arrival, s.attained, s.job.remaining_s) for s in lane_jobs]
+        return {self.by_id[k].idx: v for k, v in shares(kind, turns).items()}, None
 
     def update_device(self, pos: int, t: float, sync_only: bool = False) -> None:
         """Bring every job on device `pos` to time t, then (unless sync_only) recompute who runs and how fast."""

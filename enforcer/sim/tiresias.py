@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 from typing import ClassVar
 
+from enforcer.discipline import JOB_ORDER
 from enforcer.lanes import Job
 from enforcer.policies.fifo import Fifo
 
@@ -38,7 +39,7 @@ class TiresiasPolicy(Fifo):
 class TiresiasScheduler:
     """Drives the Simulation itself: decides the whole running set at every event (preemptive)."""
 
-    lane_discipline = "pick"
+    lane_discipline = JOB_ORDER
     exclusive = True
     preemptive = True
 
