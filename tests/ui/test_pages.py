@@ -157,3 +157,24 @@ def test_workflow_hour_reads_raw_samples(seeded):
             DeviceSample.device_id.in_(devices), DeviceSample.ts >= window.start))
     assert abs(float(shown["Mean utilisation"].rstrip("%")) - util * 100) <= 1.0
     assert len(at.get("plotly_chart")) == 2  # utilisation / SM / memory, and step time
+
+
+def test_enforcement_page_shows_consolidation_cycles_and_each_moves_reason(seeded):
+    store, _ = seeded
+    now = datetime.now(UTC).timestamp()
+    with store.session() as s:
+        s.add(Plan(created_at=now - 1800, policy="consolidate", applied=True, devices_freed=1,
+                   moves=[{"workflow_id": "notebook-alice", "from_device_id": 1, "to_device_id": 2,
+                           "rules": ["free_device"]}],
+                   summary={"devices_held": 3, "devices_needed": 2}))
+        s.add(Plan(created_at=now - 900, policy="consolidate", applied=True, devices_freed=0,
+                   moves=[{"workflow_id": "train-bob", "from_device_id": 2, "to_device_id": 3,
+                           "rules": ["guard_memory"]}],
+                   summary={"devices_held": 2, "devices_needed": 2}))
+    at = page("enforcement")
+    assert_clean(at)
+    figures = at.get("plotly_chart")
+    assert len(figures) == 3  # lanes, consolidation cycles, the selected migration's timeline
+    moves = next(d.value for d in at.dataframe if "reason" in d.value.columns)
+    assert list(moves.reason) == ["guard_memory", "free_device"]  # newest first
+    assert list(moves.workflow_id) == ["train-bob", "notebook-alice"]

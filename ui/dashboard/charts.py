@@ -61,6 +61,17 @@ def freed_over_time(df: pd.DataFrame) -> go.Figure:
     return _layout(fig, title="Devices freed by applied plans", yaxis_title="devices")
 
 
+def consolidation(df: pd.DataFrame) -> go.Figure:
+    """Per consolidation cycle: devices held, devices the plan needs, and devices it freed."""
+    t = _time(df.t)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=t, y=df.devices_held, mode="lines+markers", line_shape="hv", name="devices held"))
+    fig.add_trace(go.Scatter(x=t, y=df.devices_needed, mode="lines+markers", line_shape="hv",
+                             name="devices the plan needs"))
+    fig.add_trace(go.Bar(x=t, y=df.devices_freed, marker_color=ACTIVE, name="devices freed", opacity=0.6))
+    return _layout(fig, title="Consolidation cycles", yaxis_title="devices")
+
+
 def workflow_series(df: pd.DataFrame) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.14,
                         subplot_titles=("Utilisation and SM activity", "Memory against device memory"))

@@ -222,6 +222,25 @@ def plans(store: Store, window: Window | None = None, limit: int = 200) -> pd.Da
     return _frame(store, stmt)
 
 
+def consolidation_cycles(store: Store, limit: int = 500) -> pd.DataFrame:
+    """Each consolidation cycle (plans of policy "consolidate"), oldest first: t, plan_id, applied, devices held,
+    devices the plan needs, devices freed, and its moves (workflow, from, to, reason) as recorded."""
+    stmt = (select(Plan.id, Plan.created_at, Plan.applied, Plan.devices_freed, Plan.moves, Plan.summary)
+            .where(Plan.policy == "consolidate").order_by(Plan.created_at.desc()).limit(limit))
+    df = _frame(store, stmt)
+    rows = []
+    for r in df.itertuples():
+        summary = r.summary or {}
+        rows.append({"t": r.created_at, "plan_id": r.id, "applied": bool(r.applied),
+                     "devices_held": summary.get("devices_held"), "devices_needed": summary.get("devices_needed"),
+                     "devices_freed": r.devices_freed,
+                     "moves": [{"workflow_id": m.get("workflow_id"), "from_device_id": m.get("from_device_id"),
+                                "to_device_id": m.get("to_device_id"), "reason": ", ".join(m.get("rules") or [])}
+                               for m in (r.moves or [])]})
+    return pd.DataFrame(rows, columns=["t", "plan_id", "applied", "devices_held", "devices_needed", "devices_freed",
+                                       "moves"]).iloc[::-1].reset_index(drop=True)
+
+
 def freed_over_time(store: Store, window: Window) -> pd.DataFrame:
     """Devices freed by applied plans per bucket (t, devices_freed, plans)."""
     bucket = _bucket(store, Plan.created_at, 3600 if window.seconds <= 2 * 86400 else 86400).label("t")

@@ -1,4 +1,5 @@
-"""Enforcement page: lanes per device, the PACK and FAIR plans side by side, apply with confirmation, actions log."""
+"""Enforcement page: lanes per device, the PACK and FAIR plans side by side, apply with confirmation, consolidation
+cycles (devices held, needed, freed, each move's reason), actions log."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ try:
     lane_rows = fresh(ctx, "lanes")
     plan_rows = fresh(ctx, "plans", limit=200)
     action_rows = fresh(ctx, "actions")
+    cycles = fresh(ctx, "consolidation_cycles")
 except FleetlensError as exc:
     report(exc)
     st.stop()
@@ -78,6 +80,21 @@ for policy, col in zip(POLICIES, cols, strict=True):
                 st.rerun()
             except FleetlensError as exc:
                 report(exc)
+
+st.subheader("Consolidation")
+if cycles.empty:
+    st.caption("No consolidation cycle yet: the enforce cycle re-packs jobs by their observed demand every "
+               "FLEETLENS_CONSOLIDATE_INTERVAL_S.")
+else:
+    st.plotly_chart(charts.consolidation(cycles), key="consolidation")
+    moved = pd.DataFrame([{"time": pd.to_datetime(c.t, unit="s", utc=True), "plan": c.plan_id,
+                           "applied": c.applied, **m} for c in cycles.itertuples() for m in c.moves],
+                         columns=["time", "plan", "applied", "workflow_id", "from_device_id", "to_device_id",
+                                  "reason"])
+    if moved.empty:
+        st.caption("No cycle has moved a job yet.")
+    else:
+        st.dataframe(moved.iloc[::-1], hide_index=True)
 
 st.subheader("Actions")
 if action_rows.empty:
