@@ -24,7 +24,7 @@ FLEET = ROOT.parent / "shared" / "data" / "fleet"
 
 import numpy as np  # noqa: E402
 
-from enforcer.consolidate import ConsolidateParams  # noqa: E402
+from enforcer.consolidate import ConsolidateParams, JobDemand, plan_consolidation  # noqa: E402
 from enforcer.sim.readers.demand import DemandTrace, read_alibaba_demand, read_openb_demand  # noqa: E402
 from enforcer.sim.readers.openb import DEVICE_MEM as OPENB_MEM  # noqa: E402
 from enforcer.sim.readers.openb import read_openb_nodes  # noqa: E402
@@ -66,6 +66,8 @@ def main() -> None:
     settings = Settings()
     params = ConsolidateParams.from_settings(settings)
     interval = settings.consolidate_interval_s
+    log("consolidation plan speed")
+    emit(plan_speed(params))
     log("alibaba: minute-by-minute replay with consolidation")
     tr = read_alibaba_demand(FLEET)
     for gib in (80, 48):
@@ -92,6 +94,25 @@ def main() -> None:
         "gpus": len(devices), "pods": len(tr.jobs), "not_placed": len(r.reasons), "replay_s": round(wall, 1),
         "target_share_of_possible_saving": 0.90,
     })
+
+
+def plan_speed(params: ConsolidateParams) -> dict:
+    """One consolidation plan for 10,000 devices and 20,000 jobs with an hour of per-minute history each (the
+    planner benchmark's fleet shape), wall and CPU seconds."""
+    rng = np.random.default_rng(0)
+    devices = [(i, (80 if i % 4 == 0 else 40) * GIB) for i in range(10_000)]
+    now = 1e9
+    t = now - 60.0 * np.arange(60)[::-1]
+    demands = []
+    for j in range(20_000):
+        d = j % 10_000
+        mem = np.full(60, rng.uniform(0.02, 0.3) * devices[d][1])
+        demands.append(JobDemand(f"job-{j}", d, t, mem, rng.uniform(0.0, 0.5, 60)))
+    t0, c0 = time.perf_counter(), time.process_time()
+    plan = plan_consolidation(devices, demands, now, params)
+    return {"case": "consolidate_plan_10k_devices_20k_jobs", "seconds": round(time.perf_counter() - t0, 3),
+            "cpu_seconds": round(time.process_time() - c0, 3), "moves": len(plan.moves),
+            "devices_freed": len(plan.devices_freed), "target_s": 1.0}
 
 
 def integral_bound(tr: DemandTrace) -> float:
