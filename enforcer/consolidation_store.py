@@ -18,7 +18,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from enforcer.consolidate import ConsolidateParams, ConsolidationPlan, JobDemand, lane_bytes, plan_consolidation
-from enforcer.planner import Move, apply_plan
+from enforcer.plan_store import apply_plan
+from enforcer.planner import Move
 from store.db import Store
 from store.models import Action, Device, Placement, Plan, ProcessSample, Team, Workflow
 from store.settings import Settings
