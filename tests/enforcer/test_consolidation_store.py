@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sqlalchemy import func, select
 
@@ -14,6 +16,7 @@ from store.models import Action, Placement, Plan
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
 from store.workflows import upsert_workflow
+from ui.cli import run
 
 GIB = 2**30
 NOW = 1_800_000_000.0
@@ -91,3 +94,14 @@ def test_the_live_cycle_consolidates_once_per_interval(any_store: Store):
     assert not consolidation_due(any_store, settings, NOW + 60)
     assert run_cycle(any_store, settings, now=NOW + 60)["consolidation"] is None
     assert consolidation_due(any_store, settings, NOW + 900)
+
+
+def test_enforce_cli_runs_a_consolidation_cycle(fleet_home, sqlite_store: Store, monkeypatch, capsys):
+    ids = seed(sqlite_store, now=time.time())
+    monkeypatch.setenv("FLEETLENS_DB_URL", str(sqlite_store.url))
+    assert run(["enforce", "--policy", "consolidate"]) == 0
+    out = capsys.readouterr().out
+    assert "free_device" in out and "dry run" in out and f"freed: {ids[0]}, {ids[1]}" in out
+    assert n_actions(sqlite_store) == 0
+    assert run(["enforce", "--policy", "consolidate", "--apply"]) == 0
+    assert n_actions(sqlite_store) == 2

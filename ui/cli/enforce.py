@@ -8,6 +8,8 @@ import typer
 from rich.table import Table
 from sqlalchemy import select
 
+from enforcer.consolidation_store import POLICY as CONSOLIDATE
+from enforcer.consolidation_store import make_consolidation_plan
 from enforcer.plan_store import TERMINAL_ACTION_STATES, make_plan
 from enforcer.policies import get_policy
 from store.models import Action, Device, Lane, Placement
@@ -22,12 +24,16 @@ def _gib(n: int | None) -> str:
 
 @app.command()
 def enforce(
-    policy: str = typer.Option(None, "--policy", help="pack (fewest devices) or fair (spread); default: setting"),
+    policy: str = typer.Option(None, "--policy", help="pack (fewest devices), fair (spread), or consolidate "
+                               "(re-pack by observed demand); default: setting"),
     apply: bool = typer.Option(False, "--apply", help="record the moves as planned actions (default: dry run)"),
 ) -> None:
     """Plan moves of idle and underused movable jobs into shared lanes, and show which devices come free."""
     s = settings()
     name = policy or s.policy
+    if name.strip().lower() == CONSOLIDATE:
+        _consolidate(apply or s.enforce)
+        return
     get_policy(name)  # an unknown policy is a one-line error before the database is touched
     store = open_store()
     result = make_plan(store, name, apply=apply or s.enforce, settings=s)
@@ -46,6 +52,23 @@ def enforce(
         console.print("not moved: " + ", ".join(f"{n} {why}" for why, n in sorted(result.skipped.items())))
     if result.moves and not result.applied:
         console.print("dry run: nothing moves; `fleetlens enforce --apply` records these moves for the enforcer")
+
+
+def _consolidate(apply: bool) -> None:
+    """One consolidation cycle by hand: the moves with their reason, and the devices they give back."""
+    s = settings()
+    plan_id, plan = make_consolidation_plan(open_store(), s, apply=apply)
+    table = Table(title=f"plan {plan_id} (consolidate{', applied' if apply and plan.moves else ', dry run'})")
+    for column in ("job", "from", "to", "why", "cost (s)", "device-hours back"):
+        table.add_column(column)
+    for m in plan.moves:
+        table.add_row(m.job_id, str(m.from_device_id), str(m.to_device_id), m.reason, f"{m.cost_s:.0f}",
+                      f"{m.gain_device_h:.2f}")
+    console.print(table)
+    console.print(f"devices held {plan.devices_held}, after the moves {plan.devices_needed}; freed: "
+                  f"{', '.join(map(str, plan.devices_freed)) or 'none'}")
+    for job, why in sorted(plan.unresolved.items()):
+        console.print(f"{job}: {why}")
 
 
 @app.command()
