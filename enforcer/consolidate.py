@@ -228,8 +228,10 @@ class Packing:
             self.util[i] = 0.0
         return i
 
-    def best_shared(self, size: Size, exclude: set[int] | frozenset[int] = frozenset()) -> int | None:
-        """The in-use shareable device with the least free memory left after the job's lane (best fit)."""
+    def best_shared(self, size: Size, exclude: set[int] | frozenset[int] = frozenset(), worst: bool = False
+                    ) -> int | None:
+        """The in-use shareable device with the least free memory left after the job's lane (best fit; `worst`:
+        the most, where a job that had to move because its memory grew is least likely to run out again)."""
         if not size.shareable:
             return None
         a = self.fleet.arrays
@@ -238,7 +240,7 @@ class Packing:
         idx = np.flatnonzero(mask)
         if idx.size == 0:
             return None
-        order = idx[np.argsort(a.free[idx] - need, kind="stable")]
+        order = idx[np.argsort(a.free[idx] - need if not worst else need - a.free[idx], kind="stable")]
         for i in order:
             i = int(i)
             if i in exclude:
@@ -255,12 +257,13 @@ class Packing:
             return None
         return int(idx[np.argmin(a.capacity[idx])])
 
-    def place_new(self, size: Size, exclude: set[int] | frozenset[int] = frozenset()) -> tuple[int | None, str]:
+    def place_new(self, size: Size, exclude: set[int] | frozenset[int] = frozenset(), worst: bool = False
+                  ) -> tuple[int | None, str]:
         """Where a job goes: next to others if it may share and a device in use has room, else a device alone
         (in its own lane when Salus's headroom fits there, so others may join it later; else whole).
 
         Returns (position, "") or (None, the reason it cannot be placed now)."""
-        i = self.best_shared(size, exclude)
+        i = self.best_shared(size, exclude, worst)
         if i is not None:
             self.put(i, size)
             return i, ""
@@ -318,9 +321,10 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
     held = len(groups)
     moves: list[ConsolidationMove] = []
     moved: set[str] = set()
-    # guard moves: they go now, whatever the caps, to a device with room (shared if the job may share, else alone)
+    # guard moves: they go now, whatever the caps, to the device with the most room (shared if the job may share,
+    # else alone)
     for i, job_id, reason in over:
-        to, _ = pk.place_new(sizes[job_id], exclude={i})
+        to, _ = pk.place_new(sizes[job_id], exclude={i}, worst=True)
         if to is None:
             unresolved[job_id] = "no device has room for it"
             continue
