@@ -110,8 +110,9 @@ class AgentMetrics(Collector):
             self._refresh({procs[p.pid].workflow_id for r in readings for p in r.processes if p.pid in procs})
         device = {name: GaugeMetricFamily(name, BY_NAME[name].help, labels=DEVICE_LABELS) for _, name, _ in EXPORTED}
         free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", BY_NAME["DCGM_FI_DEV_FB_FREE"].help, labels=DEVICE_LABELS)
-        ecc = CounterMetricFamily("DCGM_FI_DEV_ECC_DBE_VOL", BY_NAME["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"].help,
-                                  labels=DEVICE_LABELS)
+        # a gauge: prometheus_client would rename a counter to ..._VOL_total, not dcgm-exporter's ..._VOL_TOTAL
+        ecc = GaugeMetricFamily("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", BY_NAME["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"].help,
+                                labels=DEVICE_LABELS)
         xid = CounterMetricFamily("fleetlens_xid_errors", "XID error events seen since the agent started.",
                                   labels=DEVICE_LABELS)
         p_mem = GaugeMetricFamily("fleetlens_process_gpu_memory_used_bytes", "GPU memory a process uses (bytes).",

@@ -140,14 +140,15 @@ class PrometheusClient:
         """Every series of the metrics `names` over [start, end], in as many query_range calls as Prometheus's
         per-series point limit asks for; the chunks of one series are joined.
 
-        Each point is the last sample scraped in the step before it (last_over_time over one step), not
-        Prometheus's default of the last sample in five minutes: the steps tile time, so every scrape counts
-        once and a gap longer than a step stays a gap instead of repeating the value before it.
+        Each point is the last sample scraped in the step before it (last_over_time over one step less a
+        millisecond, as Prometheus 2's ranges include both ends), not Prometheus's default of the last sample in
+        five minutes: the steps tile time, so every scrape counts once and a gap longer than a step stays a gap
+        instead of repeating the value before it.
         """
         chunk = step * (MAX_POINTS - 1)
         merged: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
         for name in names:
-            query = f"last_over_time({name}[{step:g}s])"
+            query = f"last_over_time({name}[{max(1, round(step * 1000) - 1)}ms])"
             t = start
             while t <= end:
                 stop = min(end, t + chunk)
