@@ -55,5 +55,6 @@ REQUIRED = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
 HOSTNAME, GPU, UUID, MODEL, DEVICE = "Hostname", "gpu", "UUID", "modelName", "device"
 MIG_INSTANCE, MIG_PROFILE = "GPU_I_ID", "GPU_I_PROFILE"
 POD, NAMESPACE, CONTAINER = "pod", "namespace", "container"
+WORKFLOW = "workflow"  # fleetlens's agent labels its series with the workflow (and team) it attributed
 # dcgm-exporter's HPC job mapping labels a GPU with `hpc_job`; some fleets relabel it for Slurm
 SLURM_JOB_LABELS = ("hpc_job", "slurm_job_id", "slurm_job")

@@ -46,7 +46,8 @@ def backfill(openmetrics: Path, data_dir: Path) -> None:
 def scrape_config(targets: list[str], interval_s: float = 1.0) -> str:
     if not targets:
         return "global: {}\n"
-    return (f"global:\n  scrape_interval: {interval_s}s\n  scrape_timeout: {interval_s}s\n"
+    every = f"{round(interval_s * 1000)}ms"
+    return (f"global:\n  scrape_interval: {every}\n  scrape_timeout: {every}\n"
             f"scrape_configs:\n  - job_name: fleetlens\n    static_configs:\n      - targets: {targets!r}\n")
 
 

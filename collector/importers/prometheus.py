@@ -43,6 +43,7 @@ from collector.dcgm_names import (
     POD,
     SLURM_JOB_LABELS,
     UUID,
+    WORKFLOW,
 )
 from store.db import Store
 from store.errors import InvalidInput, UpstreamUnavailable
@@ -208,9 +209,13 @@ def device_of(labels: dict[str, str]) -> DeviceKey | str:
 
 
 def workflow_of(labels: dict[str, str], settings: Settings) -> WorkflowKey | None:
-    """The workflow using the device in this series: its HPC (Slurm) job, else its Kubernetes pod, else none."""
+    """The workflow using the device in this series: the workflow a fleetlens agent named, else its HPC (Slurm) job,
+    else its Kubernetes pod, else none."""
     team_value = labels.get(settings.prometheus_team_label) or None
     team = settings.prometheus_teams.get(team_value, team_value) if team_value else None
+    if labels.get(WORKFLOW):  # a fleetlens agent's /metrics: its own name and team
+        kept = tuple((k, labels[k]) for k in (NAMESPACE, POD) if labels.get(k))
+        return WorkflowKey(labels[WORKFLOW], SOURCE, labels.get("team") or team, kept)
     for name in SLURM_JOB_LABELS:
         if labels.get(name):
             return WorkflowKey(f"slurm-{labels[name]}", "slurm", team, ((name, labels[name]),))
@@ -483,8 +488,12 @@ def _register(store: Store, url: str, devices: list[DeviceKey], workflows: list[
             row = s.get(Workflow, w.id)
             finished = last < ended_before
             labels = {**(row.labels if row is not None else {}), **dict(w.labels), "imported_from": url}
-            wf_row = upsert_workflow(s, w.id, now=first, id_source=w.id_source, team=w.team, labels=labels,
-                                     name=dict(w.labels).get(POD) or w.id)
+            # a workflow an agent registered keeps how it was found and its team
+            fields = {"labels": labels} if row is not None else {
+                "labels": labels, "id_source": w.id_source, "name": dict(w.labels).get(POD) or w.id}
+            if row is None or row.team is None:
+                fields["team"] = w.team
+            wf_row = upsert_workflow(s, w.id, now=first, **fields)
             wf_row.created_at = min(wf_row.created_at, first)
             wf_row.last_seen = max(row.last_seen if row is not None else last, last)
             wf_row.state = "finished" if finished and wf_row.last_seen <= last else "running"
