@@ -113,8 +113,10 @@ def test_prometheus_scrapes_the_agent_and_import_reads_it_back(agent: Agent, tmp
         assert (train["gpu"], train["UUID"], train["team"], train["pod"], train["namespace"], train["Hostname"]) == (
             "0", "GPU-metrics-0", "vision", "train-0", "vision", "gpu-host-1")
         assert float(by_wf["wf-train"]["value"][1]) == 40.0
-        assert {(m["workflow"], m["gpu"], m.get("team", "")) for m in (by_wf[w]["metric"] for w in ("wf-serve", "wf-eval"))
-                } == {("wf-serve", "1", "search"), ("wf-eval", "1", "")}  # Prometheus drops empty labels
+        others = [by_wf[w]["metric"] for w in ("wf-serve", "wf-eval")]
+        # Prometheus drops empty labels: wf-eval has no team
+        assert {(m["workflow"], m["gpu"], m.get("team", "")) for m in others} == {("wf-serve", "1", "search"),
+                                                                                 ("wf-eval", "1", "")}
         mem = {s["metric"]["workflow"]: float(s["value"][1])
                for s in prom.query("fleetlens_process_gpu_memory_used_bytes")}
         assert mem == {"wf-train": 1.0 * GiB, "wf-serve": 2.0 * GiB, "wf-eval": 3.0 * GiB}
