@@ -34,7 +34,8 @@ def _ecc(i: int) -> int:
     return i // 10 if i < 40 else (i - 40) // 10  # rises to 3, then the driver reloads and it starts at 0
 
 
-def _openmetrics() -> str:
+def _openmetrics(t0: float = T0) -> str:
+    """The series of the module's doc, starting at `t0`."""
     a0 = 'Hostname="gpu-a",gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"'
     a0 += ',namespace="vision",pod="train-a",container="main"'
     mig = 'Hostname="gpu-a",gpu="1",UUID="GPU-bbbb",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",' \
@@ -47,17 +48,17 @@ def _openmetrics() -> str:
         for labels, ts, value in rows:
             lines.append(f"{name}{{{labels}}} {value!r} {ts!r}")
 
-    a_times = [(i, T0 + i * STEP) for i in range(N) if i not in GAP]
+    a_times = [(i, t0 + i * STEP) for i in range(N) if i not in GAP]
     family("DCGM_FI_DEV_GPU_UTIL", "gauge", [(a0, t, float(i % 7) * 10) for i, t in a_times]
-           + [(b0, T0 + i * STEP, 95.0) for i in range(N)]
-           + [('Hostname="gpu-a",job="dcgm"', T0 + i * STEP, 1.0) for i in range(N)])  # no GPU label
+           + [(b0, t0 + i * STEP, 95.0) for i in range(N)]
+           + [('Hostname="gpu-a",job="dcgm"', t0 + i * STEP, 1.0) for i in range(N)])  # no GPU label
     family("DCGM_FI_DEV_FB_USED", "gauge", [(a0, t, 1000.0 + i) for i, t in a_times]
-           + [(mig, T0 + i * STEP, 2048.0) for i in range(N)] + [(b0, T0 + i * STEP, 70000.0) for i in range(N)])
+           + [(mig, t0 + i * STEP, 2048.0) for i in range(N)] + [(b0, t0 + i * STEP, 70000.0) for i in range(N)])
     family("DCGM_FI_DEV_FB_FREE", "gauge", [(a0, t, 81559.0 - 1000.0 - i) for i, t in a_times]
-           + [(mig, T0 + i * STEP, 9728.0 - 2048.0) for i in range(N)]
-           + [(b0, T0 + i * STEP, 81920.0 - 70000.0) for i in range(N)])
+           + [(mig, t0 + i * STEP, 9728.0 - 2048.0) for i in range(N)]
+           + [(b0, t0 + i * STEP, 81920.0 - 70000.0) for i in range(N)])
     family("DCGM_FI_DEV_POWER_USAGE", "gauge", [(a0, t, 300.0) for _, t in a_times])
-    family("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", [(mig, T0 + i * STEP, 0.25) for i in range(N)])
+    family("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", [(mig, t0 + i * STEP, 0.25) for i in range(N)])
     # dcgm-exporter's name keeps the field's upper-case _TOTAL, which an OpenMetrics counter cannot have
     family("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "unknown", [(a0, t, float(_ecc(i))) for i, t in a_times])
     lines.append("# EOF")
