@@ -32,7 +32,7 @@ from store.models import Action, Device, Lane, Placement, Workflow
 log = logging.getLogger(__name__)
 
 DEVICE_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "host", "workflow", "team", "pod", "namespace"]
-PROCESS_LABELS = ["gpu", "UUID", "Hostname", "host", "pid", "workflow", "team", "pod", "namespace"]
+PROCESS_LABELS = ["gpu", "UUID", "host", "pid", "workflow", "team", "pod", "namespace"]  # fleetlens's own names
 # sample field -> (dcgm-exporter name, factor from the store's unit to dcgm-exporter's)
 EXPORTED: tuple[tuple[str, str, float], ...] = (
     ("gpu_util", "DCGM_FI_DEV_GPU_UTIL", 100.0),
@@ -129,7 +129,7 @@ class AgentMetrics(Collector):
                 wf = proc.workflow_id if proc is not None else ""
                 team, pod, ns = self._meta.get(wf, ("", "", ""))
                 users.setdefault(wf, (team, pod, ns))
-                plabels = [gpu, uuid, host, host, str(p.pid), wf, team, pod, ns]
+                plabels = [gpu, uuid, host, str(p.pid), wf, team, pod, ns]
                 if p.mem_used is not None:
                     p_mem.add_metric(plabels, float(p.mem_used))
                 if p.sm_util is not None:

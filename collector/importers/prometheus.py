@@ -21,12 +21,12 @@ import logging
 import math
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import numpy as np
-import pandas as pd
 from sqlalchemy import func, insert, select, update
 
 from collector.dcgm_names import (
@@ -51,12 +51,12 @@ from store.ingest import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS, write_sa
 from store.models import Device, DeviceSample, Host, Process, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings, get_settings
-from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
 
 SOURCE = "prometheus"
 MAX_POINTS = 10_000  # Prometheus refuses a query_range of more than 11,000 points per series
+FETCH_CONCURRENCY = 4
 PID_BASE = 1 << 30  # synthetic pids (dcgm-exporter sees no processes), above any real pid_max
 MIG_INDEX_BASE = 1000  # a MIG instance's device index: (gpu + 1) * 1000 + GPU_I_ID, apart from whole GPUs
 SAMPLE_COLUMNS = tuple(c for c in DEVICE_SAMPLE_COLUMNS if c not in ("device_id", "ts"))
@@ -147,20 +147,26 @@ class PrometheusClient:
         instead of repeating the value before it.
         """
         chunk = step * (MAX_POINTS - 1)
+        windows = []
+        t = start
+        while t <= end:
+            windows.append((t, min(end, t + chunk)))
+            t = windows[-1][1] + step
+        queries = [(name, lo, hi) for name in names for lo, hi in windows]
+        # Prometheus evaluates one query while this process decodes the answer to another
+        with ThreadPoolExecutor(max_workers=FETCH_CONCURRENCY) as pool:
+            answers = list(pool.map(
+                lambda q: self.query_range(f"last_over_time({q[0]}[{max(1, round(step * 1000) - 1)}ms])", q[1], q[2],
+                                           step), queries))
         merged: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
-        for name in names:
-            query = f"last_over_time({name}[{max(1, round(step * 1000) - 1)}ms])"
-            t = start
-            while t <= end:
-                stop = min(end, t + chunk)
-                for series in self.query_range(query, t, stop, step):
-                    labels = {**series["metric"], "__name__": name}  # functions drop the metric's name
-                    key = tuple(sorted(labels.items()))
-                    if key in merged:
-                        merged[key]["values"].extend(series["values"])
-                    else:
-                        merged[key] = {"metric": labels, "values": list(series["values"])}
-                t = stop + step
+        for (name, _, _), answer in zip(queries, answers, strict=True):
+            for series in answer:
+                labels = {**series["metric"], "__name__": name}  # functions drop the metric's name
+                key = tuple(sorted(labels.items()))
+                if key in merged:
+                    merged[key]["values"].extend(series["values"])
+                else:
+                    merged[key] = {"metric": labels, "values": series["values"]}
         return list(merged.values())
 
 
@@ -262,101 +268,137 @@ def _last_counts(store: Store, cursors: dict[tuple[str, int], tuple[int, float |
     return {d: (e, x) for d, t, e, x in rows if t == at.get(d)}
 
 
-def _long_frame(series: list[dict[str, Any]], settings: Settings, summary: ImportSummary
-                ) -> tuple[pd.DataFrame, list[DeviceKey], list[WorkflowKey | None]]:
-    """All points as one frame: dev (index into devices), wf (index into workflows, -1: none), col, ts, value."""
-    devices: dict[DeviceKey, int] = {}
-    workflows: dict[WorkflowKey | None, int] = {None: -1}
-    wf_list: list[WorkflowKey | None] = []
-    parts = []
+PRIO = {f.name: i for i, f in enumerate(FIELDS)}
+COLUMNS = ("gpu_util", "mem_util", "mem_used", "mem_free", "mem_reserved", "power_w", "temperature_c", "sm_clock_mhz",
+           "throttle_reasons", "sm_active", "sm_occupancy", "tensor_active", "ecc_errors", "xid_code")
+
+
+@dataclass
+class _Parsed:
+    """The fetched series by device: per device {column: (priority, times, values)} in the store's units, and per
+    (device, workflow) the times that workflow's series have on it."""
+
+    devices: list[DeviceKey] = field(default_factory=list)
+    workflows: list[WorkflowKey] = field(default_factory=list)
+    columns: list[dict[str, tuple[int, np.ndarray, np.ndarray]]] = field(default_factory=list)
+    users: dict[tuple[int, int], list[np.ndarray]] = field(default_factory=dict)
+
+
+def _parse(series: list[dict[str, Any]], settings: Settings, summary: ImportSummary) -> _Parsed:
+    out = _Parsed()
+    dev_index: dict[DeviceKey, int] = {}
+    wf_index: dict[WorkflowKey, int] = {}
     for s in series:
         labels = s["metric"]
-        f = BY_NAME.get(labels.get("__name__", ""))
-        if f is None or not s["values"]:
+        name = labels.get("__name__", "")
+        f = BY_NAME.get(name)
+        points = s["values"]
+        if f is None or not points:
             continue
         dev = device_of(labels)
         if isinstance(dev, str):
             summary.skipped[dev] = summary.skipped.get(dev, 0) + 1
             continue
-        wf = workflow_of(labels, settings)
-        d = devices.setdefault(dev, len(devices))
-        if wf not in workflows:
-            workflows[wf] = len(wf_list)
-            wf_list.append(wf)
-        points = np.asarray(s["values"], dtype=object)
-        ts = points[:, 0].astype(float)
-        values = points[:, 1].astype(float) * f.scale
+        d = dev_index.get(dev)
+        if d is None:
+            d = dev_index[dev] = len(out.devices)
+            out.devices.append(dev)
+            out.columns.append({})
+        ts = np.fromiter((p[0] for p in points), float, len(points))
+        values = np.array([p[1] for p in points], dtype=float) * f.scale
         ok = np.isfinite(values)
-        n = int(ok.sum())
-        parts.append(pd.DataFrame({"dev": np.full(n, d), "wf": np.full(n, workflows[wf]),
-                                   "col": np.full(n, f.column, dtype=object), "prio": np.full(n, FIELDS.index(f)),
-                                   "ts": ts[ok], "value": values[ok]}))
-    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        {"dev": [], "wf": [], "col": [], "prio": [], "ts": [], "value": []})
-    return frame, list(devices), wf_list
+        if not ok.all():
+            ts, values = ts[ok], values[ok]
+        prio = PRIO[name]
+        have = out.columns[d].get(f.column)
+        if have is None or prio < have[0]:
+            out.columns[d][f.column] = (prio, ts, values)
+        elif prio == have[0]:  # one GPU's series per pod using it: the same readings, maybe at other times
+            both_ts, first = np.unique(np.concatenate([have[1], ts]), return_index=True)
+            out.columns[d][f.column] = (prio, both_ts, np.concatenate([have[2], values])[first])
+        wf = workflow_of(labels, settings)
+        if wf is not None:
+            w = wf_index.get(wf)
+            if w is None:
+                w = wf_index[wf] = len(out.workflows)
+                out.workflows.append(wf)
+            out.users.setdefault((d, w), []).append(ts)
+    return out
 
 
-def _device_frame(points: pd.DataFrame) -> pd.DataFrame:
-    """One row per (dev, ts) with a column per sample field; a pod's series repeats its GPU's values, and when two
-    fields fill one column the preferred one (see collector.dcgm_names.FIELDS) wins."""
-    best = points.sort_values(["dev", "ts", "col", "prio"], kind="stable").drop_duplicates(["dev", "ts", "col"])
-    wide = best.pivot(index=["dev", "ts"], columns="col", values="value")
-    for col in ("gpu_util", "mem_util", "mem_used", "mem_free", "mem_reserved", "power_w", "temperature_c",
-                "sm_clock_mhz", "throttle_reasons", "sm_active", "sm_occupancy", "tensor_active", "ecc_errors",
-                "xid_code"):
-        if col not in wide:
-            wide[col] = np.nan
-    wide["mem_total"] = wide["mem_used"] + wide["mem_free"] + wide["mem_reserved"].fillna(0.0)
-    return wide.reset_index().sort_values(["dev", "ts"], kind="stable")
+def _wide(parsed: _Parsed) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every device's samples as column arrays (dev, ts, COLUMNS, mem_total), sorted by (dev, ts); and the offset of
+    each device's first row (device d's rows are offsets[d]:offsets[d + 1])."""
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in ("dev", "ts", *COLUMNS)}
+    offsets = [0]
+    for d, cols in enumerate(parsed.columns):
+        times = np.unique(np.concatenate([ts for _, ts, _ in cols.values()]))
+        n = len(times)
+        parts["dev"].append(np.full(n, d, dtype=np.int64))
+        parts["ts"].append(times)
+        for col in COLUMNS:
+            arr = np.full(n, np.nan)
+            if col in cols:
+                _, ts, values = cols[col]
+                arr[np.searchsorted(times, ts)] = values
+            parts[col].append(arr)
+        offsets.append(offsets[-1] + n)
+    wide = {c: np.concatenate(v) if v else np.array([]) for c, v in parts.items()}
+    wide["mem_total"] = wide["mem_used"] + wide["mem_free"] + np.nan_to_num(wide["mem_reserved"])
+    return wide, np.array(offsets, dtype=np.int64)
 
 
-def _counters(wide: pd.DataFrame, prev: dict[int, tuple[float | None, float | None, float | None, float | None]]
-              ) -> tuple[pd.DataFrame, int]:
-    """ecc_errors made monotonic across resets and xid_errors as a count of new XID codes, continuing each device's
-    stored counts; `prev` gives per dev (raw ecc, stored ecc, raw xid code, stored xid count) before the first row."""
+def _counters(wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarray,
+              last: dict[int, tuple[Any, Any]]) -> int:
+    """ecc_errors made monotonic across resets, and xid_errors as a count of new XID codes, each carrying on from
+    the device's last stored sample (`last`: dev -> stored (ecc, xid) at the cursor); returns the resets seen."""
     resets = 0
-    ecc_out = np.full(len(wide), np.nan)
-    xid_out = np.full(len(wide), np.nan)
-    pos = 0
-    for dev, group in wide.groupby("dev", sort=False):
-        n = len(group)
-        raw_prev, stored_prev, code_prev, count_prev = prev.get(int(dev), (None, None, None, None))
-        ecc = group["ecc_errors"].to_numpy()
+    ecc_all, code_all, ts_all = wide["ecc_errors"], wide["xid_code"], wide["ts"]
+    xid_all = np.full(len(ts_all), np.nan)
+    for d in range(len(offsets) - 1):
+        lo, hi = int(offsets[d]), int(offsets[d + 1])
+        stored_ecc, stored_xid = last.get(d, (None, None))
+        old = ts_all[lo:hi] <= cursor[d]  # fetched again only to carry the counts on
+        ecc = ecc_all[lo:hi]
         if np.isfinite(ecc).any():
-            offset = 0.0 if stored_prev is None or raw_prev is None else stored_prev - raw_prev
-            last = raw_prev
-            out = np.full(n, np.nan)
-            for i, v in enumerate(ecc):
-                if not math.isfinite(v):
-                    continue
-                if last is not None and v < last:  # dropped: the counter restarted from zero
-                    offset += last
+            offset, prev = 0.0, None
+            base = np.flatnonzero(old & np.isfinite(ecc))
+            if len(base) and stored_ecc is not None:
+                prev = float(ecc[base[-1]])
+                offset = float(stored_ecc) - prev
+            for i in np.flatnonzero(np.isfinite(ecc) & ~old):
+                v = float(ecc[i])
+                if prev is not None and v < prev:  # it dropped: the counter restarted from zero
+                    offset += prev
                     resets += 1
-                out[i] = offset + v
-                last = v
-            ecc_out[pos:pos + n] = out
-        codes = group["xid_code"].to_numpy()
+                ecc[i] = offset + v
+                prev = v
+        codes = code_all[lo:hi]
         if np.isfinite(codes).any():
-            count = count_prev or 0
-            last = code_prev if code_prev is not None else 0.0
-            out = np.full(n, np.nan)
-            for i, v in enumerate(codes):
-                if not math.isfinite(v):
-                    continue
-                if v != last and v != 0:
+            base = np.flatnonzero(old & np.isfinite(codes))
+            prev_code = float(codes[base[-1]]) if len(base) else 0.0
+            count = int(stored_xid or 0)
+            out = xid_all[lo:hi]
+            for i in np.flatnonzero(np.isfinite(codes) & ~old):
+                v = float(codes[i])
+                if v != prev_code and v != 0:
                     count += 1
                 out[i] = count
-                last = v
-            xid_out[pos:pos + n] = out
-        pos += n
-    wide = wide.assign(ecc_errors=ecc_out, xid_errors=xid_out)
-    return wide, resets
+                prev_code = v
+    wide["xid_errors"] = xid_all
+    return resets
 
 
-def _none(v: Any, integer: bool) -> Any:
-    if v is None or v != v:
-        return None
-    return int(round(v)) if integer else float(v)
+def _pylist(values: np.ndarray, integer: bool = False) -> list[Any]:
+    """A column as Python values with NaN as None (and whole numbers as int where the store wants BIGINT)."""
+    missing = np.isnan(values)
+    if integer:
+        out = np.rint(np.where(missing, 0, values)).astype(np.int64).astype(object)
+    else:
+        out = values.astype(object)
+    if missing.any():
+        out[missing] = None
+    return out.tolist()
 
 
 def import_prometheus(
@@ -392,126 +434,152 @@ def import_prometheus(
         series = client.fetch([f.name for f in FIELDS], start, until, step)
         summary.fetch_s = time.perf_counter() - fetched
     summary.series = len(series)
-    points, devices, workflows = _long_frame(series, settings, summary)
+    parsed = _parse(series, settings, summary)
+    del series
     if summary.skipped:
         log.warning("prometheus %s: %s", url, "; ".join(f"skipped {n} series {why}"
                                                       for why, n in sorted(summary.skipped.items())))
-    if points.empty:
+    if not parsed.devices:
         summary.seconds = time.perf_counter() - started
         return summary
-    wide = _device_frame(points)
+    wide, offsets = _wide(parsed)
     # where each device's series resumes
-    cursor = np.array([(cursors.get((d.host, d.index)) or (None, None))[1] or -math.inf for d in devices])
-    last_counts = _last_counts(store, cursors)
-    before = wide[wide["ts"].to_numpy() <= cursor[wide["dev"].to_numpy()]]
-    prev: dict[int, tuple] = {}
-    for dev, row in before.groupby("dev").tail(1).set_index("dev").iterrows():
-        device_id = (cursors.get((devices[dev].host, devices[dev].index)) or (None, None))[0]
-        ecc, xid = last_counts.get(device_id, (None, None))
-        prev[int(dev)] = (_none(row["ecc_errors"], False), ecc, _none(row["xid_code"], False), xid)
-    wide, summary.counter_resets = _counters(wide, prev)
-    new = wide[wide["ts"].to_numpy() > cursor[wide["dev"].to_numpy()]]
-    if new.empty:
+    cursor = np.array([(cursors.get((d.host, d.index)) or (None, None))[1] or -math.inf for d in parsed.devices])
+    stored = _last_counts(store, cursors)
+    last = {d: stored[cursors[(k.host, k.index)][0]] for d, k in enumerate(parsed.devices)
+            if (k.host, k.index) in cursors and cursors[(k.host, k.index)][0] in stored}
+    summary.counter_resets = _counters(wide, offsets, cursor, last)
+    keep = wide["ts"] > cursor[wide["dev"]]
+    if not keep.any():
         summary.seconds = time.perf_counter() - started
         return summary
-    procs = points[points["wf"] >= 0][["dev", "wf", "ts"]].drop_duplicates()
-    procs = procs[procs["ts"].to_numpy() > cursor[procs["dev"].to_numpy()]]
-    procs = procs.merge(new[["dev", "ts", "mem_used", "gpu_util"]], on=["dev", "ts"], how="inner")
-
-    device_ids = _register(store, url, devices, workflows, new, procs, until, step, summary)
-    dev_ids = np.array([device_ids[(d.host, d.index)] for d in devices], dtype=np.int64)
+    procs = _processes(parsed, wide, offsets, cursor)
+    device_ids = _register(store, url, parsed, wide, keep, procs, until, step, summary)
+    dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in parsed.devices], dtype=np.int64)
     summary.device_samples, summary.process_samples = write_samples(
-        store, _device_rows(new, dev_ids), _process_rows(procs, dev_ids, devices, workflows))
+        store, _device_rows(wide, keep, dev_ids), _process_rows(procs, wide, dev_ids, parsed))
     summary.seconds = time.perf_counter() - started
     log.info("prometheus %s: imported %s", url, summary.describe())
     return summary
 
 
-def _device_rows(new: pd.DataFrame, dev_ids: np.ndarray) -> list[tuple[Any, ...]]:
-    cols: list[list[Any]] = [dev_ids[new["dev"].to_numpy()].tolist(), new["ts"].astype(float).tolist()]
-    for col in SAMPLE_COLUMNS:
-        values = new[col].to_numpy(dtype=float)
-        if col in INT_COLUMNS:
-            cols.append([None if v != v else int(round(v)) for v in values.tolist()])
-        else:
-            cols.append([None if v != v else v for v in values.tolist()])
+def _processes(parsed: _Parsed, wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarray
+               ) -> dict[tuple[int, int], np.ndarray]:
+    """{(dev, workflow): row numbers in `wide`} of the new samples each workflow's series have on each device."""
+    out = {}
+    for (d, w), times in parsed.users.items():
+        ts = np.unique(np.concatenate(times))
+        ts = ts[ts > cursor[d]]
+        if len(ts):
+            lo, hi = int(offsets[d]), int(offsets[d + 1])
+            out[(d, w)] = lo + np.searchsorted(wide["ts"][lo:hi], ts)
+    return out
+
+
+def _device_rows(wide: dict[str, np.ndarray], keep: np.ndarray, dev_ids: np.ndarray) -> Iterable[tuple[Any, ...]]:
     if DEVICE_SAMPLE_COLUMNS != ("device_id", "ts", *SAMPLE_COLUMNS):
         raise RuntimeError("store.ingest's device sample columns changed; update the Prometheus importer")
-    return list(zip(*cols, strict=True))
+    cols = [dev_ids[wide["dev"][keep]].tolist(), wide["ts"][keep].tolist()]
+    cols += [_pylist(wide[c][keep], c in INT_COLUMNS) for c in SAMPLE_COLUMNS]
+    return zip(*cols, strict=True)
 
 
-def _process_rows(procs: pd.DataFrame, dev_ids: np.ndarray, devices: list[DeviceKey],
-                  workflows: list[WorkflowKey | None]) -> list[tuple[Any, ...]]:
+def _process_rows(procs: dict[tuple[int, int], np.ndarray], wide: dict[str, np.ndarray], dev_ids: np.ndarray,
+                  parsed: _Parsed) -> Iterable[tuple[Any, ...]]:
+    """One process sample per new sample of a device a workflow uses: its memory and utilisation are the device's
+    (dcgm-exporter's pod series carry the GPU's readings)."""
     if PROCESS_SAMPLE_COLUMNS != ("device_id", "workflow_id", "host_id", "pid", "ts", "mem_used", "sm_util",
                                   "cpu_util"):
         raise RuntimeError("store.ingest's process sample columns changed; update the Prometheus importer")
-    rows = []
-    for dev, wf, ts, mem, util in procs[["dev", "wf", "ts", "mem_used", "gpu_util"]].itertuples(index=False):
-        d, w = devices[dev], workflows[wf]
-        rows.append((int(dev_ids[dev]), w.id, d.host, synthetic_pid(w.id, d.uuid), float(ts),
-                     None if mem != mem else int(round(mem)), None if util != util else float(util), None))
-    return rows
+    if not procs:
+        return iter(())
+    keys = list(procs)
+    rows = np.concatenate([procs[k] for k in keys])
+    sizes = [len(procs[k]) for k in keys]
+
+    def repeat(values: list[Any]) -> list[Any]:
+        return np.repeat(np.array(values, dtype=object), sizes).tolist()
+
+    return zip(
+        repeat([int(dev_ids[d]) for d, _ in keys]), repeat([parsed.workflows[w].id for _, w in keys]),
+        repeat([parsed.devices[d].host for d, _ in keys]),
+        repeat([synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in keys]),
+        wide["ts"][rows].tolist(), _pylist(wide["mem_used"][rows], True), _pylist(wide["gpu_util"][rows]),
+        [None] * len(rows), strict=True)
 
 
-def _register(store: Store, url: str, devices: list[DeviceKey], workflows: list[WorkflowKey | None],
-              new: pd.DataFrame, procs: pd.DataFrame, until: float, step: float, summary: ImportSummary
+def _register(store: Store, url: str, parsed: _Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
+              procs: dict[tuple[int, int], np.ndarray], until: float, step: float, summary: ImportSummary
               ) -> dict[tuple[str, int], int]:
     """Hosts, devices, workflows and their synthetic processes, in one transaction; {(host, index): device id}."""
-    used = sorted(set(new["dev"].tolist()))
-    mem_total = new.groupby("dev")["mem_total"].max()
-    span = procs.groupby(["dev", "wf"])["ts"].agg(["min", "max"]) if len(procs) else None
+    devs = wide["dev"][keep]
+    used = sorted(set(devs.tolist()))
+    totals = wide["mem_total"][keep]
+    mem_total = {}
+    for d in used:
+        t = totals[devs == d]
+        t = t[np.isfinite(t)]
+        mem_total[d] = int(round(float(t.max()))) if len(t) else None
+    ts = wide["ts"]
+    span = {key: (float(ts[rows[0]]), float(ts[rows[-1]])) for key, rows in procs.items()}
     # a workflow whose series stopped before the imported range ends is over (two steps of slack for scrapes)
     ended_before = until - 2 * step
     device_ids: dict[tuple[str, int], int] = {}
     with store.session() as s:
-        hosts = sorted({devices[d].host for d in used})
+        hosts = sorted({parsed.devices[d].host for d in used})
+        known_hosts = set(s.scalars(select(Host.id).where(Host.id.in_(hosts))))
         for host in hosts:
-            if s.get(Host, host) is None:  # a host an agent registered keeps its own record
+            if host not in known_hosts:  # a host an agent registered keeps its own record
                 register_host(s, host, hostname=host, source=SOURCE, labels={"imported_from": url}, now=until)
         by_host: dict[str, list[DeviceSpec]] = {}
         for d in used:
-            key = devices[d]
-            total = mem_total.get(d)
-            by_host.setdefault(key.host, []).append(DeviceSpec(
-                index=key.index, uuid=key.uuid, name=key.name,
-                memory_total=None if total is None or total != total else int(round(total))))
+            key = parsed.devices[d]
+            by_host.setdefault(key.host, []).append(DeviceSpec(index=key.index, uuid=key.uuid, name=key.name,
+                                                               memory_total=mem_total[d]))
         for host, specs in by_host.items():
             for index, device_id in register_devices(s, host, specs, source=SOURCE, now=until).items():
                 device_ids[(host, index)] = device_id
         seen_wf: dict[int, tuple[float, float]] = {}
-        if span is not None:
-            for (_dev, wf), (first, last) in span.iterrows():
-                lo, hi = seen_wf.get(wf, (first, last))
-                seen_wf[wf] = (min(lo, first), max(hi, last))
-        for wf, (first, last) in seen_wf.items():
-            w = workflows[wf]
-            row = s.get(Workflow, w.id)
+        for (_d, w), (first, last) in span.items():
+            lo, hi = seen_wf.get(w, (first, last))
+            seen_wf[w] = (min(lo, first), max(hi, last))
+        ids = [parsed.workflows[w].id for w in seen_wf]
+        existing = {row.id: row for row in s.scalars(select(Workflow).where(Workflow.id.in_(ids)))}
+        for w, (first, last) in seen_wf.items():
+            wk = parsed.workflows[w]
+            row = existing.get(wk.id)
             finished = last < ended_before
-            labels = {**(row.labels if row is not None else {}), **dict(w.labels), "imported_from": url}
+            if row is None:
+                s.add(Workflow(id=wk.id, id_source=wk.id_source, name=dict(wk.labels).get(POD) or wk.id,
+                               team=wk.team, labels={**dict(wk.labels), "imported_from": url}, created_at=first,
+                               last_seen=last, state="finished" if finished else "running"))
+                continue
             # a workflow an agent registered keeps how it was found and its team
-            fields = {"labels": labels} if row is not None else {
-                "labels": labels, "id_source": w.id_source, "name": dict(w.labels).get(POD) or w.id}
-            if row is None or row.team is None:
-                fields["team"] = w.team
-            wf_row = upsert_workflow(s, w.id, now=first, **fields)
-            wf_row.created_at = min(wf_row.created_at, first)
-            wf_row.last_seen = max(row.last_seen if row is not None else last, last)
-            wf_row.state = "finished" if finished and wf_row.last_seen <= last else "running"
-        if span is not None:
-            for (dev, wf), (first, last) in span.iterrows():
-                d, w = devices[dev], workflows[wf]
-                pid = synthetic_pid(w.id, d.uuid)
-                ended = last + step if last < ended_before else None
-                existing = s.scalar(select(Process.id).where(Process.host_id == d.host, Process.pid == pid,
-                                                             Process.workflow_id == w.id))
-                if existing is None:
-                    s.execute(insert(Process), [{
-                        "host_id": d.host, "pid": pid, "start_time": float(first), "workflow_id": w.id,
-                        "cmdline": f"{w.id} on {d.uuid} (dcgm-exporter)", "username": None,
-                        "first_seen": float(first), "last_seen": float(last), "ended_at": ended}])
-                else:
-                    s.execute(update(Process).where(Process.id == existing)
-                              .values(last_seen=float(last), ended_at=ended))
+            row.labels = {**(row.labels or {}), **dict(wk.labels), "imported_from": url}
+            if row.team is None:
+                row.team = wk.team
+            row.created_at = min(row.created_at, first)
+            if last >= row.last_seen:
+                row.last_seen = last
+                row.state = "finished" if finished else "running"
+        s.flush()
+        pids = {(d, w): synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in span}
+        known_procs = {(h, p, wf): i for i, h, p, wf in s.execute(
+            select(Process.id, Process.host_id, Process.pid, Process.workflow_id)
+            .where(Process.host_id.in_(hosts), Process.pid.in_(sorted(set(pids.values()))))).tuples()}
+        new_rows = []
+        for (d, w), (first, last) in span.items():
+            dk, wk = parsed.devices[d], parsed.workflows[w]
+            ended = last + step if last < ended_before else None
+            existing_id = known_procs.get((dk.host, pids[(d, w)], wk.id))
+            if existing_id is None:
+                new_rows.append({"host_id": dk.host, "pid": pids[(d, w)], "start_time": first, "workflow_id": wk.id,
+                                 "cmdline": f"{wk.id} on {dk.uuid} (dcgm-exporter)", "username": None,
+                                 "first_seen": first, "last_seen": last, "ended_at": ended})
+            else:
+                s.execute(update(Process).where(Process.id == existing_id).values(last_seen=last, ended_at=ended))
+        if new_rows:
+            s.execute(insert(Process), new_rows)
         summary.hosts, summary.devices, summary.workflows = len(hosts), len(used), len(seen_wf)
     return device_ids
 
