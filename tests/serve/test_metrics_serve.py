@@ -6,24 +6,31 @@ frees 3 devices, and two migrations.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 from sqlalchemy import func, select
 
 from analyzer.ranking import findings_frame, rank_teams, rank_workflows
 from analyzer.telemetry import detect
+from collector.agent import Agent
+from collector.sources.nvml import NvmlSource
 from collector.sources.replay import load_into_store
 from store.db import Store
 from store.migrations import upgrade
 from store.models import Action, Plan, ProcessSample
-from tests.conftest import FLEET
+from store.settings import Settings
+from tests.conftest import FLEET, PROJECT_ROOT
+from tests.fakes.fake_pynvml import FakeGPU, FakeNVML, FakeProcess, GiB
 from tests.prometheus_server import free_port, prometheus
 from ui.processes import fleetlens_command
 
@@ -55,6 +62,15 @@ def exporter(fleet, fleet_home: Path) -> Iterator[int]:
     proc = subprocess.Popen(fleetlens_command("metrics-serve", "--port", str(port), "--duration", "120"),
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
+        deadline = time.monotonic() + 60
+        while True:  # ready once it answers
+            assert proc.poll() is None, (fleet_home / "metrics.log").read_text()
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "metrics-serve did not start"
+                time.sleep(0.2)
         yield port
     finally:
         proc.terminate()
@@ -106,3 +122,49 @@ def test_prometheus_scrapes_the_fleet_exporter(fleet, exporter: int, tmp_path: P
     assert 0 < held < 16  # some of the 16 containers finished earlier in the day
     assert devices == {"held": held, "needed": held - 3, "freed": 3.0}
     assert migrations == {"resumed": 1.0, "failed": 1.0}
+
+
+BOARD = PROJECT_ROOT / "docs" / "grafana" / "fleetlens.json"
+NO_LANES = {"fleetlens_gate_waiting_jobs", "fleetlens_lane_member"}  # this store has no lanes: declared, no series
+
+
+@pytest.fixture
+def agent(fleet, fleet_home: Path) -> Iterator[Agent]:
+    """An agent with two fake GPUs; this test's own process runs on GPU 0 as a workflow of the store."""
+    store, _ = fleet
+    workflow = findings_frame(store)["workflow_id"].iloc[0]
+    fake = FakeNVML([FakeGPU(uuid="GPU-board-0", gpu_util=35, memory_used=20 * GiB,
+                             processes=[FakeProcess(pid=os.getpid(), used_memory=20 * GiB, sm_util=35)]),
+                     FakeGPU(uuid="GPU-board-1")])
+    settings = Settings(home=fleet_home, secret="t", host_id="board-host", metrics_port=free_port())
+    a = Agent(store, settings, NvmlSource(nvml=fake), sample_interval_s=0.2, flush_interval_s=1.0,
+              serve_socket=False, attribute=lambda pid: (workflow, "env"))
+    a.start()
+    try:
+        yield a
+    finally:
+        a.stop()
+
+
+def _metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b(DCGM_FI_[A-Z_]+|fleetlens_[a-z_]+)\b", expr))
+
+
+@pytest.mark.slow
+def test_the_grafana_board_queries_what_the_exporters_publish(agent: Agent, exporter: int, tmp_path: Path) -> None:
+    board = json.loads(BOARD.read_text())
+    targets = [(p["title"], t["expr"]) for p in board["panels"] for t in p["targets"]]
+    assert len(targets) == len(board["panels"]) >= 10
+    declared = "\n".join(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+                         for port in (agent.metrics_port, exporter))
+    for title, expr in targets:
+        for name in _metric_names(expr):
+            assert f"# TYPE {name} " in declared, (title, name)
+    with prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{agent.metrics_port}", f"127.0.0.1:{exporter}"]) as prom:
+        deadline = time.monotonic() + 60
+        empty = targets
+        while empty and time.monotonic() < deadline:
+            empty = [(title, expr) for title, expr in targets
+                     if not _metric_names(expr) & NO_LANES and not prom.query(expr.replace("$team", ".*"))]
+            time.sleep(0.5)
+    assert not empty, empty
