@@ -34,6 +34,10 @@ def _ecc(i: int) -> int:
     return i // 10 if i < 40 else (i - 40) // 10  # rises to 3, then the driver reloads and it starts at 0
 
 
+def _xid(i: int) -> int:
+    return 79 if 10 <= i < 30 or i >= 40 else 0  # the last XID's code: 79 twice (the GPU fell off the bus)
+
+
 def _openmetrics(t0: float = T0) -> str:
     """The series of the module's doc, starting at `t0`."""
     a0 = 'Hostname="gpu-a",gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"'
@@ -61,6 +65,7 @@ def _openmetrics(t0: float = T0) -> str:
     family("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", [(mig, t0 + i * STEP, 0.25) for i in range(N)])
     # dcgm-exporter's name keeps the field's upper-case _TOTAL, which an OpenMetrics counter cannot have
     family("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "unknown", [(a0, t, float(_ecc(i))) for i, t in a_times])
+    family("DCGM_FI_DEV_XID_ERRORS", "gauge", [(b0, t0 + i * STEP, float(_xid(i))) for i in range(N)])
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
 
@@ -150,7 +155,18 @@ def test_a_counter_reset_keeps_the_count_rising(prom, store):
     assert ecc == sorted(ecc) and ecc[-1] == 3 + _ecc(N - 1)
 
 
-def test_import_resumes_and_never_writes_twice(prom, store, tmp_path):
+def test_xid_codes_become_a_count_of_events(prom, store):
+    _import(store, prom.url, until=T0 + 35 * STEP)
+    _import(store, prom.url, since=None)  # the count carries on from the stored one
+    with store.session() as s:
+        dev = s.scalar(select(Device.id).where(Device.host_id == "gpu-b", Device.index == 0))
+        xid = [x for (x,) in s.execute(select(DeviceSample.xid_errors).where(DeviceSample.device_id == dev)
+                                       .order_by(DeviceSample.ts))]
+    assert xid == [0] * 10 + [1] * 30 + [2] * 20
+
+
+def test_import_resumes_and_never_writes_twice(prom, any_store, tmp_path):
+    store = any_store
     mid = T0 + 45 * STEP  # after the reset, so the counter must carry on across the two runs
     first = _import(store, prom.url, until=mid)
     second = _import(store, prom.url, since=None)  # resumes at each device's last sample
