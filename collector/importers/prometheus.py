@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select, tuple_, update
 
 from collector.dcgm_names import (
     BY_NAME,
@@ -242,14 +242,13 @@ def synthetic_pid(workflow_id: str, uuid: str) -> int:
 
 
 def _cursors(store: Store) -> dict[tuple[str, int], tuple[int, float | None]]:
-    """{(host, index): (device id, time of its last sample)} of the devices earlier imports created."""
+    """{(host, index): (device id, time of its last sample)} of the devices earlier imports created.
+
+    One index probe per device ((device_id, ts) index), never a scan of the sample table."""
+    last = (select(func.max(DeviceSample.ts)).where(DeviceSample.device_id == Device.id)
+            .correlate(Device).scalar_subquery())
     with store.session() as s:
-        last = (select(DeviceSample.device_id, func.max(DeviceSample.ts).label("ts"))
-                .group_by(DeviceSample.device_id).subquery())
-        rows = s.execute(
-            select(Device.host_id, Device.index, Device.id, last.c.ts)
-            .outerjoin(last, last.c.device_id == Device.id).where(Device.source == SOURCE)
-        ).all()
+        rows = s.execute(select(Device.host_id, Device.index, Device.id, last).where(Device.source == SOURCE)).all()
     return {(h, i): (d, None if t is None else float(t)) for h, i, d, t in rows}
 
 
@@ -260,12 +259,10 @@ def _last_counts(store: Store, cursors: dict[tuple[str, int], tuple[int, float |
         return {}
     with store.session() as s:
         rows = s.execute(
-            select(DeviceSample.device_id, DeviceSample.ts, DeviceSample.ecc_errors, DeviceSample.xid_errors)
-            .where(DeviceSample.device_id.in_([d for d, _ in wanted]))
-            .where(DeviceSample.ts >= min(t for _, t in wanted))
+            select(DeviceSample.device_id, DeviceSample.ecc_errors, DeviceSample.xid_errors)
+            .where(tuple_(DeviceSample.device_id, DeviceSample.ts).in_(wanted))
         ).all()
-    at = dict(wanted)
-    return {d: (e, x) for d, t, e, x in rows if t == at.get(d)}
+    return {d: (e, x) for d, e, x in rows}
 
 
 PRIO = {f.name: i for i, f in enumerate(FIELDS)}
