@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
 
 from collector.importers.prometheus import MIG_INDEX_BASE, PID_BASE, import_prometheus
 from store.db import Store
-from store.errors import InvalidInput, UpstreamUnavailable
+from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.migrations import upgrade
 from store.models import Device, DeviceSample, Host, Process, ProcessSample, Workflow
 from store.settings import Settings
+from tests.collector.agent_helpers import TcpProxy
 from tests.prometheus_server import PrometheusServer, backfill, free_port, prometheus
 from ui.cli import run as cli
 
@@ -220,3 +222,20 @@ def test_cli_imports_and_reports_errors_in_one_line(prom, fleet_home, capsys):
     assert err.startswith("fleetlens: Prometheus at http://127.0.0.1:") and "Traceback" not in err
     assert cli(["import-prometheus", prom.url, "--step", "fast"]) == 2
     assert "not a positive duration" in capsys.readouterr().err
+
+
+@pytest.mark.pg
+def test_database_down_says_so_and_the_next_run_picks_up(prom, pg_url):
+    proxy = TcpProxy(make_url(pg_url).host or "127.0.0.1", make_url(pg_url).port or 5432).start()
+    store = Store(proxy.url(pg_url), connect_timeout_s=2)
+    try:
+        upgrade(store)
+        proxy.cut()
+        with pytest.raises(DatabaseUnavailable):
+            _import(store, prom.url)
+        proxy.restore()
+        assert _counts(store) == (0, 0, 0, 0, 0)
+        assert _import(store, prom.url).device_samples == 2 * N + (N - len(GAP))
+    finally:
+        proxy.cut()
+        store.dispose()
