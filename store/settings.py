@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     prometheus_step_s: float = Field(60.0, gt=0)  # query_range resolution: one sample per device per step
     prometheus_lookback_s: float = Field(86400.0, gt=0)  # the first import reaches this far back
     prometheus_timeout_s: float = Field(60.0, gt=0)  # one HTTP request to Prometheus
+    prometheus_window_s: float = Field(21600.0, gt=0)  # fetched and written this much at a time (bounds memory)
     # the label whose value names a workflow's team, and an optional value -> team renaming (JSON in the env)
     prometheus_team_label: str = "namespace"
     prometheus_teams: dict[str, str] = Field(default_factory=dict)

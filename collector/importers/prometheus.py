@@ -6,12 +6,13 @@ process samples of that workflow (one synthetic process per workflow and device:
 written through store.ingest.write_samples like an agent's.
 
 Incremental and idempotent: a device's last sample in the store is where its series resumes; points at or before it
-are never written again, so importing the same range twice writes nothing the second time. Everything is fetched
-and checked before anything is written: Prometheus down, a wrong URL or an answer that is not Prometheus's raises
-UpstreamUnavailable / InvalidInput with nothing written, and the next run fetches the same range again.
-Series without a GPU label (gpu or UUID) or a host label (Hostname or instance) are skipped and counted. Gaps stay
-gaps (query_range gives no point where Prometheus has no sample in its look-back). A counter that drops
-(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL after a driver reload) is read as a reset: the stored count keeps rising.
+are never written again, so importing the same range twice writes nothing the second time. The range is taken a
+window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h): a window is fetched and checked whole before any of it is
+written, then written in one transaction. Prometheus down, a wrong URL or an answer that is not Prometheus's raises
+UpstreamUnavailable / InvalidInput naming what was imported before (nothing, when the first window fails), and the
+next run resumes after it. Series without a GPU label (gpu or UUID) or a host label (Hostname or instance) are
+skipped and counted. Gaps stay gaps: each point is the last scrape in its step, never an older one. A counter that
+drops (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL after a driver reload) is read as a reset: the stored count keeps rising.
 """
 
 from __future__ import annotations
@@ -117,21 +118,21 @@ class PrometheusClient:
         try:
             resp = self._http.get("/api/v1/query_range", params=params)
         except httpx.TimeoutException:
-            raise UpstreamUnavailable(f"Prometheus at {self.url} did not answer in time; nothing was imported, "
-                                      "try again or raise FLEETLENS_PROMETHEUS_TIMEOUT_S") from None
+            raise UpstreamUnavailable(f"Prometheus at {self.url} did not answer in time; try again or raise "
+                                      "FLEETLENS_PROMETHEUS_TIMEOUT_S") from None
         except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(f"Prometheus at {self.url} cannot be reached ({exc}); nothing was imported, "
-                                      "check the URL and that Prometheus runs") from None
+            raise UpstreamUnavailable(f"Prometheus at {self.url} cannot be reached ({exc}); check the URL and that "
+                                      "Prometheus runs") from None
         try:
             body = resp.json()
         except ValueError:
             body = None
         if not isinstance(body, dict) or "status" not in body:
             raise InvalidInput(f"{self.url} answered HTTP {resp.status_code} without Prometheus's JSON to "
-                               "/api/v1/query_range; is this the Prometheus server's base URL? nothing was imported")
+                               "/api/v1/query_range; is this the Prometheus server's base URL?")
         if body["status"] != "success":
             raise InvalidInput(f"Prometheus at {self.url} refused the query ({body.get('errorType')}: "
-                               f"{body.get('error')}); nothing was imported")
+                               f"{body.get('error')})")
         data = body.get("data") or {}
         if data.get("resultType") != "matrix":
             raise InvalidInput(f"Prometheus at {self.url} answered a {data.get('resultType')!r}, not a matrix")
@@ -281,7 +282,7 @@ class _Parsed:
     users: dict[tuple[int, int], list[np.ndarray]] = field(default_factory=dict)
 
 
-def _parse(series: list[dict[str, Any]], settings: Settings, summary: ImportSummary) -> _Parsed:
+def _parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, int]) -> _Parsed:
     out = _Parsed()
     dev_index: dict[DeviceKey, int] = {}
     wf_index: dict[WorkflowKey, int] = {}
@@ -294,7 +295,7 @@ def _parse(series: list[dict[str, Any]], settings: Settings, summary: ImportSumm
             continue
         dev = device_of(labels)
         if isinstance(dev, str):
-            summary.skipped[dev] = summary.skipped.get(dev, 0) + 1
+            skipped[dev] = skipped.get(dev, 0) + 1
             continue
         d = dev_index.get(dev)
         if d is None:
@@ -408,7 +409,12 @@ def import_prometheus(
     settings: Settings | None = None,
     now: float | None = None,
 ) -> ImportSummary:
-    """Import dcgm-exporter series of [since, until] at `step` s; see the module's doc for what is written."""
+    """Import dcgm-exporter series of [since, until] at `step` s; see the module's doc for what is written.
+
+    The range is read and written a window (FLEETLENS_PROMETHEUS_WINDOW_S) at a time, so a week of a large fleet
+    never sits in memory at once; each window is written whole or not at all, and a failure in one leaves the
+    windows before it, after which the next run resumes.
+    """
     settings = settings or get_settings()
     started = time.perf_counter()
     step = float(step or settings.prometheus_step_s)
@@ -416,8 +422,7 @@ def import_prometheus(
         raise InvalidInput(f"the step must be a positive number of seconds, not {step}")
     now = time.time() if now is None else now
     until = float(until if until is not None else now - step)  # the newest step may still be being scraped
-    cursors = _cursors(store)
-    known = [t for _, t in cursors.values() if t is not None]
+    known = [t for _, t in _cursors(store).values() if t is not None]
     if since is None:
         since = min(known) if known else until - settings.prometheus_lookback_s
     if since > until:
@@ -425,39 +430,63 @@ def import_prometheus(
     # the grid is aligned to the step, so the same times come back every run; a device's last stored point is
     # fetched again (never written again) to carry its counters on
     start = math.floor(float(since) / step) * step
+    window = max(step, math.floor(settings.prometheus_window_s / step) * step)
     summary = ImportSummary(url=url, since=start, until=until, step=step)
+    seen: dict[str, set] = {"hosts": set(), "devices": set(), "workflows": set()}
     with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client:
-        fetched = time.perf_counter()
-        series = client.fetch([f.name for f in FIELDS], start, until, step)
-        summary.fetch_s = time.perf_counter() - fetched
-    summary.series = len(series)
-    parsed = _parse(series, settings, summary)
-    del series
+        lo = start
+        while True:
+            hi = min(until, lo + window)
+            try:
+                _import_window(store, client, settings, lo, hi, until, step, summary, seen)
+            except (UpstreamUnavailable, InvalidInput) as exc:
+                if summary.device_samples:
+                    raise type(exc)(f"{exc}. Before that, {summary.device_samples} device samples up to "
+                                    f"{lo:.0f} were imported; the next run resumes there") from None
+                raise
+            if hi >= until:
+                break
+            lo = hi  # the boundary's point is fetched again: it carries the counters on
+    summary.hosts, summary.devices, summary.workflows = (len(seen[k]) for k in ("hosts", "devices", "workflows"))
+    summary.seconds = time.perf_counter() - started
     if summary.skipped:
         log.warning("prometheus %s: %s", url, "; ".join(f"skipped {n} series {why}"
                                                       for why, n in sorted(summary.skipped.items())))
+    log.info("prometheus %s: imported %s", url, summary.describe())
+    return summary
+
+
+def _import_window(store: Store, client: PrometheusClient, settings: Settings, lo: float, hi: float, until: float,
+                   step: float, summary: ImportSummary, seen: dict[str, set]) -> None:
+    """Fetch [lo, hi], then write what is new in it in one go (everything is fetched before anything is written)."""
+    cursors = _cursors(store)
+    fetched = time.perf_counter()
+    series = client.fetch([f.name for f in FIELDS], lo, hi, step)
+    summary.fetch_s += time.perf_counter() - fetched
+    summary.series = max(summary.series, len(series))
+    skipped: dict[str, int] = {}
+    parsed = _parse(series, settings, skipped)
+    del series
+    for why, n in skipped.items():  # the same series come back in every window: count them once
+        summary.skipped[why] = max(summary.skipped.get(why, 0), n)
     if not parsed.devices:
-        summary.seconds = time.perf_counter() - started
-        return summary
+        return
     wide, offsets = _wide(parsed)
     # where each device's series resumes
     cursor = np.array([(cursors.get((d.host, d.index)) or (None, None))[1] or -math.inf for d in parsed.devices])
     stored = _last_counts(store, cursors)
     last = {d: stored[cursors[(k.host, k.index)][0]] for d, k in enumerate(parsed.devices)
             if (k.host, k.index) in cursors and cursors[(k.host, k.index)][0] in stored}
-    summary.counter_resets = _counters(wide, offsets, cursor, last)
+    summary.counter_resets += _counters(wide, offsets, cursor, last)
     keep = wide["ts"] > cursor[wide["dev"]]
     if not keep.any():
-        summary.seconds = time.perf_counter() - started
-        return summary
+        return
     procs = _processes(parsed, wide, offsets, cursor)
-    device_ids = _register(store, url, parsed, wide, keep, procs, until, step, summary)
+    device_ids = _register(store, client.url, parsed, wide, keep, procs, until, step, seen)
     dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in parsed.devices], dtype=np.int64)
-    summary.device_samples, summary.process_samples = write_samples(
-        store, _device_rows(wide, keep, dev_ids), _process_rows(procs, wide, dev_ids, parsed))
-    summary.seconds = time.perf_counter() - started
-    log.info("prometheus %s: imported %s", url, summary.describe())
-    return summary
+    n_dev, n_proc = write_samples(store, _device_rows(wide, keep, dev_ids), _process_rows(procs, wide, dev_ids, parsed))
+    summary.device_samples += n_dev
+    summary.process_samples += n_proc
 
 
 def _processes(parsed: _Parsed, wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarray
@@ -506,7 +535,7 @@ def _process_rows(procs: dict[tuple[int, int], np.ndarray], wide: dict[str, np.n
 
 
 def _register(store: Store, url: str, parsed: _Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
-              procs: dict[tuple[int, int], np.ndarray], until: float, step: float, summary: ImportSummary
+              procs: dict[tuple[int, int], np.ndarray], until: float, step: float, seen: dict[str, set]
               ) -> dict[tuple[str, int], int]:
     """Hosts, devices, workflows and their synthetic processes, in one transaction; {(host, index): device id}."""
     devs = wide["dev"][keep]
@@ -577,7 +606,9 @@ def _register(store: Store, url: str, parsed: _Parsed, wide: dict[str, np.ndarra
                 s.execute(update(Process).where(Process.id == existing_id).values(last_seen=last, ended_at=ended))
         if new_rows:
             s.execute(insert(Process), new_rows)
-        summary.hosts, summary.devices, summary.workflows = len(hosts), len(used), len(seen_wf)
+        seen["hosts"].update(hosts)
+        seen["devices"].update((parsed.devices[d].host, parsed.devices[d].index) for d in used)
+        seen["workflows"].update(parsed.workflows[w].id for w in seen_wf)
     return device_ids
 
 
