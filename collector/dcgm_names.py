@@ -49,7 +49,6 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_XID_ERRORS", "xid_code", 1.0, "Value of the last XID error encountered."),
 )
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
-REQUIRED = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_POWER_USAGE")
 
 # labels
 HOSTNAME, GPU, UUID, MODEL, DEVICE = "Hostname", "gpu", "UUID", "modelName", "device"
