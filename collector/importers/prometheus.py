@@ -282,7 +282,7 @@ class _Parsed:
     users: dict[tuple[int, int], list[np.ndarray]] = field(default_factory=dict)
 
 
-def _parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, int]) -> _Parsed:
+def _parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, set]) -> _Parsed:
     out = _Parsed()
     dev_index: dict[DeviceKey, int] = {}
     wf_index: dict[WorkflowKey, int] = {}
@@ -295,7 +295,7 @@ def _parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, 
             continue
         dev = device_of(labels)
         if isinstance(dev, str):
-            skipped[dev] = skipped.get(dev, 0) + 1
+            skipped.setdefault(dev, set()).add(tuple(sorted(labels.items())))
             continue
         d = dev_index.get(dev)
         if d is None:
@@ -432,7 +432,7 @@ def import_prometheus(
     start = math.floor(float(since) / step) * step
     window = max(step, math.floor(settings.prometheus_window_s / step) * step)
     summary = ImportSummary(url=url, since=start, until=until, step=step)
-    seen: dict[str, set] = {"hosts": set(), "devices": set(), "workflows": set()}
+    seen: dict[str, Any] = {"hosts": set(), "devices": set(), "workflows": set(), "series": set(), "skipped": {}}
     with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client:
         lo = start
         while True:
@@ -447,7 +447,9 @@ def import_prometheus(
             if hi >= until:
                 break
             lo = hi  # the boundary's point is fetched again: it carries the counters on
-    summary.hosts, summary.devices, summary.workflows = (len(seen[k]) for k in ("hosts", "devices", "workflows"))
+    summary.hosts, summary.devices, summary.workflows, summary.series = (
+        len(seen[k]) for k in ("hosts", "devices", "workflows", "series"))
+    summary.skipped = {why: len(keys) for why, keys in seen["skipped"].items()}
     summary.seconds = time.perf_counter() - started
     if summary.skipped:
         log.warning("prometheus %s: %s", url, "; ".join(f"skipped {n} series {why}"
@@ -457,18 +459,16 @@ def import_prometheus(
 
 
 def _import_window(store: Store, client: PrometheusClient, settings: Settings, lo: float, hi: float, until: float,
-                   step: float, summary: ImportSummary, seen: dict[str, set]) -> None:
+                   step: float, summary: ImportSummary, seen: dict[str, Any]) -> None:
     """Fetch [lo, hi], then write what is new in it in one go (everything is fetched before anything is written)."""
     cursors = _cursors(store)
     fetched = time.perf_counter()
     series = client.fetch([f.name for f in FIELDS], lo, hi, step)
     summary.fetch_s += time.perf_counter() - fetched
-    summary.series = max(summary.series, len(series))
-    skipped: dict[str, int] = {}
-    parsed = _parse(series, settings, skipped)
+    # the same series come back in every window: count each once
+    seen["series"].update(tuple(sorted(x["metric"].items())) for x in series)
+    parsed = _parse(series, settings, seen["skipped"])
     del series
-    for why, n in skipped.items():  # the same series come back in every window: count them once
-        summary.skipped[why] = max(summary.skipped.get(why, 0), n)
     if not parsed.devices:
         return
     wide, offsets = _wide(parsed)
@@ -535,7 +535,7 @@ def _process_rows(procs: dict[tuple[int, int], np.ndarray], wide: dict[str, np.n
 
 
 def _register(store: Store, url: str, parsed: _Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
-              procs: dict[tuple[int, int], np.ndarray], until: float, step: float, seen: dict[str, set]
+              procs: dict[tuple[int, int], np.ndarray], until: float, step: float, seen: dict[str, Any]
               ) -> dict[tuple[str, int], int]:
     """Hosts, devices, workflows and their synthetic processes, in one transaction; {(host, index): device id}."""
     devs = wide["dev"][keep]
