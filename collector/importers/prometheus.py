@@ -553,15 +553,25 @@ def _register(store: Store, url: str, parsed: _Parsed, wide: dict[str, np.ndarra
     device_ids: dict[tuple[str, int], int] = {}
     with store.session() as s:
         hosts = sorted({parsed.devices[d].host for d in used})
+        known_devices = {(h, i): (d, u) for h, i, d, u in s.execute(
+            select(Device.host_id, Device.index, Device.id, Device.uuid).where(Device.host_id.in_(hosts))).tuples()}
         known_hosts = set(s.scalars(select(Host.id).where(Host.id.in_(hosts))))
         for host in hosts:
             if host not in known_hosts:  # a host an agent registered keeps its own record
                 register_host(s, host, hostname=host, source=SOURCE, labels={"imported_from": url}, now=until)
         by_host: dict[str, list[DeviceSpec]] = {}
+        refresh = []
         for d in used:
             key = parsed.devices[d]
+            known = known_devices.get((key.host, key.index))
+            if known is not None and known[1] == key.uuid:  # imported before: only its last sighting moves on
+                device_ids[(key.host, key.index)] = known[0]
+                refresh.append({"id": known[0], "last_seen": until, "state": "ok"})
+                continue
             by_host.setdefault(key.host, []).append(DeviceSpec(index=key.index, uuid=key.uuid, name=key.name,
                                                                memory_total=mem_total[d]))
+        if refresh:
+            s.execute(update(Device), refresh)
         for host, specs in by_host.items():
             for index, device_id in register_devices(s, host, specs, source=SOURCE, now=until).items():
                 device_ids[(host, index)] = device_id
@@ -593,7 +603,7 @@ def _register(store: Store, url: str, parsed: _Parsed, wide: dict[str, np.ndarra
         known_procs = {(h, p, wf): i for i, h, p, wf in s.execute(
             select(Process.id, Process.host_id, Process.pid, Process.workflow_id)
             .where(Process.host_id.in_(hosts), Process.pid.in_(sorted(set(pids.values()))))).tuples()}
-        new_rows = []
+        new_rows, seen_again = [], []
         for (d, w), (first, last) in span.items():
             dk, wk = parsed.devices[d], parsed.workflows[w]
             ended = last + step if last < ended_before else None
@@ -603,9 +613,11 @@ def _register(store: Store, url: str, parsed: _Parsed, wide: dict[str, np.ndarra
                                  "cmdline": f"{wk.id} on {dk.uuid} (dcgm-exporter)", "username": None,
                                  "first_seen": first, "last_seen": last, "ended_at": ended})
             else:
-                s.execute(update(Process).where(Process.id == existing_id).values(last_seen=last, ended_at=ended))
+                seen_again.append({"id": existing_id, "last_seen": last, "ended_at": ended})
         if new_rows:
             s.execute(insert(Process), new_rows)
+        if seen_again:
+            s.execute(update(Process), seen_again)
         seen["hosts"].update(hosts)
         seen["devices"].update((parsed.devices[d].host, parsed.devices[d].index) for d in used)
         seen["workflows"].update(parsed.workflows[w].id for w in seen_wf)
