@@ -433,20 +433,37 @@ def import_prometheus(
     window = max(step, math.floor(settings.prometheus_window_s / step) * step)
     summary = ImportSummary(url=url, since=start, until=until, step=step)
     seen: dict[str, Any] = {"hosts": set(), "devices": set(), "workflows": set(), "series": set(), "skipped": {}}
-    with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client:
-        lo = start
-        while True:
-            hi = min(until, lo + window)
+    windows = []
+    lo = start
+    while True:
+        hi = min(until, lo + window)
+        windows.append((lo, hi))
+        if hi >= until:
+            break
+        lo = hi  # the boundary's point is fetched again: it carries the counters on
+    names = [f.name for f in FIELDS]
+
+    def fetch(lo: float, hi: float) -> list[dict[str, Any]]:
+        t0 = time.perf_counter()
+        series = client.fetch(names, lo, hi, step)
+        summary.fetch_s += time.perf_counter() - t0
+        return series
+
+    # the next window is fetched while this one is written; each is written only once it is fetched whole
+    with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client, \
+            ThreadPoolExecutor(max_workers=1) as ahead:
+        pending = ahead.submit(fetch, *windows[0])
+        for i, (lo, _hi) in enumerate(windows):
             try:
-                _import_window(store, client, settings, lo, hi, until, step, summary, seen)
+                series = pending.result()
             except (UpstreamUnavailable, InvalidInput) as exc:
                 if summary.device_samples:
                     raise type(exc)(f"{exc}. Before that, {summary.device_samples} device samples up to "
                                     f"{lo:.0f} were imported; the next run resumes there") from None
                 raise
-            if hi >= until:
-                break
-            lo = hi  # the boundary's point is fetched again: it carries the counters on
+            if i + 1 < len(windows):
+                pending = ahead.submit(fetch, *windows[i + 1])
+            _import_window(store, client.url, series, settings, until, step, summary, seen)
     summary.hosts, summary.devices, summary.workflows, summary.series = (
         len(seen[k]) for k in ("hosts", "devices", "workflows", "series"))
     summary.skipped = {why: len(keys) for why, keys in seen["skipped"].items()}
@@ -458,13 +475,10 @@ def import_prometheus(
     return summary
 
 
-def _import_window(store: Store, client: PrometheusClient, settings: Settings, lo: float, hi: float, until: float,
+def _import_window(store: Store, url: str, series: list[dict[str, Any]], settings: Settings, until: float,
                    step: float, summary: ImportSummary, seen: dict[str, Any]) -> None:
-    """Fetch [lo, hi], then write what is new in it in one go (everything is fetched before anything is written)."""
+    """Write what is new in one window's series, in one go."""
     cursors = _cursors(store)
-    fetched = time.perf_counter()
-    series = client.fetch([f.name for f in FIELDS], lo, hi, step)
-    summary.fetch_s += time.perf_counter() - fetched
     # the same series come back in every window: count each once
     seen["series"].update(tuple(sorted(x["metric"].items())) for x in series)
     parsed = _parse(series, settings, seen["skipped"])
@@ -482,7 +496,7 @@ def _import_window(store: Store, client: PrometheusClient, settings: Settings, l
     if not keep.any():
         return
     procs = _processes(parsed, wide, offsets, cursor)
-    device_ids = _register(store, client.url, parsed, wide, keep, procs, until, step, seen)
+    device_ids = _register(store, url, parsed, wide, keep, procs, until, step, seen)
     dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in parsed.devices], dtype=np.int64)
     n_dev, n_proc = write_samples(store, _device_rows(wide, keep, dev_ids), _process_rows(procs, wide, dev_ids, parsed))
     summary.device_samples += n_dev
