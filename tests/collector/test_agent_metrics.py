@@ -120,7 +120,10 @@ def test_prometheus_scrapes_the_agent_and_import_reads_it_back(agent: Agent, tmp
         mem = {s["metric"]["workflow"]: float(s["value"][1])
                for s in prom.query("fleetlens_process_gpu_memory_used_bytes")}
         assert mem == {"wf-train": 1.0 * GiB, "wf-serve": 2.0 * GiB, "wf-eval": 3.0 * GiB}
-        # and back: the same Prometheus imported into another store gives the agent's devices and workflows
+        # and back: the same Prometheus imported into another store gives the agent's devices and workflows,
+        # once it holds a few scrapes (one scrape may fall between two of the import's one-second steps)
+        while time.monotonic() < deadline and not prom.query("count_over_time(DCGM_FI_DEV_GPU_UTIL[1m]) >= 5"):
+            time.sleep(0.5)
         other = Store(f"sqlite:///{tmp_path / 'other.db'}")
         upgrade(other)
         now = time.time()
