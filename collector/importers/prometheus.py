@@ -423,8 +423,9 @@ def import_prometheus(
     now = time.time() if now is None else now
     until = float(until if until is not None else now - step)  # the newest step may still be being scraped
     known = [t for _, t in _cursors(store).values() if t is not None]
-    if since is None:
-        since = min(known) if known else until - settings.prometheus_lookback_s
+    if since is None:  # after the device that is furthest behind, but never further back than the look-back
+        since = max(min(known), until - settings.prometheus_lookback_s) if known else \
+            until - settings.prometheus_lookback_s
     if since > until:
         raise InvalidInput(f"--since ({since}) is after --until ({until}); nothing to import")
     # the grid is aligned to the step, so the same times come back every run; a device's last stored point is
