@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.collector_overhead import spawn_processes  # noqa: E402
 from collector.agent import Agent  # noqa: E402
 from collector.dcgm_names import FIELDS  # noqa: E402
-from collector.importers.openmetrics import write_openmetrics  # noqa: E402
 from collector.importers.prometheus import import_prometheus  # noqa: E402
+from collector.recordings.openmetrics_writer import write_openmetrics  # noqa: E402
+from collector.recordings.read import read_recording  # noqa: E402
 from collector.sources.nvml import NvmlSource  # noqa: E402
-from collector.sources.replay import read_recording  # noqa: E402
 from store.db import Store  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
 from store.settings import Settings  # noqa: E402

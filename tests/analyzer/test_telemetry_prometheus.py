@@ -1,10 +1,10 @@
 """The Alibaba GenAI day read back from a real Prometheus gives the findings and the ranking of the direct replay.
 
 The recording (143 containers, 22.8 h, one sample about every 57 s) is written as OpenMetrics under dcgm-exporter's
-names and labels (collector.importers.openmetrics), backfilled with `promtool tsdb create-blocks-from openmetrics`,
-served by Debian's Prometheus, and imported with `fleetlens import-prometheus` at a 30 s step: half the recording's
-interval, so each recorded sample lands in a step of its own (at 60 s one in twenty shares a step with its
-neighbour and is lost, which moves GPU-hours by a few per cent). The whole day and every container are used: a
+names and labels (collector.recordings.openmetrics_writer), backfilled with `promtool tsdb create-blocks-from
+openmetrics`, served by Debian's Prometheus, and imported with `fleetlens import-prometheus` at a 30 s step: half the
+recording's interval, so each recorded sample lands in a step of its own (at 60 s one in twenty shares a step with
+its neighbour and is lost, which moves GPU-hours by a few per cent). The whole day and every container are used: a
 shorter window changes which containers cross the detectors' duration thresholds, so only the day compares with the
 pinned counts of tests/analyzer/test_telemetry_alibaba.py.
 
@@ -20,9 +20,10 @@ import pytest
 
 from analyzer.ranking import rank_teams, rank_workflows
 from analyzer.telemetry import detect
-from collector.importers.openmetrics import write_openmetrics
 from collector.importers.prometheus import import_prometheus
-from collector.sources.replay import load_into_store, read_recording
+from collector.recordings.load import load_into_store
+from collector.recordings.openmetrics_writer import write_openmetrics
+from collector.recordings.read import read_recording
 from store.db import Store
 from store.migrations import upgrade
 from store.settings import Settings

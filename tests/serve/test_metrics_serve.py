@@ -23,8 +23,8 @@ from sqlalchemy import func, select
 from analyzer.ranking import findings_frame, rank_teams, rank_workflows
 from analyzer.telemetry import detect
 from collector.agent import Agent
+from collector.recordings.load import load_into_store
 from collector.sources.nvml import NvmlSource
-from collector.sources.replay import load_into_store
 from store.db import Store
 from store.migrations import upgrade
 from store.models import Action, Plan, ProcessSample
@@ -32,7 +32,7 @@ from store.settings import Settings
 from tests.conftest import FLEET, PROJECT_ROOT
 from tests.fakes.fake_pynvml import FakeGPU, FakeNVML, FakeProcess, GiB
 from tests.prometheus_server import free_port, prometheus
-from ui.processes import fleetlens_command
+from ui.serve.processes import fleetlens_command
 
 MARK = "FLEETLENS_TEST_METRICS_SERVE"
 

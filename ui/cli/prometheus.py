@@ -12,7 +12,7 @@ from collector.importers.prometheus import import_prometheus
 from store.errors import InvalidInput
 from ui.cli.app import app, console, open_store, settings
 from ui.cli.export import parse_time
-from ui.metrics_serve import serve_fleet_metrics
+from ui.serve.metrics import serve_fleet_metrics
 
 _STEP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 

@@ -1,4 +1,4 @@
-"""A recording (collector.sources.replay.Recording) written as OpenMetrics text under dcgm-exporter's names and labels.
+"""A recording written as OpenMetrics text under dcgm-exporter's names and labels.
 
 What a fleet's Prometheus would hold had dcgm-exporter (with its Kubernetes pod mapping) watched the recorded GPUs:
 DCGM_FI_DEV_GPU_UTIL (%), DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_FB_FREE (MiB), labelled Hostname, gpu, UUID, device,
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from collector.dcgm_names import BY_NAME, MIB
-from collector.sources.replay import Recording
+from collector.recordings.recording import Recording
 
 
 def _series_labels(rec: Recording) -> dict[tuple[str, int], str]:
