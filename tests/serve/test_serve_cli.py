@@ -27,11 +27,11 @@ def test_serve_runs_agent_and_scheduler_then_stops_everything(tmp_path):
     port = free_port()
     env.update({"FLEETLENS_HOME": str(home), "FLEETLENS_SECRET": "serve-test", "FLEETLENS_FLUSH_INTERVAL_S": "1",
                 "FLEETLENS_METRICS_SERVE_PORT": str(port)})
-    serve = subprocess.Popen([FLEETLENS, "serve", "--no-ui", "--duration", "15"], env=env, stdout=subprocess.PIPE,
+    serve = subprocess.Popen([FLEETLENS, "serve", "--no-ui", "--duration", "30"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:
         exported = ""
-        deadline = time.monotonic() + 14
+        deadline = time.monotonic() + 28  # the exporter is a fleetlens process of its own: seconds to start
         while "fleetlens_store_up 1.0" not in exported and time.monotonic() < deadline:
             try:
                 exported = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
