@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from collector.importers.prometheus import MIG_INDEX_BASE, PID_BASE, import_prometheus
+from collector.importers.dcgm_labels import MIG_INDEX_BASE, PID_BASE
+from collector.importers.prometheus import import_prometheus
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.migrations import upgrade
