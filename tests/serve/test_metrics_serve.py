@@ -32,7 +32,7 @@ from store.settings import Settings
 from tests.conftest import FLEET, PROJECT_ROOT
 from tests.fakes.fake_pynvml import FakeGPU, FakeNVML, FakeProcess, GiB
 from tests.prometheus_server import free_port, prometheus
-from ui.serve.processes import fleetlens_command
+from ui.serve.processes import fleetlens_command, processes_of
 
 MARK = "FLEETLENS_TEST_METRICS_SERVE"
 
@@ -168,3 +168,31 @@ def test_the_grafana_board_queries_what_the_exporters_publish(agent: Agent, expo
                      if not _metric_names(expr) & NO_LANES and not prom.query(expr.replace("$team", ".*"))]
             time.sleep(0.5)
     assert not empty, empty
+
+
+@pytest.mark.slow
+def test_serve_starts_the_fleet_exporter_and_stops_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    env.update({"FLEETLENS_HOME": str(home), "FLEETLENS_SECRET": "serve-test",
+                "FLEETLENS_METRICS_SERVE_PORT": str(port)})
+    serve = subprocess.Popen(fleetlens_command("serve", "--no-ui", "--no-agent"), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        exported = ""
+        deadline = time.monotonic() + 240  # a fleetlens process of its own: a busy machine takes a while to start it
+        while "fleetlens_store_up 1.0" not in exported and time.monotonic() < deadline and serve.poll() is None:
+            try:
+                exported = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        serve.terminate()
+        out, _ = serve.communicate(timeout=120)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+    assert "fleetlens_store_up 1.0" in exported and "# TYPE fleetlens_devices gauge" in exported, out
+    assert f"fleet metrics at http://127.0.0.1:{port}/metrics" in out
+    assert list(processes_of(home)) == []  # the exporter stopped with serve
