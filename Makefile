@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS))
 
-.PHONY: demo test bench lint chromium migration clean
+.PHONY: demo test bench lint chromium prometheus migration clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 # The import contracts run first, as lint-imports prints them; pytest then skips its own run of them
 # (tests/test_layers.py::test_import_contracts, there so that a bare `pytest` checks them too).
-test: $(STAMP) chromium
+test: $(STAMP) chromium prometheus
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest --deselect tests/test_layers.py::test_import_contracts
 
@@ -34,6 +34,11 @@ lint: $(STAMP)
 # Browser tests drive Debian's chromium (never a browser downloaded by Playwright).
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+# The Prometheus tests run Debian's prometheus and promtool directly (no service is started).
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
 
 # Regenerate the initial migration from the models (the schema has not been released yet).
 migration: $(STAMP)

@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 
 from collector import attribution, migration_handlers
 from collector.command_runner import CommandRunner, Outcome
+from collector.metrics import serve_agent_metrics
 from collector.sdk_handlers import SdkHandlers
 from collector.socket_server import SocketServer
 from collector.sources.base import DeviceReading, DeviceSource
@@ -170,6 +171,9 @@ class Agent:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
+        self.latest: list[DeviceReading] = []  # the last round's readings, for /metrics
+        self._metrics_server: Any = None
+        self.metrics_port: int | None = None  # the port /metrics is served on (settings.metrics_port, 0: any free)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -181,6 +185,10 @@ class Agent:
         if self._serve_socket:
             self._start_socket()
         self._install_enforcer_hooks()
+        if self.settings.metrics_port is not None:
+            self._metrics_server, _ = serve_agent_metrics(self, self.settings.metrics_port)
+            self.metrics_port = self._metrics_server.server_address[1]
+            log.info("agent %s serves /metrics on port %d", self.host_id, self.metrics_port)
         for name, target in (("sampler", self._sample_loop), ("flusher", self._flush_loop),
                              ("commander", self._command_loop)):
             thread = threading.Thread(target=target, name=f"fleetlens-{name}", daemon=True)
@@ -199,6 +207,10 @@ class Agent:
         if self._socket_server is not None:
             self._socket_server.stop()
             self._socket_server = None
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
         if self._started:
             try:
                 self.flush()
@@ -320,6 +332,7 @@ class Agent:
                     continue
                 seen[proc.pid] = proc
                 process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *_process_metrics(p)])
+        self.latest = readings
         with self._batch_lock:
             batch = self._batch
             batch.devices.extend(device_rows)

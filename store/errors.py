@@ -25,3 +25,7 @@ class NotFound(FleetlensError):
 
 class InvalidInput(FleetlensError):
     """A file or argument the user gave cannot be used (bad trace, malformed replay file, bad policy)."""
+
+
+class UpstreamUnavailable(FleetlensError):
+    """A telemetry server the user named (Prometheus) cannot be reached or does not answer as one."""

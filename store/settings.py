@@ -40,6 +40,19 @@ class Settings(BaseSettings):
         default_factory=lambda: Path(__file__).resolve().parents[2] / "shared" / "data" / "fleet"
     )
 
+    # agent: serve /metrics (dcgm-exporter names plus fleetlens's own) on this port; None: do not serve
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+
+    # importing an existing Prometheus's dcgm-exporter telemetry (`fleetlens import-prometheus`, serve, the DAG)
+    prometheus_url: str | None = None  # None: serve and the DAG import nothing
+    prometheus_step_s: float = Field(60.0, gt=0)  # query_range resolution: one sample per device per step
+    prometheus_lookback_s: float = Field(86400.0, gt=0)  # the first import reaches this far back
+    prometheus_timeout_s: float = Field(60.0, gt=0)  # one HTTP request to Prometheus
+    prometheus_window_s: float = Field(21600.0, gt=0)  # fetched and written this much at a time (bounds memory)
+    # the label whose value names a workflow's team, and an optional value -> team renaming (JSON in the env)
+    prometheus_team_label: str = "namespace"
+    prometheus_teams: dict[str, str] = Field(default_factory=dict)
+
     # job SDK (collector.job): read inside the training process
     rank: int = Field(0, validation_alias=AliasChoices("FLEETLENS_RANK", "RANK"))  # torchrun sets RANK
     lane: str | None = None  # FLEETLENS_LANE: set by `fleetlens run` for a job placed in a lane
@@ -80,6 +93,9 @@ class Settings(BaseSettings):
     # ui
     ui_port: int = 8501
     ui_operators: str = ""  # "name:pbkdf2_sha256$iterations$salt$hash,..."
+    # `fleetlens metrics-serve`: the fleet's findings and plans as Prometheus metrics
+    metrics_serve_port: int = Field(9108, ge=0, le=65535)
+    metrics_serve_refresh_s: float = Field(30.0, gt=0)  # re-read the store at most this often
 
     @property
     def resolved_db_url(self) -> str:

@@ -17,9 +17,11 @@ from ui.serve.scheduler import Scheduler, periodic_jobs
 def serve(
     no_ui: bool = typer.Option(False, "--no-ui", help="Do not start the dashboard."),
     no_agent: bool = typer.Option(False, "--no-agent", help="Do not start this host's agent (one runs already)."),
+    no_metrics: bool = typer.Option(False, "--no-metrics", help="Do not start the fleet's /metrics exporter."),
     duration: float = typer.Option(None, help="Stop after this many seconds (default: until Ctrl-C)."),
 ) -> None:
-    """Run this host's agent, the periodic rollups/analysis/enforcement/profiling, and the dashboard until Ctrl-C.
+    """Run this host's agent, the periodic rollups/analysis/enforcement/profiling/Prometheus import, the fleet's
+    /metrics exporter, and the dashboard until Ctrl-C.
 
     The scheduler calls the same functions as the Airflow DAGs, on the same cadences; enforcement stays a dry
     run unless FLEETLENS_ENFORCE=true. Jobs the agent launched keep running when serve stops.
@@ -35,6 +37,10 @@ def serve(
             if not no_agent:
                 children.spawn(fleetlens_command("agent"), "agent.log")
                 console.print(f"agent for host {s.host_id} (log {s.home / 'agent.log'})")
+            if not no_metrics:
+                children.spawn(fleetlens_command("metrics-serve"), "metrics.log")
+                console.print(f"fleet metrics at http://127.0.0.1:{s.metrics_serve_port}/metrics "
+                              f"(log {s.home / 'metrics.log'})")
             if not no_ui:
                 children.spawn(fleetlens_command("ui"), "dashboard.log")
                 console.print(f"dashboard at http://127.0.0.1:{s.ui_port} (log {s.home / 'dashboard.log'})")

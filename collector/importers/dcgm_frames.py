@@ -1,0 +1,197 @@
+"""The importer's arithmetic: fetched series into per-device column arrays, counters carried across resets and
+runs, and the sample rows store.ingest writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from collector.dcgm_names import BY_NAME, FIELDS
+from collector.importers.dcgm_labels import DeviceKey, WorkflowKey, device_of, synthetic_pid, workflow_of
+from store.ingest import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
+from store.settings import Settings
+
+SAMPLE_COLUMNS = tuple(c for c in DEVICE_SAMPLE_COLUMNS if c not in ("device_id", "ts"))
+INT_COLUMNS = frozenset({"mem_used", "mem_total", "throttle_reasons", "xid_errors", "ecc_errors"})
+PRIO = {f.name: i for i, f in enumerate(FIELDS)}
+COLUMNS = ("gpu_util", "mem_util", "mem_used", "mem_free", "mem_reserved", "power_w", "temperature_c", "sm_clock_mhz",
+           "throttle_reasons", "sm_active", "sm_occupancy", "tensor_active", "ecc_errors", "xid_code")
+
+
+@dataclass
+class Parsed:
+    """The fetched series by device: per device {column: (priority, times, values)} in the store's units, and per
+    (device, workflow) the times that workflow's series have on it."""
+
+    devices: list[DeviceKey] = field(default_factory=list)
+    workflows: list[WorkflowKey] = field(default_factory=list)
+    columns: list[dict[str, tuple[int, np.ndarray, np.ndarray]]] = field(default_factory=list)
+    users: dict[tuple[int, int], list[np.ndarray]] = field(default_factory=dict)
+
+
+def parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, set]) -> Parsed:
+    out = Parsed()
+    dev_index: dict[DeviceKey, int] = {}
+    wf_index: dict[WorkflowKey, int] = {}
+    for s in series:
+        labels = s["metric"]
+        name = labels.get("__name__", "")
+        f = BY_NAME.get(name)
+        points = s["values"]
+        if f is None or not points:
+            continue
+        dev = device_of(labels)
+        if isinstance(dev, str):
+            skipped.setdefault(dev, set()).add(tuple(sorted(labels.items())))
+            continue
+        d = dev_index.get(dev)
+        if d is None:
+            d = dev_index[dev] = len(out.devices)
+            out.devices.append(dev)
+            out.columns.append({})
+        ts = np.fromiter((p[0] for p in points), float, len(points))
+        values = np.array([p[1] for p in points], dtype=float) * f.scale
+        ok = np.isfinite(values)
+        if not ok.all():
+            ts, values = ts[ok], values[ok]
+        prio = PRIO[name]
+        have = out.columns[d].get(f.column)
+        if have is None or prio < have[0]:
+            out.columns[d][f.column] = (prio, ts, values)
+        elif prio == have[0]:  # one GPU's series per pod using it: the same readings, maybe at other times
+            both_ts, first = np.unique(np.concatenate([have[1], ts]), return_index=True)
+            out.columns[d][f.column] = (prio, both_ts, np.concatenate([have[2], values])[first])
+        wf = workflow_of(labels, settings)
+        if wf is not None:
+            w = wf_index.get(wf)
+            if w is None:
+                w = wf_index[wf] = len(out.workflows)
+                out.workflows.append(wf)
+            out.users.setdefault((d, w), []).append(ts)
+    return out
+
+
+def wide_columns(parsed: Parsed) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every device's samples as column arrays (dev, ts, COLUMNS, mem_total), sorted by (dev, ts); and the offset of
+    each device's first row (device d's rows are offsets[d]:offsets[d + 1])."""
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in ("dev", "ts", *COLUMNS)}
+    offsets = [0]
+    for d, cols in enumerate(parsed.columns):
+        times = np.unique(np.concatenate([ts for _, ts, _ in cols.values()]))
+        n = len(times)
+        parts["dev"].append(np.full(n, d, dtype=np.int64))
+        parts["ts"].append(times)
+        for col in COLUMNS:
+            arr = np.full(n, np.nan)
+            if col in cols:
+                _, ts, values = cols[col]
+                arr[np.searchsorted(times, ts)] = values
+            parts[col].append(arr)
+        offsets.append(offsets[-1] + n)
+    wide = {c: np.concatenate(v) if v else np.array([]) for c, v in parts.items()}
+    wide["mem_total"] = wide["mem_used"] + wide["mem_free"] + np.nan_to_num(wide["mem_reserved"])
+    return wide, np.array(offsets, dtype=np.int64)
+
+
+def counters(wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarray,
+              last: dict[int, tuple[Any, Any]]) -> int:
+    """ecc_errors made monotonic across resets, and xid_errors as a count of new XID codes, each carrying on from
+    the device's last stored sample (`last`: dev -> stored (ecc, xid) at the cursor); returns the resets seen."""
+    resets = 0
+    ecc_all, code_all, ts_all = wide["ecc_errors"], wide["xid_code"], wide["ts"]
+    xid_all = np.full(len(ts_all), np.nan)
+    for d in range(len(offsets) - 1):
+        lo, hi = int(offsets[d]), int(offsets[d + 1])
+        stored_ecc, stored_xid = last.get(d, (None, None))
+        old = ts_all[lo:hi] <= cursor[d]  # fetched again only to carry the counts on
+        ecc = ecc_all[lo:hi]
+        if np.isfinite(ecc).any():
+            offset, prev = 0.0, None
+            base = np.flatnonzero(old & np.isfinite(ecc))
+            if len(base) and stored_ecc is not None:
+                prev = float(ecc[base[-1]])
+                offset = float(stored_ecc) - prev
+            for i in np.flatnonzero(np.isfinite(ecc) & ~old):
+                v = float(ecc[i])
+                if prev is not None and v < prev:  # it dropped: the counter restarted from zero
+                    offset += prev
+                    resets += 1
+                ecc[i] = offset + v
+                prev = v
+        codes = code_all[lo:hi]
+        if np.isfinite(codes).any():
+            base = np.flatnonzero(old & np.isfinite(codes))
+            prev_code = float(codes[base[-1]]) if len(base) else 0.0
+            count = int(stored_xid or 0)
+            out = xid_all[lo:hi]
+            for i in np.flatnonzero(np.isfinite(codes) & ~old):
+                v = float(codes[i])
+                if v != prev_code and v != 0:
+                    count += 1
+                out[i] = count
+                prev_code = v
+    wide["xid_errors"] = xid_all
+    return resets
+
+
+def pylist(values: np.ndarray, integer: bool = False) -> list[Any]:
+    """A column as Python values with NaN as None (and whole numbers as int where the store wants BIGINT)."""
+    missing = np.isnan(values)
+    if integer:
+        out = np.rint(np.where(missing, 0, values)).astype(np.int64).astype(object)
+    else:
+        out = values.astype(object)
+    if missing.any():
+        out[missing] = None
+    return out.tolist()
+
+
+
+def processes(parsed: Parsed, wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarray
+               ) -> dict[tuple[int, int], np.ndarray]:
+    """{(dev, workflow): row numbers in `wide`} of the new samples each workflow's series have on each device."""
+    out = {}
+    for (d, w), times in parsed.users.items():
+        ts = np.unique(np.concatenate(times))
+        ts = ts[ts > cursor[d]]
+        if len(ts):
+            lo, hi = int(offsets[d]), int(offsets[d + 1])
+            out[(d, w)] = lo + np.searchsorted(wide["ts"][lo:hi], ts)
+    return out
+
+
+def device_rows(wide: dict[str, np.ndarray], keep: np.ndarray, dev_ids: np.ndarray) -> Iterable[tuple[Any, ...]]:
+    if DEVICE_SAMPLE_COLUMNS != ("device_id", "ts", *SAMPLE_COLUMNS):
+        raise RuntimeError("store.ingest's device sample columns changed; update the Prometheus importer")
+    cols = [dev_ids[wide["dev"][keep]].tolist(), wide["ts"][keep].tolist()]
+    cols += [pylist(wide[c][keep], c in INT_COLUMNS) for c in SAMPLE_COLUMNS]
+    return zip(*cols, strict=True)
+
+
+def process_rows(procs: dict[tuple[int, int], np.ndarray], wide: dict[str, np.ndarray], dev_ids: np.ndarray,
+                  parsed: Parsed) -> Iterable[tuple[Any, ...]]:
+    """One process sample per new sample of a device a workflow uses: its memory and utilisation are the device's
+    (dcgm-exporter's pod series carry the GPU's readings)."""
+    if PROCESS_SAMPLE_COLUMNS != ("device_id", "workflow_id", "host_id", "pid", "ts", "mem_used", "sm_util",
+                                  "cpu_util"):
+        raise RuntimeError("store.ingest's process sample columns changed; update the Prometheus importer")
+    if not procs:
+        return iter(())
+    keys = list(procs)
+    rows = np.concatenate([procs[k] for k in keys])
+    sizes = [len(procs[k]) for k in keys]
+
+    def repeat(values: list[Any]) -> list[Any]:
+        return np.repeat(np.array(values, dtype=object), sizes).tolist()
+
+    return zip(
+        repeat([int(dev_ids[d]) for d, _ in keys]), repeat([parsed.workflows[w].id for _, w in keys]),
+        repeat([parsed.devices[d].host for d, _ in keys]),
+        repeat([synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in keys]),
+        wide["ts"][rows].tolist(), pylist(wide["mem_used"][rows], True), pylist(wide["gpu_util"][rows]),
+        [None] * len(rows), strict=True)
+
+

@@ -1,0 +1,306 @@
+"""Import a fleet's dcgm-exporter telemetry from an existing Prometheus (HTTP API, query_range) into the store.
+
+Every dcgm-exporter series is one GPU (or MIG instance) of one host, perhaps labelled with the pod, namespace and
+container (or HPC job) using it. Its samples become device samples of that device, and, when a pod or job uses it,
+process samples of that workflow (one synthetic process per workflow and device: dcgm-exporter does not see pids),
+written through store.ingest.write_samples like an agent's.
+
+Incremental and idempotent: a device's last sample in the store is where its series resumes; points at or before it
+are never written again, so importing the same range twice writes nothing the second time. The range is taken a
+window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h): a window is fetched and checked whole before any of it is
+written, then written in one transaction. Prometheus down, a wrong URL or an answer that is not Prometheus's raises
+UpstreamUnavailable / InvalidInput naming what was imported before (nothing, when the first window fails), and the
+next run resumes after it. Series without a GPU label (gpu or UUID) or a host label (Hostname or instance) are
+skipped and counted. Gaps stay gaps: each point is the last scrape in its step, never an older one. A counter that
+drops (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL after a driver reload) is read as a reset: the stored count keeps rising.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, insert, select, tuple_, update
+
+from collector.dcgm_names import FIELDS, POD
+from collector.importers.dcgm_frames import (
+    Parsed,
+    counters,
+    device_rows,
+    parse,
+    process_rows,
+    processes,
+    wide_columns,
+)
+from collector.importers.dcgm_labels import SOURCE, synthetic_pid
+from collector.importers.prometheus_http import PrometheusClient
+from store.db import Store
+from store.errors import InvalidInput, UpstreamUnavailable
+from store.ingest import write_samples
+from store.models import Device, DeviceSample, Host, Process, Workflow
+from store.registry import DeviceSpec, register_devices, register_host
+from store.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ImportSummary:
+    url: str
+    since: float
+    until: float
+    step: float
+    series: int = 0  # series fetched
+    skipped: dict[str, int] = field(default_factory=dict)  # series left out, by reason
+    hosts: int = 0
+    devices: int = 0  # devices with new samples
+    workflows: int = 0
+    device_samples: int = 0  # rows written
+    process_samples: int = 0
+    counter_resets: int = 0
+    fetch_s: float = 0.0
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        text = (f"{self.device_samples} device and {self.process_samples} process samples from {self.series} series "
+                f"({self.devices} devices on {self.hosts} hosts, {self.workflows} workflows)")
+        if self.skipped:
+            text += "; skipped " + ", ".join(f"{n} series {why}" for why, n in sorted(self.skipped.items()))
+        if self.counter_resets:
+            text += f"; {self.counter_resets} counter resets read as resets"
+        return text
+
+
+
+def _cursors(store: Store) -> dict[tuple[str, int], tuple[int, float | None]]:
+    """{(host, index): (device id, time of its last sample)} of the devices earlier imports created.
+
+    One index probe per device ((device_id, ts) index), never a scan of the sample table."""
+    last = (select(func.max(DeviceSample.ts)).where(DeviceSample.device_id == Device.id)
+            .correlate(Device).scalar_subquery())
+    with store.session() as s:
+        rows = s.execute(select(Device.host_id, Device.index, Device.id, last).where(Device.source == SOURCE)).all()
+    return {(h, i): (d, None if t is None else float(t)) for h, i, d, t in rows}
+
+
+def _last_counts(store: Store, cursors: dict[tuple[str, int], tuple[int, float | None]]) -> dict[int, tuple]:
+    """{device id: (ecc_errors, xid_errors)} as stored at each device's last sample (counters carry on from there)."""
+    wanted = [(d, t) for d, t in cursors.values() if t is not None]
+    if not wanted:
+        return {}
+    with store.session() as s:
+        rows = s.execute(
+            select(DeviceSample.device_id, DeviceSample.ecc_errors, DeviceSample.xid_errors)
+            .where(tuple_(DeviceSample.device_id, DeviceSample.ts).in_(wanted))
+        ).all()
+    return {d: (e, x) for d, e, x in rows}
+
+def import_prometheus(
+    store: Store,
+    url: str,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    step: float | None = None,
+    settings: Settings | None = None,
+    now: float | None = None,
+) -> ImportSummary:
+    """Import dcgm-exporter series of [since, until] at `step` s; see the module's doc for what is written.
+
+    The range is read and written a window (FLEETLENS_PROMETHEUS_WINDOW_S) at a time, so a week of a large fleet
+    never sits in memory at once; each window is written whole or not at all, and a failure in one leaves the
+    windows before it, after which the next run resumes.
+    """
+    settings = settings or get_settings()
+    started = time.perf_counter()
+    step = float(step or settings.prometheus_step_s)
+    if not step > 0:
+        raise InvalidInput(f"the step must be a positive number of seconds, not {step}")
+    now = time.time() if now is None else now
+    until = float(until if until is not None else now - step)  # the newest step may still be being scraped
+    known = [t for _, t in _cursors(store).values() if t is not None]
+    if since is None:  # after the device that is furthest behind, but never further back than the look-back
+        since = max(min(known), until - settings.prometheus_lookback_s) if known else \
+            until - settings.prometheus_lookback_s
+    if since > until:
+        raise InvalidInput(f"--since ({since}) is after --until ({until}); nothing to import")
+    # the grid is aligned to the step, so the same times come back every run; a device's last stored point is
+    # fetched again (never written again) to carry its counters on
+    start = math.floor(float(since) / step) * step
+    window = max(step, math.floor(settings.prometheus_window_s / step) * step)
+    summary = ImportSummary(url=url, since=start, until=until, step=step)
+    seen: dict[str, Any] = {"hosts": set(), "devices": set(), "workflows": set(), "series": set(), "skipped": {}}
+    windows = []
+    lo = start
+    while True:
+        hi = min(until, lo + window)
+        windows.append((lo, hi))
+        if hi >= until:
+            break
+        lo = hi  # the boundary's point is fetched again: it carries the counters on
+    names = [f.name for f in FIELDS]
+
+    def fetch(lo: float, hi: float) -> list[dict[str, Any]]:
+        t0 = time.perf_counter()
+        series = client.fetch(names, lo, hi, step)
+        summary.fetch_s += time.perf_counter() - t0
+        return series
+
+    # the next window is fetched while this one is written; each is written only once it is fetched whole
+    with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client, \
+            ThreadPoolExecutor(max_workers=1) as ahead:
+        pending = ahead.submit(fetch, *windows[0])
+        for i, (lo, _hi) in enumerate(windows):
+            try:
+                series = pending.result()
+            except (UpstreamUnavailable, InvalidInput) as exc:
+                if summary.device_samples:
+                    raise type(exc)(f"{exc}. Before that, {summary.device_samples} device samples up to "
+                                    f"{lo:.0f} were imported; the next run resumes there") from None
+                raise
+            if i + 1 < len(windows):
+                pending = ahead.submit(fetch, *windows[i + 1])
+            _import_window(store, client.url, series, settings, until, step, summary, seen)
+    summary.hosts, summary.devices, summary.workflows, summary.series = (
+        len(seen[k]) for k in ("hosts", "devices", "workflows", "series"))
+    summary.skipped = {why: len(keys) for why, keys in seen["skipped"].items()}
+    summary.seconds = time.perf_counter() - started
+    if summary.skipped:
+        log.warning("prometheus %s: %s", url, "; ".join(f"skipped {n} series {why}"
+                                                      for why, n in sorted(summary.skipped.items())))
+    log.info("prometheus %s: imported %s", url, summary.describe())
+    return summary
+
+
+def _import_window(store: Store, url: str, series: list[dict[str, Any]], settings: Settings, until: float,
+                   step: float, summary: ImportSummary, seen: dict[str, Any]) -> None:
+    """Write what is new in one window's series, in one go."""
+    cursors = _cursors(store)
+    # the same series come back in every window: count each once
+    seen["series"].update(tuple(sorted(x["metric"].items())) for x in series)
+    parsed = parse(series, settings, seen["skipped"])
+    del series
+    if not parsed.devices:
+        return
+    wide, offsets = wide_columns(parsed)
+    # where each device's series resumes
+    cursor = np.array([(cursors.get((d.host, d.index)) or (None, None))[1] or -math.inf for d in parsed.devices])
+    stored = _last_counts(store, cursors)
+    last = {d: stored[cursors[(k.host, k.index)][0]] for d, k in enumerate(parsed.devices)
+            if (k.host, k.index) in cursors and cursors[(k.host, k.index)][0] in stored}
+    summary.counter_resets += counters(wide, offsets, cursor, last)
+    keep = wide["ts"] > cursor[wide["dev"]]
+    if not keep.any():
+        return
+    procs = processes(parsed, wide, offsets, cursor)
+    device_ids = _register(store, url, parsed, wide, keep, procs, until, step, seen)
+    dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in parsed.devices], dtype=np.int64)
+    n_dev, n_proc = write_samples(store, device_rows(wide, keep, dev_ids), process_rows(procs, wide, dev_ids, parsed))
+    summary.device_samples += n_dev
+    summary.process_samples += n_proc
+
+def _register(store: Store, url: str, parsed: Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
+              procs: dict[tuple[int, int], np.ndarray], until: float, step: float, seen: dict[str, Any]
+              ) -> dict[tuple[str, int], int]:
+    """Hosts, devices, workflows and their synthetic processes, in one transaction; {(host, index): device id}."""
+    devs = wide["dev"][keep]
+    used = sorted(set(devs.tolist()))
+    totals = wide["mem_total"][keep]
+    mem_total = {}
+    for d in used:
+        t = totals[devs == d]
+        t = t[np.isfinite(t)]
+        mem_total[d] = int(round(float(t.max()))) if len(t) else None
+    ts = wide["ts"]
+    span = {key: (float(ts[rows[0]]), float(ts[rows[-1]])) for key, rows in procs.items()}
+    # a workflow whose series stopped before the imported range ends is over (two steps of slack for scrapes)
+    ended_before = until - 2 * step
+    device_ids: dict[tuple[str, int], int] = {}
+    with store.session() as s:
+        hosts = sorted({parsed.devices[d].host for d in used})
+        known_devices = {(h, i): (d, u) for h, i, d, u in s.execute(
+            select(Device.host_id, Device.index, Device.id, Device.uuid).where(Device.host_id.in_(hosts))).tuples()}
+        known_hosts = set(s.scalars(select(Host.id).where(Host.id.in_(hosts))))
+        for host in hosts:
+            if host not in known_hosts:  # a host an agent registered keeps its own record
+                register_host(s, host, hostname=host, source=SOURCE, labels={"imported_from": url}, now=until)
+        by_host: dict[str, list[DeviceSpec]] = {}
+        refresh = []
+        for d in used:
+            key = parsed.devices[d]
+            known = known_devices.get((key.host, key.index))
+            if known is not None and known[1] == key.uuid:  # imported before: only its last sighting moves on
+                device_ids[(key.host, key.index)] = known[0]
+                refresh.append({"id": known[0], "last_seen": until, "state": "ok"})
+                continue
+            by_host.setdefault(key.host, []).append(DeviceSpec(index=key.index, uuid=key.uuid, name=key.name,
+                                                               memory_total=mem_total[d]))
+        if refresh:
+            s.execute(update(Device), refresh)
+        for host, specs in by_host.items():
+            for index, device_id in register_devices(s, host, specs, source=SOURCE, now=until).items():
+                device_ids[(host, index)] = device_id
+        seen_wf: dict[int, tuple[float, float]] = {}
+        for (_d, w), (first, last) in span.items():
+            lo, hi = seen_wf.get(w, (first, last))
+            seen_wf[w] = (min(lo, first), max(hi, last))
+        ids = [parsed.workflows[w].id for w in seen_wf]
+        existing = {row.id: row for row in s.scalars(select(Workflow).where(Workflow.id.in_(ids)))}
+        for w, (first, last) in seen_wf.items():
+            wk = parsed.workflows[w]
+            row = existing.get(wk.id)
+            finished = last < ended_before
+            if row is None:
+                s.add(Workflow(id=wk.id, id_source=wk.id_source, name=dict(wk.labels).get(POD) or wk.id,
+                               team=wk.team, labels={**dict(wk.labels), "imported_from": url}, created_at=first,
+                               last_seen=last, state="finished" if finished else "running"))
+                continue
+            # a workflow an agent registered keeps how it was found and its team
+            row.labels = {**(row.labels or {}), **dict(wk.labels), "imported_from": url}
+            if row.team is None:
+                row.team = wk.team
+            row.created_at = min(row.created_at, first)
+            if last >= row.last_seen:
+                row.last_seen = last
+                row.state = "finished" if finished else "running"
+        s.flush()
+        pids = {(d, w): synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in span}
+        known_procs = {(h, p, wf): i for i, h, p, wf in s.execute(
+            select(Process.id, Process.host_id, Process.pid, Process.workflow_id)
+            .where(Process.host_id.in_(hosts), Process.pid.in_(sorted(set(pids.values()))))).tuples()}
+        new_rows, seen_again = [], []
+        for (d, w), (first, last) in span.items():
+            dk, wk = parsed.devices[d], parsed.workflows[w]
+            ended = last + step if last < ended_before else None
+            existing_id = known_procs.get((dk.host, pids[(d, w)], wk.id))
+            if existing_id is None:
+                new_rows.append({"host_id": dk.host, "pid": pids[(d, w)], "start_time": first, "workflow_id": wk.id,
+                                 "cmdline": f"{wk.id} on {dk.uuid} (dcgm-exporter)", "username": None,
+                                 "first_seen": first, "last_seen": last, "ended_at": ended})
+            else:
+                seen_again.append({"id": existing_id, "last_seen": last, "ended_at": ended})
+        if new_rows:
+            s.execute(insert(Process), new_rows)
+        if seen_again:
+            s.execute(update(Process), seen_again)
+        seen["hosts"].update(hosts)
+        seen["devices"].update((parsed.devices[d].host, parsed.devices[d].index) for d in used)
+        seen["workflows"].update(parsed.workflows[w].id for w in seen_wf)
+    return device_ids
+
+
+def import_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
+    """The serve job and the DAG task: import from FLEETLENS_PROMETHEUS_URL since the last import."""
+    if not settings.prometheus_url:
+        return {"skipped": "FLEETLENS_PROMETHEUS_URL is not set"}
+    summary = import_prometheus(store, settings.prometheus_url, settings=settings)
+    return {"device_samples": summary.device_samples, "process_samples": summary.process_samples,
+            "series": summary.series, "skipped": summary.skipped, "devices": summary.devices}
+
+
+__all__ = ["ImportSummary", "PrometheusClient", "import_from_settings", "import_prometheus"]

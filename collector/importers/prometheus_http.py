@@ -1,0 +1,94 @@
+"""Prometheus's HTTP API for the importer: query_range, chunked under Prometheus's per-series point limit, with
+every failure turned into a message that says what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from store.errors import InvalidInput, UpstreamUnavailable
+
+MAX_POINTS = 10_000  # Prometheus refuses a query_range of more than 11,000 points per series
+FETCH_CONCURRENCY = 4
+
+
+class PrometheusClient:
+    """Prometheus's HTTP API: query_range, with every failure turned into a message that says what to do."""
+
+    def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise InvalidInput(f"{url!r} is not a Prometheus URL; give one like http://prometheus:9090")
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PrometheusClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def query_range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """The matrix of `query` over [start, end] every `step` s: [{"metric": labels, "values": [[t, "v"]...]}]."""
+        params = {"query": query, "start": repr(float(start)), "end": repr(float(end)), "step": repr(float(step))}
+        try:
+            resp = self._http.get("/api/v1/query_range", params=params)
+        except httpx.TimeoutException:
+            raise UpstreamUnavailable(f"Prometheus at {self.url} did not answer in time; try again or raise "
+                                      "FLEETLENS_PROMETHEUS_TIMEOUT_S") from None
+        except httpx.HTTPError as exc:
+            raise UpstreamUnavailable(f"Prometheus at {self.url} cannot be reached ({exc}); check the URL and that "
+                                      "Prometheus runs") from None
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or "status" not in body:
+            raise InvalidInput(f"{self.url} answered HTTP {resp.status_code} without Prometheus's JSON to "
+                               "/api/v1/query_range; is this the Prometheus server's base URL?")
+        if body["status"] != "success":
+            raise InvalidInput(f"Prometheus at {self.url} refused the query ({body.get('errorType')}: "
+                               f"{body.get('error')})")
+        data = body.get("data") or {}
+        if data.get("resultType") != "matrix":
+            raise InvalidInput(f"Prometheus at {self.url} answered a {data.get('resultType')!r}, not a matrix")
+        return data.get("result") or []
+
+    def fetch(self, names: Iterable[str], start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """Every series of the metrics `names` over [start, end], in as many query_range calls as Prometheus's
+        per-series point limit asks for; the chunks of one series are joined.
+
+        Each point is the last sample scraped in the step before it (last_over_time over one step less a
+        millisecond, as Prometheus 2's ranges include both ends), not Prometheus's default of the last sample in
+        five minutes: the steps tile time, so every scrape counts once and a gap longer than a step stays a gap
+        instead of repeating the value before it.
+        """
+        chunk = step * (MAX_POINTS - 1)
+        windows = []
+        t = start
+        while t <= end:
+            windows.append((t, min(end, t + chunk)))
+            t = windows[-1][1] + step
+        queries = [(name, lo, hi) for name in names for lo, hi in windows]
+        # Prometheus evaluates one query while this process decodes the answer to another
+        with ThreadPoolExecutor(max_workers=FETCH_CONCURRENCY) as pool:
+            answers = list(pool.map(
+                lambda q: self.query_range(f"last_over_time({q[0]}[{max(1, round(step * 1000) - 1)}ms])", q[1], q[2],
+                                           step), queries))
+        merged: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        for (name, _, _), answer in zip(queries, answers, strict=True):
+            for series in answer:
+                labels = {**series["metric"], "__name__": name}  # functions drop the metric's name
+                key = tuple(sorted(labels.items()))
+                if key in merged:
+                    merged[key]["values"].extend(series["values"])
+                else:
+                    merged[key] = {"metric": labels, "values": series["values"]}
+        return list(merged.values())
+
+

@@ -1,0 +1,244 @@
+"""`fleetlens import-prometheus` against a real Prometheus backfilled with dcgm-exporter series written here.
+
+The series: host gpu-a GPU 0 used by pod train-a (namespace vision) for an hour, with a ten-minute scrape gap and an
+ECC counter that resets; a MIG instance (GPU 1, GPU_I_ID 3) with only DCGM_FI_PROF_GR_ENGINE_ACTIVE; host gpu-b GPU 0
+running Slurm job 42 (dcgm-exporter's hpc_job label); and one series without any GPU label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+
+from collector.importers.dcgm_labels import MIG_INDEX_BASE, PID_BASE
+from collector.importers.prometheus import import_prometheus
+from store.db import Store
+from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
+from store.migrations import upgrade
+from store.models import Device, DeviceSample, Host, Process, ProcessSample, Workflow
+from store.settings import Settings
+from tests.collector.agent_helpers import TcpProxy
+from tests.prometheus_server import PrometheusServer, backfill, free_port, prometheus
+from ui.cli import run as cli
+
+T0 = 1_699_999_980.0  # on the step grid (a multiple of 60 s)
+STEP = 60.0
+N = 60  # one scrape a minute for an hour
+GAP = range(20, 30)  # no scrapes of gpu-a:0 in minutes 20..29
+END = T0 + (N - 1) * STEP
+MIB = 1 << 20
+
+
+def _ecc(i: int) -> int:
+    return i // 10 if i < 40 else (i - 40) // 10  # rises to 3, then the driver reloads and it starts at 0
+
+
+def _xid(i: int) -> int:
+    return 79 if 10 <= i < 30 or i >= 40 else 0  # the last XID's code: 79 twice (the GPU fell off the bus)
+
+
+def _openmetrics(t0: float = T0) -> str:
+    """The series of the module's doc, starting at `t0`."""
+    a0 = 'Hostname="gpu-a",gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"'
+    a0 += ',namespace="vision",pod="train-a",container="main"'
+    mig = 'Hostname="gpu-a",gpu="1",UUID="GPU-bbbb",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",' \
+          'GPU_I_ID="3",GPU_I_PROFILE="1g.10gb"'
+    b0 = 'Hostname="gpu-b",gpu="0",UUID="GPU-cccc",device="nvidia0",modelName="NVIDIA A100-SXM4-80GB",hpc_job="42"'
+    lines = []
+
+    def family(name: str, kind: str, rows: list[tuple[str, float, float]]) -> None:
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, ts, value in rows:
+            lines.append(f"{name}{{{labels}}} {value!r} {ts!r}")
+
+    a_times = [(i, t0 + i * STEP) for i in range(N) if i not in GAP]
+    family("DCGM_FI_DEV_GPU_UTIL", "gauge", [(a0, t, float(i % 7) * 10) for i, t in a_times]
+           + [(b0, t0 + i * STEP, 95.0) for i in range(N)]
+           + [('Hostname="gpu-a",job="dcgm"', t0 + i * STEP, 1.0) for i in range(N)])  # no GPU label
+    family("DCGM_FI_DEV_FB_USED", "gauge", [(a0, t, 1000.0 + i) for i, t in a_times]
+           + [(mig, t0 + i * STEP, 2048.0) for i in range(N)] + [(b0, t0 + i * STEP, 70000.0) for i in range(N)])
+    family("DCGM_FI_DEV_FB_FREE", "gauge", [(a0, t, 81559.0 - 1000.0 - i) for i, t in a_times]
+           + [(mig, t0 + i * STEP, 9728.0 - 2048.0) for i in range(N)]
+           + [(b0, t0 + i * STEP, 81920.0 - 70000.0) for i in range(N)])
+    family("DCGM_FI_DEV_POWER_USAGE", "gauge", [(a0, t, 300.0) for _, t in a_times])
+    family("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", [(mig, t0 + i * STEP, 0.25) for i in range(N)])
+    # dcgm-exporter's name keeps the field's upper-case _TOTAL, which an OpenMetrics counter cannot have
+    family("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "unknown", [(a0, t, float(_ecc(i))) for i, t in a_times])
+    family("DCGM_FI_DEV_XID_ERRORS", "gauge", [(b0, t0 + i * STEP, float(_xid(i))) for i in range(N)])
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory) -> Iterator[PrometheusServer]:
+    folder = tmp_path_factory.mktemp("prometheus")
+    (folder / "series.om").write_text(_openmetrics())
+    backfill(folder / "series.om", folder / "data")
+    with prometheus(folder, data_dir=folder / "data") as server:
+        yield server
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path / 'fleetlens.db'}")
+    upgrade(s)
+    yield s
+    s.dispose()
+
+
+def _settings(**kw) -> Settings:
+    return Settings(home=Path("/nonexistent"), **kw)
+
+
+def _import(store: Store, url: str, **kw):
+    kw.setdefault("since", T0)
+    kw.setdefault("until", END)
+    return import_prometheus(store, url, step=STEP, settings=kw.pop("settings", _settings()), now=END + 60, **kw)
+
+
+def _counts(store: Store) -> tuple[int, int, int, int, int]:
+    with store.session() as s:
+        return tuple(s.scalar(select(func.count()).select_from(m))  # type: ignore[return-value]
+                     for m in (Host, Device, Workflow, DeviceSample, ProcessSample))
+
+
+def test_labels_become_hosts_devices_and_workflows(prom, store):
+    summary = _import(store, prom.url, settings=_settings(prometheus_teams={"vision": "perception"}))
+    assert summary.skipped == {"without a gpu or UUID label": 1}
+    with store.session() as s:
+        devices = {(d.host_id, d.index): d for d in s.scalars(select(Device))}
+        assert set(devices) == {("gpu-a", 0), ("gpu-a", (1 + 1) * MIG_INDEX_BASE + 3), ("gpu-b", 0)}
+        mig = devices[("gpu-a", 2 * MIG_INDEX_BASE + 3)]
+        assert (mig.uuid, mig.name, mig.memory_total) == ("GPU-bbbb/gi3", "NVIDIA A100-SXM4-80GB MIG 1g.10gb",
+                                                          9728 * MIB)
+        assert devices[("gpu-a", 0)].memory_total == 81559 * MIB
+        assert {h.id: h.source for h in s.scalars(select(Host))} == {"gpu-a": "prometheus", "gpu-b": "prometheus"}
+        wfs = {w.id: w for w in s.scalars(select(Workflow))}
+        assert set(wfs) == {"k8s-vision/train-a", "slurm-42"}  # the MIG instance has no user
+        pod = wfs["k8s-vision/train-a"]
+        assert (pod.id_source, pod.team, pod.labels["pod"], pod.labels["namespace"]) == (
+            "k8s", "perception", "train-a", "vision")  # the team label renamed by the mapping
+        assert wfs["slurm-42"].id_source == "slurm"
+        proc = s.scalars(select(Process).where(Process.workflow_id == "slurm-42")).one()
+        assert proc.pid >= PID_BASE and proc.host_id == "gpu-b"
+        # MIG: utilisation from the graphics engine, memory from its own framebuffer
+        util, used = s.execute(select(DeviceSample.gpu_util, DeviceSample.mem_used)
+                               .where(DeviceSample.device_id == mig.id).limit(1)).one()
+        assert (util, used) == (0.25, 2048 * MIB)
+        # units: % -> fraction, MiB -> bytes; one process sample per device sample of a used GPU
+        rows = s.execute(select(DeviceSample.ts, DeviceSample.gpu_util, DeviceSample.mem_used, DeviceSample.power_w)
+                         .where(DeviceSample.device_id == devices[("gpu-a", 0)].id).order_by(DeviceSample.ts)).all()
+        n_pod = s.scalar(select(func.count()).select_from(ProcessSample)
+                         .where(ProcessSample.workflow_id == "k8s-vision/train-a"))
+    assert rows[3][1:] == (pytest.approx(0.3), (1000 + 3) * MIB, 300.0)
+    assert n_pod == len(rows)
+
+
+def test_gaps_stay_gaps(prom, store):
+    _import(store, prom.url)
+    with store.session() as s:
+        dev = s.scalar(select(Device.id).where(Device.host_id == "gpu-a", Device.index == 0))
+        times = [t for (t,) in s.execute(select(DeviceSample.ts).where(DeviceSample.device_id == dev)
+                                         .order_by(DeviceSample.ts))]
+    assert len(times) == N - len(GAP)
+    assert not [t for t in times if T0 + GAP.start * STEP <= t < T0 + GAP.stop * STEP]
+
+
+def test_a_counter_reset_keeps_the_count_rising(prom, store):
+    summary = _import(store, prom.url)
+    assert summary.counter_resets == 1
+    with store.session() as s:
+        dev = s.scalar(select(Device.id).where(Device.host_id == "gpu-a", Device.index == 0))
+        ecc = [e for (e,) in s.execute(select(DeviceSample.ecc_errors).where(DeviceSample.device_id == dev)
+                                       .order_by(DeviceSample.ts))]
+    assert ecc == sorted(ecc) and ecc[-1] == 3 + _ecc(N - 1)
+
+
+def test_xid_codes_become_a_count_of_events(prom, store):
+    _import(store, prom.url, until=T0 + 35 * STEP)
+    _import(store, prom.url, since=None)  # the count carries on from the stored one
+    with store.session() as s:
+        dev = s.scalar(select(Device.id).where(Device.host_id == "gpu-b", Device.index == 0))
+        xid = [x for (x,) in s.execute(select(DeviceSample.xid_errors).where(DeviceSample.device_id == dev)
+                                       .order_by(DeviceSample.ts))]
+    assert xid == [0] * 10 + [1] * 30 + [2] * 20
+
+
+def test_import_resumes_and_never_writes_twice(prom, any_store, tmp_path):
+    store = any_store
+    mid = T0 + 45 * STEP  # after the reset, so the counter must carry on across the two runs
+    first = _import(store, prom.url, until=mid)
+    second = _import(store, prom.url, since=None)  # resumes at each device's last sample
+    again = _import(store, prom.url)  # the whole range once more
+    assert first.device_samples > 0 and second.device_samples > 0
+    assert (again.device_samples, again.process_samples) == (0, 0)
+    whole = Store(f"sqlite:///{tmp_path / 'whole.db'}")
+    upgrade(whole)
+    try:
+        # in windows of 25 minutes (the counter reset and the XID codes fall across their edges)
+        _import(whole, prom.url, settings=_settings(prometheus_window_s=1500))
+        assert _counts(store) == _counts(whole)
+
+        def ecc(st: Store) -> list:
+            with st.session() as s:
+                return list(s.execute(select(Device.host_id, Device.index, DeviceSample.ts, DeviceSample.ecc_errors,
+                                             DeviceSample.xid_errors)
+                                      .join(Device, Device.id == DeviceSample.device_id)
+                                      .order_by(Device.host_id, Device.index, DeviceSample.ts)).tuples())
+        assert ecc(store) == ecc(whole)
+    finally:
+        whole.dispose()
+
+
+def test_prometheus_down_writes_nothing_and_the_next_run_picks_up(prom, store):
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(UpstreamUnavailable, match="cannot be reached.*check the URL"):
+        _import(store, dead)
+    assert _counts(store) == (0, 0, 0, 0, 0)
+    assert _import(store, prom.url).device_samples == 2 * N + (N - len(GAP))
+
+
+def test_a_wrong_url_says_so_and_writes_nothing(prom, store):
+    with pytest.raises(InvalidInput, match="without Prometheus's JSON.*base URL"):
+        _import(store, f"{prom.url}/graph/")
+    with pytest.raises(InvalidInput, match="not a Prometheus URL"):
+        _import(store, "prometheus:9090")
+    with pytest.raises(InvalidInput, match="after --until"):
+        _import(store, prom.url, since=END, until=T0)
+    assert _counts(store) == (0, 0, 0, 0, 0)
+
+
+def test_cli_imports_and_reports_errors_in_one_line(prom, fleet_home, capsys):
+    assert cli(["init"]) == 0
+    args = ["import-prometheus", prom.url, "--since", repr(T0), "--until", repr(END), "--step", "1m"]
+    assert cli(args) == 0
+    out = capsys.readouterr().out
+    assert "imported 170 device and 110 process samples" in out and "1 series without a gpu or UUID label" in out
+    assert cli(args) == 0
+    assert "imported 0 device and 0 process samples" in capsys.readouterr().out
+    assert cli(["import-prometheus", f"http://127.0.0.1:{free_port()}", "--since", "1h"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fleetlens: Prometheus at http://127.0.0.1:") and "Traceback" not in err
+    assert cli(["import-prometheus", prom.url, "--step", "fast"]) == 2
+    assert "not a positive duration" in capsys.readouterr().err
+
+
+@pytest.mark.pg
+def test_database_down_says_so_and_the_next_run_picks_up(prom, pg_url):
+    proxy = TcpProxy(make_url(pg_url).host or "127.0.0.1", make_url(pg_url).port or 5432).start()
+    store = Store(proxy.url(pg_url), connect_timeout_s=2)
+    try:
+        upgrade(store)
+        proxy.cut()
+        with pytest.raises(DatabaseUnavailable):
+            _import(store, prom.url)
+        proxy.restore()
+        assert _counts(store) == (0, 0, 0, 0, 0)
+        assert _import(store, prom.url).device_samples == 2 * N + (N - len(GAP))
+    finally:
+        proxy.cut()
+        store.dispose()

@@ -1,0 +1,123 @@
+"""The fleet-level Prometheus exporter (`fleetlens metrics-serve`): what the analyzer and the enforcer know.
+
+Recoverable GPU-hours per day per workflow, team and rule (open findings; a workflow's overlapping findings on one
+device counted once, as the ranking does), open findings by severity and rule, and the devices the fleet holds,
+the devices the last plan says it needs, and the devices that plan frees. The store is re-read at most every
+`refresh_s` per scrape; a store that is away leaves the last values (and fleetlens_store_up 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import distinct, func, select
+
+from analyzer.ranking import findings_frame, recoverable_by_workflow
+from store.db import Store
+from store.errors import FleetlensError
+from store.models import Action, Plan, ProcessSample
+from store.settings import Settings
+
+log = logging.getLogger(__name__)
+
+HELD_WINDOW_S = 900.0  # a device is held when some workflow had a process sample on it this recently
+
+
+class FleetMetrics(Collector):
+    def __init__(self, store: Store, *, refresh_s: float = 30.0, clock=time.time) -> None:
+        self.store, self.refresh_s, self.clock = store, refresh_s, clock
+        self._metrics: list[Metric] = []
+        self._read_at = -float("inf")
+        self._up = 0.0
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.refresh_s:
+                try:
+                    self._metrics = self._read()
+                    self._up = 1.0
+                except FleetlensError as exc:
+                    log.warning("fleet metrics: the store cannot be read (%s); serving the last values", exc)
+                    self._up = 0.0
+                self._read_at = time.monotonic()
+            up = GaugeMetricFamily("fleetlens_store_up", "1 when the last read of the fleetlens store worked.")
+            up.add_metric([], self._up)
+            return iter([*self._metrics, up])
+
+    def _read(self) -> list[Metric]:
+        findings = findings_frame(self.store)
+        open_ = findings[findings["status"] == "open"] if not findings.empty else findings
+        by_rule = GaugeMetricFamily("fleetlens_recoverable_gpu_hours_per_day",
+                                    "GPU-hours per day open findings could give back, per workflow, team and rule.",
+                                    labels=["workflow", "team", "rule"])
+        by_wf = GaugeMetricFamily("fleetlens_workflow_recoverable_gpu_hours_per_day",
+                                  "GPU-hours per day a workflow could give back (overlapping findings counted once).",
+                                  labels=["workflow", "team"])
+        by_team = GaugeMetricFamily("fleetlens_team_recoverable_gpu_hours_per_day",
+                                    "GPU-hours per day a team could give back.", labels=["team"])
+        severity = GaugeMetricFamily("fleetlens_open_findings", "Open findings, by severity and rule.",
+                                     labels=["severity", "rule"])
+        if not open_.empty:
+            f = open_.assign(team=open_["team"].fillna(""))
+            sums = f.groupby(["workflow_id", "team", "rule"])["gpu_hours_per_day"].sum()
+            for (wf, team, rule), hours in sums.items():
+                by_rule.add_metric([wf, team, rule], float(hours))
+            rec = recoverable_by_workflow(open_)
+            teams = f.drop_duplicates("workflow_id").set_index("workflow_id")["team"]
+            rec = rec.assign(team=teams.reindex(rec.index).fillna(""))
+            for wf, row in rec.iterrows():
+                by_wf.add_metric([str(wf), row["team"]], float(row["recoverable_gpu_hours_per_day"]))
+            for team, hours in rec.groupby("team")["recoverable_gpu_hours_per_day"].sum().items():
+                by_team.add_metric([str(team)], float(hours))
+            for (sev, rule), n in f.groupby(["severity", "rule"]).size().items():
+                severity.add_metric([sev, rule], float(n))
+        devices = GaugeMetricFamily("fleetlens_devices", "Devices the fleet holds, needs after the last plan's moves, "
+                                    "and frees with them.", labels=["state"])
+        plan_ts = GaugeMetricFamily("fleetlens_last_plan_timestamp_seconds", "When the last plan was made.")
+        migrations = GaugeMetricFamily("fleetlens_migrations", "Migrations by state.", labels=["state"])
+        now = self.clock()
+        with self.store.session() as s:
+            held = s.scalar(select(func.count(distinct(ProcessSample.device_id)))
+                            .where(ProcessSample.ts >= now - HELD_WINDOW_S)) or 0
+            plan = s.execute(select(Plan.created_at, Plan.devices_freed).order_by(Plan.created_at.desc()).limit(1)
+                             ).first()
+            by_state = s.execute(select(Action.state, func.count()).group_by(Action.state)).all()
+        freed = int(plan[1]) if plan is not None else 0
+        devices.add_metric(["held"], float(held))
+        devices.add_metric(["needed"], float(max(held - freed, 0)))
+        devices.add_metric(["freed"], float(freed))
+        if plan is not None:
+            plan_ts.add_metric([], float(plan[0]))
+        for state, n in by_state:
+            migrations.add_metric([state], float(n))
+        return [by_rule, by_wf, by_team, severity, devices, plan_ts, migrations]
+
+
+def fleet_registry(store: Store, settings: Settings) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetMetrics(store, refresh_s=settings.metrics_serve_refresh_s))
+    return registry
+
+
+def serve_fleet_metrics(store: Store, settings: Settings, *, port: int, duration: float | None = None) -> None:
+    """Serve /metrics on `port` until Ctrl-C / SIGTERM (or `duration` seconds)."""
+    server, _ = start_http_server(port, registry=fleet_registry(store, settings))
+    try:
+        deadline = None if duration is None else time.monotonic() + duration
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+__all__ = ["FleetMetrics", "fleet_registry", "serve_fleet_metrics"]
