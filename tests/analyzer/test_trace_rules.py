@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 
 import pytest
 
@@ -227,7 +228,6 @@ def test_tensor_cores_rule_is_quiet_where_matmuls_already_use_them(analysed):
 
 def _slow_loader_trace(path, delay_s: float, workers: int = 0) -> None:
     """A real CPU training loop under torch.profiler whose Dataset takes delay_s per sample."""
-    import time  # noqa: PLC0415
 
     import torch  # noqa: PLC0415  (heavy: only this test needs it)
     from torch.profiler import ProfilerActivity, profile, schedule  # noqa: PLC0415
