@@ -22,7 +22,7 @@ SECTIONS = {
     "tensor_cores": ["matmul_share_min", "non_tc_fraction_min", "amp_speedup"],
     "comm_overlap": ["exposed_fraction_min", "overlap_ratio_max"],
     "straggler": ["excess_min"],
-    "tiny_steps": ["step_ms_max", "arithmetic_share_max"],
+    "tiny_steps": ["step_ms_max", "arithmetic_share_max", "overhead_share_min"],
 }
 
 

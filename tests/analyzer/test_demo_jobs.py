@@ -56,6 +56,7 @@ def test_tiny_steps_job_is_told_its_steps_are_too_small(tmp_path):
     f = next(f for f in found if f.rule == "trace.tiny_steps")
     assert f.evidence["arithmetic_share"] == pytest.approx(share, abs=0.005)
     assert f.evidence["step_ms"] <= TH["tiny_steps"]["step_ms_max"]
+    assert f.evidence["dataloader_share"] == 0.0  # the batches are made in the loop: nothing to wait for
     assert f.cost_fraction == pytest.approx(1 - share, abs=0.005)
     assert "Steps too small" in f.title and "batch size" in f.fix
     assert summary["device_kind"]["kind"] == "cpu"
