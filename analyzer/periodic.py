@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from analyzer.ranking import rank_with_waste
 from analyzer.rollups import apply_retention, rollup
 from analyzer.telemetry import detect
 from analyzer.traces import analyze_pending
@@ -35,10 +36,16 @@ def rollup_and_retain(store: Store, settings: Settings, *, now: float | None = N
 
 
 def detect_telemetry(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
-    """Run the telemetry detectors over their window ending now; findings are recorded idempotently."""
+    """Run the telemetry detectors over their window ending now; findings are recorded idempotently.
+
+    The fleet's recoverable and held GPU-hours per day come from the one waste function (analyzer.waste).
+    """
     found = detect(store, now)
+    _, w = rank_with_waste(store, now)
     return {"findings": len(found), "by_rule": dict(Counter(f.rule for f in found)),
-            "workflows": sorted({f.workflow_id for f in found})}
+            "workflows": sorted({f.workflow_id for f in found}),
+            "recoverable_gpu_hours_per_day": round(w.recoverable_gpu_hours_per_day, 3),
+            "held_gpu_hours_per_day": round(w.held_gpu_hours_per_day, 3), "problems": w.problems[:20]}
 
 
 def analyze_traces(store: Store, settings: Settings, *, limit: int | None = None) -> dict[str, int]:

@@ -1,9 +1,8 @@
 """Fleet ranking: workflows and teams by recoverable GPU-hours, with the trend of their waste; plain DataFrames.
 
-- recoverable_gpu_hours_per_day: from the open (not resolved) findings. Findings about the same device
-  of a workflow overlap (an idle holder is usually also under-utilised), so per (workflow, device) only
-  the largest counts; findings without a device (trace findings) count their largest once. The
-  workflow's figure is the sum of those.
+- recoverable_gpu_hours_per_day: from the open (not resolved) findings, by the one waste function
+  (analyzer.waste): overlapping findings counted once, never more than the GPU-hours the workflow held;
+  held_gpu_hours_per_day and basis (rollups | detector window | projected) say what bounds it.
 - held / active / waste (= held - active) GPU-hours: from the hourly workflow rollups of this period
   [now - period_s, now) and of the previous one; trend = waste now - waste before (negative: better).
 
@@ -17,22 +16,25 @@ import time
 import pandas as pd
 from sqlalchemy import select
 
+from analyzer.waste import Waste, held_from_rollups, waste
 from store.db import Store
 from store.models import Finding, Rollup, Workflow
 
 NO_TEAM = "(no team)"
 WORKFLOW_COLUMNS = [
     "workflow_id", "team", "open_findings", "top_rule", "recoverable_gpu_hours_per_day",
-    "gpu_hours_held", "gpu_hours_active", "waste_gpu_hours", "waste_gpu_hours_prev", "trend_gpu_hours",
+    "held_gpu_hours_per_day", "basis", "gpu_hours_held", "gpu_hours_active", "waste_gpu_hours",
+    "waste_gpu_hours_prev", "trend_gpu_hours",
     "trend_pct", "util_mean",
 ]
 TEAM_COLUMNS = [
-    "team", "workflows", "open_findings", "recoverable_gpu_hours_per_day", "gpu_hours_held", "gpu_hours_active",
+    "team", "workflows", "open_findings", "recoverable_gpu_hours_per_day", "held_gpu_hours_per_day", "gpu_hours_held",
+    "gpu_hours_active",
     "waste_gpu_hours", "waste_gpu_hours_prev", "trend_gpu_hours", "trend_pct",
 ]
 FINDING_COLUMNS = [
     "id", "rule", "source", "severity", "status", "workflow_id", "team", "device_id", "gpu_hours_per_day",
-    "title", "location", "fix", "evidence", "updated_at",
+    "title", "location", "fix", "evidence", "updated_at", "fingerprint",
 ]
 
 
@@ -56,7 +58,7 @@ def findings_frame(
     query = select(
         Finding.id, Finding.rule, Finding.source, Finding.severity, Finding.status, Finding.workflow_id,
         Workflow.team, Finding.device_id, Finding.gpu_hours_per_day, Finding.title, Finding.location, Finding.fix,
-        Finding.evidence, Finding.updated_at,
+        Finding.evidence, Finding.updated_at, Finding.fingerprint,
     ).join(Workflow, Workflow.id == Finding.workflow_id, isouter=True)
     if not include_resolved:
         query = query.where(Finding.status != "resolved")
@@ -71,20 +73,29 @@ def findings_frame(
     return pd.DataFrame([tuple(r) for r in rows], columns=FINDING_COLUMNS)
 
 
-def recoverable_by_workflow(findings: pd.DataFrame) -> pd.DataFrame:
-    """Per workflow: open_findings, top_rule, recoverable_gpu_hours_per_day (overlaps counted once per device)."""
+def costed(findings: pd.DataFrame, w: Waste) -> pd.DataFrame:
+    """The findings with gpu_hours_per_day replaced by the waste function's cost of each (basis and note added)."""
     if findings.empty:
-        return pd.DataFrame(columns=["open_findings", "top_rule", "recoverable_gpu_hours_per_day"],
-                            index=pd.Index([], name="workflow_id"))
-    f = findings.assign(where=pd.to_numeric(findings["device_id"]).astype("float64").fillna(-1).astype("int64"))
-    per_place = f.groupby(["workflow_id", "where"])["gpu_hours_per_day"].max()
-    recoverable = per_place.groupby(level="workflow_id").sum()
-    top = f.sort_values("gpu_hours_per_day", ascending=False).drop_duplicates("workflow_id").set_index("workflow_id")
-    return pd.DataFrame({
-        "open_findings": f.groupby("workflow_id").size(),
-        "top_rule": top["rule"],
-        "recoverable_gpu_hours_per_day": recoverable,
-    })
+        return findings.assign(basis=pd.Series(dtype=object), counted=pd.Series(dtype=bool),
+                               note=pd.Series(dtype=object))
+    cost = w.findings.set_index(findings.index)
+    out = findings.assign(gpu_hours_per_day=cost["gpu_hours_per_day"].astype("float64"), basis=cost["basis"],
+                          counted=cost["counted"], note=cost["note"])
+    return out.sort_values(["gpu_hours_per_day", "id"], ascending=[False, True])
+
+
+def recoverable_by_workflow(findings: pd.DataFrame, w: Waste) -> pd.DataFrame:
+    """Per workflow: open_findings, top_rule, recoverable_gpu_hours_per_day, held_gpu_hours_per_day, basis."""
+    cols = ["open_findings", "top_rule", "recoverable_gpu_hours_per_day", "held_gpu_hours_per_day", "basis"]
+    per_wf = w.workflows.set_index("workflow_id")
+    if findings.empty:
+        return per_wf.reindex(columns=cols).rename_axis("workflow_id")
+    f = costed(findings, w)
+    top = f.drop_duplicates("workflow_id").set_index("workflow_id")
+    out = pd.DataFrame({"open_findings": f.groupby("workflow_id").size(), "top_rule": top["rule"]})
+    out = out.reindex(out.index.union(per_wf.index))
+    out = out.join(per_wf[["recoverable_gpu_hours_per_day", "held_gpu_hours_per_day", "basis"]])
+    return out.rename_axis("workflow_id")[cols]
 
 
 def _rollup_sums(store: Store, start: float, end: float) -> pd.DataFrame:
@@ -120,9 +131,22 @@ def rank_workflows(
 
     Columns: WORKFLOW_COLUMNS (one row per workflow with an open finding or a rollup in either period).
     """
+    return rank_with_waste(store, now, period_s, team=team, limit=limit)[0]
+
+
+def rank_with_waste(
+    store: Store,
+    now: float | None = None,
+    period_s: float = 86400.0,
+    *,
+    team: str | None = None,
+    limit: int | None = None,
+) -> tuple[pd.DataFrame, Waste]:
+    """rank_workflows, and the waste function's result its figures come from (fleet totals, problems)."""
     now = time.time() if now is None else float(now)
     findings = findings_frame(store, team=team)
-    rec = recoverable_by_workflow(findings)
+    w = waste(findings, held_from_rollups(store, now, period_s, team=team))
+    rec = recoverable_by_workflow(findings, w)
     cur = _rollup_sums(store, now - period_s, now)
     prev = _rollup_sums(store, now - 2 * period_s, now - period_s)
     ids = rec.index.union(cur.index).union(prev.index)
@@ -133,8 +157,8 @@ def rank_workflows(
         out = out[out["team"] == team]
     out = out.join(rec).join(cur).join(prev[["gpu_hours_held", "gpu_hours_active"]], rsuffix="_prev")
     out["open_findings"] = pd.to_numeric(out["open_findings"]).fillna(0).astype("int64")
-    for col in ("recoverable_gpu_hours_per_day", "gpu_hours_held", "gpu_hours_active", "gpu_hours_held_prev",
-                "gpu_hours_active_prev"):
+    for col in ("recoverable_gpu_hours_per_day", "held_gpu_hours_per_day", "gpu_hours_held", "gpu_hours_active",
+                "gpu_hours_held_prev", "gpu_hours_active_prev"):
         out[col] = out[col].astype("float64").fillna(0.0)
     out["waste_gpu_hours"] = (out["gpu_hours_held"] - out["gpu_hours_active"]).clip(lower=0.0)
     out["waste_gpu_hours_prev"] = (out["gpu_hours_held_prev"] - out["gpu_hours_active_prev"]).clip(lower=0.0)
@@ -143,8 +167,9 @@ def rank_workflows(
     out = out.reset_index().sort_values(
         ["recoverable_gpu_hours_per_day", "waste_gpu_hours", "workflow_id"], ascending=[False, False, True]
     )
+    out["basis"] = out["basis"].fillna("none")
     out = out[WORKFLOW_COLUMNS].reset_index(drop=True)
-    return out.head(limit) if limit is not None else out
+    return (out.head(limit) if limit is not None else out), w
 
 
 def rank_teams(store: Store, now: float | None = None, period_s: float = 86400.0) -> pd.DataFrame:
@@ -158,8 +183,8 @@ def teams_of(workflows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=TEAM_COLUMNS)
     wf = workflows.assign(team=workflows["team"].fillna(NO_TEAM))
     g = wf.groupby("team")
-    out = g[["open_findings", "recoverable_gpu_hours_per_day", "gpu_hours_held", "gpu_hours_active",
-             "waste_gpu_hours", "waste_gpu_hours_prev", "trend_gpu_hours"]].sum()
+    out = g[["open_findings", "recoverable_gpu_hours_per_day", "held_gpu_hours_per_day", "gpu_hours_held",
+             "gpu_hours_active", "waste_gpu_hours", "waste_gpu_hours_prev", "trend_gpu_hours"]].sum()
     out["workflows"] = g.size()
     out["trend_pct"] = _trend_pct(out["waste_gpu_hours"], out["waste_gpu_hours_prev"])
     out = out.reset_index().sort_values(["recoverable_gpu_hours_per_day", "waste_gpu_hours", "team"],

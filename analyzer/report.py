@@ -22,21 +22,33 @@ def _ms(us: float | None) -> str:
 def _rank_tables(s: dict[str, Any]) -> list[Table]:
     name = Path(s["path"]).name
     head = Table(title=f"rank {s['rank']} — {name}", show_header=False, title_justify="left")
-    head.add_row("device", str(s["device"] or ("no GPU in trace" if not s["has_gpu"] else "unknown")))
+    dk = s.get("device_kind") or {}
+    head.add_row("device", f"{dk.get('label', 'unknown device')}: {s['device'] or '-'} ({dk.get('why', '')})")
     head.add_row("steps", f"{s['n_steps']} ({', '.join(str(x['name']) for x in s['steps'][:4])}"
                           f"{', ...' if s['n_steps'] > 4 else ''})")
     head.add_row("mean step", f"{_ms(s['step_us_mean'])} ms")
     fr = s["fractions"]
-    head.add_row("computation / communication / memory / idle",
-                 " / ".join(_pct(fr[k]) for k in ("computation", "communication", "memory", "idle")))
-    head.add_row("idle: host wait / kernel wait / other",
-                 " / ".join(_pct(fr[k]) for k in ("host_wait", "kernel_wait", "other_idle")))
-    la = s["launch"]
-    head.add_row("kernels per step", f"{la['kernels_per_step']:.0f} ({la['tiny_share']:.0%} under "
-                                     f"{la['tiny_kernel_us']:.0f} us)")
-    ov = s["overlap"]
-    head.add_row("comm/comp overlap", _pct(ov["overlap_ratio"]))
-    head.add_row("tensor-core share of compute", _pct(s["tensor_cores"]["tensor_core_share"]))
+    if fr["idle"] is None:
+        # no device time in this trace: say why once instead of a row of n/a cells
+        head.add_row("device time", dk.get("no_timeline_reason") or "none: this trace has no device")
+    by_reason: dict[str, list[str]] = {}
+    for rule, why in (s.get("rules_not_judged") or {}).items():
+        by_reason.setdefault(why, []).append(rule.removeprefix("trace."))
+    for why, rules in by_reason.items():
+        head.add_row(f"not judged: {', '.join(rules)}", why)
+    timeline = fr["idle"] is not None
+    if timeline:
+        head.add_row("computation / communication / memory / idle",
+                     " / ".join(_pct(fr[k]) for k in ("computation", "communication", "memory", "idle")))
+        head.add_row("idle: host wait / kernel wait / other",
+                     " / ".join(_pct(fr[k]) for k in ("host_wait", "kernel_wait", "other_idle")))
+        la = s["launch"]
+        head.add_row("kernels per step", f"{la['kernels_per_step']:.0f} ({la['tiny_share']:.0%} under "
+                                         f"{la['tiny_kernel_us']:.0f} us)")
+        ov = s["overlap"]
+        head.add_row("comm/comp overlap", _pct(ov["overlap_ratio"]) if ov["overlap_ratio"] is not None
+                     else "no communication kernels")
+        head.add_row("tensor-core share of compute", _pct(s["tensor_cores"]["tensor_core_share"]))
     head.add_row("DataLoader share of step", _pct(s["dataloader"]["share"]))
     tot = s["sync"]["totals"]
     head.add_row("sync calls (stream/device/event/.item)",
@@ -47,12 +59,13 @@ def _rank_tables(s: dict[str, Any]) -> list[Table]:
     tables = [head]
 
     steps = Table(title="time per step (ms)", title_justify="left")
-    for col in ("step", "wall", "compute", "comm", "memory", "idle", "host wait", "kernel wait", "other"):
+    parts = ("computation_us", "communication_us", "memory_us", "idle_us", "host_wait_us", "kernel_wait_us",
+             "other_idle_us") if timeline else ()
+    for col in ("step", "wall", "compute", "comm", "memory", "idle", "host wait", "kernel wait", "other")[
+            :2 + len(parts)]:
         steps.add_column(col, justify="right")
     for r in s["breakdown"]:
-        steps.add_row(str(r["step"]), _ms(r["step_us"]), *(_ms(r[k]) for k in (
-            "computation_us", "communication_us", "memory_us", "idle_us", "host_wait_us", "kernel_wait_us",
-            "other_idle_us")))
+        steps.add_row(str(r["step"]), _ms(r["step_us"]), *(_ms(r[k]) for k in parts))
     tables.append(steps)
 
     if s["top_kernels"]:
@@ -87,7 +100,8 @@ def print_report(result: AnalysisResult, console: Console, gpus: int = 1) -> Non
         console.print(f"[bold]ranks compared[/bold] ({v['metric']}): {per}; slowest rank {v['slowest_rank']} "
                       f"{v['excess']:+.1%} vs median of others -> {verdict} (threshold {v['threshold']:.0%})")
     if result.findings:
-        t = Table(title=f"findings (GPU-hours/day at {gpus} GPU{'s' if gpus != 1 else ''})", title_justify="left")
+        t = Table(title=f"findings (GPU-hours/day projected: the job assumed to run 24 h a day on {gpus} "
+                        f"GPU{'s' if gpus != 1 else ''}, no telemetry)", title_justify="left")
         for col in ("severity", "rule", "rank", "finding", "ms/step", "GPU-h/day"):
             t.add_column(col)
         for f in sorted(result.findings, key=lambda f: -f.gpu_hours_per_day(gpus)):

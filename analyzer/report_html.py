@@ -64,7 +64,7 @@ def render_html(result: AnalysisResult, gpus: int = 1) -> str:
         "<h1>fleetlens trace analysis</h1>"
         f"<p>{len(result.summaries)} trace(s) analysed, {len(result.errors)} failed.</p>"
         f"<h2>Findings</h2><table><tr><th>severity</th><th>rule</th><th>rank</th><th>finding</th>"
-        f"<th>ms/step</th><th>GPU-h/day ({gpus} GPU)</th></tr>{rows}</table>"
+        f"<th>ms/step</th><th>GPU-h/day (projected: 24 h a day on {gpus} GPU)</th></tr>{rows}</table>"
         + (f"<h2>Failed</h2><ul>{errors}</ul>" if errors else "")
         + "<h2>Charts</h2>" + "".join(parts) + "</body></html>"
     )

@@ -2,7 +2,8 @@
 
 Each rule module has RULE (its name) and `check(summary, th) -> TraceFinding | None` over one rank's
 summary (analyzer.traces.summary); set rules (straggler) have `check_set(summaries, th)`. What the rules
-share lives in analyzer.rules.base, so the rule modules never import this package back.
+share lives in analyzer.rules.base, so the rule modules never import this package back. A rule that cannot
+judge a trace (no kernel timeline, CPU only, ...) is not run on it; `rules_not_judged` says why.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from analyzer.rules import (
     host_bound,
     input_pipeline,
     launch_bound,
+    pageable_dtoh,
     pageable_memcpy,
     straggler,
     sync_heavy,
     tensor_cores,
+    tiny_steps,
 )
 from analyzer.rules.base import (
     DEFAULT_THRESHOLDS,
@@ -27,26 +30,41 @@ from analyzer.rules.base import (
     severity_for,
     steps_location,
 )
+from analyzer.rules.devices import for_device, not_judged
 
-__all__ = ["DEFAULT_THRESHOLDS", "SECTIONS", "TraceFinding", "load_thresholds", "per_rank_rules", "run_rules",
-           "run_set_rules", "severity_for", "steps_location"]
+__all__ = ["DEFAULT_THRESHOLDS", "SECTIONS", "TraceFinding", "load_thresholds", "per_rank_rules", "rules_not_judged",
+           "run_rules", "run_set_rules", "severity_for", "steps_location"]
 
 
 def per_rank_rules() -> list:
     """The per-rank rule modules, in the order their findings are reported."""
-    return [host_bound, input_pipeline, launch_bound, pageable_memcpy, sync_heavy, tensor_cores, comm_overlap]
+    return [host_bound, input_pipeline, launch_bound, pageable_memcpy, pageable_dtoh, sync_heavy, tensor_cores,
+            comm_overlap, tiny_steps]
 
 
 def run_rules(summary: dict[str, Any], th: dict[str, dict[str, float]] | None = None) -> list[TraceFinding]:
-    """Every per-rank rule over one rank's summary; findings carry their severity."""
+    """Every per-rank rule that can judge this rank's trace; findings carry their severity and the device's advice.
+
+    The rules that cannot judge it are in `rules_not_judged(summary)`, with the reason.
+    """
     th = th or load_thresholds()
+    kind = (summary.get("device_kind") or {}).get("kind", "cuda")
+    skip = rules_not_judged(summary)
     found = []
     for rule in per_rank_rules():
+        if rule.RULE in skip:
+            continue
         f = rule.check(summary, th)
         if f is not None:
             f.severity = severity_for(f.cost_fraction, th)
+            f.fix = for_device(f.rule, f.fix, kind)
             found.append(f)
     return found
+
+
+def rules_not_judged(summary: dict[str, Any]) -> dict[str, str]:
+    """Per-rank rules that cannot judge this trace, each with why (no kernel timeline, CPU only, ...)."""
+    return not_judged(summary, [r.RULE for r in per_rank_rules()])
 
 
 def run_set_rules(summaries: list[dict[str, Any]], th: dict[str, dict[str, float]] | None = None) -> list[TraceFinding]:

@@ -17,10 +17,12 @@ SECTIONS = {
     "input_pipeline": ["dataloader_share_min"],
     "launch_bound": ["tiny_share_min", "tiny_kernels_per_step_min", "launch_idle_fraction_min"],
     "pageable_memcpy": ["min_copies", "pinned_speedup"],
+    "pageable_dtoh": ["min_copies"],
     "sync_heavy": ["calls_per_step_min", "blocked_fraction_min"],
     "tensor_cores": ["matmul_share_min", "non_tc_fraction_min", "amp_speedup"],
     "comm_overlap": ["exposed_fraction_min", "overlap_ratio_max"],
     "straggler": ["excess_min"],
+    "tiny_steps": ["step_ms_max", "arithmetic_share_max", "overhead_share_min"],
 }
 
 
@@ -59,7 +61,10 @@ class TraceFinding:
         return min(1.0, self.cost_s_per_step / self.step_s) if self.step_s > 0 else 0.0
 
     def gpu_hours_per_day(self, gpus: int = 1) -> float:
-        """GPU time this costs if the job runs all day at its GPU count."""
+        """Projected: GPU time this costs if the job runs all day at its GPU count.
+
+        Totals never use this figure: analyzer.waste costs a finding by the GPU-hours its workflow really held.
+        """
         return self.cost_fraction * max(gpus, 1) * 24.0
 
     def as_dict(self, gpus: int = 1) -> dict[str, Any]:
@@ -69,7 +74,8 @@ class TraceFinding:
                 "fix": self.fix}
 
     def to_spec(self, workflow_id: str, gpus: int = 1, trace_id: int | None = None) -> FindingSpec:
-        evidence = dict(self.evidence, cost_fraction=round(self.cost_fraction, 4), gpus=gpus)
+        # cost_fraction and gpus are what analyzer.waste needs to cost this on the held GPU-hours
+        evidence = dict(self.evidence, cost_fraction=round(self.cost_fraction, 4), gpus=gpus, subject=self.subject)
         return FindingSpec(rule=self.rule, workflow_id=workflow_id, source="trace", severity=self.severity,
                            title=self.title, fix=self.fix, evidence=evidence, location=self.location,
                            cost_s_per_step=self.cost_s_per_step, gpu_hours_per_day=self.gpu_hours_per_day(gpus),

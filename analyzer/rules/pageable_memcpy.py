@@ -1,4 +1,7 @@
-"""Rule: host-to-device copies from pageable memory (slow, and they serialise with the CPU)."""
+"""Rule: host-to-device copies from pageable memory (slow, and they serialise with the CPU).
+
+The other direction, device to pageable host memory, is its own rule (pageable_dtoh).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
     steps = max(s["n_steps"], 1)
     step_s = s["step_us_mean"] / 1e6
     cost = total_us / steps / 1e6 * (1 - 1 / th["pageable_memcpy"]["pinned_speedup"])
-    dtoh = sum(r["count"] for r in s["memcpy"] if r["direction"] == "DtoH" and r["host_memory"] == "pageable")
     evidence = {
         "pageable_htod_copies": count,
         "pageable_htod_bytes": nbytes,
@@ -29,7 +31,6 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
         "pinned_htod_copies": sum(r["count"] for r in pinned),
         "pinned_htod_gbps": (round(sum(r["bytes"] for r in pinned) / sum(r["total_us"] for r in pinned) / 1e3, 3)
                              if pinned and sum(r["total_us"] for r in pinned) else None),
-        "pageable_dtoh_copies": dtoh,
         "steps": s["n_steps"],
     }
     first = min(r["first_ts_us"] for r in rows)

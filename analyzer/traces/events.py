@@ -25,10 +25,15 @@ SYNC_NAMES = {
     "hipDeviceSynchronize": "device_sync",
     "cudaEventSynchronize": "event_sync",
     "hipEventSynchronize": "event_sync",
+    "mtiaStreamSynchronize": "stream_sync",
+    "mtiaDeviceSynchronize": "device_sync",
+    "mtiaEventSynchronize": "event_sync",
     "aten::item": "item",
     "aten::_local_scalar_dense": "local_scalar_dense",
 }
-LAUNCH_RE = re.compile(r"(cuda|hip|cu|hipExtModule)LaunchKernel|cudaLaunchKernelExC|cudaGraphLaunch|LaunchCooperative")
+LAUNCH_RE = re.compile(
+    r"(cuda|hip|cu|hipExtModule|mtia)LaunchKernel|cudaLaunchKernelExC|cudaGraphLaunch|LaunchCooperative"
+)
 
 
 def gpu_events(t: ParsedTrace) -> pd.DataFrame:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
+from analyzer.traces.events import gpu_events, merge_intervals
 from analyzer.traces.parse import ParsedTrace
 
 # Kineto names copies "Memcpy HtoD (Pageable -> Device)"; ROCm says "Host" where CUDA says Pageable/Pinned
 MEMCPY_RE = re.compile(r"^Memcpy\s+(\w+)\s*(?:\((\w+)\s*->\s*(\w+)\))?")
-COLUMNS = ["direction", "host_memory", "count", "bytes", "total_us", "bandwidth_gbps", "first_ts_us"]
+COLUMNS = ["direction", "host_memory", "count", "bytes", "total_us", "bandwidth_gbps", "first_ts_us", "cpu_call_us",
+           "idle_after_us"]
 
 
 def _host_memory(direction: str, src: str | None, dst: str | None) -> str:
@@ -19,6 +22,19 @@ def _host_memory(direction: str, src: str | None, dst: str | None) -> str:
         if kind in ends:
             return kind.lower()
     return "device" if direction == "DtoD" else "unknown"
+
+
+def _idle_after(t: ParsedTrace, ends: np.ndarray) -> np.ndarray:
+    """For each copy ending at `ends`: how long the device then stays idle, when the copy ends its busy stretch
+    (a copy that blocks the CPU drains the queue: the device waits until the CPU launches again)."""
+    g = gpu_events(t)
+    s, e = merge_intervals(g["ts"].to_numpy(float), g["end"].to_numpy(float))
+    if len(s) == 0:
+        return np.zeros(len(ends))
+    k = np.clip(np.searchsorted(s, ends, side="right") - 1, 0, len(s) - 1)
+    last_of_run = (np.abs(e[k] - ends) < 0.5) & (k + 1 < len(s))  # absolute: timestamps are ~1e12 us
+    gap = np.where(last_of_run, s[np.clip(k + 1, 0, len(s) - 1)] - e[k], 0.0)
+    return np.clip(gap, 0.0, None)
 
 
 def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
@@ -33,10 +49,17 @@ def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
     host = [_host_memory(d, s if isinstance(s, str) else None, x if isinstance(x, str) else None)
             for d, s, x in parts.itertuples(index=False)]
     nbytes = cp["bytes"].clip(lower=0) if "bytes" in cp else pd.Series(0, index=cp.index)
+    # the CPU call that issued each copy (cudaMemcpyAsync / hipMemcpyWithStream): a copy into pageable host
+    # memory keeps it waiting until the copy, and all the work queued before it, is done
+    corr = cp["index_correlation"] if "index_correlation" in cp else pd.Series(0, index=cp.index)
+    launch = df["dur"].reindex(corr.where(corr > 0).dropna().astype("int64").to_numpy())
+    cpu_call = pd.Series(launch.to_numpy(), index=corr[corr > 0].index).reindex(cp.index).fillna(0.0)
     frame = pd.DataFrame({"direction": parts["direction"], "host_memory": host, "bytes": nbytes,
-                          "dur": cp["dur"], "ts": cp["ts"] - t.df["ts"].min()})
+                          "dur": cp["dur"], "ts": cp["ts"] - t.df["ts"].min(), "cpu_call": cpu_call,
+                          "idle_after": _idle_after(t, cp["end"].to_numpy(float))})
     out = (frame.groupby(["direction", "host_memory"])
-           .agg(count=("dur", "size"), bytes=("bytes", "sum"), total_us=("dur", "sum"), first_ts_us=("ts", "min"))
+           .agg(count=("dur", "size"), bytes=("bytes", "sum"), total_us=("dur", "sum"), first_ts_us=("ts", "min"),
+                cpu_call_us=("cpu_call", "sum"), idle_after_us=("idle_after", "sum"))
            .reset_index())
     # bytes per microsecond is MB/s; /1e3 gives GB/s
     out["bandwidth_gbps"] = out["bytes"] / out["total_us"].where(out["total_us"] > 0) / 1e3

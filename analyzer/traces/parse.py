@@ -1,9 +1,9 @@
 """Read one Kineto trace file into a ParsedTrace with HTA's parser, refusing bad files with a clear reason.
 
-We call HTA's lower-level pieces (`round_down_time_stamps`, `_compress_df`, `transform_correlation_to_index`)
-instead of `TraceAnalysis`, because TraceAnalysis needs `distributedInfo.rank`, drops the events of the last
-profiler step and assigns iterations row by row; validating the raw JSON between HTA's steps is what lets
-us name the problem of a bad file.
+We call HTA's public per-file parser (`parse_trace_dataframe`, then `transform_correlation_to_index`) instead
+of `TraceAnalysis`, because TraceAnalysis needs `distributedInfo.rank`, drops the events of the last profiler
+step and assigns iterations row by row. When HTA's parser fails (or finds no events), the file is read again
+with the standard library only to name the problem of the bad file; good files are read once.
 """
 
 from __future__ import annotations
@@ -165,55 +165,55 @@ def _assign_iterations(df: pd.DataFrame, steps: pd.DataFrame) -> None:
     df["iteration"] = df["iteration"].astype(np.int32)
 
 
+def _diagnose(p: Path, exc: Exception | None) -> InvalidTrace:
+    """Why HTA could not parse this file, from the raw JSON (only read again on this failure path)."""
+    record = _read_json(p)  # raises InvalidTrace for unreadable, truncated or non-JSON files
+    if not isinstance(record, dict):
+        kind = type(record).__name__
+        return InvalidTrace(str(p), f"is JSON but not a trace: the top level is a {kind}, not an object")
+    if "traceEvents" not in record:
+        return InvalidTrace(str(p), "is JSON but not a Kineto trace: it has no traceEvents")
+    events = record["traceEvents"]
+    if not isinstance(events, list) or not events:
+        return InvalidTrace(str(p), "has no events (traceEvents is empty)")
+    fields = set().union(*(e.keys() for e in events if isinstance(e, dict)))
+    missing = {"ts", "dur", "name", "cat"} - fields
+    if missing:
+        return InvalidTrace(str(p), f"has no complete ('X') events: fields {sorted(missing)} are missing")
+    if exc is None:
+        return InvalidTrace(str(p), "has no complete ('X') events with a duration")
+    return InvalidTrace(str(p), f"has malformed events ({type(exc).__name__}: {exc})")
+
+
 def parse_trace(path: str | Path, memory_budget: int | None = None) -> ParsedTrace:
     """Parse one trace file; raises InvalidTrace naming the file and the problem."""
     # HTA loads on the first parse only, so the CLI and the agent start light
     from hta.common.trace import transform_correlation_to_index
-    from hta.common.trace_parser import _compress_df, round_down_time_stamps
-    from hta.configs.parser_config import ParserConfig
+    from hta.common.trace_parser import parse_trace_dataframe
+    from hta.configs.parser_config import ParserBackend, ParserConfig
 
     p = Path(path)
     check_trace_file(p, memory_budget)
-    record = _read_json(p)
-    if not isinstance(record, dict):
-        kind = type(record).__name__
-        raise InvalidTrace(str(p), f"is JSON but not a trace: the top level is a {kind}, not an object")
-    if "traceEvents" not in record:
-        raise InvalidTrace(str(p), "is JSON but not a Kineto trace: it has no traceEvents")
-    events = record.pop("traceEvents")
-    meta = record
-    if not isinstance(events, list) or not events:
-        raise InvalidTrace(str(p), "has no events (traceEvents is empty)")
-    warnings: list[str] = []
-    rank = _rank_of(meta, p, warnings)
-
+    cfg = ParserConfig.get_default_cfg().clone()
+    cfg.set_parser_backend(ParserBackend.JSON)
     hta_log = logging.getLogger("hta")
     level = hta_log.level
     hta_log.setLevel(logging.ERROR)  # HTA logs every parse at WARNING
     try:
-        df = pd.DataFrame(events)
-        del events
-        missing = {"ts", "dur", "name", "cat"} - set(df.columns)
-        if missing:
-            raise InvalidTrace(str(p), f"has no complete ('X') events: fields {sorted(missing)} are missing")
-        for col in ("pid", "tid"):
-            if col not in df.columns:
-                df[col] = 0
-        df["ts"] = pd.to_numeric(df["ts"], errors="coerce")
-        df["dur"] = pd.to_numeric(df["dur"], errors="coerce")
-        round_down_time_stamps(df)
-        df.reset_index(inplace=True)
-        df["index"] = pd.to_numeric(df["index"], downcast="integer")
-        df, symbols = _compress_df(df, ParserConfig.get_default_cfg())
-        if df.empty:
-            raise InvalidTrace(str(p), "has no complete ('X') events with a duration")
-        df = transform_correlation_to_index(df, symbols)
-    except InvalidTrace:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InvalidTrace(str(p), f"has malformed events ({type(exc).__name__}: {exc})") from None
+        try:
+            meta, df, symbols = parse_trace_dataframe(str(p), cfg)
+        except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise _diagnose(p, exc) from None
+        if df.empty or not {"ts", "dur", "name", "cat"} <= set(df.columns):
+            raise _diagnose(p, None)
+        try:
+            df = transform_correlation_to_index(df, symbols)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidTrace(str(p), f"has malformed events ({type(exc).__name__}: {exc})") from None
     finally:
         hta_log.setLevel(level)
+    warnings: list[str] = []
+    rank = _rank_of(meta, p, warnings)
 
     # per-op shapes are kept by HTA as Python lists; no question here uses them and they dominate pickling
     df = df.drop(columns=[c for c in ("input_dims", "input_type", "input_strides") if c in df.columns])

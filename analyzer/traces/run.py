@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analyzer.rules import TraceFinding, load_thresholds, run_rules, run_set_rules
+from analyzer.rules import TraceFinding, load_thresholds, rules_not_judged, run_rules, run_set_rules
 from analyzer.rules.straggler import straggler_verdict
 from analyzer.traces.cache import load_trace
 from analyzer.traces.errors import InvalidTrace
@@ -75,6 +75,7 @@ def analyze_one(path: str | Path, *, thresholds: dict | None = None, cache_dir: 
     summary = summarize(parsed, consecutive_kernel_delay_us=th["common"]["consecutive_kernel_delay_us"],
                         tiny_kernel_us=th["common"]["tiny_kernel_us"])
     del parsed
+    summary["rules_not_judged"] = rules_not_judged(summary)
     return summary, run_rules(summary, th)
 
 

@@ -9,8 +9,10 @@ import numpy as np
 import pandas as pd
 
 from analyzer.traces.breakdown import mean_fractions, step_breakdown
+from analyzer.traces.cpu_work import math_per_step
 from analyzer.traces.dataloader import dataloader_per_step
-from analyzer.traces.events import has_gpu
+from analyzer.traces.device import device_kind
+from analyzer.traces.events import gpu_events, has_gpu
 from analyzer.traces.kernels import launch_stats, tensor_core_usage, top_kernels
 from analyzer.traces.memcpy import memcpy_by_kind
 from analyzer.traces.overlap import comm_comp_overlap
@@ -62,6 +64,7 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
         "rank": t.rank,
         "world_size": t.world_size,
         "device": t.device_name,
+        "device_kind": device_kind(t),
         "has_gpu": gpu,
         "warnings": list(t.warnings),
         "events": int(len(t.df)),
@@ -84,4 +87,19 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
                        if float(bd["step_us"].sum()) > 0 else 0.0,
                        "us_per_step": float(dl["dataloader_us"].mean())},
         "tensor_cores": tensor_core_usage(t),
+        "arithmetic": _arithmetic(t, bd, gpu),
     })
+
+
+def _arithmetic(t: ParsedTrace, bd: pd.DataFrame, gpu: bool) -> dict[str, Any]:
+    """Share of step time doing arithmetic: device busy time with a device, else the host's matmul/conv ops."""
+    total = float(bd["step_us"].sum())
+    if gpu:
+        busy = float((bd["step_us"] - bd["idle_us"]).sum())
+        return {"basis": "device", "share": busy / total if total > 0 else None,
+                "us_per_step": busy / max(len(bd), 1),
+                "ops_per_step": float(gpu_events(t)["kind"].eq("COMPUTATION").sum()) / max(len(bd), 1)}
+    m = math_per_step(t)
+    return {"basis": "host", "share": float(m["math_us"].sum()) / total if total > 0 else None,
+            "us_per_step": float(m["math_us"].mean()) if len(m) else 0.0,
+            "ops_per_step": float(m["math_ops"].mean()) if len(m) else 0.0}

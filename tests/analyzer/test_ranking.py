@@ -86,17 +86,26 @@ def test_teams_ranked(ranked):
 
 
 def test_overlapping_findings_count_once_per_device(sqlite_store):
+    """Two claims on d1 unite (not add), d2 adds, trace findings take their share of the unclaimed held time."""
     fleet = Fleet(sqlite_store)
-    fleet.workflow("w")
+    fleet.workflow("w", gpus=2)
     d1, d2 = fleet.device(), fleet.device()
+    window = {"held_hours": 24.0, "window_hours": 24.0}
     with sqlite_store.session() as s:
-        for rule, dev, cost in (("idle_holder", d1, 10.0), ("low_utilization", d1, 6.0), ("idle_holder", d2, 3.0),
-                                ("trace_rule_a", None, 2.0), ("trace_rule_b", None, 1.5)):
+        for rule, dev, cost, ev in (("idle_holder", d1, 10.0, window), ("low_utilization", d1, 6.0, window),
+                                    ("idle_holder", d2, 3.0, window),
+                                    ("trace_rule_a", None, 4.8, {"cost_fraction": 0.1, "gpus": 2}),
+                                    ("trace_rule_b", None, 2.4, {"cost_fraction": 0.05, "gpus": 2})):
             upsert_finding(s, FindingSpec(rule=rule, workflow_id="w", source="trace" if dev is None else "telemetry",
                                           severity="low", title=rule, fix="x", gpu_hours_per_day=cost, device_id=dev,
-                                          subject=f"device:{dev}" if dev else None))
+                                          evidence=ev, subject=f"device:{dev}" if dev else "rank0"))
     wf = rank_workflows(sqlite_store, now=T0)
-    assert wf.iloc[0].recoverable_gpu_hours_per_day == pytest.approx(10.0 + 3.0 + 2.0)
+    d1_union = 24.0 * (1 - (1 - 10 / 24) * (1 - 6 / 24))
+    telemetry = d1_union + 3.0
+    held = 48.0  # no rollup yet: the detector windows say each device was held the whole day
+    trace_share = 1 - 0.9 * 0.95
+    assert wf.iloc[0].recoverable_gpu_hours_per_day == pytest.approx(telemetry + trace_share * (held - telemetry))
+    assert wf.iloc[0].held_gpu_hours_per_day == pytest.approx(held) and wf.iloc[0].basis == "detector window"
     assert wf.iloc[0].open_findings == 5 and wf.iloc[0].top_rule == "idle_holder"
 
 
@@ -152,7 +161,7 @@ def test_cli_detect_rollup_findings_rank(cli_store, capsys):
     assert out.index("idle") < out.index("small") < out.index("better")
 
     assert run(["rank", "--teams", "--now", now, "--period-hours", "6", "--json"]) == 0
-    teams = json.loads(capsys.readouterr().out)
+    teams = json.loads(capsys.readouterr().out)["teams"]
     assert [t["team"] for t in teams] == ["llm", "vision"]
 
 

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from sqlalchemy import func, select
 
-from analyzer.ranking import findings_frame, rank_workflows
+from analyzer.ranking import findings_frame, rank_with_waste
 from analyzer.rollups import rollup
 from analyzer.telemetry import detect
 from collector.recordings.load import load_into_store
@@ -28,7 +28,9 @@ DAY = 86400.0
 FLAGGED = {"idle_holder": 126, "low_utilization": 107, "memory_overprovisioned": 7}
 FLAGGED_CONTAINERS = 127
 GPU_HOURS_PER_DAY = {"idle_holder": 801.46, "low_utilization": 1125.53, "memory_overprovisioned": 56.2}
-RECOVERABLE_GPU_HOURS_PER_DAY = 1238.87  # per container the largest finding (they overlap), summed
+# by the one waste function: overlapping claims on a container's device united, bounded by what it held
+RECOVERABLE_GPU_HOURS_PER_DAY = 1532.16
+HELD_GPU_HOURS_PER_DAY = 2658.98
 
 
 def _summary(store: Store) -> dict:
@@ -36,8 +38,22 @@ def _summary(store: Store) -> dict:
     assert detect(store, now=NOW, window_s=DAY)  # a second run updates the same findings
     by_rule = Counter(f.rule for f in found)
     per_rule = {r: round(sum(f.gpu_hours_per_day for f in found if f.rule == r), 2) for r in by_rule}
-    ranked = rank_workflows(store, now=NOW)
+    rollup(store, now=NOW)
+    ranked, w = rank_with_waste(store, now=NOW)
+    frame = findings_frame(store)
+    claimed = frame.groupby(["workflow_id", "device_id"])["gpu_hours_per_day"].sum()
+    held = dict(zip(ranked["workflow_id"], ranked["held_gpu_hours_per_day"], strict=True))
+    recoverable = ranked.set_index("workflow_id")["recoverable_gpu_hours_per_day"]
+    top = claimed.idxmax()[0]
     return {
+        "held": round(w.held_gpu_hours_per_day, 2),
+        # the findings' own claims on one device add up past a day (59.6 GPU-h on one container) ...
+        "claimed_max": round(float(claimed.max()), 1),
+        # ... the recoverable figure never passes what was held, per workflow and per device
+        "over_held": int((ranked["recoverable_gpu_hours_per_day"] > ranked["held_gpu_hours_per_day"] + 1e-9).sum()),
+        "device_over_held": int((w.devices["recoverable_gpu_hours_per_day"]
+                                 > w.devices["held_gpu_hours_per_day"] + 1e-9).sum()),
+        "top": (top, round(float(recoverable[top]), 2), round(held[top], 2)),
         "flagged": dict(by_rule),
         "containers": len({f.workflow_id for f in found}),
         "gpu_hours": per_rule,
@@ -62,6 +78,12 @@ def _check(summary: dict) -> None:
     assert summary["containers"] == FLAGGED_CONTAINERS
     assert summary["gpu_hours"] == pytest.approx(GPU_HOURS_PER_DAY, abs=0.05)
     assert summary["recoverable"] == pytest.approx(RECOVERABLE_GPU_HOURS_PER_DAY, abs=0.05)
+    assert summary["held"] == pytest.approx(HELD_GPU_HOURS_PER_DAY, abs=0.05)
+    assert summary["claimed_max"] == pytest.approx(59.6, abs=0.05)
+    assert summary["over_held"] == 0 and summary["device_over_held"] == 0
+    wf, recoverable, held = summary["top"]
+    assert wf == "alibaba-673d36875994" and held == pytest.approx(23.77, abs=0.01)
+    assert 23.9 * held / 24 <= recoverable <= held  # at least its idle share, at most what it held
     assert summary["one_per_workflow_and_rule"]
     assert summary["open_in_store"] == sum(FLAGGED.values())  # no duplicates after two runs
 

@@ -147,8 +147,13 @@ def _findings(s, out: Seeded, now: float) -> None:
          "Pack with a small job: a 10 GiB lane fits next to it.", 1.5),
     ]
     for rule, wid, sev, src, title, fix, cost in specs:
+        # what the waste function needs: a telemetry finding's device and held time, a trace finding's share of step
+        device = out.device_ids[WORKFLOWS[wid][1][0]] if src == "telemetry" else None
+        need = ({"held_hours": 24.0, "window_hours": 24.0} if src == "telemetry"
+                else {"cost_fraction": cost / 24.0, "gpus": 1})
         f = Finding(fingerprint=f"{rule}|{wid}|", workflow_id=wid, rule=rule, source=src, severity=sev, title=title,
-                    evidence={"window": "last 24 h", "util_mean": WORKFLOWS[wid][2]}, fix=fix,
+                    evidence={"window": "last 24 h", "util_mean": WORKFLOWS[wid][2], **need}, fix=fix,
+                    device_id=device,
                     gpu_hours_per_day=cost, status="open", created_at=now - 7200, updated_at=now - 3600,
                     location="step 1200-1210" if src == "trace" else None,
                     cost_s_per_step=0.087 if src == "trace" else None)

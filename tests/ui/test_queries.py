@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from sqlalchemy import func, select
 
-from analyzer.rollups import device_rollups
+from analyzer.rollups import device_rollups, rollup
 from analyzer.telemetry.frame import load_window
 from analyzer.telemetry.thresholds import load_thresholds
 from store.models import Rollup
+from tests.analyzer.telemetry_fleet import GIB, T0, Fleet
 from ui.dashboard import queries
 from ui.dashboard.queries import HOUR, Window
 
@@ -41,3 +43,32 @@ def test_a_week_reads_only_rollups(seeded):
     assert queries.fleet_hours(store, window)["held"] == held
     timeline = queries.fleet_timeline(store, window)
     assert len(timeline) == 7 * 24 - 1 and timeline.held.max() == 6.0  # one point per hour; 6 devices held
+
+
+def test_a_day_window_shows_a_job_started_this_hour_from_raw_samples(sqlite_store):
+    fleet = Fleet(sqlite_store)
+    d = fleet.device()
+    fleet.workflow("fresh")
+    fleet.run(d, "fresh", 0, 20, util=0.6, mem_gib=12)  # 20 minutes into the hour, nothing rolled up yet
+    fleet.flush()
+    now = T0 + 20 * 60
+    rollup(sqlite_store, now=now)  # no closed hour: no rollup row
+    series = queries.workflow_series(sqlite_store, "fresh", Window.last(86400, now=now))
+    assert len(series) == 1 and list(series["source"]) == ["raw"]
+    assert series["t"].iloc[0] == T0 and math.isclose(series["util"].iloc[0], 0.6)
+    assert series["mem_used"].iloc[0] == 12 * GIB
+
+
+def test_a_day_window_adds_the_unfinished_hour_to_the_rolled_up_ones(sqlite_store):
+    fleet = Fleet(sqlite_store)
+    d = fleet.device()
+    fleet.workflow("steady")
+    fleet.run(d, "steady", 0, 120, util=0.3, mem_gib=10)
+    fleet.run(d, "steady", 120, 150, util=0.9, mem_gib=20)  # the current hour, still open
+    fleet.flush()
+    now = T0 + 150 * 60
+    rollup(sqlite_store, now=now)
+    series = queries.workflow_series(sqlite_store, "steady", Window.last(86400, now=now))
+    assert list(series["source"]) == ["rollup", "rollup", "raw"]
+    assert list(series["t"]) == [T0, T0 + HOUR, T0 + 2 * HOUR]
+    assert series["util"].tolist() == pytest.approx([0.3, 0.3, 0.9]) and series["mem_used"].iloc[-1] == 20 * GIB

@@ -9,10 +9,11 @@ import pandas as pd
 import typer
 from rich.table import Table
 
-from analyzer.ranking import findings_frame, rank_teams, rank_workflows
+from analyzer.ranking import costed, findings_frame, rank_with_waste, teams_of
 from analyzer.rollups import apply_retention, rollup
 from analyzer.telemetry import detect as detect_findings
 from analyzer.telemetry import load_thresholds
+from analyzer.waste import held_from_rollups, waste
 from store.errors import InvalidInput
 from ui.cli.app import app, console, open_store, settings
 
@@ -46,9 +47,11 @@ def findings(
     limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many rows in the table."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every matching finding) instead of a table."),
 ) -> None:
-    """List findings (trace and telemetry), the costliest first."""
-    frame = findings_frame(open_store(), workflow_id=workflow, rule=rule, team=team,
-                           include_resolved=include_resolved)
+    """List findings (trace and telemetry), the costliest first; costs and the total from the one waste function."""
+    store = open_store()
+    frame = findings_frame(store, workflow_id=workflow, rule=rule, team=team, include_resolved=include_resolved)
+    w = waste(frame, held_from_rollups(store))
+    frame = costed(frame, w)
     if as_json:
         _echo_json(_records(frame))
         return
@@ -56,7 +59,8 @@ def findings(
         console.print("no findings match" if (workflow or rule or team) else
                       "no findings yet: run `fleetlens detect` (telemetry) or `fleetlens analyze` (traces)")
         return
-    table = Table(title=f"findings ({len(frame)}; GPU-hours per day recoverable)")
+    table = Table(title=f"findings ({len(frame)}): {w.recoverable_gpu_hours_per_day:,.1f} of "
+                        f"{w.held_gpu_hours_per_day:,.1f} GPU-hours held per day recoverable (overlaps counted once)")
     table.add_column("id", justify="right")
     table.add_column("finding", ratio=3)
     table.add_column("GPU-h/day", justify="right", no_wrap=True)
@@ -65,9 +69,11 @@ def findings(
         status = "" if r.status == "open" else f" ({r.status})"
         head = (f"[{SEVERITY_STYLE.get(r.severity, '')}]{r.severity}[/] [bold]{r.rule}[/bold]{status} "
                 f"{r.workflow_id}" + (f" [dim]({r.team})[/dim]" if r.team else ""))
-        table.add_row(str(r.id), f"{head}\n{r.title}\n[dim]{r.location or ''}[/dim]", _fmt(r.gpu_hours_per_day, 2),
-                      r.fix)
+        cost = _fmt(r.gpu_hours_per_day, 2) + ("" if r.basis in ("rollups", "none") else f"\n[dim]{r.basis}[/dim]")
+        table.add_row(str(r.id), f"{head}\n{r.title}\n[dim]{r.location or ''}[/dim]", cost, r.fix)
     console.print(table)
+    for line in [*w.assumptions, *w.problems]:
+        console.print(f"[dim]{line}[/dim]")
     if len(frame) > limit:
         console.print(f"[dim]{len(frame) - limit} more; use --limit or --json[/dim]")
 
@@ -86,24 +92,30 @@ def detect(
     th = load_thresholds(thresholds)
     found = detect_findings(open_store(), now=now, window_s=None if window_hours is None else window_hours * 3600,
                             thresholds=th)
-    by_rule: dict[str, list] = {}
-    for f in found:
-        by_rule.setdefault(f.rule, []).append(f)
+    store = open_store()
+    frame = findings_frame(store)
+    frame = frame[frame["id"].isin([f.id for f in found])]
+    held = held_from_rollups(store, now)
     summary = {
-        rule: {"findings": len(fs), "workflows": len({f.workflow_id for f in fs}),
-               "gpu_hours_per_day": round(sum(f.gpu_hours_per_day for f in fs), 3)}
-        for rule, fs in sorted(by_rule.items())
+        rule: {"findings": len(fs), "workflows": int(fs["workflow_id"].nunique()),
+               "gpu_hours_per_day": round(waste(fs, held).recoverable_gpu_hours_per_day, 3)}
+        for rule, fs in sorted(frame.groupby("rule"), key=lambda kv: kv[0])
     }
+    total = waste(frame, held)
     if as_json:
-        _echo_json({"findings": len(found), "workflows": len({f.workflow_id for f in found}), "rules": summary})
+        _echo_json({"findings": len(found), "workflows": len({f.workflow_id for f in found}), "rules": summary,
+                    "recoverable_gpu_hours_per_day": round(total.recoverable_gpu_hours_per_day, 3),
+                    "held_gpu_hours_per_day": round(total.held_gpu_hours_per_day, 3), "problems": total.problems})
         return
     table = Table(title=f"telemetry findings: {len(found)} in {len({f.workflow_id for f in found})} workflows")
     table.add_column("rule")
     table.add_column("findings", justify="right")
     table.add_column("workflows", justify="right")
-    table.add_column("GPU-h/day (sum)", justify="right")
+    table.add_column("GPU-h/day", justify="right")
     for rule, s in summary.items():
         table.add_row(rule, str(s["findings"]), str(s["workflows"]), _fmt(s["gpu_hours_per_day"]))
+    table.add_row("all (overlaps once)", str(len(found)), str(len({f.workflow_id for f in found})),
+                  _fmt(total.recoverable_gpu_hours_per_day))
     console.print(table)
     console.print("[dim]`fleetlens findings` lists them; `fleetlens rank` ranks workflows and teams[/dim]")
 
@@ -151,10 +163,13 @@ def rank(
     """Rank workflows (or teams) by recoverable GPU-hours per day, with the trend of their wasted GPU-hours."""
     store = open_store()
     period_s = period_hours * 3600
-    frame = rank_teams(store, now, period_s) if teams else rank_workflows(store, now, period_s, team=team)
-    frame = frame.head(limit)
+    ranked, w = rank_with_waste(store, now, period_s, team=None if teams else team)
+    frame = (teams_of(ranked) if teams else ranked).head(limit)
     if as_json:
-        _echo_json(_records(frame))
+        _echo_json({"recoverable_gpu_hours_per_day": round(w.recoverable_gpu_hours_per_day, 3),
+                    "held_gpu_hours_per_day": round(w.held_gpu_hours_per_day, 3),
+                    "teams" if teams else "workflows": _records(frame),
+                    "problems": w.problems, "assumptions": w.assumptions})
         return
     if frame.empty:
         console.print("nothing to rank yet: run `fleetlens rollup` and `fleetlens detect`")

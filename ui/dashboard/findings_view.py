@@ -21,7 +21,8 @@ def finding_cards(ctx: Context, df: pd.DataFrame, key: str) -> None:
     for row in df.itertuples():
         badge = SEVERITY_BADGE.get(row.severity, row.severity)
         head = (f"{badge} **{row.title}** · `{row.rule}` · {row.status} · "
-                f"{row.gpu_hours_per_day:.1f} GPU-h/day")
+                f"{row.gpu_hours_per_day:.1f} GPU-h/day"
+                + (f" ({row.basis})" if getattr(row, "basis", "rollups") not in ("rollups", "none") else ""))
         with st.expander(head, expanded=False):
             st.markdown(f"**Workflow** `{row.workflow_id}` · team {row.team or '—'} · source {row.source} · "
                         f"updated {ago(row.updated_at)}" + (f" · by {row.acted_by}" if row.acted_by else ""))

@@ -6,6 +6,7 @@ thousand devices stays a few hundred thousand rows. Nothing here writes; state c
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ from sqlalchemy import Integer, and_, case, cast, func, literal, select
 from sqlalchemy.sql import ColumnElement, Select
 
 from analyzer.device_hours import device_hours, rolled_device_hours
+from analyzer.ranking import costed
+from analyzer.waste import Waste, held_from_rollups, waste
 from store.db import Store
 from store.models import (
     Action,
@@ -313,31 +316,45 @@ def workflow_series(store: Store, workflow_id: str, window: Window) -> pd.DataFr
     """Per time bucket: utilisation and SM activity of its devices, its memory, and its devices' memory.
 
     Columns t, util, sm_active, mem_used (its processes' memory on its fullest device), mem_total (that
-    device's memory).
+    device's memory), source (rollup | raw). A long window reads the hourly rollups; the hours after the last
+    rolled-up one (the current, unfinished hour, and any not rolled up yet) come from raw samples, an hour a row.
     """
-    if window.uses_rollups:
-        stmt = (
-            select(
-                Rollup.hour.label("t"),
-                Rollup.util_mean.label("util"),
-                Rollup.sm_active_mean.label("sm_active"),
-                Rollup.mem_peak.label("mem_used"),
-                Rollup.mem_total.label("mem_total"),
-            )
-            .where(Rollup.scope == "workflow", Rollup.subject == workflow_id,
-                   Rollup.hour >= window.start, Rollup.hour < window.end)
-            .order_by(Rollup.hour)
+    if not window.uses_rollups:
+        return _raw_series(store, workflow_id, window.start, window.end, window.bucket_s)
+    stmt = (
+        select(
+            Rollup.hour.label("t"),
+            Rollup.util_mean.label("util"),
+            Rollup.sm_active_mean.label("sm_active"),
+            Rollup.mem_peak.label("mem_used"),
+            Rollup.mem_total.label("mem_total"),
         )
-        return _frame(store, stmt)
-    b = window.bucket_s
-    devices = workflow_devices(store, workflow_id, window)
+        .where(Rollup.scope == "workflow", Rollup.subject == workflow_id,
+               Rollup.hour >= window.start, Rollup.hour < window.end)
+        .order_by(Rollup.hour)
+    )
+    rolled = _frame(store, stmt).assign(source="rollup")
+    covered = float(rolled["t"].max()) + HOUR if not rolled.empty else math.floor(window.start / HOUR) * HOUR
+    raw_start = max(window.start, covered)
+    if raw_start >= window.end:
+        return rolled
+    raw = _raw_series(store, workflow_id, raw_start, window.end, int(HOUR))
+    if rolled.empty:
+        return raw
+    return pd.concat([rolled, raw], ignore_index=True).sort_values("t").reset_index(drop=True)
+
+
+def _raw_series(store: Store, workflow_id: str, start: float, end: float, bucket_s: int) -> pd.DataFrame:
+    """workflow_series over [start, end) from raw samples, in buckets of bucket_s seconds."""
+    b = bucket_s
+    devices = workflow_devices(store, workflow_id, Window(start, end))
     if devices.empty:
-        return pd.DataFrame(columns=["t", "util", "sm_active", "mem_used", "mem_total"])
+        return pd.DataFrame(columns=["t", "util", "sm_active", "mem_used", "mem_total", "source"])
     ds = DeviceSample
     dbucket = _bucket(store, ds.ts, b).label("t")
     dev = _frame(store, (
         select(dbucket, func.avg(ds.gpu_util).label("util"), func.avg(ds.sm_active).label("sm_active"))
-        .where(ds.device_id.in_([int(d) for d in devices.device_id]), ds.ts >= window.start, ds.ts < window.end)
+        .where(ds.device_id.in_([int(d) for d in devices.device_id]), ds.ts >= start, ds.ts < end)
         .group_by(dbucket)
     ))
     ps = ProcessSample
@@ -345,7 +362,7 @@ def workflow_series(store: Store, workflow_id: str, window: Window) -> pd.DataFr
     # device's memory
     per_ts = (
         select(ps.ts, func.sum(ps.mem_used).label("mem"))
-        .where(ps.workflow_id == workflow_id, ps.ts >= window.start, ps.ts < window.end)
+        .where(ps.workflow_id == workflow_id, ps.ts >= start, ps.ts < end)
         .group_by(ps.ts, ps.device_id)
         .subquery()
     )
@@ -353,6 +370,7 @@ def workflow_series(store: Store, workflow_id: str, window: Window) -> pd.DataFr
     mem = _frame(store, select(pbucket, func.max(per_ts.c.mem).label("mem_used")).group_by(pbucket))
     df = dev.merge(mem, on="t", how="outer").sort_values("t")
     df["mem_total"] = float(devices.memory_total.max()) if devices.memory_total.notna().any() else None
+    df["source"] = "raw"
     return df.reset_index(drop=True)
 
 
@@ -394,21 +412,20 @@ def profile_requests(store: Store, workflow_id: str, limit: int = 10) -> pd.Data
 # ---------------------------------------------------------------- findings
 
 
-def findings(
-    store: Store,
+def _findings_stmt(
     *,
     workflow_id: str | None = None,
     rules: tuple[str, ...] = (),
     severities: tuple[str, ...] = (),
     teams: tuple[str, ...] = (),
     statuses: tuple[str, ...] = (),
-) -> pd.DataFrame:
+) -> Select:
     f = Finding
     stmt = (
         select(
             f.id, f.workflow_id, Workflow.team, f.rule, f.source, f.severity, f.title, f.status,
             f.gpu_hours_per_day, f.cost_s_per_step, f.location, f.evidence, f.fix, f.trace_id, f.device_id,
-            f.updated_at, f.acted_by,
+            f.updated_at, f.acted_by, f.fingerprint,
         )
         .outerjoin(Workflow, Workflow.id == f.workflow_id)
         .order_by(f.gpu_hours_per_day.desc(), f.id)
@@ -426,7 +443,19 @@ def findings(
         conditions.append(f.status.in_(statuses))
     if conditions:
         stmt = stmt.where(and_(*conditions))
-    return _frame(store, stmt)
+    return stmt
+
+
+def findings(store: Store, **filters: Any) -> pd.DataFrame:
+    """Findings matching the filters, each costed by the one waste function (gpu_hours_per_day, basis)."""
+    return findings_with_waste(store, **filters)[0]
+
+
+def findings_with_waste(store: Store, **filters: Any) -> tuple[pd.DataFrame, Waste]:
+    """findings(), and analyzer.waste's result over them (the total the page shows), on the last day's held time."""
+    df = _frame(store, _findings_stmt(**filters))
+    w = waste(df, held_from_rollups(store))
+    return costed(df, w), w
 
 
 def finding_facets(store: Store) -> dict[str, list[str]]:

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import func, select
 
+from analyzer.ranking import rank_with_waste
 from analyzer.rollups import rollup
 from analyzer.telemetry import detect
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds, scaled
@@ -75,6 +76,8 @@ class DemoReport:
     findings_by_rule: dict[str, int] = field(default_factory=dict)
     fleet_flagged: int = 0
     gpu_hours_recoverable_per_day: float = 0.0
+    gpu_hours_held_per_day: float = 0.0
+    waste_notes: list[str] = field(default_factory=list)
     plan: dict[str, Any] = field(default_factory=dict)
     migrations: dict[str, str] = field(default_factory=dict)
     devices_freed: int = 0
@@ -265,11 +268,15 @@ class Demo:
             for f in found:
                 by_rule[f.rule] = by_rule.get(f.rule, 0) + 1
             self.report.findings_by_rule = dict(sorted(by_rule.items()))
-            self.report.gpu_hours_recoverable_per_day = round(sum(f.gpu_hours_per_day for f in found), 1)
             local = set(self.workflows.values())
             self.report.fleet_flagged = len({f.workflow_id for f in found if f.workflow_id not in local})
             for name, wf in self.workflows.items():
                 self.report.jobs[name]["findings"] = sorted({f.rule for f in found if f.workflow_id == wf})
+        # the one waste function: overlapping findings counted once, bounded by the GPU-hours held
+        _, w = rank_with_waste(self.store)
+        self.report.gpu_hours_recoverable_per_day = round(w.recoverable_gpu_hours_per_day, 1)
+        self.report.gpu_hours_held_per_day = round(w.held_gpu_hours_per_day, 1)
+        self.report.waste_notes = [*w.assumptions, *w.problems]
 
     def demo_thresholds(self) -> Thresholds:
         return scaled(load_thresholds(), 1.0 / self.o.speedup)
@@ -326,7 +333,8 @@ class Demo:
         table.add_row("replayed fleet", f"{r.fleet.get('workflows', 0)} containers on {r.fleet.get('devices', 0)} "
                                         f"devices; {r.fleet_flagged} flagged")
         table.add_row("findings by rule", ", ".join(f"{k} {v}" for k, v in r.findings_by_rule.items()) or "none")
-        table.add_row("GPU-hours recoverable / day", f"{r.gpu_hours_recoverable_per_day:,.1f}")
+        table.add_row("GPU-hours recoverable / day", f"{r.gpu_hours_recoverable_per_day:,.1f} of "
+                      f"{r.gpu_hours_held_per_day:,.1f} held (overlapping findings counted once)")
         for name, job in r.jobs.items():
             table.add_row(f"job {name}", f"{job['workflow']}: {', '.join(job.get('findings', [])) or 'no findings'}")
         table.add_row("migrations", ", ".join(f"{wf} {st}" for wf, st in r.migrations.items()) or "none")

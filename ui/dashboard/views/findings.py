@@ -28,17 +28,22 @@ teams = f3.multiselect("Team", facets["teams"], key="fl_f_team")
 statuses = f4.multiselect("Status", ["open", "acknowledged", "resolved"], default=["open", "acknowledged"],
                           key="fl_f_status")
 
-df = fresh(ctx, "findings", rules=tuple(rules), severities=tuple(severities), teams=tuple(teams),
-           statuses=tuple(statuses))
+df, waste = fresh(ctx, "findings_with_waste", rules=tuple(rules), severities=tuple(severities), teams=tuple(teams),
+                  statuses=tuple(statuses))
 m = st.columns(3)
 m[0].metric("Findings shown", len(df))
 m[1].metric("High severity", int((df.severity == "high").sum()) if not df.empty else 0)
-m[2].metric("GPU-hours per day at stake", f"{df.gpu_hours_per_day.sum():,.1f}" if not df.empty else "0.0")
+# the one waste function: overlapping findings counted once, never more than the GPU-hours held
+m[2].metric("GPU-hours per day recoverable", f"{waste.recoverable_gpu_hours_per_day:,.1f}",
+            help=f"of {waste.held_gpu_hours_per_day:,.1f} GPU-hours held per day by these workflows; "
+                 "overlapping findings on one device are counted once")
+for line in [*waste.assumptions[1:], *waste.problems]:
+    st.caption(line)
 if df.empty:
     st.caption("No finding matches these filters.")
 else:
     st.dataframe(
-        df[["id", "severity", "rule", "workflow_id", "team", "status", "gpu_hours_per_day", "title"]],
+        df[["id", "severity", "rule", "workflow_id", "team", "status", "gpu_hours_per_day", "basis", "title"]],
         hide_index=True,
         column_config={"gpu_hours_per_day": st.column_config.NumberColumn("GPU-h/day", format="%.1f")},
     )

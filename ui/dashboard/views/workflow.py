@@ -61,8 +61,8 @@ with tab_telemetry:
         series, steps = pd.DataFrame(), pd.DataFrame()
     if series.empty:
         if ctx.window.uses_rollups:
-            st.info(f"No hourly rollups of this workflow in the last {ctx.window_label}. Rollups cover closed "
-                    "hours (`fleetlens rollup`); a window of 6 hours or less shows raw samples.")
+            st.info(f"No samples of this workflow in the last {ctx.window_label}: no hourly rollups, and no raw "
+                    "samples since the last rolled-up hour.")
         else:
             st.info(f"No samples of this workflow in the last {ctx.window_label}.")
     else:
@@ -73,6 +73,9 @@ with tab_telemetry:
         m[2].metric("Peak memory", f"{peak / 2**30:.1f} GiB" if pd.notna(peak) else "–",
                     help=f"of {total / 2**30:.0f} GiB device memory" if pd.notna(total) else None)
         st.plotly_chart(charts.workflow_series(series))
+        if ctx.window.uses_rollups and (series["source"] == "raw").any():
+            st.caption("Closed hours from the hourly rollups; the hours after the last rollup (the current, "
+                       "unfinished one) from raw samples.")
     if not steps.empty:
         st.plotly_chart(charts.step_time(steps))
     else:

@@ -1,0 +1,114 @@
+"""Device kinds named from the trace, advice in that device's API, and rules that cannot judge a trace saying why.
+
+The shared traces give CUDA (A100), ROCm/HIP (MI250) and CPU-only captures. A counter-mode capture, an MTIA
+capture and an unknown runtime are copies of the real AlexNet trace with its events changed the way such a
+capture differs (no device activity but cuda_profiler_range events; mtia* runtime calls; unknown runtime names).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from analyzer.report import print_report
+from analyzer.traces.run import analyze_one, analyze_paths
+from tests.conftest import TRACES
+
+ALEXNET = TRACES / "a100_alexnet_microbench.json.gz"
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def _report(res) -> str:
+    out = io.StringIO()
+    print_report(res, Console(file=out, width=200))
+    return out.getvalue()
+
+
+def _copy(tmp: Path, name: str, change) -> Path:
+    with gzip.open(ALEXNET, "rb") as fh:
+        record = json.loads(fh.read())
+    change(record)
+    out = tmp / name
+    out.write_text(json.dumps(record))
+    return out
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("a100_alexnet_microbench.json.gz", "cuda"),
+    ("amd_mi250_minitoy.json.gz", "rocm"),
+    ("sampled_128rank_rank0.json.gz", "cuda"),  # no deviceProperties: known by its cudaLaunchKernel calls
+    ("cpu_only_gloo_rank34.json.gz", "cpu"),
+    ("cpu_ops_no_gpu.json.gz", "cpu"),
+])
+def test_device_kind_is_detected_from_the_trace(name, kind):
+    summary, _ = analyze_one(TRACES / name)
+    assert summary["device_kind"]["kind"] == kind and summary["device_kind"]["why"]
+
+
+def test_rocm_advice_names_hip_and_matrix_cores():
+    summary, found = analyze_one(TRACES / "amd_mi250_minitoy.json.gz")
+    host = next(f for f in found if f.rule == "trace.host_bound")
+    assert "HIP graphs" in host.fix and "CUDA graphs" not in host.fix
+    assert summary["device_kind"]["label"] == "ROCm/HIP (AMD)"
+
+
+def test_cpu_only_trace_says_which_rules_cannot_judge_it():
+    res = analyze_paths([TRACES / "cpu_ops_no_gpu.json.gz"])
+    summary = res.summaries[0]
+    # .item() calls of a CPU trace are no device syncs: sync_heavy does not judge it (it used to fire here)
+    assert not res.findings
+    assert "do not wait for a device" in summary["rules_not_judged"]["trace.sync_heavy"]
+    assert "CPU only" in summary["rules_not_judged"]["trace.host_bound"]
+    out = _report(res)
+    assert "CPU only" in out and "not judged" in out and "n/a" not in out
+
+
+def test_counter_mode_capture_has_no_kernel_timeline_and_says_so(tmp_path):
+    def counters(record):
+        events = [e for e in record["traceEvents"] if e.get("cat") not in DEVICE_CATS]
+        events.append({"ph": "X", "cat": "cuda_profiler_range", "name": "range0", "pid": 0, "tid": 0,
+                       "ts": events[-1]["ts"], "dur": 100, "args": {"sm__cycles_elapsed.avg": 1000}})
+        record["traceEvents"] = events
+
+    path = _copy(tmp_path, "counters.json", counters)
+    res = analyze_paths([path])
+    dk = res.summaries[0]["device_kind"]
+    assert dk["kind"] == "cuda" and not dk["kernel_timeline"]
+    why = res.summaries[0]["rules_not_judged"]
+    assert why["trace.host_bound"] == ("no kernel timeline: this trace was captured with CUPTI counters only "
+                                       "(cuda_profiler_range)")
+    assert not [f for f in res.findings if f.rule in why]
+    assert "CUPTI counters only" in _report(res)
+
+
+def test_mtia_capture_gets_mtia_advice(tmp_path):
+    def mtia(record):
+        record["deviceProperties"] = [{"id": 0, "name": "MTIA v2"}]
+        for e in record["traceEvents"]:
+            if str(e.get("name", "")).startswith("cuda"):
+                e["name"] = "mtia" + e["name"][4:]
+
+    summary, found = analyze_one(_copy(tmp_path, "mtia.json", mtia))
+    assert summary["device_kind"]["kind"] == "mtia"
+    assert "tensor-core kernels are known by NVIDIA and AMD" in summary["rules_not_judged"]["trace.no_tensor_cores"]
+    sync = next(f for f in found if f.rule == "trace.sync_heavy")
+    assert "torch.mtia.synchronize()" in sync.fix and "torch.cuda.synchronize()" not in sync.fix
+
+
+def test_unknown_device_kind_is_stated_and_not_guessed(tmp_path):
+    def unknown(record):
+        record.pop("deviceProperties", None)
+        for e in record["traceEvents"]:
+            if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+                e["name"] = "xpuRuntimeCall"
+
+    res = analyze_paths([_copy(tmp_path, "unknown.json", unknown)])
+    dk = res.summaries[0]["device_kind"]
+    assert dk["kind"] == "unknown" and "no known runtime call names" in dk["why"]
+    assert "trace.no_tensor_cores" in res.summaries[0]["rules_not_judged"]
+    assert "unknown device" in _report(res)
