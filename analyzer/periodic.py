@@ -10,7 +10,7 @@ from typing import Any
 from analyzer.ranking import rank_with_waste
 from analyzer.rollups import apply_retention, rollup
 from analyzer.telemetry import detect
-from analyzer.traces import analyze_pending
+from analyzer.traces import analyze_batch, analyze_pending, pending_batches
 from store.db import Store
 from store.settings import Settings
 
@@ -51,6 +51,16 @@ def detect_telemetry(store: Store, settings: Settings, *, now: float | None = No
 def analyze_traces(store: Store, settings: Settings, *, limit: int | None = None) -> dict[str, int]:
     """Analyse every registered trace not analysed yet; returns {"analyzed": n, "failed": m}."""
     return analyze_pending(store, limit=limit, cache_dir=settings.home / "cache" / "traces")
+
+
+def trace_batches(store: Store, settings: Settings) -> list[list[int]]:
+    """The traces not analysed yet, in batches of `settings.analyze_batch_size` (one mapped Airflow task each)."""
+    return pending_batches(store, settings.analyze_batch_size)
+
+
+def analyze_trace_batch(store: Store, settings: Settings, trace_ids: list[int]) -> dict[str, list[int]]:
+    """Analyse one batch of traces; returns their ids by outcome ({"analyzed", "failed", "skipped"})."""
+    return analyze_batch(store, [int(i) for i in trace_ids], cache_dir=settings.home / "cache" / "traces")
 
 
 def analyze(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:

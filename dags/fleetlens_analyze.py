@@ -1,4 +1,5 @@
-"""fleetlens_analyze (every 15 minutes): the telemetry detectors, and the analysis of traces not analysed yet."""
+"""fleetlens_analyze (every 15 minutes): the telemetry detectors, and the analysis of traces not analysed yet, fanned
+out over the workers as one mapped task per batch of `FLEETLENS_ANALYZE_BATCH_SIZE` traces."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ def fleetlens_analyze() -> None:
         return run(periodic.detect_telemetry)
 
     @task
-    def analyze_traces() -> dict:
-        return run(periodic.analyze_traces)
+    def trace_batches() -> list[list[int]]:
+        return run(periodic.trace_batches)
+
+    @task
+    def analyze_traces(trace_ids: list[int]) -> dict:
+        return run(periodic.analyze_trace_batch, trace_ids)
 
     detect_telemetry()
-    analyze_traces()
+    analyze_traces.expand(trace_ids=trace_batches())
 
 
 fleetlens_analyze()

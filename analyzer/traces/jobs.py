@@ -1,7 +1,8 @@
 """Analyse registered traces (traces table): status registered -> analyzing -> analyzed | failed, findings upserted.
 
 The status change to 'analyzing' is committed before the work starts and the final state in its own
-transaction, so a crash in between is caught and recorded as failed (never left 'analyzing').
+transaction, so an exception in between is caught and recorded as failed. A worker killed outright leaves the trace
+'analyzing'; the retry of its batch (`analyze_batch`) takes it up again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from analyzer.traces.errors import InvalidTrace
 from analyzer.traces.run import analyze_one
 from store import profiling
 from store.db import Store
-from store.errors import NotFound
+from store.errors import InvalidInput, NotFound
 from store.findings import upsert_finding
 from store.models import Trace, Workflow
 from store.settings import get_settings
@@ -112,6 +113,36 @@ def analyze_pending(store: Store, *, limit: int | None = None, thresholds: dict 
         res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir)
         counts[res["status"]] += 1
     return counts
+
+
+def pending_batches(store: Store, batch_size: int) -> list[list[int]]:
+    """Ids of the traces still 'registered', oldest first, in batches of at most `batch_size`: one batch is one
+    unit of work a worker takes (the analyze DAG maps one task over each)."""
+    if batch_size < 1:
+        raise InvalidInput(f"a trace batch must hold at least one trace, not {batch_size}; "
+                           "set FLEETLENS_ANALYZE_BATCH_SIZE to 1 or more")
+    with store.session() as session:
+        ids = list(session.scalars(select(Trace.id).where(Trace.status == "registered")
+                                   .order_by(Trace.created_at, Trace.id)))
+    return [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
+
+
+def analyze_batch(store: Store, trace_ids: list[int], *, thresholds: dict | None = None,
+                  cache_dir: Path | None = None) -> dict[str, list[int]]:
+    """Analyse the traces of one batch that are still to do: 'registered', or 'analyzing' when a worker died in the
+    middle of one (its retry lands here; findings are upserted, so nothing is counted twice). Traces another try
+    already finished are skipped, and an id no longer in the store too. Returns the ids by outcome."""
+    th = thresholds or load_thresholds()
+    out: dict[str, list[int]] = {"analyzed": [], "failed": [], "skipped": []}
+    for trace_id in trace_ids:
+        with store.session() as session:
+            status = session.scalar(select(Trace.status).where(Trace.id == trace_id))
+        if status not in ("registered", "analyzing"):
+            out["skipped"].append(trace_id)
+            continue
+        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir)
+        out[res["status"]].append(trace_id)
+    return out
 
 
 def register_trace(store: Store, path: str | Path, *, workflow_id: str | None = None, rank: int = 0,

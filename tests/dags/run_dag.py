@@ -18,7 +18,8 @@ DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 def run_dag(dag_id: str, conf: dict | None = None, variables: str | Path | None = None) -> dict:
     """dag.test() one DAG of dags/; returns {"dag_id", "state", "tasks": {task_id: {state, try_number, reschedules,
-    result}}} (reschedules: how often a sensor in reschedule mode gave its slot back)."""
+    result}}} (reschedules: how often a sensor in reschedule mode gave its slot back); a mapped task is
+    {state, mapped: [one such dict per mapped instance]}."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.taskreschedule import TaskReschedule
     from airflow.models.xcom import XComModel
@@ -29,14 +30,22 @@ def run_dag(dag_id: str, conf: dict | None = None, variables: str | Path | None 
         return {"dag_id": dag_id, "state": "import_error", "tasks": {}, "import_errors": dict(bag.import_errors)}
     dag = bag.get_dag(dag_id)
     run = dag.test(run_conf=conf, variable_file_path=str(variables) if variables else None)
-    tasks = {}
+    tasks: dict[str, dict] = {}
     with create_session() as session:
-        for ti in run.get_task_instances(session=session):
+        for ti in sorted(run.get_task_instances(session=session), key=lambda t: (t.task_id, t.map_index)):
             value = session.query(XComModel.value).filter_by(
-                dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, key="return_value").scalar()
+                dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=ti.map_index,
+                key="return_value").scalar()
             reschedules = session.query(TaskReschedule).filter(TaskReschedule.ti_id == ti.id).count()
-            tasks[ti.task_id] = {"state": str(ti.state), "try_number": ti.try_number, "reschedules": reschedules,
-                                 "result": json.loads(value) if isinstance(value, str) else value}
+            one = {"state": str(ti.state), "try_number": ti.try_number, "reschedules": reschedules,
+                   "result": json.loads(value) if isinstance(value, str) else value}
+            if ti.map_index < 0:
+                tasks[ti.task_id] = one
+            else:  # a mapped task: its instances in map_index order, the state when they all agree
+                mapped = tasks.setdefault(ti.task_id, {"state": one["state"], "mapped": []})
+                mapped["mapped"].append(one)
+                if mapped["state"] != one["state"]:
+                    mapped["state"] = "mixed"
     return {"dag_id": dag_id, "state": str(run.state), "tasks": tasks}
 
 

@@ -100,7 +100,9 @@ def test_analyze_dag_records_telemetry_findings_and_analyses_pending_traces(dag_
     assert ("idle-b", "low_utilization") in telemetry
     assert not any(wf == "busy-c" for wf, _ in telemetry)  # 90 % busy: nothing to say
     assert trace.status == "analyzed" and trace.summary["n_steps"] > 0
-    assert outcome["tasks"]["analyze_traces"]["result"] == {"analyzed": 1, "failed": 0}
+    assert outcome["tasks"]["trace_batches"]["result"] == [[trace_id]]
+    mapped = outcome["tasks"]["analyze_traces"]["mapped"]
+    assert [m["result"] for m in mapped] == [{"analyzed": [trace_id], "failed": [], "skipped": []}]
     result = outcome["tasks"]["detect_telemetry"]["result"]
     assert result["findings"] == len(telemetry)
     # the fleet total comes from the one waste function: what the findings claim, never more than held
