@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
@@ -75,6 +76,8 @@ class AgentStats:
     rows_dropped: int = 0  # rows that could not be written (unknown device)
     sample_errors: int = 0
     commands: list[Outcome] = field(default_factory=list)
+    # seconds each fresh batch took to write, the latest ones (a load test reads the percentiles)
+    write_s: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
 
 @dataclass
@@ -402,7 +405,9 @@ class Agent:
                     raise DatabaseUnavailable("not registered yet")
                 self.stats.batches_resent += self.spool.drain(self._send, on_poison=self._poisoned)
                 if payload is not None:
+                    t0 = time.perf_counter()
                     self._send(payload)
+                    self.stats.write_s.append(time.perf_counter() - t0)
                     payload = None  # written: from here on a failure must not spool it a second time
                     self.stats.batches_written += 1
                 try:

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from store.errors import ConfigError, DatabaseUnavailable
 from store.settings import Settings, get_settings
@@ -51,7 +52,10 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 class Store:
     """The database fleetlens reads and writes. Functions take a Store; there is no global one."""
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 5.0, echo: bool = False) -> None:
+    def __init__(self, url: str, *, connect_timeout_s: float = 5.0, echo: bool = False,
+                 pool_size: int | None = None) -> None:
+        """`pool_size` (PostgreSQL): connections kept open; 0 opens one per use and closes it after, so thousands
+        of agents that write every few seconds hold no server connection between writes (None: SQLAlchemy's 5)."""
         self.url = parse_url(url)
         self.dialect = self.url.get_backend_name()
         kwargs: dict = {"echo": echo, "future": True}
@@ -65,6 +69,11 @@ class Store:
         else:
             kwargs["connect_args"] = {"connect_timeout": max(1, int(connect_timeout_s))}
             kwargs["pool_pre_ping"] = True
+            if pool_size == 0:
+                kwargs["poolclass"] = NullPool
+                del kwargs["pool_pre_ping"]  # a fresh connection each time needs no ping
+            elif pool_size is not None:
+                kwargs["pool_size"] = pool_size
         try:
             self.engine: Engine = create_engine(self.url, **kwargs)
         except (ArgumentError, NoSuchModuleError) as exc:
@@ -76,7 +85,7 @@ class Store:
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Store:
         settings = settings or get_settings()
-        return cls(settings.resolved_db_url)
+        return cls(settings.resolved_db_url, pool_size=settings.db_pool_size)
 
     @property
     def masked_url(self) -> str:

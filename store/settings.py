@@ -19,6 +19,8 @@ class Settings(BaseSettings):
 
     home: Path = Field(default_factory=lambda: Path.home() / ".fleetlens")
     db_url: str | None = None
+    # PostgreSQL connections each process keeps open; 0: one per use, closed after (many agents, one server)
+    db_pool_size: int = Field(5, ge=0)
     secret: SecretStr | None = None
     host_id: str = Field(default_factory=socket.gethostname)
 

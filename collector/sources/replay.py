@@ -70,8 +70,11 @@ class ReplaySource:
         wf_source = {w["id"]: w.get("id_source") or "replay" for w in rec.workflows}
         self._infos: list[DeviceInfo] = []
         self._series: list[_Series] = []
-        dev_groups = dict(tuple(rec.device_samples.groupby(["host_id", "device_index"], sort=False)))
-        proc_groups = dict(tuple(rec.process_samples.groupby(["host_id", "device_index"], sort=False)))
+        dev_all, proc_all = rec.device_samples, rec.process_samples
+        if host is not None:  # one host's rows before grouping: many agents share one parsed recording
+            dev_all, proc_all = dev_all[dev_all["host_id"] == host], proc_all[proc_all["host_id"] == host]
+        dev_groups = dict(tuple(dev_all.groupby(["host_id", "device_index"], sort=False)))
+        proc_groups = dict(tuple(proc_all.groupby(["host_id", "device_index"], sort=False)))
         empty_dev = rec.device_samples.iloc[0:0]
         empty_proc = rec.process_samples.iloc[0:0]
         for local, key in enumerate(keys):
