@@ -12,21 +12,26 @@ from analyzer.rollups import apply_retention, rollup
 from analyzer.telemetry import detect
 from analyzer.traces import analyze_batch, analyze_pending, pending_batches
 from store.db import Store
+from store.partitions import adopt_early_rows, ensure_partitions
 from store.settings import Settings
 
 
 def rollup_hours(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
     """Roll up every closed hour not rolled up yet (the last one again, for late samples)."""
+    # the coming days' sample partitions exist before their first rows arrive, and rows that came early (an
+    # agent's clock ahead) move into their day's partition (PostgreSQL; nothing on SQLite)
+    created = ensure_partitions(store, now, now) + adopt_early_rows(store)
     result = rollup(store, now)
     return {"hours": result.hours, "device_rows": result.device_rows, "workflow_rows": result.workflow_rows,
-            "first_hour": result.first_hour, "last_hour": result.last_hour}
+            "first_hour": result.first_hour, "last_hour": result.last_hour, "partitions_created": created}
 
 
 def retain(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
     """Drop raw samples older than `settings.retention_days`, of hours already rolled up only."""
     result = apply_retention(store, settings.retention_days, now)
     return {"cutoff": result.cutoff, "device_samples_deleted": result.device_samples_deleted,
-            "process_samples_deleted": result.process_samples_deleted, "hours_kept": result.hours_kept}
+            "process_samples_deleted": result.process_samples_deleted, "hours_kept": result.hours_kept,
+            "partitions_dropped": list(result.partitions_dropped)}
 
 
 def rollup_and_retain(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:

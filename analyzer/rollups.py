@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Integer, cast, delete, func, select
+from sqlalchemy import Integer, cast, delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -38,6 +38,7 @@ from analyzer.telemetry.thresholds import Thresholds, load_thresholds
 from store.db import Store
 from store.errors import InvalidInput
 from store.models import DeviceSample, ProcessSample, Rollup
+from store.partitions import SAMPLE_TABLES, Partition, drop_days_before
 
 HOUR = 3600.0
 CHUNK_HOURS = 6  # hours read per query: bounded memory on a large fleet
@@ -60,6 +61,7 @@ class RetentionResult:
     device_samples_deleted: int
     process_samples_deleted: int
     hours_kept: int  # (subject, hour) pairs older than the cutoff kept because they are not rolled up
+    partitions_dropped: tuple[str, ...] = ()  # PostgreSQL: whole days dropped (their rows are in the counts)
 
 
 def hour_of(ts: float) -> float:
@@ -220,9 +222,27 @@ def apply_retention(store: Store, retention_days: float, now: float | None = Non
         raise InvalidInput(f"retention_days must be a positive number of days, got {retention_days!r}")
     now = time.time() if now is None else float(now)
     cutoff = hour_of(now - retention_days * 86400.0)  # whole hours only
+    # PostgreSQL: a day whose every hour is rolled up goes as one partition; what is left goes row by row
+    dropped = drop_days_before(store, cutoff, _rolled_up_rows)
+    by_table = {t: sum(n for name, n in dropped.items() if name.startswith(t + "_")) for t in SAMPLE_TABLES}
     dev_deleted, dev_kept = _retain(store, DeviceSample, DeviceSample.device_id, "device", cutoff, int)
     proc_deleted, proc_kept = _retain(store, ProcessSample, ProcessSample.workflow_id, "workflow", cutoff, str)
-    return RetentionResult(cutoff, dev_deleted, proc_deleted, dev_kept + proc_kept)
+    return RetentionResult(cutoff, dev_deleted + by_table["device_samples"],
+                           proc_deleted + by_table["process_samples"], dev_kept + proc_kept, tuple(sorted(dropped)))
+
+
+def _rolled_up_rows(conn, part: Partition) -> int | None:
+    """The rows of a day partition when each of its hours holds exactly the samples its rollups counted (so
+    dropping it loses nothing the rollups do not have), else None."""
+    scope = "device" if part.table == DeviceSample.__tablename__ else "workflow"
+    raw = {float(h): int(n) for h, n in conn.execute(text(
+        f"SELECT floor(ts / {HOUR!r}) * {HOUR!r}, count(*) FROM {part.name} GROUP BY 1"))}
+    rolled = {float(h): int(n) for h, n in conn.execute(
+        select(Rollup.hour, func.sum(Rollup.samples)).where(Rollup.scope == scope, Rollup.hour >= part.lo,
+                                                             Rollup.hour < part.hi).group_by(Rollup.hour))}
+    if any(rolled.get(h) != n for h, n in raw.items()):
+        return None
+    return sum(raw.values())
 
 
 def _retain(store: Store, model, subject_col, scope: str, cutoff: float, to_subject) -> tuple[int, int]:

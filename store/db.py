@@ -12,7 +12,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from store.errors import ConfigError, DatabaseUnavailable
+from store.errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable
 from store.settings import Settings, get_settings
 
 
@@ -38,6 +38,11 @@ def parse_url(url: str) -> URL:
     if backend == "postgresql" and parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")  # psycopg 3, never psycopg2
     return parsed
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """PostgreSQL refused a write because the server or the transaction is read-only (SQLSTATE 25006)."""
+    return getattr(getattr(exc, "orig", exc), "sqlstate", None) == "25006"
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -108,6 +113,11 @@ class Store:
         except OperationalError as exc:
             session.rollback()
             raise self.unavailable(exc) from None
+        except DBAPIError as exc:
+            session.rollback()
+            if is_read_only(exc):
+                raise self.read_only(exc) from None
+            raise
         except BaseException:
             session.rollback()
             raise
@@ -119,6 +129,12 @@ class Store:
         return DatabaseUnavailable(
             f"cannot reach the database at {self.masked_url} ({reason}); "
             "check FLEETLENS_DB_URL and that the database server is running"
+        )
+
+    def read_only(self, exc: BaseException) -> DatabaseReadOnly:
+        return DatabaseReadOnly(
+            f"the database at {self.masked_url} is read-only, nothing was written; point FLEETLENS_DB_URL at the "
+            "primary, or make the database writable again (writers keep their batches until then)"
         )
 
     def ping(self) -> None:

@@ -29,3 +29,13 @@ class InvalidInput(FleetlensError):
 
 class UpstreamUnavailable(FleetlensError):
     """A telemetry server the user named (Prometheus) cannot be reached or does not answer as one."""
+
+
+class DatabaseReadOnly(DatabaseUnavailable):
+    """The database takes no writes right now (a read-only replica, or the server set read-only); writers keep
+    their batches and try again, as through an outage."""
+
+
+class PartitionMissing(DatabaseUnavailable):
+    """No partition of a sample table takes a row's time (its day and the default partition are both missing);
+    writers keep their batches until `fleetlens init` or the rollup job creates it."""

@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 from sqlalchemy.exc import OperationalError
 
-from store.db import Store
-from store.errors import InvalidInput
+from store.db import Store, is_read_only
+from store.errors import InvalidInput, PartitionMissing
 from store.models import DeviceSample, ProcessSample
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 
@@ -89,11 +89,26 @@ def write_samples(
         # Errors raised inside COPY or executemany come from the driver, not wrapped by SQLAlchemy.
         if _is_connection_error(exc):
             raise store.unavailable(exc) from None
+        if is_read_only(exc):
+            raise store.read_only(exc) from None
+        if _is_missing_partition(exc):
+            raise PartitionMissing(f"the database at {store.masked_url} has no partition for some rows' days, "
+                                   f"nothing of the batch was written ({_reason(exc)}); run `fleetlens init` to "
+                                   "create the day partitions and the default one") from None
         if _is_data_error(exc):
-            reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+            reason = _reason(exc)
             raise InvalidInput(f"the database refused a sample batch, nothing of it was written: {reason}") from None
         raise
     return n_dev, n_proc
+
+
+def _reason(exc: BaseException) -> str:
+    return str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+
+
+def _is_missing_partition(exc: BaseException) -> bool:
+    orig = getattr(exc, "orig", exc)
+    return getattr(orig, "sqlstate", None) == "23514" and "no partition of relation" in str(orig)
 
 
 def _is_data_error(exc: BaseException) -> bool:

@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from alembic import command
 from store.db import Store
 from store.errors import SchemaError
+from store.partitions import ensure_partitions
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ALEMBIC_DIR = PROJECT_ROOT / "alembic"
@@ -56,6 +57,7 @@ def upgrade(store: Store, revision: str = "head") -> str:
     _refuse_newer(store, current_revision(store))
     try:
         command.upgrade(alembic_config(store), revision)
+        ensure_partitions(store)  # today's and the next days' sample partitions (PostgreSQL)
     except (OperationalError, DBAPIError) as exc:
         raise store.unavailable(exc) from None
     return current_revision(store) or "base"

@@ -1,0 +1,144 @@
+"""PostgreSQL day partitions of the sample tables: rows land in their day, early rows are caught and moved,
+a missing partition or a read-only database refuses a batch whole with a clear error, retention drops whole days
+only when every hour of them is rolled up, and `upgrade` from 0001 keeps every row."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import func, select, text
+
+from analyzer.rollups import apply_retention, rollup
+from collector.spool import Spool
+from store.db import Store
+from store.errors import DatabaseReadOnly, DatabaseUnavailable, PartitionMissing
+from store.ingest import write_samples
+from store.migrations import head_revision, upgrade
+from store.models import DeviceSample, ProcessSample, Workflow
+from store.partitions import DAY, adopt_early_rows, day_of, default_name, ensure_partitions, partition_name, partitions
+from store.registry import DeviceSpec, register_devices, register_host
+from store.workflows import upsert_workflow
+
+pytestmark = pytest.mark.pg
+GIB = 2**30
+
+
+def fleet(store: Store, now: float) -> int:
+    with store.session() as s:
+        register_host(s, "h1", hostname="h1", source="replay", now=now)
+        upsert_workflow(s, "wf", now=now)
+        return register_devices(s, "h1", [DeviceSpec(0, "GPU-p-0", "T4", 16 * GIB)], source="replay", now=now)[0]
+
+
+def rows(device: int, times: list[float]) -> tuple[list[dict], list[dict]]:
+    return ([{"device_id": device, "ts": t, "gpu_util": 0.5, "mem_used": GIB, "mem_total": 16 * GIB} for t in times],
+            [{"device_id": device, "workflow_id": "wf", "host_id": "h1", "pid": 7, "ts": t, "mem_used": GIB}
+             for t in times])
+
+
+def count(store: Store, table: str) -> int:
+    with store.engine.connect() as conn:
+        return conn.execute(text(f"SELECT count(*) FROM {table}")).scalar()
+
+
+def test_rows_land_in_their_day_and_early_rows_move_in_when_their_day_is_made(pg_store: Store) -> None:
+    now = time.time()
+    today = day_of(now)
+    device = fleet(pg_store, now)
+    with pg_store.engine.connect() as conn:
+        names = {p.name for p in partitions(conn, "device_samples")}
+    assert {partition_name("device_samples", today + k * DAY) for k in range(3)} | {
+        default_name("device_samples")} <= names
+    ahead = today + 10 * DAY + 3600  # an agent whose clock runs ten days ahead
+    write_samples(pg_store, *rows(device, [now - 60, now, ahead]))
+    assert count(pg_store, partition_name("device_samples", today)) == 2
+    assert count(pg_store, default_name("device_samples")) == 1
+    assert count(pg_store, default_name("process_samples")) == 1
+    created = adopt_early_rows(pg_store)
+    assert set(created) == {partition_name(t, today + 10 * DAY) for t in ("device_samples", "process_samples")}
+    assert count(pg_store, default_name("device_samples")) == 0 == count(pg_store, default_name("process_samples"))
+    assert count(pg_store, partition_name("device_samples", today + 10 * DAY)) == 1
+    assert count(pg_store, "device_samples") == 3 == count(pg_store, "process_samples")
+    assert ensure_partitions(pg_store, now, now) == []  # idempotent
+
+
+def test_a_missing_partition_refuses_the_whole_batch_until_it_is_made(pg_store: Store) -> None:
+    now = time.time()
+    device = fleet(pg_store, now)
+    with pg_store.engine.begin() as conn:  # no default partition and no partition for the day after tomorrow + 5
+        conn.execute(text(f"ALTER TABLE process_samples DETACH PARTITION {default_name('process_samples')}"))
+    far = day_of(now) + 8 * DAY
+    with pytest.raises(PartitionMissing, match="fleetlens init") as err:
+        write_samples(pg_store, *rows(device, [now, far]))
+    assert isinstance(err.value, DatabaseUnavailable)  # the agent keeps the batch spooled, as through an outage
+    assert count(pg_store, "device_samples") == 0 == count(pg_store, "process_samples")  # nothing half-written
+    ensure_partitions(pg_store, far, far, days_ahead=0)
+    assert write_samples(pg_store, *rows(device, [now, far])) == (2, 2)
+
+
+def test_a_read_only_database_refuses_writes_clearly_and_the_spool_keeps_them(pg_url: str, pg_store: Store,
+                                                                               tmp_path) -> None:
+    now = time.time()
+    device = fleet(pg_store, now)
+    read_only = Store(pg_url + "%20-cdefault_transaction_read_only%3Don")
+    try:
+        with pytest.raises(DatabaseReadOnly, match="read-only"):
+            write_samples(read_only, *rows(device, [now]))
+        with pytest.raises(DatabaseReadOnly, match="writable again"), read_only.session() as s:
+            s.get(Workflow, "wf").last_seen = now + 1
+        spool = Spool(tmp_path / "spool", 1 << 20)
+        spool.put({"batch": 1}, rows=2)
+
+        def send(_batch: dict) -> None:
+            write_samples(read_only, *rows(device, [now]))
+
+        with pytest.raises(DatabaseReadOnly):
+            spool.drain(send, on_poison=lambda *_: pytest.fail("a read-only database must not poison a batch"))
+        assert len(spool) == 1 and spool.dropped_rows == 0
+    finally:
+        read_only.dispose()
+    assert count(pg_store, "device_samples") == 0
+    with pg_store.session() as s:
+        assert s.get(Workflow, "wf").last_seen == pytest.approx(now)
+
+
+def test_retention_drops_a_whole_day_only_when_every_hour_of_it_is_rolled_up(pg_store: Store) -> None:
+    now = time.time()
+    device = fleet(pg_store, now - 5 * DAY)
+    old_day = day_of(now) - 4 * DAY
+    ensure_partitions(pg_store, old_day, old_day, days_ahead=0)
+    minutes = [old_day + 60.0 * m for m in range(0, 24 * 60, 10)]  # every 10 min over the whole day
+    write_samples(pg_store, *rows(device, minutes))
+    write_samples(pg_store, *rows(device, [now - 60]))
+    kept_back = apply_retention(pg_store, 2.0, now)  # nothing rolled up: the day stays
+    assert kept_back.partitions_dropped == () and kept_back.device_samples_deleted == 0
+    rollup(pg_store, now, since=old_day)
+    done = apply_retention(pg_store, 2.0, now)
+    assert set(done.partitions_dropped) == {partition_name(t, old_day) for t in ("device_samples", "process_samples")}
+    assert done.device_samples_deleted == len(minutes) == done.process_samples_deleted
+    with pg_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(DeviceSample)) == 1
+        assert s.scalar(select(func.count()).select_from(ProcessSample)) == 1
+
+
+def test_upgrading_from_0001_keeps_every_row_and_its_id(pg_url: str) -> None:
+    store = Store(pg_url)
+    try:
+        upgrade(store, "0001")
+        now = time.time()
+        device = fleet(store, now)
+        write_samples(store, *rows(device, [now - 3 * DAY, now - 60, now]))
+        with store.engine.connect() as conn:
+            before = conn.execute(text("SELECT id, ts FROM device_samples ORDER BY id")).all()
+        assert upgrade(store) == head_revision()
+        with store.engine.connect() as conn:
+            after = conn.execute(text("SELECT id, ts FROM device_samples ORDER BY id")).all()
+            assert conn.execute(text("SELECT count(*) FROM process_samples")).scalar() == 3
+        assert after == before
+        assert count(store, partition_name("device_samples", day_of(now - 3 * DAY))) == 1
+        write_samples(store, *rows(device, [now + 1]))  # the id sequence carries on
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT max(id) FROM device_samples")).scalar() > before[-1][0]
+    finally:
+        store.dispose()
