@@ -45,7 +45,7 @@ def detect_telemetry(store: Store, settings: Settings, *, now: float | None = No
 
     The fleet's recoverable and held GPU-hours per day come from the one waste function (analyzer.waste).
     """
-    found = detect(store, now)
+    found = detect(store, now, chunk_devices=settings.detect_chunk_devices)
     _, w = rank_with_waste(store, now)
     return {"findings": len(found), "by_rule": dict(Counter(f.rule for f in found)),
             "workflows": sorted({f.workflow_id for f in found}),

@@ -21,6 +21,7 @@ several processes on one device). Data already as coarse as a bucket is read raw
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -108,16 +109,22 @@ def _read(store: Store, query) -> pd.DataFrame:
         return pd.read_sql_query(query, conn)
 
 
-def _read_window(store: Store, table: str, columns: tuple[str, ...], start: float, end: float) -> pd.DataFrame:
+def _device_filter(devices: Sequence[int] | None) -> str:
+    """The SQL condition keeping only these devices' rows (ints only are inlined), or nothing."""
+    return "" if devices is None else f" AND device_id IN ({', '.join(str(int(d)) for d in devices) or 'NULL'})"
+
+
+def _read_window(store: Store, table: str, columns: tuple[str, ...], start: float, end: float,
+                 devices: Sequence[int] | None = None) -> pd.DataFrame:
     """Rows of [start, end) of a sample table, fetched past the ORM: a day of a fleet is millions of rows.
 
     PostgreSQL streams them with COPY ... TO STDOUT as CSV; SQLite hands over tuples from its own cursor.
     """
     cols = ", ".join(columns)
     if not store.is_postgres:
-        return _fetch(store, f"SELECT {cols} FROM {table} WHERE {{where}}", table, start, end, columns)
+        return _fetch(store, f"SELECT {cols} FROM {table} WHERE {{where}}", table, start, end, columns, devices)
     # floats only are inlined, nothing user-written
-    where = f"ts >= {float(start)!r} AND ts < {float(end)!r}"
+    where = f"ts >= {float(start)!r} AND ts < {float(end)!r}" + _device_filter(devices)
     dtypes = _dtypes(columns)
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
@@ -155,17 +162,19 @@ def _bucket_sql(store: Store, bucket_s: float) -> str:
     return f"floor(ts / {b!r})" if store.is_postgres else f"CAST(ts / {b!r} AS INTEGER)"
 
 
-def _read_bucketed_devices(store: Store, start: float, end: float, bucket_s: float) -> pd.DataFrame:
+def _read_bucketed_devices(store: Store, start: float, end: float, bucket_s: float,
+                           devices: Sequence[int] | None = None) -> pd.DataFrame:
     """Device samples of [start, end) averaged per device and bucket, in the database."""
     bucket = _bucket_sql(store, bucket_s)
     sql = (f"SELECT device_id, min(ts) AS ts, avg(gpu_util) AS gpu_util, max(mem_used) AS mem_used, "
            f"max(mem_total) AS mem_total, avg(sm_active) AS sm_active, count(*) AS n_raw FROM device_samples "
            f"WHERE {{where}} GROUP BY device_id, {bucket}")
     return _fetch(store, sql, "device_samples", start, end,
-                  ("device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active", "n_raw"))
+                  ("device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active", "n_raw"), devices)
 
 
-def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: float) -> pd.DataFrame:
+def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: float,
+                             devices: Sequence[int] | None = None) -> pd.DataFrame:
     """Process samples of [start, end) per workflow, device and bucket, aggregated in the database in one pass
     (columns as load_window's `procs`). A workflow's processes on one device count together: its utilisation is
     their per-sample sum averaged over the bucket (at most 1), its memory the largest process's peak times the
@@ -176,10 +185,11 @@ def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: f
            f"avg(sm_util) AS sm_util, CASE WHEN {own} > 1.0 THEN 1.0 ELSE {own} END AS own_util, count(*) AS n_raw "
            f"FROM process_samples WHERE {{where}} GROUP BY workflow_id, device_id, {bucket}")
     return _fetch(store, sql, "process_samples", start, end,
-                  ("workflow_id", "device_id", "ts", "wf_mem", "sm_util", "own_util", "n_raw"))
+                  ("workflow_id", "device_id", "ts", "wf_mem", "sm_util", "own_util", "n_raw"), devices)
 
 
-def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns: tuple[str, ...]) -> pd.DataFrame:
+def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns: tuple[str, ...],
+           devices: Sequence[int] | None = None) -> pd.DataFrame:
     """The rows of `sql`, a query over `table`'s [start, end) (its `{where}`), as a frame of `columns`; fetched
     from the driver's own cursor, past the ORM."""
     dtypes = _dtypes(columns)
@@ -187,7 +197,7 @@ def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns
         cursor = conn.connection.driver_connection.cursor()
         try:
             where = (f"ts >= {float(start)!r} AND ts < {float(end)!r}" if store.is_postgres
-                     else _sqlite_where(cursor, table, start, end))
+                     else _sqlite_where(cursor, table, start, end)) + _device_filter(devices)
             cursor.execute(sql.format(where=where))
             rows = cursor.fetchall()
         finally:
@@ -226,15 +236,17 @@ def _sample_intervals(samples: pd.DataFrame, max_gap_factor: float) -> pd.Series
     return gap.fillna(median).clip(upper=median * max_gap_factor).clip(lower=0.0)
 
 
-def load_window(store: Store, start: float, end: float, common: Common) -> TelemetryWindow:
-    """Read device and process samples of [start, end) and attribute each device sample to workflows."""
+def load_window(store: Store, start: float, end: float, common: Common,
+                devices: Sequence[int] | None = None) -> TelemetryWindow:
+    """Read device and process samples of [start, end) and attribute each device sample to workflows; with
+    `devices`, only those devices' samples (a chunk of the fleet, see analyzer.telemetry.chunks)."""
     bucket_s = common.bucket_s
     interval = _mean_interval(store, start, end, probe_s=4 * bucket_s) if bucket_s > 0 else None
     if interval is not None and interval < bucket_s / 2:
-        samples = _read_bucketed_devices(store, start, end, bucket_s)
-        procs = _read_bucketed_processes(store, start, end, bucket_s)
+        samples = _read_bucketed_devices(store, start, end, bucket_s, devices)
+        procs = _read_bucketed_processes(store, start, end, bucket_s, devices)
     else:
-        samples, procs = _read_raw(store, start, end)
+        samples, procs = _read_raw(store, start, end, devices)
     devices = _read(store, select(Device.id.label("device_id"), Device.host_id, Device.index, Device.name,
                                   Device.memory_total)).set_index("device_id")
     workflows = _read(store, select(Workflow.id.label("workflow_id"), Workflow.team, Workflow.gpus)).set_index(
@@ -272,16 +284,17 @@ def load_window(store: Store, start: float, end: float, common: Common) -> Telem
     )
 
 
-def _read_raw(store: Store, start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _read_raw(store: Store, start: float, end: float,
+              devices: Sequence[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(device samples, per-workflow process samples) of [start, end), every sample as recorded."""
     samples = _read_window(
         store, DeviceSample.__tablename__, ("device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active"),
-        start, end,
+        start, end, devices,
     )
     samples["n_raw"] = 1.0
     raw = _read_window(
         store, ProcessSample.__tablename__, ("workflow_id", "device_id", "ts", "mem_used", "sm_util", "cpu_util"),
-        start, end,
+        start, end, devices,
     )
     # A process's own utilisation (NVML's per-process SM share, or the cpu source's share of the device's cores)
     # says what the workflow does on a shared device; the device's reading mixes in its neighbours.
