@@ -57,7 +57,8 @@ class CeleryCluster:
     fleetlens_db_url: str
     fleetlens_env: dict[str, str] = field(default_factory=dict)
     mark: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # running components
+    killed: dict[str, subprocess.Popen] = field(default_factory=dict)  # components killed on purpose
 
     def __post_init__(self) -> None:
         self.database = f"fl_airflow_{self.mark}"
@@ -137,7 +138,7 @@ class CeleryCluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def logs_tail(self, chars: int = 1500) -> str:
-        return "\n".join(f"--- {n} ---\n{self.log(n)[-chars:]}" for n in self.procs)
+        return "\n".join(f"--- {n} ---\n{self.log(n)[-chars:]}" for n in [*self.procs, *self.killed])
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -157,7 +158,8 @@ class CeleryCluster:
 
     def kill(self, name: str) -> None:
         """SIGKILL one component's whole process group (a machine lost, not a shutdown)."""
-        proc = self.procs[name]
+        proc = self.procs.pop(name)
+        self.killed[name] = proc
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -167,13 +169,13 @@ class CeleryCluster:
     def stop(self) -> list[str]:
         """Stop every process group, then anything else carrying this run's mark; returns what was left over after
         the groups were stopped (described), which a clean stop leaves empty."""
-        for proc in self.procs.values():
+        for proc in [*self.procs.values(), *self.killed.values()]:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 20
-        for proc in self.procs.values():
+        for proc in [*self.procs.values(), *self.killed.values()]:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
