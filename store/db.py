@@ -12,7 +12,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from store.errors import ConfigError, DatabaseReadOnly, DatabaseUnavailable
+from store.errors import ConfigError, DatabaseFull, DatabaseReadOnly, DatabaseUnavailable
 from store.settings import Settings, get_settings
 
 
@@ -43,6 +43,12 @@ def parse_url(url: str) -> URL:
 def is_read_only(exc: BaseException) -> bool:
     """PostgreSQL refused a write because the server or the transaction is read-only (SQLSTATE 25006)."""
     return getattr(getattr(exc, "orig", exc), "sqlstate", None) == "25006"
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """PostgreSQL out of disk (SQLSTATE 53100), or SQLite's file or page limit reached."""
+    orig = getattr(exc, "orig", exc)
+    return getattr(orig, "sqlstate", None) == "53100" or "database or disk is full" in str(orig)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -126,6 +132,11 @@ class Store:
 
     def unavailable(self, exc: BaseException) -> DatabaseUnavailable:
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else type(exc).__name__
+        if is_disk_full(exc):
+            return DatabaseFull(
+                f"the database at {self.masked_url} is full ({reason}), nothing was written; free space on its "
+                "disk or grow its volume (writers keep their batches until then)"
+            )
         return DatabaseUnavailable(
             f"cannot reach the database at {self.masked_url} ({reason}); "
             "check FLEETLENS_DB_URL and that the database server is running"

@@ -39,3 +39,7 @@ class DatabaseReadOnly(DatabaseUnavailable):
 class PartitionMissing(DatabaseUnavailable):
     """No partition of a sample table takes a row's time (its day and the default partition are both missing);
     writers keep their batches until `fleetlens init` or the rollup job creates it."""
+
+
+class DatabaseFull(DatabaseUnavailable):
+    """The database's disk (or SQLite's page limit) is full; writers keep their batches until there is room."""

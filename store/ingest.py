@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.exc import OperationalError
 
-from store.db import Store, is_read_only
+from store.db import Store, is_disk_full, is_read_only
 from store.errors import InvalidInput, PartitionMissing
 from store.models import DeviceSample, ProcessSample
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
@@ -87,7 +87,7 @@ def write_samples(
                 cursor.close()
     except Exception as exc:
         # Errors raised inside COPY or executemany come from the driver, not wrapped by SQLAlchemy.
-        if _is_connection_error(exc):
+        if _is_connection_error(exc) or is_disk_full(exc):
             raise store.unavailable(exc) from None
         if is_read_only(exc):
             raise store.read_only(exc) from None

@@ -1,5 +1,5 @@
 """PostgreSQL day partitions of the sample tables: rows land in their day, early rows are caught and moved,
-a missing partition or a read-only database refuses a batch whole with a clear error, retention drops whole days
+a missing partition, a read-only or a full database refuses a batch whole with a clear error, retention drops whole days
 only when every hour of them is rolled up, and `upgrade` from 0001 keeps every row."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 
 from analyzer.rollups import apply_retention, rollup
 from collector.spool import Spool
 from store.db import Store
-from store.errors import DatabaseReadOnly, DatabaseUnavailable, PartitionMissing
+from store.errors import DatabaseFull, DatabaseReadOnly, DatabaseUnavailable, PartitionMissing
 from store.ingest import write_samples
 from store.migrations import head_revision, upgrade
 from store.models import DeviceSample, ProcessSample, Workflow
@@ -20,7 +20,6 @@ from store.partitions import DAY, adopt_early_rows, day_of, default_name, ensure
 from store.registry import DeviceSpec, register_devices, register_host
 from store.workflows import upsert_workflow
 
-pytestmark = pytest.mark.pg
 GIB = 2**30
 
 
@@ -42,6 +41,7 @@ def count(store: Store, table: str) -> int:
         return conn.execute(text(f"SELECT count(*) FROM {table}")).scalar()
 
 
+@pytest.mark.pg
 def test_rows_land_in_their_day_and_early_rows_move_in_when_their_day_is_made(pg_store: Store) -> None:
     now = time.time()
     today = day_of(now)
@@ -63,6 +63,7 @@ def test_rows_land_in_their_day_and_early_rows_move_in_when_their_day_is_made(pg
     assert ensure_partitions(pg_store, now, now) == []  # idempotent
 
 
+@pytest.mark.pg
 def test_a_missing_partition_refuses_the_whole_batch_until_it_is_made(pg_store: Store) -> None:
     now = time.time()
     device = fleet(pg_store, now)
@@ -77,6 +78,7 @@ def test_a_missing_partition_refuses_the_whole_batch_until_it_is_made(pg_store: 
     assert write_samples(pg_store, *rows(device, [now, far])) == (2, 2)
 
 
+@pytest.mark.pg
 def test_a_read_only_database_refuses_writes_clearly_and_the_spool_keeps_them(pg_url: str, pg_store: Store,
                                                                                tmp_path) -> None:
     now = time.time()
@@ -103,6 +105,7 @@ def test_a_read_only_database_refuses_writes_clearly_and_the_spool_keeps_them(pg
         assert s.get(Workflow, "wf").last_seen == pytest.approx(now)
 
 
+@pytest.mark.pg
 def test_retention_drops_a_whole_day_only_when_every_hour_of_it_is_rolled_up(pg_store: Store) -> None:
     now = time.time()
     device = fleet(pg_store, now - 5 * DAY)
@@ -122,6 +125,7 @@ def test_retention_drops_a_whole_day_only_when_every_hour_of_it_is_rolled_up(pg_
         assert s.scalar(select(func.count()).select_from(ProcessSample)) == 1
 
 
+@pytest.mark.pg
 def test_upgrading_from_0001_keeps_every_row_and_its_id(pg_url: str) -> None:
     store = Store(pg_url)
     try:
@@ -142,3 +146,24 @@ def test_upgrading_from_0001_keeps_every_row_and_its_id(pg_url: str) -> None:
             assert conn.execute(text("SELECT max(id) FROM device_samples")).scalar() > before[-1][0]
     finally:
         store.dispose()
+
+
+def test_a_full_database_refuses_the_batch_whole_and_says_so(tmp_path) -> None:
+    """SQLite at its page limit stands for a disk that filled up: the same error, the same nothing-written."""
+    store = Store(f"sqlite:///{tmp_path / 'full.db'}")
+    upgrade(store)
+    now = time.time()
+    device = fleet(store, now)
+    write_samples(store, *rows(device, [now]))
+    with store.engine.connect() as conn:
+        pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
+    store.dispose()
+    event.listen(store.engine, "connect", lambda c, _r: c.execute(f"PRAGMA max_page_count = {pages + 2}"))
+    big = [now + k for k in range(1, 5000)]
+    with pytest.raises(DatabaseFull, match="is full") as err:
+        write_samples(store, *rows(device, big))
+    assert isinstance(err.value, DatabaseUnavailable)  # the agent spools it, as through an outage
+    with store.session() as s:
+        assert s.scalar(select(func.count()).select_from(DeviceSample)) == 1
+        assert s.scalar(select(func.count()).select_from(ProcessSample)) == 1
+    store.dispose()
