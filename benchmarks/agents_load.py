@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 from sqlalchemy import create_engine, func, select, text  # noqa: E402
 
 from collector.agent import Agent  # noqa: E402
-from collector.sources.replay import ReplaySource, read_recording  # noqa: E402
+from collector.recordings.read import read_recording  # noqa: E402
+from collector.sources.replay import ReplaySource  # noqa: E402
 from store.db import Store  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
 from store.models import Device, DeviceSample, Host, ProcessSample  # noqa: E402

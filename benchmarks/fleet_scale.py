@@ -33,10 +33,11 @@ import numpy as np  # noqa: E402
 from sqlalchemy import create_engine, insert, text  # noqa: E402
 
 from store.db import Store  # noqa: E402
-from store.ingest import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS, write_samples  # noqa: E402
+from store.ingest import write_samples  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
 from store.models import Device, Host, Workflow  # noqa: E402
 from store.partitions import ensure_partitions  # noqa: E402
+from store.samples import DeviceSampleRow, ProcessSampleRow  # noqa: E402
 
 PER_HOST, DAY, HOUR, GIB = 8, 86400.0, 3600.0, 1 << 30
 DETECT_MEMORY_LIMIT = 8 << 30  # the detection process is stopped past this address space rather than swap the box
@@ -92,22 +93,19 @@ def seed_day(store: Store, n: int, start: float, end: float) -> int:
 def ingest(store: Store, util: np.ndarray, start: float, seconds: int) -> tuple[int, float]:
     """The fleet's 1 Hz rows of [start, start + seconds), written in 10-second batches; (rows, seconds taken)."""
     n = len(util)
-    dev_idx = {c: i for i, c in enumerate(DEVICE_SAMPLE_COLUMNS)}
     written, took = 0, 0.0
     for b0 in range(0, seconds, 10):
         ts = [start + s for s in range(b0, min(seconds, b0 + 10))]
         dev, proc = [], []
         for d in range(n):
             u = float(util[d])
-            base = [None] * len(DEVICE_SAMPLE_COLUMNS)
-            for c, v in (("device_id", d + 1), ("gpu_util", u), ("mem_util", u / 2), ("mem_used", 40 * GIB),
-                         ("mem_total", 80 * GIB), ("power_w", 300.0), ("sm_active", u * 0.8)):
-                base[dev_idx[c]] = v
+            device = DeviceSampleRow(d + 1, 0.0, gpu_util=u, mem_util=u / 2, mem_used=40 * GIB, mem_total=80 * GIB,
+                                     power_w=300.0, sm_active=u * 0.8)
+            process = ProcessSampleRow(d + 1, f"wf-{d:05d}", f"h{d // PER_HOST:04d}", 1000 + d, 0.0,
+                                       mem_used=40 * GIB, sm_util=u)
             for t in ts:
-                base[dev_idx["ts"]] = t
-                dev.append(tuple(base))
-                proc.append((d + 1, f"wf-{d:05d}", f"h{d // PER_HOST:04d}", 1000 + d, t, 40 * GIB, u, None))
-        assert len(proc[0]) == len(PROCESS_SAMPLE_COLUMNS)
+                dev.append(device._replace(ts=t))
+                proc.append(process._replace(ts=t))
         t0 = time.perf_counter()
         nd, np_ = write_samples(store, dev, proc)
         took += time.perf_counter() - t0
