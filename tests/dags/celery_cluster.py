@@ -207,5 +207,10 @@ class CeleryCluster:
             keys = list(client.scan_iter(match=f"*{self.queue}*"))
             if keys:
                 client.delete(*keys)
+            # messages a killed worker held (acks_late) wait in kombu's shared 'unacked' hash: drop this run's
+            unacked = [tag for tag, msg in client.hscan_iter("unacked") if self.queue.encode() in msg]
+            if unacked:
+                client.hdel("unacked", *unacked)
+                client.zrem("unacked_index", *unacked)
         finally:
             client.close()
