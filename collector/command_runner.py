@@ -20,6 +20,7 @@ from typing import Any
 
 from store.commands import claim_pending, finish, has_pending
 from store.db import Store
+from store.errors import UnsafeToRun
 from store.models import Command
 from store.settings import Settings
 from store.signing import verify
@@ -208,6 +209,9 @@ class CommandRunner:
                              self.agent)
         try:
             result = fn(dict(command.payload or {}), ctx) if fn else None
+        except UnsafeToRun as exc:
+            log.error("command %d (%s) refused to run: %s", command.id, command.kind, exc)
+            return self._finish(command, "failed", {"error": f"{type(exc).__name__}: {exc}", "unsafe": True})
         except Exception as exc:
             log.exception("command %d (%s) failed", command.id, command.kind)
             return self._finish(command, "failed", {"error": f"{type(exc).__name__}: {exc}"})

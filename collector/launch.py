@@ -20,7 +20,7 @@ import psutil
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput, NotFound
-from store.models import Device, Lane
+from store.models import Device, Lane, Workflow
 
 MANAGED_ENV = "FLEETLENS_MANAGED"  # set to the host id in every managed job's environment: how agents find it
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
@@ -33,7 +33,9 @@ def job_env(session: Session, workflow_id: str, device_ids: Sequence[int], lane_
     devices = [session.get(Device, d) for d in device_ids]
     if any(d is None for d in devices):
         raise NotFound(f"device {device_ids} is no longer in the store")
-    env = {"FLEETLENS_WORKFLOW": workflow_id, MANAGED_ENV: host_id}
+    wf = session.get(Workflow, workflow_id)
+    env = {str(k): str(v) for k, v in ((wf.spec_env if wf is not None else None) or {}).items()}
+    env.update({"FLEETLENS_WORKFLOW": workflow_id, MANAGED_ENV: host_id})
     cores: list[int] | None = None
     if all(d.source == "cpu" for d in devices):
         cores = sorted({int(c) for d in devices for c in (d.cpu_cores or [])}) or None

@@ -2,12 +2,15 @@
 the per-lane iteration gate on the SDK socket, and reaping the jobs this agent started.
 
 Importing the module registers the four command kinds with collector.command_runner; `install(agent)` (called by
-the agent at start) puts the enforcer's `LaneGate` behind the SDK socket and starts the reaper. Every handler is
+the agent at start) puts the enforcer's `LaneGate` behind the SDK socket and starts the reaper and the storage
+prober (which says in the store which checkpoint locations this host can read). Every handler is
 idempotent, because the enforcer re-sends a command whose outcome it never saw (agent killed, database away):
 launching or relaunching a job that already runs returns the running process, stopping one that is gone says so.
 
-A relaunch runs only the command line registered for the workflow in the store (never one from the command),
-and resumes only from a checkpoint inside the workflow's own checkpoint folder.
+A launch or relaunch runs only the spec registered for the workflow (never one from the command), and only when
+its digest matches the signature made at registration; it resumes only from a recorded checkpoint inside the
+workflow's checkpoint location whose sha256 this host has checked. What fails those checks is refused (the
+command fails as unsafe, the enforcer puts the job back or leaves it stopped with its checkpoint).
 """
 
 from __future__ import annotations
@@ -18,15 +21,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import psutil
 
 from collector.command_runner import CommandContext, register_handler
 from collector.launch import find_job_processes, job_env, spawn_job
 from enforcer.gate import LaneGate
-from store.errors import DatabaseUnavailable, InvalidInput, NotFound
+from store.checkpoints import (
+    digest,
+    get_checkpoint,
+    is_local,
+    local_path,
+    locations_to_probe,
+    probe,
+    record_checkpoint,
+    record_probes,
+)
+from store.errors import DatabaseUnavailable, InvalidInput, NotFound, UnsafeToRun
 from store.models import Workflow
 from store.paths import log_path_for
 from store.placements import end_placements, mark_started
+from store.workflows import spec_refusal
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +119,51 @@ class _Reaper:
 REAPER = _Reaper()
 
 
+class _StorageProber:
+    """Says in the store, every FLEETLENS_STORAGE_PROBE_S, which checkpoint locations this host can read: the
+    planner moves a job to this host only when its checkpoint location is among them."""
+
+    def __init__(self) -> None:
+        self.agent: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, agent: Any) -> None:
+        self.agent = agent
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="fleetlens-storage-probe", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.probe_once()
+            except DatabaseUnavailable:
+                pass  # the agent's flusher reports the outage; the next round says it again
+            except Exception:
+                log.exception("probing checkpoint locations failed")
+            time.sleep(self.agent.settings.storage_probe_s)
+
+    def probe_once(self) -> dict[str, str | None]:
+        agent = self.agent
+        with agent.store.session() as session:
+            urls = locations_to_probe(session, agent.settings.checkpoint_url)
+        results = {url: probe(url) for url in urls}
+        if results:
+            with agent.store.session() as session:
+                record_probes(session, agent.host_id, results.items())
+        return results
+
+
+PROBER = _StorageProber()
+
+
 def install(agent: Any) -> None:
     """Called by the agent once it serves the SDK socket: the lane gate goes behind the socket, the reaper starts."""
     handlers = getattr(agent, "sdk_handler", None)
     if handlers is not None and hasattr(handlers, "gate") and handlers.gate is None:
         handlers.gate = LaneGate(agent.settings.policy, total_steps=_total_steps_lookup(handlers))
     REAPER.start(agent)
+    PROBER.start(agent)
 
 
 def _total_steps_lookup(handlers: Any) -> Any:
@@ -124,30 +178,74 @@ def _total_steps_lookup(handlers: Any) -> Any:
 
 # ---- starting a job -----------------------------------------------------------------------------------------
 
-def _workflow(ctx: CommandContext, workflow_id: str) -> dict[str, Any]:
+def _workflow(ctx: CommandContext, workflow_id: str, *, verify_spec: bool = True) -> dict[str, Any]:
+    """The workflow's registered relaunch spec; raises UnsafeToRun when it does not match its signature."""
     with ctx.store.session() as session:
         wf = session.get(Workflow, workflow_id)
         if wf is None:
             raise NotFound(f"workflow {workflow_id!r} is not in the store")
         if not wf.managed or not wf.command:
             raise InvalidInput(f"workflow {workflow_id!r} is not a managed job with a registered command line")
-        return {"command": list(wf.command), "cwd": wf.cwd or "/", "checkpoint_dir": wf.checkpoint_dir}
+        if verify_spec:
+            refusal = spec_refusal(wf, ctx.settings.secret_bytes())
+            if refusal is not None:
+                raise UnsafeToRun(f"{refusal} (host {ctx.host_id})")
+        return {"id": wf.id, "command": list(wf.command), "cwd": wf.cwd or "/", "checkpoint_dir": wf.checkpoint_dir,
+                "checkpoint_url": wf.checkpoint_url}
+
+
+def _inside(url: str, location: str) -> bool:
+    if is_local(url) and is_local(location):
+        return local_path(url).resolve().is_relative_to(local_path(location).resolve())
+    return url.startswith(location.rstrip("/") + "/")
+
+
+def _verified_checkpoint(ctx: CommandContext, wf: dict[str, Any], checkpoint_id: int) -> tuple[str, int | None]:
+    """(local path to resume from, its step) of a recorded checkpoint whose bytes this host read and found to match
+    the sha256 the writing agent recorded; raises UnsafeToRun otherwise (nothing is started)."""
+    with ctx.store.session() as session:
+        fact = get_checkpoint(session, checkpoint_id)
+    if fact is None or fact.workflow_id != wf["id"]:
+        raise UnsafeToRun(f"checkpoint {checkpoint_id} is not a recorded checkpoint of {wf['id']}; nothing started")
+    location = wf["checkpoint_url"] or wf["checkpoint_dir"] or ""
+    if not location or not _inside(fact.url, location):
+        raise UnsafeToRun(f"refusing to resume {wf['id']} from {fact.url}: not inside its checkpoint location "
+                          f"{location}; nothing started")
+    try:
+        sha, size = digest(fact.url)
+    except (OSError, ImportError, ValueError) as exc:
+        raise UnsafeToRun(f"host {ctx.host_id} cannot read the checkpoint {fact.url} of {wf['id']} ({exc}); "
+                          "nothing started") from None
+    if (sha, size) != (fact.sha256, fact.size_bytes):
+        raise UnsafeToRun(f"the checkpoint {fact.url} of {wf['id']} does not match what was recorded when it was "
+                          f"written (sha256 {sha[:12]}… of {size} bytes, recorded {fact.sha256[:12]}… of "
+                          f"{fact.size_bytes} bytes); nothing started")
+    if is_local(fact.url):
+        return str(local_path(fact.url)), fact.step
+    local = Path(wf["checkpoint_dir"]) / Path(fact.url.rstrip("/")).name
+    local.parent.mkdir(parents=True, exist_ok=True)
+    fsspec.open(fact.url).fs.get_file(fact.url, str(local))
+    if digest(str(local))[0] != fact.sha256:
+        raise UnsafeToRun(f"the copy of {fact.url} fetched to {local} does not match its recorded sha256; "
+                          "nothing started")
+    return str(local), fact.step
 
 
 def _start(ctx: CommandContext, workflow_id: str, device_ids: list[int], lane_id: int | None, *,
-           resume_from: str | None, resume_step: int | None, timeout_s: float) -> dict[str, Any]:
+           checkpoint_id: int | None, resume_folder: str | None, timeout_s: float) -> dict[str, Any]:
     running = [p for p in find_job_processes(workflow_id, ctx.host_id) if _alive(p)]
     if running:  # a re-sent command, or the previous agent started it before it died
         return {"pid": running[0].pid, "already_running": True, "connected": True}
     wf = _workflow(ctx, workflow_id)
-    if resume_from is not None:
-        folder = Path(wf["checkpoint_dir"] or "").resolve()
-        target = Path(resume_from).resolve()
-        if not wf["checkpoint_dir"] or not target.is_relative_to(folder):
-            raise InvalidInput(f"refusing to resume {workflow_id!r} from {resume_from}: not inside its checkpoint "
-                               f"folder {wf['checkpoint_dir']}")
-        if not target.exists():
-            raise InvalidInput(f"the checkpoint {resume_from} to resume {workflow_id!r} from does not exist")
+    resume_from: str | None = None
+    resume_step: int | None = None
+    if checkpoint_id is not None:
+        resume_from, resume_step = _verified_checkpoint(ctx, wf, int(checkpoint_id))
+    elif resume_folder is not None:  # no recorded checkpoint: the newest the job left in its own folder, if any
+        folder = Path(wf["checkpoint_dir"] or "")
+        if wf["checkpoint_dir"] and Path(resume_folder).resolve() == folder.resolve() and folder.is_dir() and any(
+                not p.name.startswith(".") for p in folder.iterdir()):
+            resume_from = str(folder)
     with ctx.store.session() as session:
         env, cores = job_env(session, workflow_id, device_ids, lane_id, host_id=ctx.host_id,
                              resume_from=resume_from, resume_step=resume_step)
@@ -157,7 +255,8 @@ def _start(ctx: CommandContext, workflow_id: str, device_ids: list[int], lane_id
                 f"{' resuming from ' + resume_from if resume_from else ''}\n".encode())
     popen = spawn_job(wf["command"], wf["cwd"], env, cores=cores, log_path=log_path, detach=True)
     REAPER.add(popen, workflow_id)
-    return _confirm(ctx, popen, workflow_id, log_path, timeout_s)
+    result = _confirm(ctx, popen, workflow_id, log_path, timeout_s)
+    return {**result, "resume_from": resume_from, "resume_step": resume_step}
 
 
 def _confirm(ctx: CommandContext, popen: Any, workflow_id: str, log_path: Path, timeout_s: float) -> dict[str, Any]:
@@ -189,16 +288,19 @@ def handle_launch(payload: dict[str, Any], ctx: CommandContext) -> dict[str, Any
     """Start a registered managed job where `fleetlens run --detach` placed it; its placement gets the pid."""
     workflow_id = str(payload["workflow_id"])
     result = _start(ctx, workflow_id, [int(d) for d in payload["device_ids"]], payload.get("lane_id"),
-                    resume_from=None, resume_step=None,
+                    checkpoint_id=None, resume_folder=None,
                     timeout_s=float(payload.get("timeout_s", DEFAULT_START_TIMEOUT_S)))
     mark_started(ctx.store, workflow_id, [int(p) for p in payload.get("placement_ids", [])], result["pid"])
     return result
 
 
 def handle_relaunch(payload: dict[str, Any], ctx: CommandContext) -> dict[str, Any]:
-    """Start the workflow's registered command on a device / lane, resuming from its checkpoint."""
+    """Start the workflow's signed relaunch spec on a device / lane, resuming from its recorded checkpoint (whose
+    sha256 this host checks first) or, with none recorded, from the newest one in its own folder."""
+    checkpoint_id = payload.get("checkpoint_id")
     return _start(ctx, str(payload["workflow_id"]), [int(payload["device_id"])], payload.get("lane_id"),
-                  resume_from=payload.get("resume_from"), resume_step=payload.get("resume_step"),
+                  checkpoint_id=None if checkpoint_id is None else int(checkpoint_id),
+                  resume_folder=payload.get("resume_folder"),
                   timeout_s=float(payload.get("timeout_s", DEFAULT_START_TIMEOUT_S)))
 
 
@@ -226,6 +328,8 @@ def handle_checkpoint(payload: dict[str, Any], ctx: CommandContext) -> dict[str,
             out = {"status": result["status"], "path": result.get("path"), "step": result.get("step"),
                    "error": result.get("error"), "pids": [p.pid for p in procs]}
             handlers.cancel_checkpoint(request_id)
+            if out["status"] == "done" and out["path"]:
+                out.update(_record(ctx, workflow_id, str(out["path"]), out["step"]))
             return out
         now = time.monotonic()
         if now >= next_check:
@@ -241,6 +345,24 @@ def handle_checkpoint(payload: dict[str, Any], ctx: CommandContext) -> dict[str,
                 f"({'it was told, but never saved' if delivered else 'it never polled the agent: no fleetlens SDK?'})"
             )}
         time.sleep(0.02)
+
+
+def _record(ctx: CommandContext, workflow_id: str, path: str, step: int | None) -> dict[str, Any]:
+    """The checkpoint the job just wrote becomes a fact in the store: published to the job's checkpoint location
+    (an object store gets a copy), read back through fsspec for its size and sha256, and recorded."""
+    wf = _workflow(ctx, workflow_id, verify_spec=False)
+    try:
+        url = str(Path(path).resolve())
+        if wf["checkpoint_url"] and not is_local(wf["checkpoint_url"]):
+            url = f"{wf['checkpoint_url'].rstrip('/')}/{Path(path).name}"
+            fsspec.open(url).fs.put_file(path, url)
+        sha, size = digest(url)
+    except (OSError, ImportError, ValueError) as exc:
+        return {"status": "failed", "error": f"the checkpoint {path} could not be published and read back ({exc})"}
+    with ctx.store.session() as session:
+        fact = record_checkpoint(session, workflow_id, host_id=ctx.host_id, url=url, step=step, sha256=sha,
+                                 size_bytes=size, action_id=ctx.action_id)
+    return {"checkpoint_id": fact.id, "url": url, "sha256": sha, "size_bytes": size}
 
 
 def handle_stop(payload: dict[str, Any], ctx: CommandContext) -> dict[str, Any]:

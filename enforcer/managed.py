@@ -12,7 +12,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,13 @@ from sqlalchemy.orm import Session
 
 from enforcer.lanes import Fleet, Job
 from enforcer.policies import get_policy
+from store.checkpoints import check_location, is_local, local_path, location_for
 from store.db import Store
 from store.errors import ConfigError, InvalidInput, NotFound
 from store.models import Device, Host, Lane, Placement, Workflow
 from store.paths import checkpoint_dir_for
 from store.settings import Settings, get_settings
-from store.workflows import upsert_workflow
+from store.workflows import sign_workflow_spec, upsert_workflow
 
 DEFAULT_PERSISTENT = 1 << 30  # P assumed for a job whose memory nobody has measured yet (1 GiB)
 
@@ -137,9 +138,16 @@ def register_managed(
     policy: str | None = None,
     host_id: str | None = None,
     devices: Sequence[int] | None = None,
+    checkpoint_url: str | None = None,
+    env: Mapping[str, str] | None = None,
     now: float | None = None,
 ) -> ManagedJob:
     """Register a managed job, place it under the policy on `host_id`'s devices, and record the placement.
+
+    The relaunch spec (command line, working folder, `env`, checkpoint location) is fixed here: its digest is
+    signed under the fleet secret, and agents run only a spec that matches it. `checkpoint_url` (else
+    FLEETLENS_CHECKPOINT_URL) is where the job's checkpoints go, as an fsspec URL; a job without one checkpoints
+    into its host's FLEETLENS_HOME and can move between that host's devices only.
 
     `devices` (device ids) restricts the policy's choice to those devices, e.g. to keep a job beside its data.
 
@@ -170,8 +178,16 @@ def register_managed(
     workflow_id = workflow_id or (f"{_slug(name)}-{uuid.uuid4().hex[:6]}" if name else
                                   f"{_slug(Path(command[-1] if command[0].startswith('python') else command[0]).stem)}"
                                   f"-{uuid.uuid4().hex[:6]}")
-    ckpt = checkpoint_dir_for(settings, workflow_id)
+    location = checkpoint_url or settings.checkpoint_url
+    location = location_for(location, workflow_id) if location else None
+    if location is not None:
+        check_location(location)
+    # a local or mounted folder is written by the job itself; an object store gets what the job wrote locally
+    ckpt = local_path(location) if location is not None and is_local(location) else checkpoint_dir_for(
+        settings, workflow_id)
     _check_writable(ckpt)
+    spec_env = {str(k): str(v) for k, v in (env or {}).items()}
+    secret = settings.secret_bytes()
     now = time.time() if now is None else now
     whole = lane is None or chosen.exclusive
     only = None if devices is None else {int(d) for d in devices}
@@ -212,8 +228,9 @@ def register_managed(
         wf = upsert_workflow(
             session, workflow_id, now=now, id_source="managed", name=name or workflow_id, managed=True,
             movable=movable, team=team, command=command, cwd=cwd, checkpoint_dir=str(ckpt), declared_steps=steps,
-            gpus=len(admissions), state="running",
+            gpus=len(admissions), state="running", checkpoint_url=location, spec_env=spec_env,
         )
+        sign_workflow_spec(wf, secret)
         if mem_bytes is not None:
             wf.mem_persistent, wf.mem_ephemeral = int(mem_bytes), 0
         lane_id: int | None = None

@@ -21,19 +21,20 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from enforcer.lanes import PERSISTENT_FACTOR, lane_fits, whole_device_fits
+from store.checkpoints import latest_checkpoint, unreadable_reason
 from store.commands import enqueue_command
 from store.db import Store
 from store.errors import DatabaseUnavailable, FleetlensError, InvalidInput, NotFound
 from store.models import Action, ActionEvent, Command, Device, Lane, Placement, StepStat, Workflow
 from store.placements import close_empty_lanes
 from store.settings import Settings, get_settings
+from store.workflows import spec_refusal
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class MigrationOptions:
 
 def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lane_id: int | None = None,
                     new_lane_size: int | None = None, compute_share: float = 1.0, policy: str | None = None,
-                    now: float | None = None) -> int:
+                    settings: Settings | None = None, now: float | None = None) -> int:
     """A 'planned' migration of a running managed job to a device (whole), an existing lane, or a new lane of
     `new_lane_size` bytes; returns the action id. Raises, with nothing written, when the move makes no sense."""
     now = time.time() if now is None else now
@@ -84,6 +85,9 @@ def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lan
             raise NotFound(f"target device {to_device_id} is not in the store (or lost); nothing moved")
         if to_lane_id is not None and session.get(Lane, to_lane_id) is None:
             raise NotFound(f"target lane {to_lane_id} is not in the store; nothing moved")
+        refusal = move_refusal(session, wf, here.host_id, target.host_id, settings or get_settings(), now=now)
+        if refusal is not None:
+            raise InvalidInput(f"refused: {refusal}; nothing moved, {workflow_id} runs on where it is")
         p_prime, e = _profile(wf, here)
         if new_lane_size is not None:
             lane = Lane(device_id=to_device_id, size_bytes=int(new_lane_size), compute_share=compute_share,
@@ -96,6 +100,17 @@ def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lan
                                      f"{f' lane {to_lane_id}' if to_lane_id else ' (whole device)'}",
                              detail={"p_prime": p_prime, "ephemeral": e})
         return action.id
+
+
+def move_refusal(session: Session, wf: Workflow, source_host: str | None, target_host: str, settings: Settings,
+                 *, now: float) -> str | None:
+    """Why moving `wf` from `source_host` to `target_host` cannot be done safely (None when it can): its relaunch
+    spec no longer matches its signature, or the target cannot read its checkpoint location."""
+    refusal = spec_refusal(wf, settings.secret_bytes())
+    if refusal is not None:
+        return refusal
+    return unreadable_reason(session, wf, source_host, target_host, max_age_s=settings.storage_probe_max_age_s,
+                             now=now)
 
 
 def plan_action(session: Session, workflow_id: str, policy: str | None, from_device_id: int, to_device_id: int,
@@ -299,6 +314,10 @@ class _Step:
         if target is None or target.state != "ok":
             self.fail(f"target device {self.action.to_device_id} is gone; nothing moved")
             return
+        refusal = move_refusal(self.session, wf, here.host_id, target.host_id, self.settings, now=self.now)
+        if refusal is not None:
+            self.fail(f"refused: {refusal}; nothing moved, {wf.id} runs on where it is", {"refused": refusal})
+            return
         self.ask_checkpoint(wf, here.host_id)
         self.to("checkpoint_requested",
                 f"asked {wf.id} on host {here.host_id} to save a checkpoint into {wf.checkpoint_dir}",
@@ -337,9 +356,11 @@ class _Step:
                       f"left as it was", result)
             return
         status = result.get("status")
-        if status == "done" and result.get("path"):
-            self.to("checkpointed", f"{wf.id} saved a checkpoint at step {result.get('step')}: {result['path']}",
-                    result, checkpoint_path=str(result["path"]),
+        if status == "done" and result.get("checkpoint_id") is not None:
+            self.to("checkpointed", f"{wf.id} saved a checkpoint at step {result.get('step')}: {result['url']} "
+                    f"({result.get('size_bytes')} bytes, sha256 {str(result.get('sha256'))[:12]}…, recorded by "
+                    f"{command.host_id})", result, checkpoint_path=str(result["url"]),
+                    checkpoint_id=int(result["checkpoint_id"]),
                     checkpoint_step=None if result.get("step") is None else int(result["step"]))
         elif status == "gone":
             wf.state = "moving"
@@ -396,6 +417,18 @@ class _Step:
         if command is not None and command.status == "done":
             self.relaunched_at(wf, command, move)
             return
+        if command is not None and command.status == "failed" and (command.result or {}).get("unsafe"):
+            why = (command.result or {}).get("error")
+            if move:
+                self.to("rolling_back", f"the agent on {command.host_id} refused to start {wf.id} ({why}); putting "
+                        "it back where it was", dict(command.result or {}))
+            else:
+                wf.state = "failed"  # nothing that cannot be verified runs: its owner must start it again
+                self.fail(f"the agent on {command.host_id} refused to restart {wf.id} where it was ({why}); it is "
+                          f"stopped and nothing unverified was run, its checkpoint is "
+                          f"{self.action.checkpoint_path or '(none)'}: start it again with `fleetlens run`",
+                          dict(command.result or {}))
+            return
         if command is not None and len(sent) >= self.options.max_attempts:
             why = (command.result or {}).get("error") or ("no answer" if command.status in OUTSTANDING
                                                           else command.status)
@@ -422,10 +455,11 @@ class _Step:
                 self.fail(f"device {device_id} where {wf.id} ran is gone; it is stopped, its checkpoint is "
                           f"{self.action.checkpoint_path}")
             return
-        resume_from, resume_step = self.resume_point(wf)
+        checkpoint_id, resume_from, resume_step = self.resume_point(wf)
         self.send(host, "relaunch", {
-            "workflow_id": wf.id, "device_id": device_id, "lane_id": lane_id, "resume_from": resume_from,
-            "resume_step": resume_step, "purpose": purpose, "timeout_s": self.options.start_timeout_s,
+            "workflow_id": wf.id, "device_id": device_id, "lane_id": lane_id, "checkpoint_id": checkpoint_id,
+            "resume_folder": None if checkpoint_id is not None else wf.checkpoint_dir, "purpose": purpose,
+            "timeout_s": self.options.start_timeout_s,
         }, deadline_s=self.options.start_timeout_s + 5)
         where = f"device {device_id}{f' lane {lane_id}' if lane_id else ''} on {host}"
         again = ""
@@ -433,8 +467,8 @@ class _Step:
             last = ("got no answer" if command.status in OUTSTANDING
                     else f"failed: {(command.result or {}).get('error')}")
             again = f" (again: the last try {last})"
-        self.note(f"starting {wf.id} on {where} from {resume_from or 'the beginning'}{again}",
-                  {"resume_from": resume_from, "resume_step": resume_step})
+        self.note(f"starting {wf.id} on {where} from {resume_from or 'its newest checkpoint there, if any'}{again}",
+                  {"checkpoint_id": checkpoint_id, "resume_from": resume_from, "resume_step": resume_step})
 
     def destination(self, wf: Workflow, move: bool) -> tuple[int, int | None]:
         if move:
@@ -448,13 +482,15 @@ class _Step:
             return int(self.action.from_device_id), lane.id if lane is not None and lane.state == "open" else None
         return int(self.action.from_device_id), here.lane_id
 
-    def resume_point(self, wf: Workflow) -> tuple[str | None, int | None]:
-        if self.action.checkpoint_path and Path(self.action.checkpoint_path).exists():
-            return self.action.checkpoint_path, self.action.checkpoint_step
-        folder = Path(wf.checkpoint_dir or "")
-        if wf.checkpoint_dir and folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):
-            return str(folder), None  # the job's newest checkpoint in its folder (the job picks it)
-        return None, None
+    def resume_point(self, wf: Workflow) -> tuple[int | None, str | None, int | None]:
+        """(checkpoint id, location, step) to resume from: the move's recorded checkpoint, else the newest recorded
+        one. Whether it can be read, and is intact, the agent that starts the job checks (not this host's disk)."""
+        if self.action.checkpoint_id is not None:
+            return self.action.checkpoint_id, self.action.checkpoint_path, self.action.checkpoint_step
+        fact = latest_checkpoint(self.session, wf.id)
+        if fact is not None:
+            return fact.id, fact.url, fact.step
+        return None, None, None
 
     def target_full(self, wf: Workflow) -> str | None:
         """Why the target cannot take the job now (None when it can): the lanes' admission rule against the store."""
@@ -526,8 +562,13 @@ class _Step:
         pid = int((command.result or {})["pid"])
         first = self.session.scalar(select(StepStat).where(StepStat.workflow_id == wf.id, StepStat.pid == pid)
                                     .order_by(StepStat.first_step).limit(1))
+        expected = self.action.checkpoint_step
         if first is not None:
-            expected = self.action.checkpoint_step
+            if expected is not None and first.first_step < expected:
+                self.unwind(wf, command.host_id, f"{wf.id} resumed at step {first.first_step} as pid {pid}, below its "
+                            f"checkpoint step {expected}: work would be redone or lost",
+                            {"pid": pid, "first_step": first.first_step, "checkpoint_step": expected})
+                return
             gap = expected is not None and first.first_step > expected
             self.to("resumed", f"{wf.id} resumed at step {first.first_step} (checkpoint step {expected}) as pid {pid}"
                     f"{'; steps between were not reported' if gap else ''}",
@@ -543,11 +584,35 @@ class _Step:
                     "was, from its checkpoint", {"pid": pid})
             return
         if self.now - self.action.updated_at > self.options.resume_timeout_s:
-            self.fail(f"{wf.id} was started as pid {pid} but reported no step within "
-                      f"{self.options.resume_timeout_s:.0f} s; see its log ({(command.result or {}).get('log')})")
+            self.unwind(wf, command.host_id, f"{wf.id} was started as pid {pid} but reported no step within "
+                        f"{self.options.resume_timeout_s:.0f} s (see its log {(command.result or {}).get('log')})",
+                        {"pid": pid})
+
+    def unwind(self, wf: Workflow, host: str, why: str, detail: dict[str, Any]) -> None:
+        """Stop the relaunched job at the target and roll back: it is started where it was, from its checkpoint."""
+        wf.state = "moving"
+        self.send(host, "stop", {"workflow_id": wf.id, "grace_s": self.options.stop_grace_s, "purpose": "unwind"},
+                  deadline_s=self.options.stop_grace_s + 5)
+        self.to("rolling_back", f"{why}; stopping it on {host} and putting it back where it was, from its "
+                "checkpoint", detail)
 
     # ---- rolling back: relaunch where it was, from its checkpoint
     def rolling_back(self, wf: Workflow) -> None:
+        unwinds = self.commands("stop", "unwind")
+        if unwinds:
+            last = unwinds[-1]
+            if last.status in OUTSTANDING and not self.lost(last):
+                return
+            if last.status != "done":
+                if len(unwinds) >= self.options.max_attempts:
+                    self.fail(f"{wf.id} could not be stopped on {last.host_id} after {len(unwinds)} tries "
+                              f"({(last.result or {}).get('error') or last.status}); it was not started again where "
+                              "it was, so that it never runs twice", dict(last.result or {}))
+                    return
+                self.send(last.host_id, "stop", {"workflow_id": wf.id, "grace_s": self.options.stop_grace_s,
+                                                 "purpose": "unwind"}, deadline_s=self.options.stop_grace_s + 5)
+                self.note(f"stopping {wf.id} on {last.host_id} again: the last stop got no answer")
+                return
         self.relaunch(wf, purpose="rollback")
 
 

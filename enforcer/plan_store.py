@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from enforcer.lanes import PERSISTENT_FACTOR
-from enforcer.migration import plan_action
+from enforcer.migration import move_refusal, plan_action
 from enforcer.planner import Holding, Move, PlanDevice, PlanResult, plan_moves
 from enforcer.policies import get_policy
 from store.db import Store
@@ -134,18 +134,42 @@ def make_plan(store: Store, policy: str = "pack", *, apply: bool = False, settin
         devices, holdings = load_state(session, settings, now)
     result = plan_moves(devices, holdings, chosen, max_moves=settings.max_moves_per_cycle)
     with store.session() as session:
+        refuse_unsafe_moves(session, result, settings, now)
+    with store.session() as session:
         row = Plan(created_at=now, policy=chosen.name, applied=False, devices_freed=len(result.devices_freed),
                    moves=[asdict(m) for m in result.moves], summary=result.summary())
         session.add(row)
         session.flush()
         result.plan_id = row.id
     if apply and result.moves:
-        apply_plan(store, result.plan_id, now=now)
+        apply_plan(store, result.plan_id, settings=settings, now=now)
         result.applied = True
     return result
 
 
-def apply_plan(store: Store, plan_id: int, *, now: float | None = None) -> list[Action]:
+def refuse_unsafe_moves(session: Session, result: PlanResult, settings: Settings, now: float) -> None:
+    """Take out of the plan every move that cannot be made safely (the target host cannot read the job's
+    checkpoint location, or its relaunch spec no longer matches its signature), with the reason in
+    `result.refused`; a device one of whose jobs cannot go is not emptied, so none of its moves are made."""
+    hosts = {d.id: d.host_id for d in session.scalars(select(Device))}
+    blocked: set[int] = set()
+    for m in result.moves:
+        wf = session.get(Workflow, m.workflow_id)
+        reason = "the workflow is gone" if wf is None else move_refusal(
+            session, wf, hosts.get(m.from_device_id), hosts.get(m.to_device_id, ""), settings, now=now)
+        if reason is not None:
+            blocked.add(m.from_device_id)
+            result.refused.append({"workflow_id": m.workflow_id, "from_device_id": m.from_device_id,
+                                   "to_device_id": m.to_device_id, "reason": reason})
+    if blocked:
+        dropped = [m for m in result.moves if m.from_device_id in blocked]
+        result.moves = [m for m in result.moves if m.from_device_id not in blocked]
+        result.devices_freed = [d for d in result.devices_freed if d not in blocked]
+        result.skipped["refused: not safe to move"] = result.skipped.get("refused: not safe to move", 0) + len(dropped)
+
+
+def apply_plan(store: Store, plan_id: int, *, settings: Settings | None = None,
+               now: float | None = None) -> list[Action]:
     """Turn a recorded plan into actions in state 'planned' (one per move) and open the lanes it needs.
 
     All or nothing: a plan that is unknown or already applied, or names a workflow that has gone, a job no
@@ -176,6 +200,11 @@ def apply_plan(store: Store, plan_id: int, *, now: float | None = None) -> list[
             target = session.get(Device, m.to_device_id)
             if target is None or target.state != "ok":
                 raise NotFound(f"plan {plan_id}: target device {m.to_device_id} is gone; nothing was moved")
+            source = session.get(Device, m.from_device_id)
+            refusal = move_refusal(session, wf, source.host_id if source is not None else None, target.host_id,
+                                   settings or get_settings(), now=now)
+            if refusal is not None:
+                raise InvalidInput(f"plan {plan_id}: refused to move {m.workflow_id!r}: {refusal}; nothing was moved")
         new_lanes: dict[str, int] = {}
         actions = []
         for m in moves:

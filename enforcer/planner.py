@@ -79,12 +79,13 @@ class PlanResult:
     skipped: dict[str, int] = field(default_factory=dict)  # why candidates were not moved, counted
     plan_id: int | None = None
     applied: bool = False
+    refused: list[dict[str, Any]] = field(default_factory=list)  # moves that cannot be made safely, with the reason
 
     def summary(self) -> dict[str, Any]:
         worst = max((m.expected_slowdown for m in self.moves), default=1.0)
         return {"moves": len(self.moves), "devices_freed": len(self.devices_freed),
                 "freed_device_ids": self.devices_freed, "max_expected_slowdown": round(worst, 4),
-                "skipped": self.skipped}
+                "skipped": self.skipped, "refused": self.refused}
 
 
 def plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Policy | str = "pack",

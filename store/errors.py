@@ -43,3 +43,8 @@ class PartitionMissing(DatabaseUnavailable):
 
 class DatabaseFull(DatabaseUnavailable):
     """The database's disk (or SQLite's page limit) is full; writers keep their batches until there is room."""
+
+
+class UnsafeToRun(FleetlensError):
+    """An agent refuses to start what it cannot verify: a relaunch spec that does not match its signature, or a
+    checkpoint whose sha256 does not match the one recorded when it was written. Retrying cannot help."""

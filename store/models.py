@@ -84,6 +84,11 @@ class Workflow(Base):
     command: Mapped[list[Any] | None]
     cwd: Mapped[str | None] = mapped_column(Text)
     checkpoint_dir: Mapped[str | None] = mapped_column(Text)
+    # the shared location (fsspec URL) of its checkpoints; NULL: checkpoint_dir on its own host only
+    checkpoint_url: Mapped[str | None] = mapped_column(Text)
+    spec_env: Mapped[dict[str, Any] | None]  # environment the job is (re)launched with, fixed at registration
+    # HMAC of the relaunch spec (command, cwd, environment, checkpoint location); an agent runs only a matching spec
+    spec_signature: Mapped[str | None] = mapped_column(String(128))
     declared_steps: Mapped[int | None]
     gpus: Mapped[int] = mapped_column(Integer, default=1)
     # memory profile reported by the job SDK (bytes): persistent P and per-step ephemeral peak E
@@ -338,6 +343,7 @@ class Action(Base):
     expected_slowdown: Mapped[float | None]
     checkpoint_path: Mapped[str | None] = mapped_column(Text)
     checkpoint_step: Mapped[int | None]
+    checkpoint_id: Mapped[int | None] = mapped_column(BigInteger)  # the checkpoints row the move resumes from
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float]
@@ -376,3 +382,32 @@ class Command(Base):
     claimed_at: Mapped[float | None]
     done_at: Mapped[float | None]
     result: Mapped[dict[str, Any] | None]
+
+
+class Checkpoint(Base):
+    """A checkpoint the agent saw a job write: its step, size, location and sha256."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (Index("ix_checkpoints_workflow_created", "workflow_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"))
+    action_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("actions.id", ondelete="SET NULL"))
+    host_id: Mapped[str] = mapped_column(String(255))  # the agent that saw it written
+    step: Mapped[int | None]
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    url: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float]
+
+
+class HostStorage(Base):
+    """What a host's agent last found when it probed a checkpoint location: whether it can read it."""
+
+    __tablename__ = "host_storage"
+
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True)
+    url: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    readable: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str | None] = mapped_column(Text)
+    checked_at: Mapped[float]

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     cooldown_s: float = 3600.0
     movable_teams: list[str] = Field(default_factory=list)
     checkpoint_timeout_s: float = 120.0
+    # where managed jobs checkpoint, as an fsspec URL (a shared folder, s3://... where s3fs is installed); unset:
+    # each host's FLEETLENS_HOME/checkpoints, which only that host reads, so jobs move between its devices only
+    checkpoint_url: str | None = None
+    storage_probe_s: float = Field(30.0, gt=0)  # agents say this often which checkpoint locations they can read
+    storage_probe_max_age_s: float = Field(120.0, gt=0)  # an older probe does not count when planning a move
     enforce_drive_s: float = Field(120.0, ge=0)  # one enforcement cycle drives migrations this long (0: one step)
     # consolidation (enforcer.consolidate): re-pack by observed demand every interval
     consolidate_interval_s: float = Field(900.0, gt=0)

@@ -42,3 +42,26 @@ def verify(
     except (TypeError, ValueError):  # a payload that is not JSON cannot have been signed by us
         return False
     return hmac.compare_digest(expected, signature)
+
+
+def spec_digest(command: list[str], cwd: str, env: dict[str, str], checkpoint_dir: str | None,
+                checkpoint_url: str | None) -> str:
+    """The sha256 of a managed job's relaunch spec: what an agent runs, where, with which environment, and from
+    which checkpoint location."""
+    doc = {"checkpoint_dir": checkpoint_dir, "checkpoint_url": checkpoint_url, "command": [str(c) for c in command],
+           "cwd": cwd, "env": {str(k): str(v) for k, v in env.items()}}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sign_spec(secret: bytes, digest: str) -> str:
+    """The hex HMAC-SHA256 of a relaunch spec's digest under the fleet secret."""
+    if not secret:
+        raise ValueError("an empty key cannot sign a relaunch spec; set FLEETLENS_SECRET")
+    return hmac.new(secret, b"relaunch-spec:" + digest.encode(), hashlib.sha256).hexdigest()
+
+
+def verify_spec(secret: bytes, signature: str | None, digest: str) -> bool:
+    if not signature or not secret:
+        return False
+    return hmac.compare_digest(sign_spec(secret, digest), signature)

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from store.errors import NotFound
 from store.models import Team, Workflow
+from store.signing import sign_spec, spec_digest, verify_spec
 
 
 def get_workflow(session: Session, workflow_id: str) -> Workflow:
@@ -45,3 +46,25 @@ def is_movable(session: Session, workflow: Workflow) -> bool:
         team = session.scalar(select(Team).where(Team.name == workflow.team))
         return bool(team and team.movable)
     return False
+
+
+def workflow_spec_digest(workflow: Workflow) -> str:
+    return spec_digest(list(workflow.command or []), workflow.cwd or "", dict(workflow.spec_env or {}),
+                       workflow.checkpoint_dir, workflow.checkpoint_url)
+
+
+def sign_workflow_spec(workflow: Workflow, secret: bytes) -> None:
+    """Fix the managed job's relaunch spec as it is now: its digest, signed under the fleet secret."""
+    workflow.spec_signature = sign_spec(secret, workflow_spec_digest(workflow))
+
+
+def spec_refusal(workflow: Workflow, secret: bytes) -> str | None:
+    """Why the managed job's relaunch spec must not run (None when its signature matches it)."""
+    if not workflow.spec_signature:
+        return (f"refused: {workflow.id} has no signed relaunch spec (registered by an older fleetlens); start it "
+                "again with `fleetlens run`")
+    if not verify_spec(secret, workflow.spec_signature, workflow_spec_digest(workflow)):
+        return (f"refused: the relaunch spec of {workflow.id} (command line, working folder, environment or "
+                "checkpoint location) does not match the digest signed when it was registered; it was changed in "
+                "the store since, or signed with another FLEETLENS_SECRET. Nothing was started")
+    return None

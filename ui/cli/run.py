@@ -29,6 +29,9 @@ def run(
     policy: str = typer.Option(None, "--policy", help="Placement policy (default: FLEETLENS_POLICY)."),
     detach: bool = typer.Option(False, "--detach", help="The host's agent starts and owns the job; return at once."),
     device: list[int] = typer.Option(None, "--device", help="Only place on this device id (repeatable)."),
+    checkpoint_url: str = typer.Option(
+        None, "--checkpoint-url", help="Where the job checkpoints, an fsspec URL (shared folder, s3://...; default "
+        "FLEETLENS_CHECKPOINT_URL, else this host's FLEETLENS_HOME). Moves to another host need one it can read."),
 ) -> int:
     """Start CMD as a managed job: registered, placed under the policy, and movable by the enforcer if allowed."""
     command = list(ctx.args)
@@ -42,7 +45,7 @@ def run(
     job, code = run_managed(
         store, command, detach=detach, settings=s, gpus=gpus, lane=lane, movable=movable, team=team, steps=steps,
         name=name, mem_bytes=None if mem_mb is None else int(mem_mb * 2**20), util=util, policy=policy,
-        devices=device or None,
+        devices=device or None, checkpoint_url=checkpoint_url,
     )
     where = f"device(s) {', '.join(map(str, job.device_ids))}" + (f" lane {job.lane_id}" if job.lane_id else "")
     if detach:

@@ -1,0 +1,171 @@
+"""Checkpoints as facts in the store: where a job's checkpoints live (a URL read through fsspec), what each one
+the agent saw written holds (step, size, sha256), and which hosts say they can read which locations.
+
+A workflow's checkpoint location is `<checkpoint url>/<workflow>` when the fleet (FLEETLENS_CHECKPOINT_URL) or
+the job (`fleetlens run --checkpoint-url`) names one: a local or shared folder, or an object store whose fsspec
+backend is installed. Without one, the job checkpoints into its host's FLEETLENS_HOME, which no other host is
+assumed to read: such a job can move between the devices of its host only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+from fsspec.utils import get_protocol
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from store.errors import InvalidInput
+from store.models import Checkpoint, HostStorage, Workflow
+from store.paths import path_component
+
+LOCAL_PROTOCOLS = ("file", "local")
+_CHUNK = 1 << 20
+
+
+def is_local(url: str) -> bool:
+    """Whether `url` names a path of this machine's filesystem (a local or mounted shared folder)."""
+    return get_protocol(url) in LOCAL_PROTOCOLS
+
+
+def local_path(url: str) -> Path:
+    """The filesystem path of a local URL (`/x`, `file:///x`)."""
+    _, path = fsspec.core.url_to_fs(url)
+    return Path(path)
+
+
+def location_for(checkpoint_url: str, workflow_id: str) -> str:
+    """The workflow's checkpoint location under a fleet's or job's checkpoint URL."""
+    base = checkpoint_url.rstrip("/")
+    if is_local(base):
+        return str(local_path(base) / path_component(workflow_id))
+    return f"{base}/{path_component(workflow_id)}"
+
+
+def check_location(url: str) -> None:
+    """Raise InvalidInput unless the location can be created and written here (before a job relies on it)."""
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        fs.makedirs(path, exist_ok=True)
+        probe = f"{path.rstrip('/')}/.fleetlens-probe"
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except ImportError as exc:
+        raise InvalidInput(f"the checkpoint location {url} needs an fsspec backend that is not installed ({exc}); "
+                           "install it, or choose a local or shared folder") from None
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(f"the checkpoint location {url} cannot be written ({exc}); choose a folder or bucket "
+                           "this host can write, with --checkpoint-url or FLEETLENS_CHECKPOINT_URL") from None
+
+
+def digest(url: str) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of the file at `url`, read through fsspec."""
+    h = hashlib.sha256()
+    size = 0
+    with fsspec.open(url, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def probe(url: str) -> str | None:
+    """None when this host can list the location `url`, else why not."""
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        if not fs.isdir(path):
+            return f"{url} is not a folder this host can see"
+        fs.ls(path, detail=False)
+    except ImportError as exc:
+        return f"no fsspec backend for {url} on this host ({exc})"
+    except (OSError, ValueError) as exc:
+        return f"{url} cannot be read here: {exc}"
+    return None
+
+
+@dataclass(frozen=True)
+class CheckpointFact:
+    id: int
+    workflow_id: str
+    step: int | None
+    size_bytes: int
+    url: str
+    sha256: str
+    host_id: str
+
+
+def record_checkpoint(session: Session, workflow_id: str, *, host_id: str, url: str, step: int | None,
+                      sha256: str, size_bytes: int, action_id: int | None = None,
+                      now: float | None = None) -> CheckpointFact:
+    row = Checkpoint(workflow_id=workflow_id, host_id=host_id, url=url, step=step, sha256=sha256,
+                     size_bytes=int(size_bytes), action_id=action_id, created_at=time.time() if now is None else now)
+    session.add(row)
+    session.flush()
+    return _fact(row)
+
+
+def get_checkpoint(session: Session, checkpoint_id: int) -> CheckpointFact | None:
+    row = session.get(Checkpoint, checkpoint_id)
+    return None if row is None else _fact(row)
+
+
+def latest_checkpoint(session: Session, workflow_id: str) -> CheckpointFact | None:
+    row = session.scalar(select(Checkpoint).where(Checkpoint.workflow_id == workflow_id)
+                         .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc()).limit(1))
+    return None if row is None else _fact(row)
+
+
+def _fact(row: Checkpoint) -> CheckpointFact:
+    return CheckpointFact(row.id, row.workflow_id, row.step, int(row.size_bytes), row.url, row.sha256, row.host_id)
+
+
+# ---- which hosts can read which locations ------------------------------------------------------------------
+
+def locations_to_probe(session: Session, fleet_url: str | None) -> list[str]:
+    """The shared checkpoint locations an agent should say it can read: the fleet's root and every location of a
+    managed job that is running or being moved."""
+    urls = set(session.scalars(select(Workflow.checkpoint_url).where(
+        Workflow.managed.is_(True), Workflow.checkpoint_url.is_not(None),
+        Workflow.state.in_(("running", "moving")))))
+    if fleet_url:
+        urls.add(fleet_url.rstrip("/"))
+    return sorted(u for u in urls if u)
+
+
+def record_probes(session: Session, host_id: str, results: Iterable[tuple[str, str | None]], *,
+                  now: float | None = None) -> None:
+    """Write this host's probe results: (url, None when readable else the reason)."""
+    now = time.time() if now is None else now
+    for url, error in results:
+        row = session.get(HostStorage, (host_id, url))
+        if row is None:
+            row = HostStorage(host_id=host_id, url=url)
+            session.add(row)
+        row.readable, row.error, row.checked_at = error is None, error, now
+    session.flush()
+
+
+def unreadable_reason(session: Session, workflow: Workflow, source_host: str | None, target_host: str, *,
+                      max_age_s: float, now: float | None = None) -> str | None:
+    """Why `target_host` cannot be trusted to read `workflow`'s checkpoints (None when it can)."""
+    if target_host == source_host:
+        return None
+    if not workflow.checkpoint_url:
+        return (f"{workflow.id} checkpoints into {source_host}'s own FLEETLENS_HOME, which host {target_host} cannot "
+                "read; give the fleet shared or object storage (FLEETLENS_CHECKPOINT_URL or --checkpoint-url) to "
+                "move it between hosts")
+    now = time.time() if now is None else now
+    row = session.get(HostStorage, (target_host, workflow.checkpoint_url))
+    if row is None:
+        return f"host {target_host} has not said whether it can read {workflow.checkpoint_url} (is its agent running?)"
+    if not row.readable:
+        return f"host {target_host} cannot read {workflow.checkpoint_url}: {row.error}"
+    if now - row.checked_at > max_age_s:
+        return (f"host {target_host} last said it can read {workflow.checkpoint_url} {now - row.checked_at:.0f} s ago "
+                f"(more than {max_age_s:.0f} s: is its agent running?)")
+    return None
