@@ -189,7 +189,7 @@ def _workflow(ctx: CommandContext, workflow_id: str, *, verify_spec: bool = True
         if verify_spec:
             refusal = spec_refusal(wf, ctx.settings.secret_bytes())
             if refusal is not None:
-                raise UnsafeToRun(f"{refusal} (host {ctx.host_id})")
+                raise UnsafeToRun(f"refused on host {ctx.host_id}: {refusal}; nothing was started")
         return {"id": wf.id, "command": list(wf.command), "cwd": wf.cwd or "/", "checkpoint_dir": wf.checkpoint_dir,
                 "checkpoint_url": wf.checkpoint_url}
 

@@ -61,10 +61,10 @@ def sign_workflow_spec(workflow: Workflow, secret: bytes) -> None:
 def spec_refusal(workflow: Workflow, secret: bytes) -> str | None:
     """Why the managed job's relaunch spec must not run (None when its signature matches it)."""
     if not workflow.spec_signature:
-        return (f"refused: {workflow.id} has no signed relaunch spec (registered by an older fleetlens); start it "
+        return (f"{workflow.id} has no signed relaunch spec (registered by an older fleetlens); start it "
                 "again with `fleetlens run`")
     if not verify_spec(secret, workflow.spec_signature, workflow_spec_digest(workflow)):
-        return (f"refused: the relaunch spec of {workflow.id} (command line, working folder, environment or "
+        return (f"the relaunch spec of {workflow.id} (command line, working folder, environment or "
                 "checkpoint location) does not match the digest signed when it was registered; it was changed in "
-                "the store since, or signed with another FLEETLENS_SECRET. Nothing was started")
+                "the store since, or signed with another FLEETLENS_SECRET")
     return None

@@ -18,6 +18,7 @@ from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.models import Action, Placement, Plan, Workflow
 from store.settings import get_settings
+from store.workflows import sign_workflow_spec
 from tests.collector.agent_helpers import wait_for
 from tests.conftest import PROJECT_ROOT
 from tests.enforcer.migration_helpers import (  # noqa: F401  (rig_fixture: the `rig` fixture)
@@ -98,8 +99,10 @@ def test_an_unwritable_checkpoint_folder_fails_the_move_and_leaves_the_job_runni
     wait_for(lambda: last_step(rig.store, job.workflow_id) >= 5, timeout=60)
     blocker = rig.home / "not-a-folder"
     blocker.write_text("a file where the checkpoint folder should be")
-    with rig.store.session() as s:
-        s.get(Workflow, job.workflow_id).checkpoint_dir = str(blocker / "ckpt")
+    with rig.store.session() as s:  # registered so (signed): a folder that cannot be made
+        wf = s.get(Workflow, job.workflow_id)
+        wf.checkpoint_dir = str(blocker / "ckpt")
+        sign_workflow_spec(wf, rig.settings.secret_bytes())
     before = rig.placement(job.workflow_id)
 
     action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job))
