@@ -1,0 +1,113 @@
+"""Checkpoint facts, checkpoint locations through fsspec, host storage probes and signed relaunch specs, on a real
+SQLite store and real files (and fsspec's in-memory filesystem standing in for an object store)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from enforcer.managed import register_managed
+from store.checkpoints import (
+    check_location,
+    digest,
+    latest_checkpoint,
+    location_for,
+    locations_to_probe,
+    probe,
+    record_checkpoint,
+    record_probes,
+    unreadable_reason,
+)
+from store.db import Store
+from store.errors import InvalidInput
+from store.models import Workflow
+from store.registry import DeviceSpec, register_devices, register_host
+from store.settings import get_settings
+from store.workflows import spec_refusal
+from tests.conftest import PROJECT_ROOT
+
+
+@pytest.fixture(name="fleet")
+def fleet_fixture(fleet_home: Path, sqlite_store: Store) -> Store:
+    with sqlite_store.session() as s:
+        for host in ("a", "b"):
+            register_host(s, host, hostname=host, source="cpu")
+            register_devices(s, host, [DeviceSpec(i, f"cpu:{host}:{i}", f"cpu core {i}", 8 << 30, (i,))
+                                        for i in range(3)], source="cpu")
+    return sqlite_store
+
+
+def _register(store: Store, **options) -> Workflow:
+    settings = get_settings(fresh=True).model_copy(update={"host_id": "a"})
+    job = register_managed(store, [sys.executable, "-c", "pass"], settings=settings, movable=True, name="j",
+                           cwd=PROJECT_ROOT, **options)
+    with store.session() as s:
+        wf = s.get(Workflow, job.workflow_id)
+        s.expunge_all()
+        return wf
+
+
+def test_locations_are_urls_and_an_object_store_needs_its_backend(tmp_path: Path) -> None:
+    assert location_for(str(tmp_path), "my job/1") == str(tmp_path / "my_job_1")
+    assert location_for(f"file://{tmp_path}/", "w") == str(tmp_path / "w")
+    assert location_for("memory://bucket/ckpt/", "w") == "memory://bucket/ckpt/w"
+    check_location("memory://bucket/ckpt/w")  # an object store with its backend: fine
+    with pytest.raises(InvalidInput, match="fsspec backend that is not installed.*s3fs"):
+        check_location("s3://bucket/ckpt/w")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(InvalidInput, match="cannot be written"):
+        check_location(str(blocker / "ckpt"))
+    fsspec.open("memory://bucket/ckpt/w/step-1.pt", "wb").open().write(b"abc")
+    assert digest("memory://bucket/ckpt/w/step-1.pt") == (hashlib.sha256(b"abc").hexdigest(), 3)
+    assert probe("memory://bucket/ckpt/w") is None
+    assert "not a folder" in probe(str(tmp_path / "missing"))
+    assert "no fsspec backend" in probe("s3://bucket/x")
+
+
+def test_a_checkpoint_is_recorded_and_the_newest_is_found(fleet: Store, tmp_path: Path) -> None:
+    wf = _register(fleet, checkpoint_url=str(tmp_path / "shared"))
+    assert wf.checkpoint_url == str(tmp_path / "shared" / wf.id) and wf.checkpoint_dir == wf.checkpoint_url
+    with fleet.session() as s:
+        assert latest_checkpoint(s, wf.id) is None
+        record_checkpoint(s, wf.id, host_id="a", url="/x/1", step=10, sha256="0" * 64, size_bytes=5, now=1.0)
+        record_checkpoint(s, wf.id, host_id="a", url="/x/2", step=20, sha256="1" * 64, size_bytes=6, now=2.0)
+    with fleet.session() as s:
+        newest = latest_checkpoint(s, wf.id)
+        assert (newest.step, newest.url, newest.size_bytes) == (20, "/x/2", 6)
+
+
+def test_a_move_to_another_host_needs_that_host_to_say_it_reads_the_location(fleet: Store, tmp_path: Path) -> None:
+    local = _register(fleet)
+    shared = _register(fleet, checkpoint_url=str(tmp_path / "shared"))
+    with fleet.session() as s:
+        assert locations_to_probe(s, "memory://fleet") == sorted([shared.checkpoint_url, "memory://fleet"])
+        assert unreadable_reason(s, local, "a", "a", max_age_s=60) is None  # same host: its own disk
+        assert "own FLEETLENS_HOME" in unreadable_reason(s, local, "a", "b", max_age_s=60)
+        assert "has not said" in unreadable_reason(s, shared, "a", "b", max_age_s=60, now=100.0)
+        record_probes(s, "b", [(shared.checkpoint_url, "permission denied")], now=100.0)
+    with fleet.session() as s:
+        assert "cannot read" in unreadable_reason(s, shared, "a", "b", max_age_s=60, now=101.0)
+        assert "permission denied" in unreadable_reason(s, shared, "a", "b", max_age_s=60, now=101.0)
+        record_probes(s, "b", [(shared.checkpoint_url, None)], now=100.0)
+    with fleet.session() as s:
+        assert unreadable_reason(s, shared, "a", "b", max_age_s=60, now=101.0) is None
+        assert "ago" in unreadable_reason(s, shared, "a", "b", max_age_s=60, now=200.0)  # a stale probe
+
+
+def test_the_relaunch_spec_is_signed_at_registration_and_any_change_is_refused(fleet: Store) -> None:
+    wf = _register(fleet, env={"DATA": "/data"})
+    secret = get_settings().secret_bytes()
+    assert wf.spec_env == {"DATA": "/data"} and spec_refusal(wf, secret) is None
+    assert "another FLEETLENS_SECRET" in spec_refusal(wf, b"another key")
+    for field, value in (("command", ["rm", "-rf", "/"]), ("cwd", "/"), ("spec_env", {"DATA": "/elsewhere"}),
+                         ("checkpoint_dir", "/tmp/other"), ("checkpoint_url", "memory://other")):
+        changed = Workflow(**{c.name: getattr(wf, c.name) for c in Workflow.__table__.columns})
+        setattr(changed, field, value)
+        assert "does not match the digest signed" in spec_refusal(changed, secret), field
+    wf.spec_signature = None
+    assert "no signed relaunch spec" in spec_refusal(wf, secret)
