@@ -37,8 +37,10 @@ JOB_ENV = {"FLEETLENS_SDK_FLUSH_INTERVAL_S": "0.1", "FLEETLENS_SDK_RETRY_S": "0.
 class AgentProc:
     """`fleetlens agent` on the cpu source in a subprocess, with its own host id, on the test's FLEETLENS_HOME."""
 
-    def __init__(self, home: Path, host_id: str | None = None, db_url: str | None = None, **env: str) -> None:
+    def __init__(self, home: Path, host_id: str | None = None, db_url: str | None = None,
+                 hide: Path | None = None, **env: str) -> None:
         self.home = home
+        self.hide = hide  # a folder this host cannot see (its own mount namespace): storage another host has
         self.host_id = host_id or f"host-{uuid.uuid4().hex[:8]}"
         self.env = {**os.environ, **JOB_ENV, "FLEETLENS_HOME": str(home), "FLEETLENS_HOST_ID": self.host_id,
                     "FLEETLENS_SOURCE": "cpu", "FLEETLENS_SAMPLE_INTERVAL_S": "0.5",
@@ -51,8 +53,11 @@ class AgentProc:
     def start(self, store: Store, wait: bool = True) -> AgentProc:
         self.home.mkdir(parents=True, exist_ok=True)
         out = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-c", "import ui.cli; ui.cli.main()", "agent", "-v"],
-                                     env=self.env, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT)
+        command = [sys.executable, "-c", "import ui.cli; ui.cli.main()", "agent", "-v"]
+        if self.hide is not None:  # an empty tmpfs over the folder, seen only by this agent and what it starts
+            command = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs fleetlens-hidden "$0" && exec "$@"',
+                       str(self.hide), *command]
+        self.proc = subprocess.Popen(command, env=self.env, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT)
         out.close()
         if wait:
             started = time.time()

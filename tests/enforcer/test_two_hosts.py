@@ -171,3 +171,31 @@ def test_without_shared_storage_the_move_is_refused_and_the_job_runs_on(hosts: T
     with hosts.store.session() as s:
         assert s.scalars(select(Checkpoint).where(Checkpoint.workflow_id == wf_id)).all() == []
         assert s.get(Workflow, wf_id).checkpoint_url is None
+
+
+def test_a_host_that_cannot_see_the_shared_folder_says_so_and_the_move_there_is_refused(
+        hosts: TwoHosts, tmp_path: Path) -> None:
+    shared = tmp_path / "mounted-on-a-only"
+    wf_id = hosts.launch(100_000, name="unseen", checkpoint_url=str(shared))
+    location = workflow(hosts.store, wf_id).checkpoint_url
+    # host C: a third agent whose filesystem does not have the shared folder (its own mount namespace)
+    c = AgentProc(tmp_path / "host-c", db_url=hosts.settings.db_url, hide=shared, FLEETLENS_STORAGE_PROBE_S="1")
+    try:
+        c.start(hosts.store)
+
+        def c_says() -> HostStorage | None:
+            with hosts.store.session() as s:
+                row = s.get(HostStorage, (c.host_id, location))
+                s.expunge_all()
+                return row
+
+        wait_for(lambda: c_says() is not None, timeout=30)
+        assert c_says().readable is False and location in c_says().error
+        wait_for(lambda: _readable(hosts, hosts.b.host_id, location), timeout=30)  # B sees it: the contrast
+        wait_for(lambda: last_step(hosts.store, wf_id) >= 5, timeout=90)
+        before = hosts.placement(wf_id)
+        with pytest.raises(InvalidInput, match=f"refused: host {c.host_id} cannot read {location}"):
+            start_migration(hosts.store, wf_id, c.devices(hosts.store)[0].id, settings=hosts.settings)
+        assert hosts.placement(wf_id).pid == before.pid and pid_alive(before.pid)
+    finally:
+        c.stop()
