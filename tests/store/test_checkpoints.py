@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
 from pathlib import Path
 
 import fsspec
@@ -111,3 +112,32 @@ def test_the_relaunch_spec_is_signed_at_registration_and_any_change_is_refused(f
         assert "does not match the digest signed" in spec_refusal(changed, secret), field
     wf.spec_signature = None
     assert "no signed relaunch spec" in spec_refusal(wf, secret)
+
+
+def test_a_plan_keeps_no_move_the_target_host_cannot_make_safely(fleet: Store, tmp_path: Path) -> None:
+    from enforcer.plan_store import refuse_unsafe_moves
+    from enforcer.planner import Move, PlanResult
+    from store.models import Device
+
+    local = _register(fleet)
+    shared = _register(fleet, checkpoint_url=str(tmp_path / "shared"))
+    with fleet.session() as s:
+        a0, a1, a2 = [d.id for d in s.query(Device).filter(Device.host_id == "a").order_by(Device.index)]
+        b0 = s.query(Device).filter(Device.host_id == "b").first().id
+        record_probes(s, "b", [(shared.checkpoint_url, None)])
+
+    def move(wf: Workflow, src: int, dst: int) -> Move:
+        return Move(wf.id, src, dst, None, "new-1", 1 << 30, 1 << 20, 0, 0.5, 0.5, 1.0, ["idle_holder"])
+
+    here = {wf.id: s_dev for wf, s_dev in ((local, a0), (shared, a1))}
+    result = PlanResult("pack", [move(local, here[local.id], b0), move(shared, here[shared.id], b0),
+                                 move(local, a2, a1)], [here[local.id], here[shared.id]])
+    settings = get_settings().model_copy(update={"host_id": "a"})
+    with fleet.session() as s:
+        refuse_unsafe_moves(s, result, settings, now=time.time())
+    # the local job cannot go to b: its device is not emptied; the shared one can; a move within host a stays
+    assert [(m.workflow_id, m.to_device_id) for m in result.moves] == [(shared.id, b0), (local.id, a1)]
+    assert result.devices_freed == [here[shared.id]]
+    assert [r["workflow_id"] for r in result.refused] == [local.id]
+    assert "own FLEETLENS_HOME" in result.refused[0]["reason"]
+    assert result.summary()["refused"] == result.refused
