@@ -41,6 +41,7 @@ FAULTS = ("job_killed", "source_agent_killed", "target_agent_killed", "database_
 TOTAL_STEPS = 300
 CHECKPOINT_EVERY = 50
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+AGENT_START_S = 300.0  # a loaded machine starts Python and torch slowly
 
 
 class Matrix:
@@ -71,8 +72,8 @@ class Matrix:
         env = {"FLEETLENS_SECRET": "faults-secret", "FLEETLENS_STORAGE_PROBE_S": "1"}
         self.a = AgentProc(work / "host-a", db_url=self.url, **env)
         self.b = AgentProc(work / "host-b", db_url=self.url, **env)
-        self.a.start(self.direct)
-        self.b.start(self.direct)
+        self.a.start(self.direct, timeout=AGENT_START_S)
+        self.b.start(self.direct, timeout=AGENT_START_S)
         self.settings = Settings(home=self.a.home, secret="faults-secret", host_id=self.a.host_id, db_url=self.url,
                                  checkpoint_url=str(self.shared))
         self.AgentProc = AgentProc
@@ -84,7 +85,7 @@ class Matrix:
         time.sleep(3)
         new = self.AgentProc(old.home, host_id=old.host_id, db_url=self.url, hide=self.shared if hide else None,
                              FLEETLENS_SECRET="faults-secret", FLEETLENS_STORAGE_PROBE_S="1")
-        new.start(self.direct)
+        new.start(self.direct, timeout=AGENT_START_S)
         setattr(self, which, new)
 
     def kill_job(self, workflow_id: str) -> None:

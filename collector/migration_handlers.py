@@ -119,42 +119,27 @@ class _Reaper:
 REAPER = _Reaper()
 
 
-class _StorageProber:
-    """Says in the store, every FLEETLENS_STORAGE_PROBE_S, which checkpoint locations this host can read: the
-    planner moves a job to this host only when its checkpoint location is among them."""
-
-    def __init__(self) -> None:
-        self.agent: Any = None
-        self._thread: threading.Thread | None = None
-
-    def start(self, agent: Any) -> None:
-        self.agent = agent
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name="fleetlens-storage-probe", daemon=True)
-            self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                self.probe_once()
-            except DatabaseUnavailable:
-                pass  # the agent's flusher reports the outage; the next round says it again
-            except Exception:
-                log.exception("probing checkpoint locations failed")
-            time.sleep(self.agent.settings.storage_probe_s)
-
-    def probe_once(self) -> dict[str, str | None]:
-        agent = self.agent
+def probe_storage(agent: Any) -> dict[str, str | None]:
+    """Say in the store which checkpoint locations this host can read ({url: None, or why not}): the planner moves
+    a job to this host only when its checkpoint location is among them."""
+    with agent.store.session() as session:
+        urls = locations_to_probe(session, agent.settings.checkpoint_url)
+    results = {url: probe(url) for url in urls}
+    if results:
         with agent.store.session() as session:
-            urls = locations_to_probe(session, agent.settings.checkpoint_url)
-        results = {url: probe(url) for url in urls}
-        if results:
-            with agent.store.session() as session:
-                record_probes(session, agent.host_id, results.items())
-        return results
+            record_probes(session, agent.host_id, results.items())
+    return results
 
 
-PROBER = _StorageProber()
+def _probe_loop(agent: Any) -> None:
+    while True:
+        try:
+            probe_storage(agent)
+        except DatabaseUnavailable:
+            pass  # the agent's flusher reports the outage; the next round says it again
+        except Exception:
+            log.exception("probing checkpoint locations failed")
+        time.sleep(agent.settings.storage_probe_s)
 
 
 def install(agent: Any) -> None:
@@ -163,7 +148,7 @@ def install(agent: Any) -> None:
     if handlers is not None and hasattr(handlers, "gate") and handlers.gate is None:
         handlers.gate = LaneGate(agent.settings.policy, total_steps=_total_steps_lookup(handlers))
     REAPER.start(agent)
-    PROBER.start(agent)
+    threading.Thread(target=_probe_loop, args=(agent,), name="fleetlens-storage-probe", daemon=True).start()
 
 
 def _total_steps_lookup(handlers: Any) -> Any:

@@ -50,7 +50,7 @@ class AgentProc:
         self.proc: subprocess.Popen | None = None
         self.log = home / f"agent-{self.host_id}.log"
 
-    def start(self, store: Store, wait: bool = True) -> AgentProc:
+    def start(self, store: Store, wait: bool = True, timeout: float = 60) -> AgentProc:
         self.home.mkdir(parents=True, exist_ok=True)
         out = open(self.log, "ab")
         command = [sys.executable, "-c", "import ui.cli; ui.cli.main()", "agent", "-v"]
@@ -61,7 +61,7 @@ class AgentProc:
         out.close()
         if wait:
             started = time.time()
-            wait_for(lambda: self._registered(store, started), timeout=60, every=0.2)
+            wait_for(lambda: self._registered(store, started), timeout=timeout, every=0.2)
             wait_for(lambda: (self.home / "agent.sock").exists(), timeout=30)
         return self
 
