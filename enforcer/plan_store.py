@@ -12,9 +12,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from enforcer.lanes import PERSISTENT_FACTOR
-from enforcer.migration import move_refusal, plan_action
+from enforcer.migration import plan_action
 from enforcer.planner import Holding, Move, PlanDevice, PlanResult, plan_moves
 from enforcer.policies import get_policy
+from store.checkpoints import unreadable_reason
 from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.finding_contract import PLANNER_RULES, MoveEvidence
@@ -148,15 +149,17 @@ def make_plan(store: Store, policy: str = "pack", *, apply: bool = False, settin
 
 
 def refuse_unsafe_moves(session: Session, result: PlanResult, settings: Settings, now: float) -> None:
-    """Take out of the plan every move that cannot be made safely (the target host cannot read the job's
-    checkpoint location, or its relaunch spec no longer matches its signature), with the reason in
-    `result.refused`; a device one of whose jobs cannot go is not emptied, so none of its moves are made."""
+    """Take out of the plan every move to a host that cannot read the job's checkpoint location, with the reason in
+    `result.refused`; a device one of whose jobs cannot go is not emptied, so none of its moves are made. (A job
+    whose relaunch spec no longer matches its signature is refused when its move starts, before anything is
+    touched, and by the agent.)"""
     hosts = {d.id: d.host_id for d in session.scalars(select(Device))}
     blocked: set[int] = set()
     for m in result.moves:
         wf = session.get(Workflow, m.workflow_id)
-        reason = "the workflow is gone" if wf is None else move_refusal(
-            session, wf, hosts.get(m.from_device_id), hosts.get(m.to_device_id, ""), settings, now=now)
+        reason = "the workflow is gone" if wf is None else unreadable_reason(
+            session, wf, hosts.get(m.from_device_id), hosts.get(m.to_device_id, ""),
+            max_age_s=settings.storage_probe_max_age_s, now=now)
         if reason is not None:
             blocked.add(m.from_device_id)
             result.refused.append({"workflow_id": m.workflow_id, "from_device_id": m.from_device_id,
@@ -201,8 +204,9 @@ def apply_plan(store: Store, plan_id: int, *, settings: Settings | None = None,
             if target is None or target.state != "ok":
                 raise NotFound(f"plan {plan_id}: target device {m.to_device_id} is gone; nothing was moved")
             source = session.get(Device, m.from_device_id)
-            refusal = move_refusal(session, wf, source.host_id if source is not None else None, target.host_id,
-                                   settings or get_settings(), now=now)
+            refusal = unreadable_reason(session, wf, source.host_id if source is not None else None,
+                                        target.host_id, max_age_s=(settings or get_settings()).storage_probe_max_age_s,
+                                        now=now)
             if refusal is not None:
                 raise InvalidInput(f"plan {plan_id}: refused to move {m.workflow_id!r}: {refusal}; nothing was moved")
         new_lanes: dict[str, int] = {}
