@@ -77,6 +77,7 @@ class Matrix:
         self.settings = Settings(home=self.a.home, secret="faults-secret", host_id=self.a.host_id, db_url=self.url,
                                  checkpoint_url=str(self.shared))
         self.AgentProc = AgentProc
+        self.db_cut = False
 
     # ---- faults
     def restart(self, which: str, hide: bool = False) -> None:
@@ -113,10 +114,16 @@ class Matrix:
             return _background(lambda: self.restart("b"))
         elif fault == "database_stopped":
             self.proxy.cut()
-            return _background(lambda: (time.sleep(6), self.proxy.restore()))
+            self.db_cut = True
+            return _background(self.restore_db)
         elif fault == "checkpoint_unreadable_on_target":
             return _background(lambda: self.restart("b", hide=True))
         return None
+
+    def restore_db(self) -> None:
+        time.sleep(6)
+        self.proxy.restore()
+        self.db_cut = False
 
     # ---- one case
     def case(self, state: str, fault: str) -> dict[str, Any]:
@@ -199,7 +206,8 @@ class Matrix:
     def close(self) -> list[Any]:
         from sqlalchemy import text
 
-        self.proxy.restore()
+        if self.db_cut:
+            self.proxy.restore()
         self.a.stop()
         self.b.stop()
         left = self.jobs()
