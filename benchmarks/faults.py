@@ -141,7 +141,8 @@ class Matrix:
                     workflow_id=workflow_id, steps=TOTAL_STEPS, mem_bytes=64 << 20)
         wait_for(lambda: last_step(self.direct, workflow_id) >= 30, timeout=180, every=0.5)
         wait_for(lambda: self.b_reads(workflow_id), timeout=60, every=0.5)
-        options = MigrationOptions(checkpoint_timeout_s=30, command_grace_s=5, resume_timeout_s=60)
+        options = MigrationOptions(checkpoint_timeout_s=30, command_grace_s=5, resume_timeout_s=60,
+                                   checkpoint_max_age_s=2.0)
         target = self.b.devices(self.direct)[0].id
         action_id = start_migration(self.direct, workflow_id, target, settings=self.settings)
         reached = False

@@ -55,6 +55,9 @@ class MigrationOptions:
     command_grace_s: float = 15.0
     resume_timeout_s: float = 120.0
     max_attempts: int = 3
+    # a checkpoint older than this when the job is about to be stopped (the store or an agent was away in between)
+    # is taken again first, so a move redoes at most about this much training
+    checkpoint_max_age_s: float = 10.0
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> MigrationOptions:
@@ -380,6 +383,13 @@ class _Step:
         command = sent[-1] if sent else None
         here = self.origin(wf)
         host = here.host_id if here is not None else self.host_of(self.action.from_device_id)
+        if (command is None and host and self.now - self.action.updated_at > self.options.checkpoint_max_age_s
+                and len(self.commands("checkpoint")) < self.options.max_attempts):
+            age = self.now - self.action.updated_at
+            self.ask_checkpoint(wf, host)
+            self.to("checkpoint_requested", f"the checkpoint at step {self.action.checkpoint_step} is {age:.0f} s old "
+                    f"and {wf.id} trained on since; asked {host} for a fresh one before stopping it")
+            return
         if command is None or self.lost(command) or command.status in ("failed", "refused"):
             if command is not None and len(sent) >= self.options.max_attempts:
                 wf.state = "running"
