@@ -10,8 +10,9 @@ checkpoint location unreadable on the target" restarts host B's agent in its own
 tmpfs over the shared folder, so B and what B starts cannot see it (B gets the folder back after the move ends).
 
 Each job saves a checkpoint every CHECKPOINT_EVERY steps besides the ones the moves ask for. After each case the
-job must finish with every step reported (jobs_lost counts those that did not), steps_redone is the most steps any
-case reported twice (at most the checkpoint interval), processes_left counts managed-job processes still alive
+job must finish its full step count, by its own summary line (jobs_lost counts those that did not);
+steps_redone_max is the most steps any case reported twice (at most the checkpoint interval); processes_left counts
+managed-job processes still alive
 once all is done (found by their environment), and unsafe_moves_accepted counts moves recorded as resumed whose
 new process started below the checkpoint step or on a host that could not read the checkpoint.
 
@@ -201,8 +202,23 @@ class Matrix:
                 firsts = [r.first_step for r in rows if r.pid == pid]
                 if action.checkpoint_step is not None and firsts and min(firsts) < action.checkpoint_step:
                     unsafe += 1
-            return {"missing_steps": len(missing), "steps_redone": sum(1 for c in counts.values() if c > 1),
-                    "unsafe": unsafe, "action_state": action.state}
+            return {"end_step": self.end_step(workflow_id), "missing_step_reports": len(missing),
+                    "steps_redone": sum(1 for c in counts.values() if c > 1), "unsafe": unsafe,
+                    "action_state": action.state}
+
+    def end_step(self, workflow_id: str) -> int | None:
+        """The step the job's finished run ended at, from its own summary line (the job's word, not the SDK's step
+        reports, which a job drops while its agent is down)."""
+        from store.paths import path_component
+
+        ends = []
+        for agent in (self.a, self.b):
+            log = agent.home / "logs" / f"{path_component(workflow_id)}.log"
+            if log.exists():
+                for line in log.read_text(errors="replace").splitlines():
+                    if line.startswith("{") and '"event": "done"' in line:
+                        ends.append(int(json.loads(line)["end_step"]))
+        return max(ends, default=None)
 
     def close(self) -> list[Any]:
         from sqlalchemy import text
@@ -266,7 +282,7 @@ def main() -> None:
     injected = [c for c in cases if c["reached"]]
     print(json.dumps({
         "case": "fault_matrix", "moves": len(cases), "faults": len(injected),
-        "jobs_lost": sum(1 for c in cases if not c["finished"] or c["missing_steps"]),
+        "jobs_lost": sum(1 for c in cases if not c["finished"] or c["end_step"] != TOTAL_STEPS),
         "steps_redone_max": max((c["steps_redone"] for c in cases), default=0),
         "processes_left": len(left), "unsafe_moves_accepted": sum(c["unsafe"] for c in cases),
         "checkpoint_interval": CHECKPOINT_EVERY,
