@@ -12,9 +12,8 @@ tmpfs over the shared folder, so B and what B starts cannot see it (B gets the f
 Each job saves a checkpoint every CHECKPOINT_EVERY steps besides the ones the moves ask for. After each case the
 job must finish its full step count, by its own summary line (jobs_lost counts those that did not);
 steps_redone_max is the most steps any case reported twice (at most the checkpoint interval); processes_left counts
-managed-job processes still alive
-once all is done (found by their environment), and unsafe_moves_accepted counts moves recorded as resumed whose
-new process started below the checkpoint step or on a host that could not read the checkpoint.
+managed-job processes still alive once all is done (found by their environment), and unsafe_moves_accepted counts
+moves recorded as resumed whose new process started below the checkpoint step.
 
 Prints one JSON line: {"case": "fault_matrix", "moves", "faults", "jobs_lost", "steps_redone_max",
 "processes_left", "unsafe_moves_accepted", ...}. `--states` / `--faults` run part of the matrix.
