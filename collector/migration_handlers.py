@@ -351,12 +351,17 @@ def _record(ctx: CommandContext, workflow_id: str, path: str, step: int | None) 
 
 
 def handle_stop(payload: dict[str, Any], ctx: CommandContext) -> dict[str, Any]:
-    """SIGTERM the job (and its children), SIGKILL what is left after the grace period."""
+    """SIGTERM the job (and its children), SIGKILL what is left after the grace period; not when the checkpoint the
+    stop follows is older than `max_age_s` (the job trained on since), which the enforcer then takes again."""
     workflow_id = str(payload["workflow_id"])
     grace = float(payload.get("grace_s", DEFAULT_STOP_GRACE_S))
     procs = [p for p in find_job_processes(workflow_id, ctx.host_id) if _alive(p)]
     if not procs:
         return {"already_stopped": True, "stopped": [], "killed": []}
+    taken, max_age = payload.get("checkpoint_taken_at"), payload.get("max_age_s")
+    if taken is not None and max_age is not None and time.time() - float(taken) > float(max_age):
+        # the job trained on since its checkpoint: stopping it now would throw that work away
+        return {"stale_checkpoint": True, "age_s": round(time.time() - float(taken), 1), "stopped": [], "killed": []}
     tree: list[psutil.Process] = []
     for p in procs:
         try:

@@ -31,7 +31,7 @@ from store.checkpoints import latest_checkpoint, unreadable_reason
 from store.commands import enqueue_command
 from store.db import Store
 from store.errors import DatabaseUnavailable, FleetlensError, InvalidInput, NotFound
-from store.models import Action, ActionEvent, Command, Device, Lane, Placement, StepStat, Workflow
+from store.models import Action, ActionEvent, Checkpoint, Command, Device, Lane, Placement, StepStat, Workflow
 from store.placements import close_empty_lanes
 from store.settings import Settings, get_settings
 from store.workflows import spec_refusal
@@ -55,8 +55,8 @@ class MigrationOptions:
     command_grace_s: float = 15.0
     resume_timeout_s: float = 120.0
     max_attempts: int = 3
-    # a checkpoint older than this when the job is about to be stopped (the store or an agent was away in between)
-    # is taken again first, so a move redoes at most about this much training
+    # a checkpoint older than this when the stop reaches the job (the store or an agent was away in between) is taken
+    # again first, so a move redoes at most about this much training
     checkpoint_max_age_s: float = 10.0
 
     @classmethod
@@ -379,16 +379,21 @@ class _Step:
 
     # ---- checkpointed: stop the job
     def checkpointed(self, wf: Workflow) -> None:
-        sent = self.commands("stop")
+        since = self.session.scalar(select(ActionEvent.ts).where(
+            ActionEvent.action_id == self.action.id, ActionEvent.to_state == "checkpointed")
+            .order_by(ActionEvent.id.desc()).limit(1)) or 0.0
+        sent = [c for c in self.commands("stop") if c.issued_at >= since]  # the stops after the newest checkpoint
         command = sent[-1] if sent else None
         here = self.origin(wf)
         host = here.host_id if here is not None else self.host_of(self.action.from_device_id)
-        if (command is None and host and self.now - self.action.updated_at > self.options.checkpoint_max_age_s
-                and len(self.commands("checkpoint")) < self.options.max_attempts):
-            age = self.now - self.action.updated_at
-            self.ask_checkpoint(wf, host)
-            self.to("checkpoint_requested", f"the checkpoint at step {self.action.checkpoint_step} is {age:.0f} s old "
-                    f"and {wf.id} trained on since; asked {host} for a fresh one before stopping it")
+        fresh_ok = len(self.commands("checkpoint")) < self.options.max_attempts
+        if command is not None and command.status == "done" and (command.result or {}).get("stale_checkpoint"):
+            wf.state = "running"
+            self.ask_checkpoint(wf, host or command.host_id)
+            self.to("checkpoint_requested", f"{wf.id} was not stopped: its checkpoint at step "
+                    f"{self.action.checkpoint_step} was {(command.result or {}).get('age_s', 0):.0f} s old when the "
+                    f"stop reached {command.host_id} (the store or the agent was away) and it trained on; asked for a "
+                    "fresh one", dict(command.result or {}))
             return
         if command is None or self.lost(command) or command.status in ("failed", "refused"):
             if command is not None and len(sent) >= self.options.max_attempts:
@@ -401,8 +406,11 @@ class _Step:
                 self.fail(f"the host of device {self.action.from_device_id} is gone; {wf.id} was not stopped")
                 return
             wf.state = "moving"  # from here the enforcer, not the job's exit, settles the workflow's state
-            self.send(host, "stop", {"workflow_id": wf.id, "grace_s": self.options.stop_grace_s},
-                      deadline_s=self.options.stop_grace_s + 5)
+            payload: dict[str, Any] = {"workflow_id": wf.id, "grace_s": self.options.stop_grace_s}
+            ckpt = self.session.get(Checkpoint, self.action.checkpoint_id) if self.action.checkpoint_id else None
+            if ckpt is not None and fresh_ok:  # a stop that arrives late leaves the job running, for a fresh one
+                payload.update(checkpoint_taken_at=ckpt.created_at, max_age_s=self.options.checkpoint_max_age_s)
+            self.send(host, "stop", payload, deadline_s=self.options.stop_grace_s + 5)
             self.note(f"stopping {wf.id} on {host} (SIGTERM, SIGKILL after {self.options.stop_grace_s:.0f} s)"
                       + (" again: the last stop got no answer" if command is not None else ""))
             return
