@@ -226,7 +226,8 @@ class Matrix:
             self.proxy.restore()
         self.a.stop()
         self.b.stop()
-        left = self.jobs()
+        # a job that has just printed its summary may still be exiting: what is alive 10 s later was left behind
+        _, left = self.psutil.wait_procs(self.jobs(), timeout=10)
         for proc in left:
             proc.kill()
         self.store.dispose()
