@@ -72,8 +72,13 @@ class Matrix:
         env = {"FLEETLENS_SECRET": "faults-secret", "FLEETLENS_STORAGE_PROBE_S": "1"}
         self.a = AgentProc(work / "host-a", db_url=self.url, **env)
         self.b = AgentProc(work / "host-b", db_url=self.url, **env)
-        self.a.start(self.direct, timeout=AGENT_START_S)
-        self.b.start(self.direct, timeout=AGENT_START_S)
+        try:
+            self.a.start(self.direct, timeout=AGENT_START_S)
+            self.b.start(self.direct, timeout=AGENT_START_S)
+        except BaseException:  # an agent that did start must not outlive a set-up that failed
+            self.a.stop()
+            self.b.stop()
+            raise
         self.settings = Settings(home=self.a.home, secret="faults-secret", host_id=self.a.host_id, db_url=self.url,
                                  checkpoint_url=str(self.shared))
         self.AgentProc = AgentProc
