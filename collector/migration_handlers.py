@@ -1,5 +1,5 @@
 """The agent's side of managed jobs and migration: signed `launch`, `checkpoint`, `stop` and `relaunch` commands,
-the per-lane iteration gate on the SDK socket, and reaping the jobs this agent started.
+the per-lane iteration gate on the SDK socket, and reaping the jobs this agent started or took up.
 
 Importing the module registers the four command kinds with collector.command_runner; `install(agent)` (called by
 the agent at start) puts the enforcer's `LaneGate` behind the SDK socket and starts the reaper. Every handler is
@@ -13,6 +13,7 @@ and resumes only from a checkpoint inside the workflow's own checkpoint folder.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import psutil
 
 from collector.command_runner import CommandContext, register_handler
-from collector.launch import find_job_processes, job_env, spawn_job
+from collector.launch import find_job_processes, find_managed_processes, job_env, spawn_job
 from enforcer.gate import LaneGate
 from store.errors import DatabaseUnavailable, InvalidInput, NotFound
 from store.models import Workflow
@@ -44,8 +45,23 @@ def _alive(proc: psutil.Process) -> bool:
 
 # ---- the children this agent started, reaped so they never linger as zombies -----------------------------
 
+class _Adopted:
+    """A detached job an earlier agent on this host started: not our child, so watched through psutil; its exit
+    code is unknown (its SDK goodbye says how it ended)."""
+
+    returncode = None
+
+    def __init__(self, proc: psutil.Process) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def poll(self) -> int | None:
+        return None if _alive(self.proc) else -1
+
+
 class _Reaper:
-    """Waits for the jobs this agent started; when one ends, its placement ends (unless it is being moved)."""
+    """Waits for the jobs this agent started or took up; when one ends, its placement ends (unless it is being
+    moved)."""
 
     def __init__(self) -> None:
         self.children: dict[int, tuple[Any, str]] = {}  # pid -> (Popen, workflow)
@@ -57,6 +73,28 @@ class _Reaper:
     def add(self, popen: Any, workflow_id: str) -> None:
         with self.lock:
             self.children[popen.pid] = (popen, workflow_id)
+
+    def adopt(self, host_id: str) -> list[tuple[int, str]]:
+        """Take up the detached jobs already running on this host (an agent restarted: its jobs went on).
+
+        Found by their environment; only session leaders, the way the agent starts jobs (a job run in the
+        foreground by `fleetlens run` is that command's to reap). Returns (pid, workflow) of each one taken up."""
+        taken = []
+        for workflow, procs in find_managed_processes(host_id).items():
+            for proc in procs:
+                try:
+                    if os.getsid(proc.pid) != proc.pid:
+                        continue
+                except OSError:
+                    continue
+                with self.lock:
+                    if proc.pid in self.children:
+                        continue
+                    self.children[proc.pid] = (_Adopted(proc), workflow)
+                taken.append((proc.pid, workflow))
+        for pid, workflow in taken:
+            log.info("took up managed job %s (pid %d), started before this agent", workflow, pid)
+        return taken
 
     def start(self, agent: Any) -> None:
         self.agent = agent
@@ -78,10 +116,15 @@ class _Reaper:
             for pid, _, _ in ended:
                 del self.children[pid]
             gate = getattr(getattr(self.agent, "sdk_handler", None), "gate", None)
+            handlers = getattr(self.agent, "sdk_handler", None)
             for pid, popen, wf in ended:
                 if gate is not None and hasattr(gate, "release"):
                     gate.release(wf, pid)  # a job that died mid-step must not keep its lane's turn
-                outcome = "finished" if popen.returncode == 0 else "failed"
+                said = handlers.take_outcome(wf, pid) if hasattr(handlers, "take_outcome") else None
+                if popen.returncode is not None:
+                    outcome = "finished" if popen.returncode == 0 else "failed"
+                else:  # taken up from an earlier agent: no exit code, only what the job said on its way out
+                    outcome = "finished" if said == "finished" else "failed"
                 log.info("managed job %s (pid %d) ended with exit code %s", wf, pid, popen.returncode)
                 self.pending.append((wf, pid, outcome))
             pending, self.pending = self.pending, []
@@ -109,6 +152,7 @@ def install(agent: Any) -> None:
     handlers = getattr(agent, "sdk_handler", None)
     if handlers is not None and hasattr(handlers, "gate") and handlers.gate is None:
         handlers.gate = LaneGate(agent.settings.policy, total_steps=_total_steps_lookup(handlers))
+    REAPER.adopt(agent.host_id)
     REAPER.start(agent)
 
 

@@ -36,9 +36,12 @@ def run(argv: list[str] | None = None) -> int:
     except ClickException as exc:
         exc.show()
         return exc.exit_code
-    except (typer.Abort, KeyboardInterrupt):
+    except typer.Abort:
         err_console.print("fleetlens: interrupted")
         return 130
+    except KeyboardInterrupt as exc:  # ui.serve.processes.Stopped carries 143 for SIGTERM
+        err_console.print("fleetlens: interrupted")
+        return int(getattr(exc, "exit_code", 130))
     return result if isinstance(result, int) else 0
 
 
