@@ -11,7 +11,7 @@ import typer
 from store.errors import ConfigError
 from ui.cli.app import app, console, err_console, settings
 from ui.dashboard.auth import hash_password
-from ui.serve.processes import run_foreground, stop_on_signals
+from ui.serve.processes import Stopped, run_foreground, stop_on_signals
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 
@@ -47,7 +47,10 @@ def ui(
     console.print(f"fleetlens dashboard on http://localhost:{port} (store {s.resolved_db_url.split('@')[-1]})")
     sys.stdout.flush()
     with stop_on_signals():  # SIGINT/SIGTERM stop the dashboard and exit 130/143, even if SIGINT came in ignored
-        code = run_foreground(streamlit_command(port, address), env)
+        try:
+            code = run_foreground(streamlit_command(port, address), env)
+        except Stopped as stop:
+            code = stop.exit_code
     raise typer.Exit(code)
 
 
