@@ -44,6 +44,8 @@ def wait_for(what: str, predicate: Callable[[], object], proc: subprocess.Popen,
     while True:
         try:
             value = predicate()
+        except AssertionError:
+            raise
         except Exception:  # the store may not exist yet, or be mid-write
             value = None
         if value:
