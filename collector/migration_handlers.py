@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from sqlalchemy import select
 
 from collector.command_runner import CommandContext, register_handler
 from collector.launch import find_job_processes, find_managed_processes, job_env, spawn_job
 from enforcer.gate import LaneGate
 from store.errors import DatabaseUnavailable, InvalidInput, NotFound
-from store.models import Workflow
+from store.models import Placement, Workflow
 from store.paths import log_path_for
 from store.placements import end_placements, mark_started
 
@@ -74,13 +75,27 @@ class _Reaper:
         with self.lock:
             self.children[popen.pid] = (popen, workflow_id)
 
-    def adopt(self, host_id: str) -> list[tuple[int, str]]:
+    def adopt(self, store: Any, host_id: str) -> list[tuple[int, str]]:
         """Take up the detached jobs already running on this host (an agent restarted: its jobs went on).
 
-        Found by their environment; only session leaders, the way the agent starts jobs (a job run in the
-        foreground by `fleetlens run` is that command's to reap). Returns (pid, workflow) of each one taken up."""
+        Found by their environment, and only those placed on this host in this agent's store; only session
+        leaders, the way the agent starts jobs (a job run in the foreground by `fleetlens run` is that command's
+        to reap). Returns (pid, workflow) of each one taken up."""
+        running = find_managed_processes(host_id)
+        if not running:
+            return []
+        try:
+            with store.session() as session:
+                placed = set(session.scalars(select(Placement.workflow_id).where(
+                    Placement.host_id == host_id, Placement.state.in_(("active", "pending")),
+                    Placement.workflow_id.in_(list(running)))))
+        except DatabaseUnavailable:
+            log.warning("the database is away: the jobs already running here are not taken up")
+            return []
         taken = []
-        for workflow, procs in find_managed_processes(host_id).items():
+        for workflow, procs in running.items():
+            if workflow not in placed:
+                continue
             for proc in procs:
                 try:
                     if os.getsid(proc.pid) != proc.pid:
@@ -152,7 +167,10 @@ def install(agent: Any) -> None:
     handlers = getattr(agent, "sdk_handler", None)
     if handlers is not None and hasattr(handlers, "gate") and handlers.gate is None:
         handlers.gate = LaneGate(agent.settings.policy, total_steps=_total_steps_lookup(handlers))
-    REAPER.adopt(agent.host_id)
+    try:
+        REAPER.adopt(agent.store, agent.host_id)
+    except Exception:  # taking up old jobs is no reason for an agent not to start
+        log.exception("taking up the jobs already running on %s failed", agent.host_id)
     REAPER.start(agent)
 
 
