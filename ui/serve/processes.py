@@ -16,7 +16,7 @@ import psutil
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_BUDGET_S = 15.0  # everything a command started is gone this long after SIGINT/SIGTERM
-TERM_GRACE_S = 11.0  # of that budget: what a process (a job writing its checkpoint) gets between SIGTERM and SIGKILL
+TERM_GRACE_S = STOP_BUDGET_S - 4.0  # between SIGTERM and SIGKILL (a job writing its checkpoint); then reaping
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
 
