@@ -34,6 +34,7 @@ def host(fleet_home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[s
     host_id = f"stop-{uuid.uuid4().hex[:8]}"
     env = clean_env(fleet_home, FLEETLENS_HOST_ID=host_id, FLEETLENS_SOURCE="cpu", FLEETLENS_SAMPLE_INTERVAL_S="0.5",
                     FLEETLENS_FLUSH_INTERVAL_S="1", FLEETLENS_UI_PORT=str(free_port()),
+                    FLEETLENS_METRICS_SERVE_PORT=str(free_port()),
                     FLEETLENS_SDK_RETRY_S="1")  # a job finds the next agent within a second
     for key, value in env.items():
         if key.startswith("FLEETLENS_"):
@@ -132,7 +133,7 @@ def _placement_ended(store: Store, workflow: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", SIGNALS, ids=_sig_id)
-def test_serve_stops_its_agent_and_dashboard_but_not_the_jobs(host, tmp_path, sig):
+def test_serve_stops_its_agent_exporter_and_dashboard_but_not_the_jobs(host, tmp_path, sig):
     host_id, env, store = host
     log = tmp_path / "serve.log"
     serve = start(["serve"], env, log)
@@ -141,12 +142,12 @@ def test_serve_stops_its_agent_and_dashboard_but_not_the_jobs(host, tmp_path, si
     workflow, pid = _launch(store)
     wait_for("the job's steps", lambda: _last_step(store, workflow, pid) >= 0, serve, log)
     home = get_settings().home
-    assert len(processes_under(home)) >= 3  # agent, dashboard, job (and the dashboard's own children)
+    assert len(processes_under(home)) >= 4  # agent, exporter, dashboard, job
 
     code, _ = stop(serve, sig, log)
     assert code == 128 + sig, tail(log)
     left = processes_under(home)
-    # the agent and the dashboard are gone; the training job alone is left, still running
+    # the agent, the metrics exporter and the dashboard are gone; the training job alone is left, still running
     assert [p.pid for p in left] == [pid], [p.cmdline() for p in left]
     assert not port_answers(int(env["FLEETLENS_UI_PORT"]))
     psutil.Process(pid).terminate()

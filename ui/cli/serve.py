@@ -26,8 +26,9 @@ def serve(
     /metrics exporter, and the dashboard until Ctrl-C.
 
     The scheduler calls the same functions as the Airflow DAGs, on the same cadences; enforcement stays a dry
-    run unless FLEETLENS_ENFORCE=true. SIGINT or SIGTERM stops the scheduler, the agent and the dashboard (exit
-    130 or 143); jobs the agent launched keep running, and the next agent on this host takes them up.
+    run unless FLEETLENS_ENFORCE=true. SIGINT or SIGTERM stops the scheduler, the agent, the exporter and the
+    dashboard (exit 130 or 143); jobs the agent launched keep running, and the next agent on this host takes them
+    up.
     """
     s = settings()
     s.ensure_home()
@@ -57,7 +58,7 @@ def serve(
             console.print(f"stopping ({stop}); the jobs the agent launched go on")
         finally:
             with signals.shielded():
-                children.terminate()  # first: the agent's and the dashboard's grace runs beside the scheduler's
+                children.terminate()  # first: the children's grace runs beside the scheduler's
                 scheduler.stop(timeout=SCHEDULER_STOP_S)
                 survivors = children.stop(grace_s=TERM_GRACE_S - SCHEDULER_STOP_S)
     for proc in survivors:
