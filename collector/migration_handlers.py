@@ -140,7 +140,8 @@ class _Reaper:
                     outcome = "finished" if popen.returncode == 0 else "failed"
                 else:  # taken up from an earlier agent: no exit code, only what the job said on its way out
                     outcome = "finished" if said == "finished" else "failed"
-                log.info("managed job %s (pid %d) ended with exit code %s", wf, pid, popen.returncode)
+                log.info("managed job %s (pid %d) ended: %s", wf, pid, outcome if popen.returncode is None
+                         else f"exit code {popen.returncode}")
                 self.pending.append((wf, pid, outcome))
             pending, self.pending = self.pending, []
         agent = self.agent
