@@ -20,9 +20,22 @@ demo: $(STAMP)
 
 # The import contracts run first, as lint-imports prints them; pytest then skips its own run of them
 # (tests/test_layers.py::test_import_contracts, there so that a bare `pytest` checks them too).
+# PostgreSQL tests run against the local server when it answers and FLEETLENS_TEST_PG_URL is unset; when it does
+# not answer they are skipped, and the run says so first (with CI=true, tests/conftest.py fails them instead).
+PG_TEST_URL := postgresql+psycopg://postgres@127.0.0.1:5432/test
+PG_PROBE := import psycopg; psycopg.connect('postgresql://postgres@127.0.0.1:5432/test', connect_timeout=3).close()
 test: $(STAMP) chromium prometheus
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest --deselect tests/test_layers.py::test_import_contracts
+	@if [ -z "$$FLEETLENS_TEST_PG_URL" ]; then \
+	  if $(BIN)/python -c "$(PG_PROBE)" 2>/dev/null; then \
+	    export FLEETLENS_TEST_PG_URL='$(PG_TEST_URL)'; \
+	    echo "PostgreSQL answers at 127.0.0.1:5432: the PostgreSQL tests use $(PG_TEST_URL)"; \
+	  else \
+	    echo "PostgreSQL does not answer at 127.0.0.1:5432 and FLEETLENS_TEST_PG_URL is unset:" \
+	         "PostgreSQL tests will be skipped$${CI:+ (CI=$$CI: they fail instead)}"; \
+	  fi; \
+	fi; \
+	$(BIN)/python -m pytest --deselect tests/test_layers.py::test_import_contracts $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	@set -e; for f in benchmarks/*.py; do echo "# $$f" >&2; $(BIN)/python $$f; done

@@ -51,6 +51,7 @@ from store.settings import Settings
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
+STOP_THREADS_S = 8.0  # after SIGTERM/SIGINT the threads get this long; the last flush follows (all within 15 s)
 BATCH_VERSION = 1
 
 # A sample row in memory and in the spool names its device by index on the host, not by id in the store:
@@ -172,6 +173,7 @@ class Agent:
         self._db_up: bool | None = None
         self._db_lock = threading.Lock()  # one flush at a time (the final flush races the flusher otherwise)
         self._stop = threading.Event()
+        self.stop_signal: int | None = None  # the signal that stopped run(), if one did
         self._threads: list[threading.Thread] = []
         self._started = False
         self.latest: list[DeviceReading] = []  # the last round's readings, for /metrics
@@ -201,11 +203,18 @@ class Agent:
                  self.sample_interval_s, self.flush_interval_s)
         return self
 
-    def stop(self) -> None:
-        """Stop sampling, write (or spool) what is buffered, and release the socket and the source."""
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop sampling, write (or spool) what is buffered, and release the socket and the source.
+
+        The jobs the agent launched go on: they live in sessions of their own, and the next agent on this host
+        takes them up again (collector.migration_handlers adopts them). With `timeout_s`, the threads get that
+        long in all to finish what they are doing (a command half-run is re-sent by the enforcer); they are
+        daemons, so one still busy does not keep the process alive."""
         self._stop.set()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for thread in self._threads:
-            thread.join(timeout=max(30.0, 3 * self.flush_interval_s))
+            wait = max(30.0, 3 * self.flush_interval_s) if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(timeout=wait)
         self._threads.clear()
         if self._socket_server is not None:
             self._socket_server.stop()
@@ -233,11 +242,16 @@ class Agent:
         """The object answering the job SDK (collector.sdk_handlers.SdkHandlers unless one was given), or None."""
         return self._sdk_handler
 
-    def request_stop(self, *_: object) -> None:
+    def request_stop(self, signum: int | None = None, _frame: object = None) -> None:
+        """Ask `run()` to stop (also the SIGTERM/SIGINT handler: the first signal is kept in `stop_signal`)."""
+        if signum is not None and self.stop_signal is None:
+            self.stop_signal = int(signum)
         self._stop.set()
 
     def run(self, duration: float | None = None) -> AgentStats:
-        """Run until SIGTERM/SIGINT or `duration` seconds, then stop cleanly (the last batch is flushed)."""
+        """Run until SIGTERM/SIGINT or `duration` seconds, then stop cleanly (the last batch is flushed).
+
+        The handlers replace an inherited SIG_IGN too (an agent started in the background by a script)."""
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -246,7 +260,7 @@ class Agent:
             self.start()
             self._stop.wait(timeout=duration)
         finally:
-            self.stop()
+            self.stop(timeout_s=STOP_THREADS_S)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self.stats

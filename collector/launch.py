@@ -90,7 +90,13 @@ def spawn_job(command: Sequence[str], cwd: str, env_overrides: dict[str, str], *
 def find_job_processes(workflow_id: str, host_id: str) -> list[psutil.Process]:
     """The live top-level processes of a managed workflow on this host (found by the environment
     `fleetlens run` gave them, so it works for jobs started by a previous agent or in the foreground)."""
-    found: dict[int, psutil.Process] = {}
+    return find_managed_processes(host_id).get(workflow_id, [])
+
+
+def find_managed_processes(host_id: str) -> dict[str, list[psutil.Process]]:
+    """Every managed workflow's live top-level processes on this host, by workflow id, found by their environment
+    (a job's own children carry the same environment; only the topmost of each is listed)."""
+    found: dict[int, tuple[psutil.Process, str]] = {}
     for proc in psutil.process_iter(["pid", "status"]):
         try:
             if proc.info["status"] == psutil.STATUS_ZOMBIE:
@@ -98,14 +104,15 @@ def find_job_processes(workflow_id: str, host_id: str) -> list[psutil.Process]:
             env = proc.environ()
         except _GONE:
             continue
-        if env.get("FLEETLENS_WORKFLOW") == workflow_id and env.get(MANAGED_ENV) == host_id:
-            found[proc.pid] = proc
-    top = []
-    for proc in found.values():
+        workflow = env.get("FLEETLENS_WORKFLOW")
+        if workflow and env.get(MANAGED_ENV) == host_id:
+            found[proc.pid] = (proc, workflow)
+    top: dict[str, list[psutil.Process]] = {}
+    for proc, workflow in found.values():
         try:
-            if proc.ppid() not in found:
-                top.append(proc)
+            parent = found.get(proc.ppid())
         except _GONE:
             continue
-    return sorted(top, key=lambda p: p.pid)
-
+        if parent is None or parent[1] != workflow:
+            top.setdefault(workflow, []).append(proc)
+    return {wf: sorted(procs, key=lambda p: p.pid) for wf, procs in top.items()}

@@ -1,5 +1,5 @@
 """The agent's side of managed jobs and migration: signed `launch`, `checkpoint`, `stop` and `relaunch` commands,
-the per-lane iteration gate on the SDK socket, and reaping the jobs this agent started.
+the per-lane iteration gate on the SDK socket, and reaping the jobs this agent started or took up.
 
 Importing the module registers the four command kinds with collector.command_runner; `install(agent)` (called by
 the agent at start) puts the enforcer's `LaneGate` behind the SDK socket and starts the reaper and the storage
@@ -16,6 +16,7 @@ command fails as unsafe, the enforcer puts the job back or leaves it stopped wit
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -23,9 +24,10 @@ from typing import Any
 
 import fsspec
 import psutil
+from sqlalchemy import select
 
 from collector.command_runner import CommandContext, register_handler
-from collector.launch import find_job_processes, job_env, spawn_job
+from collector.launch import find_job_processes, find_managed_processes, job_env, spawn_job
 from enforcer.gate import LaneGate
 from store.checkpoints import (
     digest,
@@ -38,7 +40,7 @@ from store.checkpoints import (
     record_probes,
 )
 from store.errors import DatabaseUnavailable, InvalidInput, NotFound, UnsafeToRun
-from store.models import Workflow
+from store.models import Placement, Workflow
 from store.paths import log_path_for
 from store.placements import end_placements, mark_started
 from store.workflows import spec_refusal
@@ -59,8 +61,23 @@ def _alive(proc: psutil.Process) -> bool:
 
 # ---- the children this agent started, reaped so they never linger as zombies -----------------------------
 
+class _Adopted:
+    """A detached job an earlier agent on this host started: not our child, so watched through psutil; its exit
+    code is unknown (its SDK goodbye says how it ended)."""
+
+    returncode = None
+
+    def __init__(self, proc: psutil.Process) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def poll(self) -> int | None:
+        return None if _alive(self.proc) else -1
+
+
 class _Reaper:
-    """Waits for the jobs this agent started; when one ends, its placement ends (unless it is being moved)."""
+    """Waits for the jobs this agent started or took up; when one ends, its placement ends (unless it is being
+    moved)."""
 
     def __init__(self) -> None:
         self.children: dict[int, tuple[Any, str]] = {}  # pid -> (Popen, workflow)
@@ -72,6 +89,42 @@ class _Reaper:
     def add(self, popen: Any, workflow_id: str) -> None:
         with self.lock:
             self.children[popen.pid] = (popen, workflow_id)
+
+    def adopt(self, store: Any, host_id: str) -> list[tuple[int, str]]:
+        """Take up the detached jobs already running on this host (an agent restarted: its jobs went on).
+
+        Found by their environment, and only those placed on this host in this agent's store; only session
+        leaders, the way the agent starts jobs (a job run in the foreground by `fleetlens run` is that command's
+        to reap). Returns (pid, workflow) of each one taken up."""
+        running = find_managed_processes(host_id)
+        if not running:
+            return []
+        try:
+            with store.session() as session:
+                placed = set(session.scalars(select(Placement.workflow_id).where(
+                    Placement.host_id == host_id, Placement.state.in_(("active", "pending")),
+                    Placement.workflow_id.in_(list(running)))))
+        except DatabaseUnavailable:
+            log.warning("the database is away: the jobs already running here are not taken up")
+            return []
+        taken = []
+        for workflow, procs in running.items():
+            if workflow not in placed:
+                continue
+            for proc in procs:
+                try:
+                    if os.getsid(proc.pid) != proc.pid:
+                        continue
+                except OSError:
+                    continue
+                with self.lock:
+                    if proc.pid in self.children:
+                        continue
+                    self.children[proc.pid] = (_Adopted(proc), workflow)
+                taken.append((proc.pid, workflow))
+        for pid, workflow in taken:
+            log.info("took up managed job %s (pid %d), started before this agent", workflow, pid)
+        return taken
 
     def start(self, agent: Any) -> None:
         self.agent = agent
@@ -93,11 +146,17 @@ class _Reaper:
             for pid, _, _ in ended:
                 del self.children[pid]
             gate = getattr(getattr(self.agent, "sdk_handler", None), "gate", None)
+            handlers = getattr(self.agent, "sdk_handler", None)
             for pid, popen, wf in ended:
                 if gate is not None and hasattr(gate, "release"):
                     gate.release(wf, pid)  # a job that died mid-step must not keep its lane's turn
-                outcome = "finished" if popen.returncode == 0 else "failed"
-                log.info("managed job %s (pid %d) ended with exit code %s", wf, pid, popen.returncode)
+                said = handlers.take_outcome(wf, pid) if hasattr(handlers, "take_outcome") else None
+                if popen.returncode is not None:
+                    outcome = "finished" if popen.returncode == 0 else "failed"
+                else:  # taken up from an earlier agent: no exit code, only what the job said on its way out
+                    outcome = "finished" if said == "finished" else "failed"
+                log.info("managed job %s (pid %d) ended: %s", wf, pid, outcome if popen.returncode is None
+                         else f"exit code {popen.returncode}")
                 self.pending.append((wf, pid, outcome))
             pending, self.pending = self.pending, []
         agent = self.agent
@@ -147,6 +206,10 @@ def install(agent: Any) -> None:
     handlers = getattr(agent, "sdk_handler", None)
     if handlers is not None and hasattr(handlers, "gate") and handlers.gate is None:
         handlers.gate = LaneGate(agent.settings.policy, total_steps=_total_steps_lookup(handlers))
+    try:
+        REAPER.adopt(agent.store, agent.host_id)
+    except Exception:  # taking up old jobs is no reason for an agent not to start
+        log.exception("taking up the jobs already running on %s failed", agent.host_id)
     REAPER.start(agent)
     threading.Thread(target=_probe_loop, args=(agent,), name="fleetlens-storage-probe", daemon=True).start()
 

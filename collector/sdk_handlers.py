@@ -87,6 +87,7 @@ class SdkHandlers:
         self._step_rows: deque[dict[str, Any]] = deque()
         self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
         self._dropped_rows = 0
+        self._outcomes: dict[tuple[str, int], str] = {}  # (wf, pid) -> what the job said in its goodbye
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -148,6 +149,11 @@ class SdkHandlers:
     def cancel_checkpoint(self, request_id: Any) -> None:
         with self._lock:
             self._checkpoints.pop(str(request_id), None)
+
+    def take_outcome(self, workflow_id: str, pid: int) -> str | None:
+        """How the job's process said it ended (finished, failed, stopped), once; None if it never said goodbye."""
+        with self._lock:
+            return self._outcomes.pop((workflow_id, pid), None)
 
     def jobs(self) -> list[dict[str, Any]]:
         """The SDK jobs heard from recently: workflow, pid, rank, lane, step, total_steps, last_seen."""
@@ -371,6 +377,7 @@ class SdkHandlers:
         wf, pid, outcome = msg["workflow"], int(msg["pid"]), msg["outcome"]
         with self._lock:
             self._jobs.pop((wf, pid), None)
+            self._outcomes[(wf, pid)] = outcome
         if int(msg.get("rank") or 0) == 0 and outcome in ("finished", "failed"):
             touch = _touch_fields(msg)
 

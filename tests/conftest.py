@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -14,6 +15,7 @@ from sqlalchemy import create_engine, text
 from store.db import Store
 from store.migrations import upgrade
 from store.settings import get_settings
+from tests.procs import processes_under
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
@@ -79,6 +81,31 @@ def pg_store(pg_url: str) -> Iterator[Store]:
 def any_store(request: pytest.FixtureRequest) -> Store:
     """The same test on SQLite and on PostgreSQL."""
     return request.getfixturevalue("sqlite_store" if request.param == "sqlite" else "pg_store")
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftover_processes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
+    """After each test, every process whose FLEETLENS_HOME lies in the test's temporary folder is killed, and the
+    output says which: a test that fails half-way must not leave an agent or a training job running."""
+    yield
+    left = processes_under(tmp_path)
+    if not left:
+        return
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else _nothing():
+        for proc in left:
+            try:
+                print(f"\n{request.node.nodeid}: killing a process it left running (found by FLEETLENS_HOME in "
+                      f"{tmp_path}): pid {proc.pid} {' '.join(proc.cmdline())[:160]}")
+                proc.kill()
+            except psutil.Error:
+                continue
+    psutil.wait_procs(left, timeout=10)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -36,9 +36,10 @@ def run(argv: list[str] | None = None) -> int:
     except ClickException as exc:
         exc.show()
         return exc.exit_code
-    except (typer.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt) as exc:
+        # click turns a KeyboardInterrupt into Abort; ui.serve.processes.Stopped carries 143 for SIGTERM
         err_console.print("fleetlens: interrupted")
-        return 130
+        return int(getattr(exc, "exit_code", None) or getattr(exc.__cause__, "exit_code", None) or 130)
     return result if isinstance(result, int) else 0
 
 

@@ -1,4 +1,4 @@
-"""`fleetlens ui` starts the Streamlit dashboard on the configured store; `fleetlens ui-passwd` makes a hash."""
+"""`fleetlens ui` runs the Streamlit dashboard on the configured store; `fleetlens ui-passwd` makes a hash."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import typer
 from store.errors import ConfigError
 from ui.cli.app import app, console, err_console, settings
 from ui.dashboard.auth import hash_password
+from ui.serve.processes import Stopped, run_foreground, stop_on_signals
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 
@@ -45,7 +46,12 @@ def ui(
     env["FLEETLENS_HOME"] = str(s.home)
     console.print(f"fleetlens dashboard on http://localhost:{port} (store {s.resolved_db_url.split('@')[-1]})")
     sys.stdout.flush()
-    os.execve(sys.executable, streamlit_command(port, address), env)
+    with stop_on_signals():  # SIGINT/SIGTERM stop the dashboard and exit 130/143, even if SIGINT came in ignored
+        try:
+            code = run_foreground(streamlit_command(port, address), env)
+        except Stopped as stop:
+            code = stop.exit_code
+    raise typer.Exit(code)
 
 
 @app.command("ui-passwd")

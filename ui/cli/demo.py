@@ -8,7 +8,7 @@ import typer
 
 from ui.cli.app import app, console, settings
 from ui.serve.demo import Demo, DemoOptions
-from ui.serve.processes import sigterm_as_interrupt
+from ui.serve.processes import Stopped, stop_on_signals
 
 
 @app.command()
@@ -28,11 +28,16 @@ def demo(
         duration = 120.0
     options = DemoOptions(home=home or s.home / "demo", duration=duration, ui=not no_ui, speedup=speedup,
                           steps=steps, port=port or s.ui_port, console=console)
-    with sigterm_as_interrupt():
+    with stop_on_signals() as signals:  # first: SIGINT stops the demo even if it was started ignoring it
+        demo_run = Demo(options, signals)
         try:
-            report = Demo(options).run()
-        except KeyboardInterrupt:
-            console.print("stopped; every process the demo started has been stopped")
-            raise typer.Exit(130) from None
-    if report.steps_failed:
+            report = demo_run.run()
+        except Stopped as stop:
+            report = demo_run.report
+            console.print(f"stopped by {stop}; " + (
+                f"{len(report.survivors)} process(es) the demo started could not be stopped"
+                if report.survivors else "nothing the demo started is still running"))
+    if signals.exit_code is not None:  # also a signal that came while the demo stopped at its end
+        raise typer.Exit(signals.exit_code)
+    if report.steps_failed or report.survivors:
         raise typer.Exit(1)

@@ -9,8 +9,10 @@ import typer
 from store.db import Store
 from store.migrations import upgrade
 from ui.cli.app import app, console, settings
-from ui.serve.processes import Children, fleetlens_command, sigterm_as_interrupt
+from ui.serve.processes import TERM_GRACE_S, Children, Stopped, describe, fleetlens_command, stop_on_signals
 from ui.serve.scheduler import Scheduler, periodic_jobs
+
+SCHEDULER_STOP_S = 3.0  # a periodic job still running after this is left to its daemon thread (the budget is 15 s)
 
 
 @app.command()
@@ -24,7 +26,9 @@ def serve(
     /metrics exporter, and the dashboard until Ctrl-C.
 
     The scheduler calls the same functions as the Airflow DAGs, on the same cadences; enforcement stays a dry
-    run unless FLEETLENS_ENFORCE=true. Jobs the agent launched keep running when serve stops.
+    run unless FLEETLENS_ENFORCE=true. SIGINT or SIGTERM stops the scheduler, the agent, the exporter and the
+    dashboard (exit 130 or 143); jobs the agent launched keep running, and the next agent on this host takes them
+    up.
     """
     s = settings()
     s.ensure_home()
@@ -32,7 +36,7 @@ def serve(
     upgrade(store)
     children = Children(s.home)
     scheduler = Scheduler(periodic_jobs(store, s))
-    with sigterm_as_interrupt():
+    with stop_on_signals() as signals:  # SIGINT stops serve even if it was started ignoring it
         try:
             if not no_agent:
                 children.spawn(fleetlens_command("agent"), "agent.log")
@@ -50,8 +54,16 @@ def serve(
             deadline = None if duration is None else time.monotonic() + duration
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
-        except KeyboardInterrupt:
-            console.print("stopping")
+        except Stopped as stop:
+            console.print(f"stopping ({stop}); the jobs the agent launched go on")
         finally:
-            scheduler.stop()
-            children.stop()
+            with signals.shielded():
+                children.terminate()  # first: the children's grace runs beside the scheduler's
+                scheduler.stop(timeout=SCHEDULER_STOP_S)
+                survivors = children.stop(grace_s=TERM_GRACE_S - SCHEDULER_STOP_S)
+    for proc in survivors:
+        console.print(f"[red]still running after the stop:[/] {describe(proc)}")
+    if signals.exit_code is not None:
+        raise typer.Exit(signals.exit_code)
+    if survivors:
+        raise typer.Exit(1)

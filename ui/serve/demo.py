@@ -6,7 +6,9 @@ tiny steps), profiles each on demand and analyses the traces and the telemetry, 
 applies it to the local jobs by checkpoint and relaunch, then prints a summary and serves the dashboard.
 
 Everything the demo starts runs with FLEETLENS_HOME set to the demo's own folder; on exit (the end of
-`--duration`, Ctrl-C, or an error) every process carrying that folder in its environment is stopped.
+`--duration`, SIGINT, SIGTERM, or an error) every process carrying that folder in its environment is stopped
+(SIGTERM, SIGKILL after a grace for the jobs' checkpoints) within STOP_BUDGET_S, and the demo looks again: a
+process still alive is named in the report and on the console.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from store.migrations import upgrade
 from store.models import Action, Device, Placement, ProfileRequest, StepStat, Trace
 from store.profiling import request_profile
 from store.settings import Settings, get_settings
-from ui.serve.processes import Children, fleetlens_command, stop_processes_of
+from ui.serve.processes import Children, Signals, describe, fleetlens_command, stop_processes_of
 from ui.serve.run import run_managed
 
 # The four local jobs: (name, train.py mode, placement group). Jobs of the same group start on the same device,
@@ -83,6 +85,7 @@ class DemoReport:
     devices_freed: int = 0
     dashboard: str | None = None
     steps_failed: list[str] = field(default_factory=list)
+    survivors: list[str] = field(default_factory=list)  # processes of the demo still alive after the stop
 
 
 @dataclass
@@ -97,8 +100,9 @@ class DemoOptions:
 
 
 class Demo:
-    def __init__(self, options: DemoOptions) -> None:
+    def __init__(self, options: DemoOptions, signals: Signals | None = None) -> None:
         self.o = options
+        self.signals = signals or Signals()
         self.console = options.console
         self.home = options.home.expanduser().resolve()
         self.t0 = time.monotonic()
@@ -112,7 +116,8 @@ class Demo:
         try:
             self.start_agent()
             self.launch_jobs()
-            loader = threading.Thread(target=self.step, name="fleet-load",
+            # a daemon: a stop mid-load must not wait for the load (the demo's own store, abandoned with the demo)
+            loader = threading.Thread(target=self.step, name="fleet-load", daemon=True,
                                       args=("replayed the Alibaba GenAI fleet's telemetry", self.load_fleet))
             loader.start()  # ~10-20 s of bulk writes, while the jobs warm up
             self.step("waiting for the jobs' first steps", self.wait_for_steps)
@@ -127,7 +132,8 @@ class Demo:
                 self.step("starting the dashboard", self.serve_ui)
             self.wait_until_end()
         finally:
-            self.stop_everything()
+            with self.signals.shielded():  # a signal now (a second Ctrl-C) must not cut the stop short
+                self.stop_everything()
         return self.report
 
     def step(self, title: str, fn: Callable[[], None]) -> None:
@@ -346,8 +352,15 @@ class Demo:
         self.console.print(table)
 
     def stop_everything(self) -> None:
+        """Stop the agent, the jobs it launched and the dashboard together, then look again for any of them."""
         if hasattr(self, "children"):
-            self.children.stop()
-        stop_processes_of(self.home)  # the jobs the agent launched, should the agent not have stopped them
+            self.children.terminate()  # their sessions: a dashboard's own children too
+        # by environment: the jobs live in sessions of their own, and an agent may relaunch one while stopping
+        survivors = stop_processes_of(self.home)
+        if hasattr(self, "children"):
+            self.children.stop(grace_s=0.5)  # reaps them (all gone by now, or named below)
+        self.report.survivors = [describe(p) for p in survivors]
+        for line in self.report.survivors:
+            self.console.print(f"[red]still running after the stop:[/] {line}")
         if self.home.is_dir():
             self.write_report()
