@@ -226,6 +226,30 @@ def test_gate_runs_around_each_step_in_a_lane_and_never_outside(served: Served) 
     assert gate.calls == [(phase, step, "lane-7") for step in range(3) for phase in ("begin", "end")]
 
 
+def test_in_a_lane_the_turn_is_handed_on_only_after_the_step_done_waiter_returns(served: Served) -> None:
+    gate = RecordingGate()
+    served.handlers.gate = gate
+    inside = served.settings.model_copy(update={"lane": "lane-3"})
+
+    def step_done() -> None:  # stands where the CUDA event's synchronize stands on a GPU
+        gate.calls.append(("done", len(gate.calls), "waiter"))
+
+    with job("waited", total_steps=3, workflow="waited", settings=inside, step_done=step_done) as j:
+        assert list(j.steps()) == [0, 1, 2]
+    phases = [c[0] for c in gate.calls]
+    assert phases == ["begin", "done", "end"] * 3  # every end reached the gate after its step's waiter returned
+    assert [c[1] for c in gate.calls if c[0] == "end"] == [0, 1, 2]
+
+
+def test_on_a_cpu_device_a_lane_job_waits_on_nothing(served: Served) -> None:
+    assert not torch.cuda.is_available()  # torch is real here; the device is the CPU
+    served.handlers.gate = RecordingGate()
+    inside = served.settings.model_copy(update={"lane": "lane-4"})
+    with job("cpu-lane", total_steps=2, workflow="cpu-lane", settings=inside) as j:
+        assert list(j.steps()) == [0, 1]
+        assert j.step_waiter is None and j.step_wait_s == 0.0
+
+
 # ---- protocol and handler robustness ------------------------------------------------------------------------
 
 def test_protocol_round_trip_and_bad_lines() -> None:
