@@ -223,7 +223,8 @@ class Job:
 
         A step is timed from asking `iterable` for its item to the loop body handing control back, so data
         loading counts. In a lane the step also lasts until its device work is done (the step waiter), and only
-        then is the lane's turn handed on, so lane-mates' kernels never run at the same time. Counting starts at the resume step; call `steps()` again for the next epoch.
+        then is the lane's turn handed on, so lane-mates' kernels never run at the same time. Counting starts at
+        the resume step; call `steps()` again for the next epoch.
         """
         if not self._started:
             self.start()

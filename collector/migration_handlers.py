@@ -135,7 +135,8 @@ def _workflow(ctx: CommandContext, workflow_id: str) -> dict[str, Any]:
 
 
 def _start(ctx: CommandContext, workflow_id: str, device_ids: list[int], lane_id: int | None, *,
-           resume_from: str | None, resume_step: int | None, timeout_s: float) -> dict[str, Any]:
+           resume_from: str | None, resume_step: int | None, timeout_s: float,
+           share_bytes: int | None = None) -> dict[str, Any]:
     running = [p for p in find_job_processes(workflow_id, ctx.host_id) if _alive(p)]
     if running:  # a re-sent command, or the previous agent started it before it died
         return {"pid": running[0].pid, "already_running": True, "connected": True}
@@ -150,7 +151,7 @@ def _start(ctx: CommandContext, workflow_id: str, device_ids: list[int], lane_id
             raise InvalidInput(f"the checkpoint {resume_from} to resume {workflow_id!r} from does not exist")
     with ctx.store.session() as session:
         env, cores = job_env(session, workflow_id, device_ids, lane_id, host_id=ctx.host_id,
-                             resume_from=resume_from, resume_step=resume_step)
+                             resume_from=resume_from, resume_step=resume_step, share_bytes=share_bytes)
     log_path = log_path_for(ctx.settings, workflow_id)
     with open(log_path.parent.mkdir(parents=True, exist_ok=True) or log_path, "ab") as f:
         f.write(f"--- fleetlens: starting at {time.ctime()} on devices {device_ids} lane {lane_id}"
@@ -199,7 +200,12 @@ def handle_relaunch(payload: dict[str, Any], ctx: CommandContext) -> dict[str, A
     """Start the workflow's registered command on a device / lane, resuming from its checkpoint."""
     return _start(ctx, str(payload["workflow_id"]), [int(payload["device_id"])], payload.get("lane_id"),
                   resume_from=payload.get("resume_from"), resume_step=payload.get("resume_step"),
-                  timeout_s=float(payload.get("timeout_s", DEFAULT_START_TIMEOUT_S)))
+                  timeout_s=float(payload.get("timeout_s", DEFAULT_START_TIMEOUT_S)),
+                  share_bytes=_int_or_none(payload.get("share_bytes")))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 # ---- checkpoint and stop ----------------------------------------------------------------------------------------

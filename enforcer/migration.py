@@ -423,9 +423,11 @@ class _Step:
                           f"{self.action.checkpoint_path}")
             return
         resume_from, resume_step = self.resume_point(wf)
+        p_prime, e = self.job_profile(wf)  # its memory cap in the new lane: what that lane admits it with
         self.send(host, "relaunch", {
             "workflow_id": wf.id, "device_id": device_id, "lane_id": lane_id, "resume_from": resume_from,
             "resume_step": resume_step, "purpose": purpose, "timeout_s": self.options.start_timeout_s,
+            "share_bytes": p_prime + e if move and lane_id is not None and p_prime else None,
         }, deadline_s=self.options.start_timeout_s + 5)
         where = f"device {device_id}{f' lane {lane_id}' if lane_id else ''} on {host}"
         again = ""
