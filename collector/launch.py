@@ -65,7 +65,7 @@ def job_env(session: Session, workflow_id: str, device_ids: Sequence[int], lane_
 
 def job_share(session: Session, workflow_id: str, lane: Lane, share_bytes: int | None = None) -> int:
     """The bytes of `lane` this job may use: its admitted P' + E (the given share, else its placement's), never
-    more than the lane; refuses a share below the job's measured persistent memory."""
+    more than the lane; refuses a share below the persistent GPU memory the SDK measured for the job."""
     if share_bytes is None:
         placement = session.scalar(select(Placement).where(
             Placement.workflow_id == workflow_id, Placement.lane_id == lane.id,
@@ -74,7 +74,9 @@ def job_share(session: Session, workflow_id: str, lane: Lane, share_bytes: int |
             share_bytes = int(placement.mem_persistent) + int(placement.mem_ephemeral or 0)
     share = min(int(share_bytes), lane.size_bytes) if share_bytes else lane.size_bytes
     wf = session.get(Workflow, workflow_id)
-    if wf is not None and wf.mem_persistent and share < wf.mem_persistent:
+    # only GPU memory the SDK measured is comparable with a share of a GPU (host RSS on a CPU device is not)
+    measured = wf is not None and (wf.labels or {}).get("mem_source") == "cuda" and wf.mem_persistent
+    if measured and share < wf.mem_persistent:
         raise InvalidInput(
             f"{workflow_id}'s share of lane {lane.id} is {share} bytes, less than the {wf.mem_persistent} bytes of "
             "persistent memory it was measured to hold; place it in a bigger lane or on a whole device")

@@ -254,7 +254,11 @@ def test_lane_mates_are_each_capped_at_their_own_share_and_a_share_below_measure
         # each is capped at its own share, so together they stay inside the lane (the lane's size each would not)
         assert sum(fractions.values()) * DEVICE_BYTES <= lane.size_bytes
         # the job grew since it was admitted: its share no longer holds its persistent memory
-        s.get(Workflow, "small").mem_persistent = 200 << 20
+        small = s.get(Workflow, "small")
+        small.mem_persistent, small.labels = 200 << 20, {"mem_source": "rss"}
+        s.flush()
+        job_env(s, "small", [device_id], lane.id, host_id="h1")  # host memory on a CPU: no GPU share to compare
+        small.labels = {"mem_source": "cuda"}
         s.flush()
         with pytest.raises(InvalidInput, match="less than the 209715200 bytes of persistent memory"):
             job_env(s, "small", [device_id], lane.id, host_id="h1")
