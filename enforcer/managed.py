@@ -82,12 +82,12 @@ def pid_alive(pid: int | None) -> bool:
         return False
 
 
-def load_host_fleet(session: Session, host_id: str, *, whole: bool = False) -> tuple[Fleet, dict[int, Device]]:
+def load_host_fleet(session: Session, host_id: str) -> tuple[Fleet, dict[int, Device]]:
     """The host's usable devices with their open lanes and active placements, as a `Fleet` the policies place on.
 
     A device's capacity is its memory less what the latest samples show processes outside its placements using
-    (managed elsewhere or not managed at all), so admission never hands that memory out; for `whole` devices a
-    device such processes use is not offered at all."""
+    (managed elsewhere or not managed at all), so admission never hands that memory out, to a lane or to a job
+    asking for a whole device."""
     devices = {d.id: d for d in session.scalars(
         select(Device).where(Device.host_id == host_id, Device.state == "ok").order_by(Device.index))}
     placements = list(session.scalars(select(Placement).where(
@@ -105,9 +105,6 @@ def load_host_fleet(session: Session, host_id: str, *, whole: bool = False) -> t
     lanes = {lane.id: lane for lane in session.scalars(
         select(Lane).where(Lane.device_id.in_(list(devices)), Lane.state == "open"))}
     fleet.use_lane_ids(max(lanes, default=0) + 1)
-    for device_id, used in foreign.items():
-        if whole and used > 0:
-            fleet.set_alive(device_id, False)
     for p in placements:
         job = Job(p.workflow_id, persistent=0, ephemeral=int(p.mem_ephemeral or 0), util=p.compute_share or 1.0)
         device = fleet.device(p.device_id)
@@ -204,7 +201,7 @@ def register_managed(
             known_memory(session, existing, settings.memory_seen_steps) if existing is not None else None)
         alone = memory is None and not whole  # unknown memory: a whole device until its memory has been seen
         whole = whole or alone
-        fleet, devices = load_host_fleet(session, host_id, whole=whole)
+        fleet, devices = load_host_fleet(session, host_id)
         if not devices:
             raise NotFound(f"host {host_id!r} has no registered devices; start `fleetlens agent` on it first")
         if only is not None:

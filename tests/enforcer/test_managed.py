@@ -198,8 +198,8 @@ def test_two_runs_started_at_once_never_take_the_same_device(any_store: Store, f
     barrier = threading.Barrier(2)
     load = enforcer.managed.load_host_fleet
 
-    def load_together(session, host_id, **options):
-        fleet = load(session, host_id, **options)
+    def load_together(session, host_id):
+        fleet = load(session, host_id)
         try:
             barrier.wait(timeout=1.0)
         except threading.BrokenBarrierError:

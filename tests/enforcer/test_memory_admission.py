@@ -132,9 +132,9 @@ def test_memory_used_outside_the_placements_is_never_handed_out(any_store: Store
         register(any_store, s, "wants-2g", mem_bytes=2 * GIB)
     small = register(any_store, s, "wants-half", mem_bytes=GIB // 2)
     assert small.device_ids == [ids[1]]  # 1 GiB left there, 0.5 GiB on device 0
-    with pytest.raises(PlacementError):  # a whole device is not free either, though no placement holds one
+    with pytest.raises(PlacementError):  # nor is it there for a whole-device job, though no placement holds it
         register_managed(any_store, ["python", "t.py"], settings=s, workflow_id="whole", cwd=PROJECT_ROOT,
-                         devices=[ids[0]])
+                         devices=[ids[0]], gpus=1, mem_bytes=GIB)
 
 
 def test_a_job_bigger_than_any_device_is_refused_with_what_it_needs(any_store: Store, fleet_home) -> None:
