@@ -143,3 +143,27 @@ def test_a_job_bigger_than_any_device_is_refused_with_what_it_needs(any_store: S
         register(any_store, settings(fleet_home), "huge", mem_bytes=8 * GIB)
     with any_store.session() as session:
         assert session.get(Workflow, "huge") is None  # nothing written
+
+
+def test_a_lane_smaller_than_the_jobs_persistent_memory_is_refused_when_a_move_is_asked(any_store: Store) -> None:
+    from enforcer.migration import start_migration
+    from store.models import Action, Lane
+
+    ids = host(any_store)
+    with any_store.session() as session:
+        upsert_workflow(session, "mover", now=NOW, managed=True, command=["python", "t.py"], id_source="managed",
+                        state="running")
+        session.add(Placement(workflow_id="mover", device_id=ids[0], host_id="h1", pid=1, state="active",
+                              mem_persistent=int(1.1 * GIB), mem_ephemeral=GIB // 4, started_at=NOW))
+        small = Lane(device_id=ids[1], size_bytes=GIB, compute_share=0.5, state="open", created_at=NOW)
+        session.add(small)
+        session.flush()
+        small_id = small.id
+    with pytest.raises(InvalidInput, match=r"a lane of 536870912 bytes cannot hold 'mover'.* at least 1449551462"):
+        start_migration(any_store, "mover", ids[1], new_lane_size=GIB // 2)
+    with pytest.raises(InvalidInput, match=r"a lane of 1073741824 bytes cannot hold 'mover'"):
+        start_migration(any_store, "mover", ids[1], to_lane_id=small_id)
+    with any_store.session() as session:
+        assert session.scalars(select(Action)).all() == []  # nothing written
+        assert [lane.id for lane in session.scalars(select(Lane))] == [small_id]
+    assert start_migration(any_store, "mover", ids[1], new_lane_size=2 * GIB)  # a lane that holds it is fine
