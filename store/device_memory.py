@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from store.models import DeviceSample, ProcessSample, Workflow
+from store.models import Device, DeviceSample, ProcessSample, Workflow
 
 MEM_STEPS_LABEL = "mem_steps"  # workflows.labels: steps the job SDK has reported its memory for
 
@@ -20,7 +20,9 @@ def unplaced_memory(session: Session, device_ids: Collection[int], placed: Mappi
 
     Two views, the larger wins: the latest process samples of workflows not placed on the device (a managed job
     placed elsewhere counts too), and the latest device sample's memory used beyond what the placements there
-    were admitted with (`explained`, bytes), which also catches processes the per-process list does not show."""
+    were admitted with (`explained`, bytes), which also catches processes the per-process list does not show.
+    On `cpu` devices only the second: a process is listed there because it ran on the device's cores, not
+    because it holds the device's memory."""
     ids = list(device_ids)
     if not ids:
         return {}
@@ -30,8 +32,9 @@ def unplaced_memory(session: Session, device_ids: Collection[int], placed: Mappi
         select(DeviceSample.device_id, DeviceSample.mem_used)
         .join(latest_device, (latest_device.c.device_id == DeviceSample.device_id)
               & (latest_device.c.ts == DeviceSample.ts))).all())
+    per_process = list(session.scalars(select(Device.id).where(Device.id.in_(ids), Device.source != "cpu")))
     latest_process = (select(ProcessSample.device_id, func.max(ProcessSample.ts).label("ts"))
-                      .where(ProcessSample.device_id.in_(ids)).group_by(ProcessSample.device_id).subquery())
+                      .where(ProcessSample.device_id.in_(per_process)).group_by(ProcessSample.device_id).subquery())
     by_process: dict[int, int] = defaultdict(int)
     for device_id, workflow_id, mem in session.execute(
             select(ProcessSample.device_id, ProcessSample.workflow_id, ProcessSample.mem_used)

@@ -167,3 +167,14 @@ def test_a_lane_smaller_than_the_jobs_persistent_memory_is_refused_when_a_move_i
         assert session.scalars(select(Action)).all() == []  # nothing written
         assert [lane.id for lane in session.scalars(select(Lane))] == [small_id]
     assert start_migration(any_store, "mover", ids[1], new_lane_size=2 * GIB)  # a lane that holds it is fine
+
+
+def test_on_cpu_devices_a_process_that_ran_on_the_cores_holds_none_of_their_memory(any_store: Store) -> None:
+    with any_store.session() as session:
+        register_host(session, "c1", hostname="c1", source="cpu", now=NOW)
+        (cpu,) = register_devices(session, "c1", [DeviceSpec(0, "cpu:c1:0", "cpu core 0", 8 * GIB, (0,))],
+                                  source="cpu", now=NOW).values()
+    write_samples(any_store, [dict(device_id=cpu, ts=NOW, mem_used=GIB, mem_total=8 * GIB)],
+                  [dict(device_id=cpu, workflow_id="busy-elsewhere", host_id="c1", pid=5, ts=NOW, mem_used=3 * GIB)])
+    with any_store.session() as session:
+        assert unplaced_memory(session, [cpu], {}, {}) == {cpu: GIB}  # the device's own reading only
