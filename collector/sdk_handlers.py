@@ -227,6 +227,8 @@ class SdkHandlers:
                         continue
                     workflow.mem_persistent, workflow.mem_ephemeral = persistent, ephemeral
                     labels = workflow.labels or {}
+                    if labels.get("mem_source") == source:  # a restarted job's count starts again: keep the most
+                        steps = max(steps, int(labels.get(MEM_STEPS_LABEL) or 0))
                     if labels.get("mem_source") != source or labels.get(MEM_STEPS_LABEL) != steps:
                         workflow.labels = {**labels, "mem_source": source, MEM_STEPS_LABEL: steps}
         except DatabaseUnavailable:

@@ -135,7 +135,7 @@ def test_step_stats_rows_cover_every_step_of_a_real_training_loop(served: Served
     workflow = wait_for(lambda: (w := served.workflow("stats-wf")) and w.state == "finished" and w)
     assert workflow.declared_steps == 300 and workflow.name == "train-healthy"
     assert workflow.mem_persistent > 0 and workflow.mem_ephemeral is not None
-    assert workflow.labels["mem_source"] == "rss"
+    assert workflow.labels["mem_source"] == "rss" and workflow.labels["mem_steps"] == 300  # seen for every step
 
 
 # ---- checkpoints and resume ---------------------------------------------------------------------------------
@@ -290,3 +290,15 @@ def test_handler_keeps_step_stats_while_the_database_is_down(served: Served) -> 
     assert [(r.first_step, r.last_step, r.pid, r.mem_source) for r in rows] == [(0, 9, 5, "cuda")]
     workflow = served.workflow("down-wf")
     assert (workflow.mem_persistent, workflow.mem_ephemeral, workflow.labels["mem_source"]) == (100, 50, "cuda")
+    assert workflow.labels["mem_steps"] == 10
+
+
+def test_the_steps_a_jobs_memory_was_seen_for_survive_a_restart(served: Served) -> None:
+    batch = {"first_step": 0, "last_step": 9, "n_steps": 10, "ts_start": 1.0, "ts_end": 2.0, "mean_s": 0.1,
+             "p50_s": 0.1, "p95_s": 0.1, "max_s": 0.2, "mem_persistent": 100, "mem_peak": 150, "mem_source": "cuda"}
+    handlers = served.handlers
+    for pid, n in ((5, 10), (6, 4)):  # the job, then the same job restarted (moved) as another process
+        handlers.handle({"op": "steps", "v": 1, "workflow": "restarted", "pid": pid,
+                         "batches": [{**batch, "n_steps": n, "last_step": n - 1}]})
+        handlers.flush()
+    assert served.workflow("restarted").labels["mem_steps"] == 10  # never fewer than were seen before
