@@ -58,9 +58,10 @@ def gpu_figures() -> dict[str, Any]:
     ref.record()
     torch.cuda.synchronize()
 
-    def steps(name: str, out: list[tuple[float, float, float]], gated: bool) -> None:
+    def steps(name: str, out: list[Any], gated: bool) -> None:
         stream = torch.cuda.Stream()
         a = torch.randn(size, size, device="cuda")
+        stream.wait_stream(torch.cuda.current_stream())  # `a` is made on the default stream
         with torch.cuda.stream(stream):
             wait = cuda_step_waiter(torch)
             for step in range(GPU_STEPS):
@@ -78,7 +79,7 @@ def gpu_figures() -> dict[str, Any]:
                 waited = time.perf_counter() - t0
                 if gated:
                     gate.end("1", (name, 0, 0))
-                out.append((start, end, waited))  # type: ignore[arg-type]
+                out.append((start, end, waited))
             stream.synchronize()
 
     def intervals(rows: list[Any]) -> list[tuple[float, float]]:
