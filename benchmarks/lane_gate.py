@@ -53,7 +53,7 @@ def gpu_figures() -> dict[str, Any]:
     import threading
 
     size = 2048
-    gate = LaneGate("fifo")
+    gate = LaneGate("pack")  # lane-mates alternate step by step
     ref = torch.cuda.Event(enable_timing=True)
     ref.record()
     torch.cuda.synchronize()
