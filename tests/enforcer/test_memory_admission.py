@@ -178,3 +178,19 @@ def test_on_cpu_devices_a_process_that_ran_on_the_cores_holds_none_of_their_memo
                   [dict(device_id=cpu, workflow_id="busy-elsewhere", host_id="c1", pid=5, ts=NOW, mem_used=3 * GIB)])
     with any_store.session() as session:
         assert unplaced_memory(session, [cpu], {}, {}) == {cpu: GIB}  # the device's own reading only
+
+
+def test_consolidation_counts_memory_used_outside_the_placements_too(any_store: Store) -> None:
+    from enforcer.consolidate import ConsolidateParams
+    from enforcer.consolidation_store import load_demands
+
+    ids = host(any_store)
+    with any_store.session() as session:
+        upsert_workflow(session, "placed", now=NOW, managed=True, command=["python", "t.py"], id_source="managed")
+        session.add(Placement(workflow_id="placed", device_id=ids[0], host_id="h1", pid=1, started_at=NOW))
+    write_samples(any_store, [], [
+        dict(device_id=ids[0], workflow_id="placed", host_id="h1", pid=1, ts=NOW, mem_used=3 * GIB),
+        dict(device_id=ids[1], workflow_id="someone-else", host_id="h1", pid=2, ts=NOW, mem_used=5 * GIB)])
+    with any_store.session() as session:
+        devices, _ = load_demands(session, Settings(), NOW, ConsolidateParams())
+    assert dict(devices) == {ids[0]: 8 * GIB, ids[1]: 3 * GIB}  # its own job's use is not taken off device 0
