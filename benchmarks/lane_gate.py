@@ -3,6 +3,12 @@ LaneGate, against a bare echo round trip on the same socket and connection in th
 
 Prints one JSON line: median and p95 microseconds of the gate's begin round trip, of a whole step's gate traffic
 (begin + end), and of the echo; their ratio; and the 200 µs target.
+
+On a GPU host also: two lane-mates (threads, each on its own CUDA stream, as two processes would be) take turns
+through a LaneGate, each ending its turn with the job SDK's CUDA step waiter; from CUDA timing events around every
+step's kernels, the fraction of the lane-mates' kernel time that overlaps (target 0), and the per-step cost of
+waiting on the event (microseconds spent in the waiter beyond the step's own kernel time), against the same steps
+run alone without a gate or a waiter (the anchor). Without a GPU these are null, with the reason.
 """
 
 from __future__ import annotations
@@ -29,6 +35,86 @@ from store.settings import Settings  # noqa: E402
 N = 20_000
 WARMUP = 2_000
 TARGET_US = 200.0
+
+
+GPU_STEPS = 200
+GPU_MATMULS = 8  # kernels per step: enough GPU time per step that an unsynchronised hand-off would overlap
+
+
+def gpu_figures() -> dict[str, Any]:
+    """Kernel overlap of two lane-mates and the event wait's cost per step, or nulls with the reason."""
+    import torch
+
+    from collector.job import cuda_step_waiter
+
+    if not torch.cuda.is_available():
+        return {"kernel_overlap_fraction": None, "event_wait_us_per_step": None,
+                "gpu_reason": "no CUDA device here (torch.cuda.is_available() is False)"}
+    import threading
+
+    size = 2048
+    gate = LaneGate("pack")  # lane-mates alternate step by step
+    ref = torch.cuda.Event(enable_timing=True)
+    ref.record()
+    torch.cuda.synchronize()
+
+    def steps(name: str, out: list[Any], gated: bool) -> None:
+        stream = torch.cuda.Stream()
+        a = torch.randn(size, size, device="cuda")
+        stream.wait_stream(torch.cuda.current_stream())  # `a` is made on the default stream
+        with torch.cuda.stream(stream):
+            wait = cuda_step_waiter(torch)
+            for step in range(GPU_STEPS):
+                if gated:
+                    gate.begin("1", (name, 0, 0), step)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                b = a
+                for _ in range(GPU_MATMULS):
+                    b = b @ a
+                end.record()
+                t0 = time.perf_counter()
+                if gated:
+                    wait()
+                waited = time.perf_counter() - t0
+                if gated:
+                    gate.end("1", (name, 0, 0))
+                out.append((start, end, waited))
+            stream.synchronize()
+
+    def intervals(rows: list[Any]) -> list[tuple[float, float]]:
+        return [(ref.elapsed_time(s) * 1e3, ref.elapsed_time(e) * 1e3) for s, e, _ in rows]  # microseconds
+
+    alone: list[Any] = []
+    steps("alone", alone, gated=False)
+    torch.cuda.synchronize()
+    kernel_us = sum(e - s for s, e in intervals(alone)) / len(alone)
+    runs: dict[str, list[Any]] = {"a": [], "b": []}
+    threads = [threading.Thread(target=steps, args=(name, rows, True)) for name, rows in runs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    ia, ib = intervals(runs["a"]), intervals(runs["b"])
+    overlap = 0.0
+    j = 0
+    ib.sort()
+    for s, e in sorted(ia):
+        while j < len(ib) and ib[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(ib) and ib[k][0] < e:
+            overlap += max(0.0, min(e, ib[k][1]) - max(s, ib[k][0]))
+            k += 1
+    total = sum(e - s for s, e in ia) + sum(e - s for s, e in ib)
+    waited_us = [w * 1e6 for rows in runs.values() for _, _, w in rows]
+    return {
+        "kernel_overlap_fraction": round(overlap / total, 6) if total else None,
+        "event_wait_us_per_step": round(max(0.0, statistics.mean(waited_us) - kernel_us), 1),
+        "event_wait_us_per_step_incl_kernels": round(statistics.mean(waited_us), 1),
+        "kernel_us_per_step_alone": round(kernel_us, 1), "gpu_reason": None,
+    }
 
 
 class EchoOrSdk:
@@ -94,6 +180,7 @@ def main() -> None:
         "echo_round_trip_p95_us": round(percentile(echo_us, 0.95), 1),
         "ratio_gate_to_echo": round(gate_median / echo_median, 3), "target_us": TARGET_US,
         "meets_target": gate_median <= TARGET_US,
+        **gpu_figures(),
     }))
 
 

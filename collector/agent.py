@@ -511,8 +511,9 @@ class Agent:
         with self.store.session() as session:
             touch_host(session, self.host_id)
             for index in batch.lost:
-                if index in self._device_ids:
-                    mark_device_lost(session, self._device_ids[index])
+                if index in self._device_ids and mark_device_lost(session, self._device_ids[index]):
+                    log.error("device %d of host %s was lost under running jobs: see their device_lost actions "
+                              "(`fleetlens` dashboard, enforcement); nothing was stopped", index, self.host_id)
             if batch.found:
                 specs = [DeviceSpec(d.index, d.uuid, d.name, d.memory_total, d.cpu_cores)
                          for d in self.source.devices() if d.index in batch.found]

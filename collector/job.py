@@ -12,6 +12,11 @@ are traced with torch.profiler into gzipped Kineto JSON) or a checkpoint request
 runs between steps). Without an agent the loop runs exactly the same and the SDK tries to connect again only
 every `sdk_retry_s`. Nothing the SDK does may stop training: agent errors are logged at debug level.
 
+In a lane a step's turn ends when the step's GPU work is done, not when the loop body returns (CUDA runs
+asynchronously): the SDK records a CUDA event at the end of the step and hands the turn on once it has completed.
+On a CPU device (no torch, or no CUDA) there is nothing to wait for and nothing extra is done. `step_done=` gives
+a waiter of the job's own instead (a job that runs its work on streams of its own, say).
+
 Environment (through store.settings): FLEETLENS_WORKFLOW names the workflow; FLEETLENS_RESUME_FROM (and
 FLEETLENS_RESUME_STEP) say where to resume; FLEETLENS_MEMORY_FRACTION caps this process's CUDA memory;
 FLEETLENS_LANE turns on the per-step lane gate; RANK (or FLEETLENS_RANK) is the trace's rank.
@@ -48,6 +53,7 @@ MAX_BATCHES_PER_MESSAGE = 200
 
 CheckpointFn = Callable[[str], "str | os.PathLike[str] | None"]
 RestoreFn = Callable[[str], "int | None"]
+StepDoneFn = Callable[[], None]  # blocks until the step's device work has finished
 
 
 def job(
@@ -59,10 +65,23 @@ def job(
     workflow: str | None = None,
     rank: int | None = None,
     settings: Settings | None = None,
+    step_done: StepDoneFn | None = None,
 ) -> Job:
     """A `Job` to use as a context manager around the training loop (see the module's docstring)."""
     return Job(name, total_steps=total_steps, checkpoint=checkpoint, restore=restore, workflow=workflow,
-               rank=rank, settings=settings)
+               rank=rank, settings=settings, step_done=step_done)
+
+
+def cuda_step_waiter(torch: Any) -> StepDoneFn:
+    """A step-done waiter for CUDA: record an event on the current stream after the step's last kernel was queued,
+    then block (without spinning: a blocking event) until the device has run it."""
+    event = torch.cuda.Event(blocking=True)
+
+    def wait() -> None:
+        event.record()
+        event.synchronize()
+
+    return wait
 
 
 def default_workflow_id(settings: Settings) -> tuple[str, str]:
@@ -94,6 +113,7 @@ class Job:
         workflow: str | None = None,
         rank: int | None = None,
         settings: Settings | None = None,
+        step_done: StepDoneFn | None = None,
     ) -> None:
         if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
                                         or total_steps < 0):
@@ -113,6 +133,9 @@ class Job:
         self.resume_from: Path | None = self.settings.resume_from
         self.start_step = 0
         self.memory_fraction_applied: float | None = None
+        # in a lane, the turn passes on only once this returns (the step's GPU work is done); None: at once
+        self.step_waiter: StepDoneFn | None = step_done
+        self.step_wait_s = 0.0  # seconds spent in the waiter, all steps together
         self.checkpoints: list[dict[str, Any]] = []  # what this job saved on request: path, step, request_id
         self.traces: list[str] = []  # trace files this job wrote
         self._step = 0
@@ -157,6 +180,8 @@ class Job:
         if self.settings.memory_fraction is not None:
             self._apply_memory_fraction(self.settings.memory_fraction)
         self._cuda = bool(self._torch is not None and self._torch.cuda.is_available())
+        if self.step_waiter is None and self._cuda and self.lane is not None:
+            self.step_waiter = cuda_step_waiter(self._torch)  # CPU devices get none: nothing to wait for
         self._step = self.start_step
         self._next_flush = time.perf_counter() + self.settings.sdk_flush_interval_s
         self._link_ready()
@@ -197,14 +222,16 @@ class Job:
         """Yield the items of `iterable` (or the step indices) one step at a time, up to `total_steps`.
 
         A step is timed from asking `iterable` for its item to the loop body handing control back, so data
-        loading counts. Counting starts at the resume step; call `steps()` again for the next epoch.
+        loading counts. In a lane the step also lasts until its device work is done (the step waiter), and only
+        then is the lane's turn handed on, so lane-mates' kernels never run at the same time. Counting starts at
+        the resume step; call `steps()` again for the next epoch.
         """
         if not self._started:
             self.start()
         source = iter(iterable) if iterable is not None else itertools.count()
         indices = iterable is None
         limit, times, clock = self.total_steps, self._times, time.perf_counter
-        in_lane, cuda = self.lane is not None, self._cuda
+        in_lane, cuda, waiter = self.lane is not None, self._cuda, self.step_waiter
         flush_steps = self.settings.sdk_flush_steps
         last = clock()
         while limit is None or self._step < limit:
@@ -217,6 +244,10 @@ class Job:
             if in_lane:
                 self.gate()
             yield self._step if indices else item
+            if in_lane and waiter is not None:
+                waited = clock()
+                waiter()
+                self.step_wait_s += clock() - waited
             now = clock()
             times.append(now - last)
             last = now

@@ -3,8 +3,10 @@
 
 `job_env` computes from the store: FLEETLENS_WORKFLOW, FLEETLENS_MANAGED (the host id), CUDA_VISIBLE_DEVICES (CPU
 affinity on `cpu` devices), and for a lane FLEETLENS_LANE, FLEETLENS_MEMORY_FRACTION and
-CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. Whoever starts a job (`fleetlens run` in the foreground, or the agent for a
-detached launch or a relaunch) uses `spawn_job` with it.
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. The memory fraction is the job's own admitted share of the device (P' + E of
+its placement), not the lane's size: lane-mates each get their own cap, so together they never exceed the lane.
+Whoever starts a job (`fleetlens run` in the foreground, or the agent for a detached launch or a relaunch) uses
+`spawn_job` with it.
 """
 
 from __future__ import annotations
@@ -17,19 +19,24 @@ from pathlib import Path
 from typing import IO
 
 import psutil
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput, NotFound
-from store.models import Device, Lane, Workflow
+from store.models import Device, Lane, Placement, Workflow
 
 MANAGED_ENV = "FLEETLENS_MANAGED"  # set to the host id in every managed job's environment: how agents find it
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
 
 def job_env(session: Session, workflow_id: str, device_ids: Sequence[int], lane_id: int | None, *,
-            host_id: str, resume_from: str | None = None, resume_step: int | None = None) -> tuple[dict[str, str],
-                                                                                              list[int] | None]:
-    """(environment overrides, cpu cores to pin to or None) for running the workflow on these devices / lane."""
+            host_id: str, resume_from: str | None = None, resume_step: int | None = None,
+            share_bytes: int | None = None) -> tuple[dict[str, str], list[int] | None]:
+    """(environment overrides, cpu cores to pin to or None) for running the workflow on these devices / lane.
+
+    `share_bytes` is the job's admitted memory in the lane (P' + E); by default that of its pending or active
+    placement in the lane. Raises InvalidInput when that share is smaller than the job's measured persistent memory
+    (it would run out of memory at once)."""
     devices = [session.get(Device, d) for d in device_ids]
     if any(d is None for d in devices):
         raise NotFound(f"device {device_ids} is no longer in the store")
@@ -47,7 +54,8 @@ def job_env(session: Session, workflow_id: str, device_ids: Sequence[int], lane_
         if lane is None:
             raise NotFound(f"lane {lane_id} is no longer in the store")
         total = devices[0].memory_total or 0
-        fraction = min(1.0, lane.size_bytes / total) if total else 1.0
+        share = job_share(session, workflow_id, lane, share_bytes)
+        fraction = min(1.0, share / total) if total else 1.0
         env.update(FLEETLENS_LANE=str(lane_id), FLEETLENS_MEMORY_FRACTION=f"{max(fraction, 1e-6):.6f}",
                    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(max(1, min(100, round(lane.compute_share * 100)))))
     if resume_from:
@@ -55,6 +63,26 @@ def job_env(session: Session, workflow_id: str, device_ids: Sequence[int], lane_
     if resume_step is not None:
         env["FLEETLENS_RESUME_STEP"] = str(int(resume_step))
     return env, cores
+
+
+def job_share(session: Session, workflow_id: str, lane: Lane, share_bytes: int | None = None) -> int:
+    """The bytes of `lane` this job may use: its admitted P' + E (the given share, else its placement's), never
+    more than the lane; refuses a share below the persistent GPU memory the SDK measured for the job."""
+    if share_bytes is None:
+        placement = session.scalar(select(Placement).where(
+            Placement.workflow_id == workflow_id, Placement.lane_id == lane.id,
+            Placement.state.in_(("pending", "active"))).order_by(Placement.id.desc()).limit(1))
+        if placement is not None and placement.mem_persistent is not None:
+            share_bytes = int(placement.mem_persistent) + int(placement.mem_ephemeral or 0)
+    share = min(int(share_bytes), lane.size_bytes) if share_bytes else lane.size_bytes
+    wf = session.get(Workflow, workflow_id)
+    # only GPU memory the SDK measured is comparable with a share of a GPU (host RSS on a CPU device is not)
+    measured = wf is not None and (wf.labels or {}).get("mem_source") == "cuda" and wf.mem_persistent
+    if measured and share < wf.mem_persistent:
+        raise InvalidInput(
+            f"{workflow_id}'s share of lane {lane.id} is {share} bytes, less than the {wf.mem_persistent} bytes of "
+            "persistent memory it was measured to hold; place it in a bigger lane or on a whole device")
+    return share
 
 
 def spawn_job(command: Sequence[str], cwd: str, env_overrides: dict[str, str], *, cores: list[int] | None = None,

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_START_TIMEOUT_S = 3.0  # seconds a started job must survive (or say hello sooner)
 DEFAULT_STOP_GRACE_S = 10.0
+START_MARK = "--- fleetlens: starting"  # the line the agent writes into a job's log before each start
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
 
@@ -81,7 +82,7 @@ class _Reaper:
 
     def __init__(self) -> None:
         self.children: dict[int, tuple[Any, str]] = {}  # pid -> (Popen, workflow)
-        self.pending: list[tuple[str, int, str]] = []  # endings the database could not take yet
+        self.pending: list[tuple[str, int, str, bool]] = []  # endings the database could not take yet
         self.lock = threading.Lock()
         self.agent: Any = None
         self._thread: threading.Thread | None = None
@@ -155,9 +156,12 @@ class _Reaper:
                     outcome = "finished" if popen.returncode == 0 else "failed"
                 else:  # taken up from an earlier agent: no exit code, only what the job said on its way out
                     outcome = "finished" if said == "finished" else "failed"
-                log.info("managed job %s (pid %d) ended: %s", wf, pid, outcome if popen.returncode is None
-                         else f"exit code {popen.returncode}")
-                self.pending.append((wf, pid, outcome))
+                oom = outcome == "failed" and self.agent is not None and ran_out_of_memory(
+                    log_path_for(self.agent.settings, wf))
+                log.log(logging.WARNING if oom else logging.INFO, "managed job %s (pid %d) ended: %s%s", wf, pid,
+                        outcome if popen.returncode is None else f"exit code {popen.returncode}",
+                        ": out of memory (its lane-mates run on)" if oom else "")
+                self.pending.append((wf, pid, outcome, oom))
             pending, self.pending = self.pending, []
         agent = self.agent
         if agent is None or not pending:
@@ -166,16 +170,33 @@ class _Reaper:
         if callable(flush_steps):
             flush_steps()  # a job's last steps reach the store before the job is marked ended
         left = []
-        for wf, pid, outcome in pending:
+        for wf, pid, outcome, oom in pending:
             try:
-                end_placements(agent.store, wf, pid, outcome)
+                end_placements(agent.store, wf, pid, outcome, out_of_memory=oom)
             except DatabaseUnavailable:
-                left.append((wf, pid, outcome))
+                left.append((wf, pid, outcome, oom))
         with self.lock:
             self.pending.extend(left)
 
 
 REAPER = _Reaper()
+
+# what PyTorch's CUDA allocator (and CUDA itself) print when a process runs out of its memory cap
+OUT_OF_MEMORY_MARKERS = ("CUDA out of memory", "torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError",
+                         "CUDA error: out of memory")
+
+
+def ran_out_of_memory(log_path: Path, tail_bytes: int = 64 * 1024) -> bool:
+    """Whether the end of a job's log, since its last start, shows it died out of GPU memory (with or without the
+    job SDK: the markers are what PyTorch and CUDA print)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail_bytes))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    tail = tail.rsplit(START_MARK, 1)[-1]  # an earlier run's failure is not this one's
+    return any(marker in tail for marker in OUT_OF_MEMORY_MARKERS)
 
 
 def probe_storage(agent: Any) -> dict[str, str | None]:
@@ -280,7 +301,8 @@ def _verified_checkpoint(ctx: CommandContext, wf: dict[str, Any], checkpoint_id:
 
 
 def _start(ctx: CommandContext, workflow_id: str, device_ids: list[int], lane_id: int | None, *,
-           checkpoint_id: int | None, resume_folder: str | None, timeout_s: float) -> dict[str, Any]:
+           checkpoint_id: int | None, resume_folder: str | None, timeout_s: float,
+           share_bytes: int | None = None) -> dict[str, Any]:
     running = [p for p in find_job_processes(workflow_id, ctx.host_id) if _alive(p)]
     if running:  # a re-sent command, or the previous agent started it before it died
         return {"pid": running[0].pid, "already_running": True, "connected": True}
@@ -296,10 +318,10 @@ def _start(ctx: CommandContext, workflow_id: str, device_ids: list[int], lane_id
             resume_from = str(folder)
     with ctx.store.session() as session:
         env, cores = job_env(session, workflow_id, device_ids, lane_id, host_id=ctx.host_id,
-                             resume_from=resume_from, resume_step=resume_step)
+                             resume_from=resume_from, resume_step=resume_step, share_bytes=share_bytes)
     log_path = log_path_for(ctx.settings, workflow_id)
     with open(log_path.parent.mkdir(parents=True, exist_ok=True) or log_path, "ab") as f:
-        f.write(f"--- fleetlens: starting at {time.ctime()} on devices {device_ids} lane {lane_id}"
+        f.write(f"{START_MARK} at {time.ctime()} on devices {device_ids} lane {lane_id}"
                 f"{' resuming from ' + resume_from if resume_from else ''}\n".encode())
     popen = spawn_job(wf["command"], wf["cwd"], env, cores=cores, log_path=log_path, detach=True)
     REAPER.add(popen, workflow_id)
@@ -349,7 +371,12 @@ def handle_relaunch(payload: dict[str, Any], ctx: CommandContext) -> dict[str, A
     return _start(ctx, str(payload["workflow_id"]), [int(payload["device_id"])], payload.get("lane_id"),
                   checkpoint_id=None if checkpoint_id is None else int(checkpoint_id),
                   resume_folder=payload.get("resume_folder"),
-                  timeout_s=float(payload.get("timeout_s", DEFAULT_START_TIMEOUT_S)))
+                  timeout_s=float(payload.get("timeout_s", DEFAULT_START_TIMEOUT_S)),
+                  share_bytes=_int_or_none(payload.get("share_bytes")))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 # ---- checkpoint and stop ----------------------------------------------------------------------------------------

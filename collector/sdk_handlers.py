@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from collector import protocol as p
 from store import profiling
 from store.db import Store
+from store.device_memory import MEM_STEPS_LABEL
 from store.errors import DatabaseUnavailable, FleetlensError
 from store.models import StepStat, Workflow
 from store.paths import trace_dir_for
@@ -82,7 +83,8 @@ class SdkHandlers:
         self._checkpoints: dict[str, _Checkpoint] = {}
         self._profiles: dict[str, list[_OpenProfile]] = {}  # workflow -> its open requests
         self._jobs: dict[tuple[str, int], dict[str, Any]] = {}
-        self._mem: dict[tuple[str, int], tuple[int | None, int | None, str]] = {}  # (wf, pid) -> P, E, source
+        # (wf, pid) -> P, E, source, and how many steps the memory was seen for
+        self._mem: dict[tuple[str, int], tuple[int | None, int | None, str, int]] = {}
         self._dirty_mem: set[str] = set()
         self._step_rows: deque[dict[str, Any]] = deque()
         self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
@@ -225,13 +227,16 @@ class SdkHandlers:
                 for touch in touches.values():  # the workflow row must exist before its step rows
                     self._touch_workflow(session, touch)
                 session.add_all(StepStat(**{k: v for k, v in r.items() if k != "_touch"}) for r in rows)
-                for wf, (persistent, ephemeral, source) in mem.items():
+                for wf, (persistent, ephemeral, source, steps) in mem.items():
                     workflow = session.get(Workflow, wf)
                     if workflow is None or source is None:
                         continue
                     workflow.mem_persistent, workflow.mem_ephemeral = persistent, ephemeral
-                    if (workflow.labels or {}).get("mem_source") != source:
-                        workflow.labels = {**(workflow.labels or {}), "mem_source": source}
+                    labels = workflow.labels or {}
+                    if labels.get("mem_source") == source:  # a restarted job's count starts again: keep the most
+                        steps = max(steps, int(labels.get(MEM_STEPS_LABEL) or 0))
+                    if labels.get("mem_source") != source or labels.get(MEM_STEPS_LABEL) != steps:
+                        workflow.labels = {**labels, "mem_source": source, MEM_STEPS_LABEL: steps}
         except DatabaseUnavailable:
             raise  # kept for the next try
         except Exception:  # rows the database refuses would block every later row: drop them, loudly
@@ -419,32 +424,35 @@ class SdkHandlers:
                                declared_steps=touch["total_steps"])
 
     def _note_memory(self, key: tuple[str, int], batches: list[dict[str, Any]]) -> bool:
-        """Keep each process's (P, E) at the largest it has shown; True when that changed. Call under the lock."""
+        """Keep each process's (P, E) at the largest it has shown, and the steps it was seen for; True when that
+        changed. Call under the lock."""
         before = self._mem.get(key)
-        persistent, ephemeral, source = before or (None, None, "")
+        persistent, ephemeral, source, steps = before or (None, None, "", 0)
         for b in batches:
             src, mp, peak = b.get("mem_source"), _int(b.get("mem_persistent")), _int(b.get("mem_peak"))
             if src not in ("cuda", "rss") or mp is None or (source == "cuda" and src != "cuda"):
                 continue
             if src != source:  # CUDA numbers replace host-memory ones
-                persistent, ephemeral, source = None, None, src
+                persistent, ephemeral, source, steps = None, None, src, 0
             persistent = max(persistent or 0, mp)
             if peak is not None:
                 ephemeral = max(ephemeral or 0, peak - mp)
+            steps += max(1, _int(b.get("n_steps")) or 1)
         if not source:
             return False
-        self._mem[key] = (persistent, ephemeral, source)
+        self._mem[key] = (persistent, ephemeral, source, steps)
         return self._mem[key] != before
 
-    def _workflow_memory(self, wf: str) -> tuple[int | None, int | None, str | None]:
-        """The workflow's P and E: the largest over its processes, CUDA numbers preferred. Call under the lock."""
+    def _workflow_memory(self, wf: str) -> tuple[int | None, int | None, str | None, int]:
+        """The workflow's P and E: the largest over its processes, CUDA numbers preferred; and the most steps any
+        of its processes was seen for. Call under the lock."""
         mine = [v for k, v in self._mem.items() if k[0] == wf]
         if not mine:
-            return None, None, None
+            return None, None, None, 0
         best = "cuda" if any(v[2] == "cuda" for v in mine) else "rss"
         values = [v for v in mine if v[2] == best]
         return (max((v[0] for v in values if v[0] is not None), default=None),
-                max((v[1] for v in values if v[1] is not None), default=None), best)
+                max((v[1] for v in values if v[1] is not None), default=None), best, max(v[3] for v in values))
 
     def _checkpoint_answer(self, msg: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
         with self._lock:

@@ -21,6 +21,7 @@ from enforcer.consolidate import ConsolidateParams, ConsolidationPlan, JobDemand
 from enforcer.plan_store import apply_plan
 from enforcer.planner import Move
 from store.db import Store
+from store.device_memory import unplaced_memory
 from store.models import Action, Device, Placement, Plan, ProcessSample, Team, Workflow
 from store.settings import Settings
 from store.workflows import is_movable
@@ -31,14 +32,24 @@ DAY_S = 86400.0
 
 def load_demands(session: Session, settings: Settings, now: float,
                  params: ConsolidateParams) -> tuple[list[tuple[int, int]], list[JobDemand]]:
-    """Devices ((id, bytes)) and every placed workflow's demand up to `now`."""
-    devices = [(d.id, int(d.memory_total)) for d in
-               session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id)) if d.memory_total]
+    """Devices ((id, bytes)) and every placed workflow's demand up to `now`. A device's bytes are its memory less
+    what the latest samples show in use outside its placements (store.device_memory.unplaced_memory)."""
+    totals = {d.id: int(d.memory_total) for d in
+              session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id)) if d.memory_total}
     movable_teams = set(settings.movable_teams) | set(
         session.scalars(select(Team.name).where(Team.movable.is_(True))))
     rows = session.execute(
         select(Placement, Workflow).join(Workflow, Workflow.id == Placement.workflow_id)
         .where(Placement.state == "active").order_by(Placement.id)).all()
+    placed: dict[int, set[str]] = defaultdict(set)
+    explained: dict[int, int] = defaultdict(int)
+    for placement, wf in rows:
+        placed[placement.device_id].add(wf.id)
+        explained[placement.device_id] += (
+            int(placement.mem_persistent or 0) + int(placement.mem_ephemeral or 0) if placement.lane_id is not None
+            else totals.get(placement.device_id, 0))  # a whole device is all its holder's
+    foreign = unplaced_memory(session, list(totals), placed, explained)
+    devices = [(d, max(0, total - foreign.get(d, 0))) for d, total in totals.items()]
     since = now - params.window_s
     samples = session.execute(
         select(ProcessSample.workflow_id, ProcessSample.device_id, ProcessSample.ts,

@@ -12,6 +12,7 @@ import os
 import re
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,17 +22,16 @@ import psutil
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from enforcer.lanes import Fleet, Job
+from enforcer.lanes import Fleet, Job, lane_request
 from enforcer.policies import get_policy
 from store.checkpoints import check_location, is_local, local_path, location_for
 from store.db import Store
+from store.device_memory import known_memory, unplaced_memory
 from store.errors import ConfigError, InvalidInput, NotFound
 from store.models import Device, Host, Lane, Placement, Workflow
 from store.paths import checkpoint_dir_for
 from store.settings import Settings, get_settings
 from store.workflows import sign_workflow_spec, upsert_workflow
-
-DEFAULT_PERSISTENT = 1 << 30  # P assumed for a job whose memory nobody has measured yet (1 GiB)
 
 
 class PlacementError(InvalidInput):
@@ -84,17 +84,28 @@ def pid_alive(pid: int | None) -> bool:
 
 
 def load_host_fleet(session: Session, host_id: str) -> tuple[Fleet, dict[int, Device]]:
-    """The host's usable devices with their open lanes and active placements, as a `Fleet` the policies place on."""
+    """The host's usable devices with their open lanes and active placements, as a `Fleet` the policies place on.
+
+    A device's capacity is its memory less what the latest samples show processes outside its placements using
+    (managed elsewhere or not managed at all), so admission never hands that memory out, to a lane or to a job
+    asking for a whole device."""
     devices = {d.id: d for d in session.scalars(
         select(Device).where(Device.host_id == host_id, Device.state == "ok").order_by(Device.index))}
+    placements = list(session.scalars(select(Placement).where(
+        Placement.device_id.in_(list(devices)), Placement.state.in_(("active", "pending"))).order_by(Placement.id)))
+    placed: dict[int, set[str]] = defaultdict(set)
+    explained: dict[int, int] = defaultdict(int)
+    for p in placements:
+        placed[p.device_id].add(p.workflow_id)
+        explained[p.device_id] += (int(p.mem_persistent or 0) + int(p.mem_ephemeral or 0)) if p.lane_id is not None \
+            else int(devices[p.device_id].memory_total or 0)  # a whole device is all its holder's
+    foreign = unplaced_memory(session, list(devices), placed, explained)
     fleet = Fleet()
     for d in devices.values():
-        fleet.add_device(d.id, int(d.memory_total or 0), kind=d.name, host=host_id)
+        fleet.add_device(d.id, max(0, int(d.memory_total or 0) - foreign.get(d.id, 0)), kind=d.name, host=host_id)
     lanes = {lane.id: lane for lane in session.scalars(
         select(Lane).where(Lane.device_id.in_(list(devices)), Lane.state == "open"))}
     fleet.use_lane_ids(max(lanes, default=0) + 1)
-    placements = session.scalars(select(Placement).where(
-        Placement.device_id.in_(list(devices)), Placement.state.in_(("active", "pending"))).order_by(Placement.id))
     for p in placements:
         job = Job(p.workflow_id, persistent=0, ephemeral=int(p.mem_ephemeral or 0), util=p.compute_share or 1.0)
         device = fleet.device(p.device_id)
@@ -153,8 +164,10 @@ def register_managed(
 
     Exactly one of `gpus` (whole devices) and `lane` ("auto": a Salus lane) applies; neither means one whole
     device. `util` is the job's expected device utilisation alone (0..1; PACK packs light jobs together, and a
-    lane's compute share follows it). Raises (with nothing written) on an unknown policy, an empty command, an
-    unwritable checkpoint folder, a host with no registered devices, or no room.
+    lane's compute share follows it). A lane job whose memory is neither declared (`mem_bytes`) nor seen for
+    `memory_seen_steps` steps gets a whole device to itself (`extra["alone"]` says so) until it has been.
+    Raises (with nothing written) on an unknown policy, an empty command, an unwritable checkpoint folder, a host
+    with no registered devices, a job bigger than any device, or no room.
     """
     settings = settings or get_settings()
     chosen = get_policy(policy or settings.policy)  # an unknown policy fails before anything is written
@@ -200,6 +213,10 @@ def register_managed(
             if live:
                 raise InvalidInput(f"workflow {workflow_id!r} is already running (pid {live[0].pid}); "
                                    "give the new job another --name")
+        memory = (int(mem_bytes), 0) if mem_bytes is not None else (
+            known_memory(session, existing, settings.memory_seen_steps) if existing is not None else None)
+        alone = memory is None and not whole  # unknown memory: a whole device until its memory has been seen
+        whole = whole or alone
         fleet, devices = load_host_fleet(session, host_id)
         if not devices:
             raise NotFound(f"host {host_id!r} has no registered devices; start `fleetlens agent` on it first")
@@ -210,19 +227,20 @@ def register_managed(
             for device_id in devices:
                 if device_id not in only:
                     fleet.set_alive(device_id, False)
-        persistent = mem_bytes if mem_bytes is not None else (
-            existing.mem_persistent if existing is not None and existing.mem_persistent else DEFAULT_PERSISTENT)
-        ephemeral = int(existing.mem_ephemeral or 0) if existing is not None and mem_bytes is None else 0
-        job = Job(workflow_id, persistent=int(persistent), ephemeral=ephemeral, gpus=gpus or 1, exclusive=whole,
+        persistent, ephemeral = memory if memory is not None else (0, 0)
+        if not whole:
+            _check_fits_a_device(workflow_id, persistent, ephemeral, devices, host_id)
+        job = Job(workflow_id, persistent=persistent, ephemeral=ephemeral, gpus=gpus or 1, exclusive=whole,
                   util=util, arrival=now)
         admissions = chosen.place(job, fleet)
         if admissions is None:
             held = sum(1 for d in fleet.devices if d.n_jobs)
+            wanted = (f"a lane for {persistent / 2**30:.2f} GiB" if not whole else
+                      "a whole device: its memory is not known yet" if alone else f"whole devices: {gpus or 1}")
+            instead = "--mem-mb to declare its memory" if alone else "--lane auto" if whole else "fewer resources"
             raise PlacementError(
-                f"no device on host {host_id!r} has room for {workflow_id!r} now "
-                f"({'whole devices: ' + str(gpus or 1) if whole else f'a lane for {persistent / 2**30:.2f} GiB'}; "
-                f"{held} of {len(devices)} devices hold jobs); wait, or use "
-                f"{'--lane auto' if whole else 'fewer resources'}"
+                f"no device on host {host_id!r} has room for {workflow_id!r} now ({wanted}; {held} of "
+                f"{len(devices)} devices hold jobs or memory used outside fleetlens); wait, or use {instead}"
             )
         fleet.bind(admissions, job)
         wf = upsert_workflow(
@@ -251,13 +269,28 @@ def register_managed(
                 else:
                     lane_id = adm.lane_id
                     share = session.get(Lane, lane_id).compute_share
+            # P' stays unknown for a job whose memory is: nobody may plan with a guess
             placement = Placement(workflow_id=workflow_id, device_id=adm.device_id, lane_id=lane_id if not
-                                  adm.exclusive else None, host_id=host_id, pid=None, mem_persistent=adm.p_prime,
-                                  mem_ephemeral=adm.ephemeral, compute_share=share, state="pending",
-                                  started_at=now)
+                                  adm.exclusive else None, host_id=host_id, pid=None,
+                                  mem_persistent=adm.p_prime if memory is not None else None,
+                                  mem_ephemeral=adm.ephemeral if memory is not None else None, compute_share=share,
+                                  state="pending", started_at=now)
             session.add(placement)
             session.flush()
             placement_ids.append(placement.id)
         return ManagedJob(workflow_id, host_id, command, cwd, str(ckpt), [a.device_id for a in admissions],
-                          lane_id, placement_ids, chosen.name)
+                          lane_id if not whole else None, placement_ids, chosen.name,
+                          extra={"alone": "its memory is not known yet"} if alone else {})
+
+
+def _check_fits_a_device(workflow_id: str, persistent: int, ephemeral: int, devices: dict[int, Device],
+                         host_id: str) -> None:
+    """A job no lane on any device could ever hold is refused with what it needs, not left to wait for room."""
+    p_prime, _ = lane_request(persistent, ephemeral, 0)
+    largest = max((int(d.memory_total or 0) for d in devices.values()), default=0)
+    if devices and p_prime + ephemeral > largest:
+        raise InvalidInput(
+            f"{workflow_id!r} needs {p_prime + ephemeral} bytes in a lane ({p_prime} persistent with headroom plus "
+            f"{ephemeral} ephemeral), more than the largest device on host {host_id!r} has ({largest}); no lane "
+            "can hold it: check --mem-mb, or run it on a bigger device")
 

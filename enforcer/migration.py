@@ -92,6 +92,12 @@ def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lan
         if refusal is not None:
             raise InvalidInput(f"refused: {refusal}; nothing moved, {workflow_id} runs on where it is")
         p_prime, e = _profile(wf, here)
+        size = new_lane_size if new_lane_size is not None else (
+            session.get(Lane, to_lane_id).size_bytes if to_lane_id is not None else None)
+        if size is not None and p_prime and size < p_prime + e:
+            raise InvalidInput(
+                f"a lane of {size} bytes cannot hold {workflow_id!r}: it needs {p_prime} bytes of persistent memory "
+                f"(with headroom) plus {e} ephemeral; give a lane of at least {p_prime + e} bytes; nothing moved")
         if new_lane_size is not None:
             lane = Lane(device_id=to_device_id, size_bytes=int(new_lane_size), compute_share=compute_share,
                         state="open", created_at=now)
@@ -474,10 +480,12 @@ class _Step:
                           f"{self.action.checkpoint_path}")
             return
         checkpoint_id, resume_from, resume_step = self.resume_point(wf)
+        p_prime, e = self.job_profile(wf)  # its memory cap in the new lane: what that lane admits it with
         self.send(host, "relaunch", {
             "workflow_id": wf.id, "device_id": device_id, "lane_id": lane_id, "checkpoint_id": checkpoint_id,
             "resume_folder": None if checkpoint_id is not None else wf.checkpoint_dir, "purpose": purpose,
             "timeout_s": self.options.start_timeout_s,
+            "share_bytes": p_prime + e if move and lane_id is not None and p_prime else None,
         }, deadline_s=self.options.start_timeout_s + 5)
         where = f"device {device_id}{f' lane {lane_id}' if lane_id else ''} on {host}"
         again = ""
@@ -521,6 +529,9 @@ class _Step:
                 Placement.lane_id == lane.id, Placement.state.in_(("active", "pending")))) if p.workflow_id != wf.id]
             held = sum(int(p.mem_persistent or 0) for p in others)
             peak = max((int(p.mem_ephemeral or 0) for p in others), default=0)
+            if lane.size_bytes < p_prime + e:
+                return (f"target lane {lane.id} holds {lane.size_bytes} bytes, less than {wf.id}'s own share: "
+                        f"{p_prime} bytes of persistent memory plus {e} ephemeral")
             if not lane_fits(lane.size_bytes, held, peak, p_prime, e):
                 used = held + peak
                 return (f"target lane {lane.id} is full: it holds {used} "

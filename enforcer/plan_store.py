@@ -8,7 +8,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from enforcer.lanes import PERSISTENT_FACTOR
@@ -17,10 +17,11 @@ from enforcer.planner import Holding, Move, PlanDevice, PlanResult, plan_moves
 from enforcer.policies import get_policy
 from store.checkpoints import unreadable_reason
 from store.db import Store
+from store.device_memory import known_memory, unplaced_memory
 from store.errors import InvalidInput, NotFound
 from store.finding_contract import PLANNER_RULES, MoveEvidence
 from store.findings import open_findings
-from store.models import Action, Device, DeviceSample, Placement, Plan, Team, Workflow
+from store.models import Action, Device, Placement, Plan, Team, Workflow
 from store.models import Lane as LaneRow
 from store.settings import Settings, get_settings
 from store.workflows import is_movable
@@ -33,12 +34,6 @@ GIB = 2**30
 
 def load_state(session: Session, settings: Settings, now: float) -> tuple[list[PlanDevice], list[Holding]]:
     """Devices, current placements, open findings, movability and cool-downs, as `plan_moves` takes them."""
-    latest = (select(DeviceSample.device_id, func.max(DeviceSample.ts).label("ts"))
-              .group_by(DeviceSample.device_id).subquery())
-    used = dict(session.execute(
-        select(DeviceSample.device_id, DeviceSample.mem_used)
-        .join(latest, (latest.c.device_id == DeviceSample.device_id) & (latest.c.ts == DeviceSample.ts))
-    ).all())
     devices = [
         PlanDevice(d.id, int(d.memory_total or 0), d.host_id, d.name)
         for d in session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id))
@@ -65,9 +60,11 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
     ).all()
     holdings = []
     explained: dict[int, int] = defaultdict(int)
+    placed: dict[int, set[str]] = defaultdict(set)
     for placement, wf, lane in rows:
         flagged = findings.get(wf.id, [])
-        persistent, ephemeral = _memory(wf, placement, flagged)
+        persistent, ephemeral = _memory(session, wf, placement, flagged, settings.memory_seen_steps)
+        placed[placement.device_id].add(wf.id)
         movable = is_movable(session, wf) or (wf.managed and wf.team in movable_teams)
         holdings.append(Holding(
             workflow_id=wf.id, device_id=placement.device_id, persistent=persistent, ephemeral=ephemeral,
@@ -95,17 +92,19 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
             p_prime=lane.size_bytes // per_lane[lane.id],
         ))
         explained[device_id] += lane.size_bytes // per_lane[lane.id]
+    foreign = unplaced_memory(session, [d.device_id for d in devices], placed, explained)
     for d in devices:
-        seen = used.get(d.device_id)
-        if seen:
-            d.foreign = max(0, int(seen) - explained[d.device_id])
+        d.foreign = foreign.get(d.device_id, 0)
     return devices, holdings
 
 
-def _memory(wf: Workflow, placement: Placement, flagged: list) -> tuple[int | None, int]:
-    """P and E: the SDK's memory profile, else what the placement admitted, else the peak a finding measured."""
-    if wf.mem_persistent is not None:
-        return int(wf.mem_persistent), int(wf.mem_ephemeral or 0)
+def _memory(session: Session, wf: Workflow, placement: Placement, flagged: list,
+            min_steps: int) -> tuple[int | None, int]:
+    """P and E: declared, or seen long enough (SDK profile, NVML per-process memory); else what the placement
+    admitted from such numbers; else the peak a finding measured. None: unknown, the job keeps its device alone."""
+    known = known_memory(session, wf, min_steps)
+    if known is not None:
+        return known
     if placement.mem_persistent is not None:
         return int(placement.mem_persistent / PERSISTENT_FACTOR), int(placement.mem_ephemeral or 0)
     for f in flagged:

@@ -10,7 +10,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from store.db import Store
-from store.models import Lane, Placement, Workflow
+from store.models import Device, Lane, Placement, Workflow
 
 
 def mark_started(store: Store, workflow_id: str, placement_ids: Sequence[int], pid: int) -> None:
@@ -21,10 +21,16 @@ def mark_started(store: Store, workflow_id: str, placement_ids: Sequence[int], p
         session.execute(update(Workflow).where(Workflow.id == workflow_id).values(state="running"))
 
 
-def end_placements(store: Store, workflow_id: str, pid: int | None, outcome: str, *, now: float | None = None) -> int:
+FAILURE_LABEL = "failure"  # workflows.labels: why the workflow's job failed, when fleetlens knows
+
+
+def end_placements(store: Store, workflow_id: str, pid: int | None, outcome: str, *, now: float | None = None,
+                   out_of_memory: bool = False) -> int:
     """The job's process `pid` ended: its active placements end and empty lanes close; returns how many ended.
 
-    A workflow being moved is left to the migration (it ends the old placement itself)."""
+    `out_of_memory`: it died for want of memory, so the workflow fails with "exceeded its memory share of N bytes"
+    (its admitted P' + E in its lane, or its whole device) in its labels. A workflow being moved is left to the
+    migration (it ends the old placement itself)."""
     now = time.time() if now is None else now
     with store.session() as session:
         wf = session.get(Workflow, workflow_id)
@@ -37,9 +43,21 @@ def end_placements(store: Store, workflow_id: str, pid: int | None, outcome: str
             p.state, p.ended_at = "ended", now
         session.flush()
         close_empty_lanes(session, {p.lane_id for p in rows if p.lane_id is not None}, now)
+        if out_of_memory and outcome != "finished":
+            shares = [memory_share(session, p) for p in rows]
+            share = f"its memory share of {max(shares)} bytes" if shares and all(shares) else "its memory"
+            wf.labels = {**(wf.labels or {}), FAILURE_LABEL: f"exceeded {share} (out of memory)"}
         if wf.state == "running":
             wf.state = "finished" if outcome == "finished" else "failed"
         return len(rows)
+
+
+def memory_share(session: Session, placement: Placement) -> int | None:
+    """The bytes a placement may use: P' + E admitted in its lane, or the whole device's memory."""
+    if placement.lane_id is not None and placement.mem_persistent is not None:
+        return int(placement.mem_persistent) + int(placement.mem_ephemeral or 0)
+    device = session.get(Device, placement.device_id)
+    return int(device.memory_total) if device is not None and device.memory_total else None
 
 
 def withdraw_placement(session: Session, workflow_id: str, placement_ids: Sequence[int], lane_id: int | None,

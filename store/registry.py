@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from store.models import Device, Host, Process, Workflow
+from store.models import Action, ActionEvent, Device, Host, Placement, Process, Workflow
 from store.workflows import upsert_workflow
 
 
@@ -80,10 +80,36 @@ def device_ids(session: Session, host_id: str) -> dict[int, int]:
     return {d.index: d.id for d in session.scalars(select(Device).where(Device.host_id == host_id))}
 
 
-def mark_device_lost(session: Session, device_id: int, now: float | None = None) -> None:
-    session.execute(
-        update(Device).where(Device.id == device_id).values(state="lost", last_seen=time.time() if now is None else now)
-    )
+DEVICE_LOST = "device_lost"  # actions.kind of the record a lost device leaves for each job it held
+
+
+def mark_device_lost(session: Session, device_id: int, now: float | None = None) -> int:
+    """The device fell off the bus: mark it lost (no job is placed on it until it answers again) and, the first
+    time, leave one failed `device_lost` action per job placed there, so the action log and the dashboard say
+    which jobs and lanes it took with it. Nothing else changes: placements, lanes, checkpoints and the jobs' other
+    devices and lane-mates elsewhere are left as they are. Returns how many jobs it held."""
+    now = time.time() if now is None else now
+    device = session.get(Device, device_id)
+    if device is None:
+        return 0
+    first = device.state != "lost"
+    device.state, device.last_seen = "lost", now
+    if not first:
+        return 0
+    held = list(session.scalars(select(Placement).where(
+        Placement.device_id == device_id, Placement.state.in_(("active", "pending"))).order_by(Placement.id)))
+    for p in held:
+        where = f"lane {p.lane_id}" if p.lane_id is not None else "the whole device"
+        message = (f"device {device.index} ({device.name}, {device.uuid}) of host {device.host_id} fell off the bus "
+                   f"under {p.workflow_id} ({where}); fleetlens stopped nothing and kept its placement and "
+                   "checkpoints: restart or move the job once the device is back or replaced")
+        action = Action(kind=DEVICE_LOST, workflow_id=p.workflow_id, from_device_id=device_id, to_lane_id=None,
+                        state="failed", error=message, attempts=0, created_at=now, updated_at=now)
+        session.add(action)
+        session.flush()
+        session.add(ActionEvent(action_id=action.id, ts=now, from_state=None, to_state="failed", message=message,
+                                detail={"device_id": device_id, "lane_id": p.lane_id, "pid": p.pid}))
+    return len(held)
 
 
 @dataclass(frozen=True)

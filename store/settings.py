@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     storage_probe_s: float = Field(30.0, gt=0)  # agents say this often which checkpoint locations they can read
     storage_probe_max_age_s: float = Field(120.0, gt=0)  # an older probe does not count when planning a move
     enforce_drive_s: float = Field(120.0, ge=0)  # one enforcement cycle drives migrations this long (0: one step)
+    # a job whose memory nobody declared runs alone on a device until its memory was seen for this many steps
+    # (job SDK) or process samples (NVML); only then may it share a device
+    memory_seen_steps: int = Field(20, ge=1)
     # consolidation (enforcer.consolidate): re-pack by observed demand every interval
     consolidate_interval_s: float = Field(900.0, gt=0)
     consolidate_window_s: float = Field(3 * 3600.0, gt=0)  # recent window: peak memory, p95 utilisation

@@ -56,6 +56,53 @@ def test_agent_writes_every_sample_it_takes(any_store, settings):
     assert len(agent.spool) == 0
 
 
+def test_a_device_lost_under_a_lane_is_reported_per_job_and_nothing_is_dropped(any_store, settings):
+    from enforcer.managed import load_host_fleet
+    from store.models import Action, ActionEvent, Lane, Placement
+    from store.registry import DEVICE_LOST
+    from store.workflows import upsert_workflow
+    from ui.dashboard import queries
+
+    source = StubSource(n=2)
+    agent = make_agent(any_store, settings, source).start()
+    try:
+        wait_for(lambda: agent.stats.batches_written >= 1)
+        with any_store.session() as s:
+            dev = {d.index: d.id for d in s.scalars(select(Device).where(Device.host_id == "host-a"))}
+            lane = Lane(device_id=dev[1], size_bytes=1 << 30, compute_share=0.5, state="open", created_at=1.0)
+            s.add(lane)
+            s.flush()
+            lane_id = lane.id
+            for name, device, in_lane in (("mate-a", dev[1], True), ("mate-b", dev[1], True), ("elsewhere", dev[0],
+                                                                                                False)):
+                upsert_workflow(s, name, managed=True, id_source="managed", state="running")
+                s.add(Placement(workflow_id=name, device_id=device, lane_id=lane_id if in_lane else None,
+                                host_id="host-a", pid=100, mem_persistent=1 << 20, mem_ephemeral=0, state="active",
+                                started_at=1.0))
+        source.lost.add(1)
+        wait_for(lambda: len(queries.actions(any_store)) == 2, timeout=20)
+        rounds = agent.stats.rounds
+        wait_for(lambda: agent.stats.rounds > rounds + 5)  # it keeps sampling, and reports the loss only once
+    finally:
+        agent.stop()
+    shown = queries.actions(any_store)  # what the dashboard's enforcement page lists
+    assert sorted(shown["workflow_id"]) == ["mate-a", "mate-b"] and set(shown["kind"]) == {DEVICE_LOST}
+    for error in shown["error"]:
+        assert "device 1 (stub device, stub-" in error and "fell off the bus" in error and f"lane {lane_id}" in error
+    with any_store.session() as s:
+        assert s.get(Device, dev[1]).state == "lost"
+        events = list(s.scalars(select(ActionEvent)))
+        assert len(events) == 2 and all(e.to_state == "failed" and e.detail["lane_id"] == lane_id for e in events)
+        assert {a.state for a in s.scalars(select(Action))} == {"failed"}
+        # nothing lost: every placement, the lane and the workflows are as they were
+        assert [p.state for p in s.scalars(select(Placement))] == ["active"] * 3
+        assert s.get(Lane, lane_id).state == "open"
+        assert {w.state for w in s.scalars(select(Workflow).where(Workflow.id.in_(["mate-a", "mate-b"])))} == {
+            "running"}
+        fleet, devices = load_host_fleet(s, "host-a")
+        assert list(devices) == [dev[0]]  # no new job goes onto the lost device
+
+
 def test_lost_device_is_marked_and_the_agent_carries_on(sqlite_store, settings):
     source = StubSource(n=2)
     agent = make_agent(sqlite_store, settings, source).start()

@@ -135,7 +135,7 @@ def test_step_stats_rows_cover_every_step_of_a_real_training_loop(served: Served
     workflow = wait_for(lambda: (w := served.workflow("stats-wf")) and w.state == "finished" and w)
     assert workflow.declared_steps == 300 and workflow.name == "train-healthy"
     assert workflow.mem_persistent > 0 and workflow.mem_ephemeral is not None
-    assert workflow.labels["mem_source"] == "rss"
+    assert workflow.labels["mem_source"] == "rss" and workflow.labels["mem_steps"] == 300  # seen for every step
 
 
 # ---- checkpoints and resume ---------------------------------------------------------------------------------
@@ -226,6 +226,30 @@ def test_gate_runs_around_each_step_in_a_lane_and_never_outside(served: Served) 
     assert gate.calls == [(phase, step, "lane-7") for step in range(3) for phase in ("begin", "end")]
 
 
+def test_in_a_lane_the_turn_is_handed_on_only_after_the_step_done_waiter_returns(served: Served) -> None:
+    gate = RecordingGate()
+    served.handlers.gate = gate
+    inside = served.settings.model_copy(update={"lane": "lane-3"})
+
+    def step_done() -> None:  # stands where the CUDA event's synchronize stands on a GPU
+        gate.calls.append(("done", len(gate.calls), "waiter"))
+
+    with job("waited", total_steps=3, workflow="waited", settings=inside, step_done=step_done) as j:
+        assert list(j.steps()) == [0, 1, 2]
+    phases = [c[0] for c in gate.calls]
+    assert phases == ["begin", "done", "end"] * 3  # every end reached the gate after its step's waiter returned
+    assert [c[1] for c in gate.calls if c[0] == "end"] == [0, 1, 2]
+
+
+def test_on_a_cpu_device_a_lane_job_waits_on_nothing(served: Served) -> None:
+    assert not torch.cuda.is_available()  # torch is real here; the device is the CPU
+    served.handlers.gate = RecordingGate()
+    inside = served.settings.model_copy(update={"lane": "lane-4"})
+    with job("cpu-lane", total_steps=2, workflow="cpu-lane", settings=inside) as j:
+        assert list(j.steps()) == [0, 1]
+        assert j.step_waiter is None and j.step_wait_s == 0.0
+
+
 # ---- protocol and handler robustness ------------------------------------------------------------------------
 
 def test_protocol_round_trip_and_bad_lines() -> None:
@@ -266,3 +290,15 @@ def test_handler_keeps_step_stats_while_the_database_is_down(served: Served) -> 
     assert [(r.first_step, r.last_step, r.pid, r.mem_source) for r in rows] == [(0, 9, 5, "cuda")]
     workflow = served.workflow("down-wf")
     assert (workflow.mem_persistent, workflow.mem_ephemeral, workflow.labels["mem_source"]) == (100, 50, "cuda")
+    assert workflow.labels["mem_steps"] == 10
+
+
+def test_the_steps_a_jobs_memory_was_seen_for_survive_a_restart(served: Served) -> None:
+    batch = {"first_step": 0, "last_step": 9, "n_steps": 10, "ts_start": 1.0, "ts_end": 2.0, "mean_s": 0.1,
+             "p50_s": 0.1, "p95_s": 0.1, "max_s": 0.2, "mem_persistent": 100, "mem_peak": 150, "mem_source": "cuda"}
+    handlers = served.handlers
+    for pid, n in ((5, 10), (6, 4)):  # the job, then the same job restarted (moved) as another process
+        handlers.handle({"op": "steps", "v": 1, "workflow": "restarted", "pid": pid,
+                         "batches": [{**batch, "n_steps": n, "last_step": n - 1}]})
+        handlers.flush()
+    assert served.workflow("restarted").labels["mem_steps"] == 10  # never fewer than were seen before

@@ -84,8 +84,11 @@ def test_lane_auto_starts_the_job_in_a_lane_with_its_memory_fraction_and_compute
         assert placement.lane_id == lane.id and lane.state == "closed"  # the job ended: its lane closed
         assert placement.mem_persistent == int(1.1 * (100 << 20)) + 1 or placement.mem_persistent >= 110 << 20
         assert s.scalar(select(Workflow)).movable
+        share = placement.mem_persistent + placement.mem_ephemeral
     assert env["FLEETLENS_LANE"] == str(lane.id)
-    assert float(env["FLEETLENS_MEMORY_FRACTION"]) == pytest.approx(lane.size_bytes / DEVICE_BYTES, rel=1e-4)
+    # the job's own admitted share (P' + E), not the whole lane (which has Salus's 5 % headroom on top)
+    assert float(env["FLEETLENS_MEMORY_FRACTION"]) == pytest.approx(share / DEVICE_BYTES, rel=1e-4)
+    assert share < lane.size_bytes
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(round(lane.compute_share * 100))
 
 
@@ -150,7 +153,7 @@ def test_a_host_without_devices_or_without_an_agent_is_a_clear_error(host, monke
     with store.session() as s:  # the host's agent was last heard of long ago
         s.get(Host, "h1").last_seen -= 3600
     # detached with no agent running on the host: the placement is withdrawn again
-    code = ui.cli.run(["run", "--detach", "--lane", "auto", "--", sys.executable, "-c", "pass"])
+    code = ui.cli.run(["run", "--detach", "--lane", "auto", "--mem-mb", "100", "--", sys.executable, "-c", "pass"])
     assert code == 2 and "no fleetlens agent is running on host 'h1'" in capsys.readouterr().err
     with store.session() as s:
         assert [p.state for p in s.scalars(select(Placement))] == ["ended"]
@@ -224,3 +227,38 @@ def test_two_runs_started_at_once_never_take_the_same_device(any_store: Store, f
     with any_store.session() as s:
         held = list(s.scalars(select(Placement).where(Placement.state.in_(("active", "pending")))))
     assert [p.workflow_id for p in held] == [placed[0].workflow_id]
+
+
+def test_lane_mates_are_each_capped_at_their_own_share_and_a_share_below_measured_memory_is_refused(host) -> None:
+    from collector.launch import job_env
+    from store.errors import InvalidInput
+    from store.workflows import upsert_workflow
+
+    store, ids = host
+    device_id = ids[0]
+    shares = {"big": (330 << 20, 40 << 20), "small": (110 << 20, 20 << 20)}  # P' and E as admitted
+    with store.session() as s:
+        lane = Lane(device_id=device_id, size_bytes=520 << 20, compute_share=0.5, state="open", created_at=1.0)
+        s.add(lane)
+        s.flush()
+        for name, (p_prime, e) in shares.items():
+            upsert_workflow(s, name, now=1.0, id_source="managed", managed=True, state="running")
+            s.add(Placement(workflow_id=name, device_id=device_id, lane_id=lane.id, host_id="h1",
+                            mem_persistent=p_prime, mem_ephemeral=e, state="active", started_at=1.0))
+        s.flush()
+        fractions = {}
+        for name, (p_prime, e) in shares.items():
+            env, _ = job_env(s, name, [device_id], lane.id, host_id="h1")
+            fractions[name] = float(env["FLEETLENS_MEMORY_FRACTION"])
+            assert fractions[name] == pytest.approx((p_prime + e) / DEVICE_BYTES, rel=1e-4)
+        # each is capped at its own share, so together they stay inside the lane (the lane's size each would not)
+        assert sum(fractions.values()) * DEVICE_BYTES <= lane.size_bytes
+        # the job grew since it was admitted: its share no longer holds its persistent memory
+        small = s.get(Workflow, "small")
+        small.mem_persistent, small.labels = 200 << 20, {"mem_source": "rss"}
+        s.flush()
+        job_env(s, "small", [device_id], lane.id, host_id="h1")  # host memory on a CPU: no GPU share to compare
+        small.labels = {"mem_source": "cuda"}
+        s.flush()
+        with pytest.raises(InvalidInput, match="less than the 209715200 bytes of persistent memory"):
+            job_env(s, "small", [device_id], lane.id, host_id="h1")

@@ -179,3 +179,16 @@ def test_enforcement_page_shows_consolidation_cycles_and_each_moves_reason(seede
     moves = next(d.value for d in at.dataframe if "reason" in d.value.columns)
     assert list(moves.reason) == ["guard_memory", "free_device"]  # newest first
     assert list(moves.workflow_id) == ["train-bob", "notebook-alice"]
+
+
+def test_workflow_page_says_why_fleetlens_saw_it_fail(seeded):
+    from store.models import Workflow
+    from store.placements import FAILURE_LABEL
+
+    store, _ = seeded
+    with store.session() as s:
+        wf = s.get(Workflow, "bert-finetune")
+        wf.state, wf.labels = "failed", {**(wf.labels or {}), FAILURE_LABEL: "exceeded its memory share of 123 bytes"}
+    at = page("workflow", workflow="bert-finetune")
+    assert_clean(at)
+    assert [e.value for e in at.error] == ["**bert-finetune** exceeded its memory share of 123 bytes"]

@@ -60,6 +60,7 @@ HEALTHY_MEMORY_SHARE = 0.3  # above memory_overprovisioned's 25 %
 OBSERVE_MARGIN_S = 8.0
 HEALTHY_HIDDEN = 1024
 RUNTIME_MEMORY = 512 * 2**20  # what the interpreter and torch take besides a job's tensors
+IDLE_HOLD_MB = 256  # what collector.examples.train's idle holder keeps allocated by default
 # Expected utilisation alone, as an owner would declare it: PACK only packs jobs whose slowdown stays capped.
 UTIL = {"healthy": 0.9, "tiny": 0.5, "input-bound": 0.2, "idle-holder": 0.05}
 
@@ -199,7 +200,8 @@ class Demo:
             device = devices[min(group, len(devices) - 1)]
             command = [sys.executable, "-m", "collector.examples.train", "--mode", mode, "--steps",
                        str(self.o.steps), "--name", name]
-            declared = None
+            # every job declares its memory, as an owner would: a job of unknown memory would get a device alone
+            declared = RUNTIME_MEMORY + (IDLE_HOLD_MB << 20 if mode == "idle-holder" else 0)
             if mode == "healthy" and device.memory_total:
                 # a healthy job uses its device's memory too, so it is no lane candidate; its owner declares it
                 hold = int(device.memory_total * HEALTHY_MEMORY_SHARE)

@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from store.errors import FleetlensError
+from store.placements import FAILURE_LABEL
 from ui.dashboard import actions, charts
 from ui.dashboard.common import EMPTY_STORE_HELP, ago, cached, context, fresh, report
 from ui.dashboard.findings_view import finding_cards
@@ -49,6 +50,8 @@ st.caption(
     f"team **{info['team'] or '—'}** · owner {info['owner'] or '—'} · {info['state']} · "
     f"{'managed' if info['managed'] else 'unmanaged'} · last seen {ago(info['last_seen'])}"
 )
+if (info.get("labels") or {}).get(FAILURE_LABEL):  # why fleetlens saw it fail, e.g. over its memory share
+    st.error(f"**{choice}** {info['labels'][FAILURE_LABEL]}")
 
 tab_telemetry, tab_findings, tab_traces = st.tabs(["Telemetry", "Findings", "Traces & profiling"])
 

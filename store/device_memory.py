@@ -1,0 +1,79 @@
+"""Memory on devices as the latest samples show it: what processes outside the placements use (managed or not, so
+admission never hands it out), and how long a workflow's own per-process memory has been watched."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Mapping
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from store.models import Device, DeviceSample, ProcessSample, Workflow
+
+MEM_STEPS_LABEL = "mem_steps"  # workflows.labels: steps the job SDK has reported its memory for
+
+
+def unplaced_memory(session: Session, device_ids: Collection[int], placed: Mapping[int, Collection[str]],
+                    explained: Mapping[int, int]) -> dict[int, int]:
+    """Per device, the bytes in use that no placement on it accounts for, from the latest samples.
+
+    Two views, the larger wins: the latest process samples of workflows not placed on the device (a managed job
+    placed elsewhere counts too), and the latest device sample's memory used beyond what the placements there
+    were admitted with (`explained`, bytes), which also catches processes the per-process list does not show.
+    On `cpu` devices only the second: a process is listed there because it ran on the device's cores, not
+    because it holds the device's memory."""
+    ids = list(device_ids)
+    if not ids:
+        return {}
+    latest_device = (select(DeviceSample.device_id, func.max(DeviceSample.ts).label("ts"))
+                     .where(DeviceSample.device_id.in_(ids)).group_by(DeviceSample.device_id).subquery())
+    used = dict(session.execute(
+        select(DeviceSample.device_id, DeviceSample.mem_used)
+        .join(latest_device, (latest_device.c.device_id == DeviceSample.device_id)
+              & (latest_device.c.ts == DeviceSample.ts))).all())
+    per_process = list(session.scalars(select(Device.id).where(Device.id.in_(ids), Device.source != "cpu")))
+    latest_process = (select(ProcessSample.device_id, func.max(ProcessSample.ts).label("ts"))
+                      .where(ProcessSample.device_id.in_(per_process)).group_by(ProcessSample.device_id).subquery())
+    by_process: dict[int, int] = defaultdict(int)
+    for device_id, workflow_id, mem in session.execute(
+            select(ProcessSample.device_id, ProcessSample.workflow_id, ProcessSample.mem_used)
+            .join(latest_process, (latest_process.c.device_id == ProcessSample.device_id)
+                  & (latest_process.c.ts == ProcessSample.ts))):
+        if mem and workflow_id not in placed.get(device_id, ()):
+            by_process[device_id] += int(mem)
+    out = {}
+    for device_id in ids:
+        beyond = max(0, int(used.get(device_id) or 0) - int(explained.get(device_id, 0)))
+        out[device_id] = max(beyond, by_process.get(device_id, 0))
+    return out
+
+
+def process_memory_seen(session: Session, workflow_ids: Collection[str]) -> dict[str, tuple[int, int]]:
+    """Per workflow: (how many process samples carried its memory, the largest memory one process showed)."""
+    ids = list(workflow_ids)
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(ProcessSample.workflow_id, func.count(), func.max(ProcessSample.mem_used))
+        .where(ProcessSample.workflow_id.in_(ids), ProcessSample.mem_used.is_not(None))
+        .group_by(ProcessSample.workflow_id)).all()
+    return {wf: (int(n), int(peak or 0)) for wf, n, peak in rows}
+
+
+def known_memory(session: Session, workflow: Workflow, min_steps: int) -> tuple[int, int] | None:
+    """(P, E) of a workflow if its memory is known well enough to share a device, else None.
+
+    Declared memory (`fleetlens run --mem-mb`, or written by an importer) is taken as given. Memory the job SDK
+    measured counts once it was seen for `min_steps` steps; without it, NVML's per-process memory once it was
+    seen in `min_steps` samples (its largest process's use is taken as persistent, with no ephemeral peak)."""
+    labels = workflow.labels or {}
+    if workflow.mem_persistent is not None:
+        if labels.get("mem_source") not in ("cuda", "rss"):
+            return int(workflow.mem_persistent), int(workflow.mem_ephemeral or 0)
+        if int(labels.get(MEM_STEPS_LABEL) or 0) >= min_steps:
+            return int(workflow.mem_persistent), int(workflow.mem_ephemeral or 0)
+    seen = process_memory_seen(session, [workflow.id]).get(workflow.id)
+    if seen is not None and seen[0] >= min_steps and seen[1] > 0:
+        return seen[1], 0
+    return None
