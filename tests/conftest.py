@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, text
 from store.db import Store
 from store.migrations import upgrade
 from store.settings import get_settings
+from tests.gpu.probe import gpu_unavailable_reason
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
@@ -79,6 +80,18 @@ def pg_store(pg_url: str) -> Iterator[Store]:
 def any_store(request: pytest.FixtureRequest) -> Store:
     """The same test on SQLite and on PostgreSQL."""
     return request.getfixturevalue("sqlite_store" if request.param == "sqlite" else "pg_store")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests run on a GPU host and skip with the reason everywhere else, CI included (it has no GPU)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        skip = pytest.mark.skip(reason=f"needs a GPU host: {reason}")
+        for item in gpu_items:
+            item.add_marker(skip)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

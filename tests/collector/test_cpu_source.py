@@ -18,6 +18,7 @@ from collector.sources.cpu import CpuSource
 from collector.sources.replay import ReplaySource
 from store.errors import ConfigError, InvalidInput
 from store.settings import Settings
+from tests.gpu.probe import nvml_init_error
 
 BUSY = [sys.executable, "-c", "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"]
 # An idle child says "ready" once its interpreter has started, so start-up CPU is not taken for work.
@@ -153,13 +154,24 @@ def test_a_process_that_vanishes_is_skipped_quietly(spawn) -> None:
     assert _find(src.sample(), child.pid) == (None, None)
 
 
-def test_open_source_auto_falls_back_to_cpu_without_a_gpu(fleet_home) -> None:
+def test_open_source_auto_falls_back_to_cpu_only_without_a_gpu(fleet_home) -> None:
     source = open_source(Settings(source="auto", host_id="h8"))
-    assert isinstance(source, CpuSource) and source.name == "cpu"
-    assert source.devices()[0].uuid.startswith("cpu:h8:")
+    try:
+        if nvml_init_error() is None:  # a GPU host: auto keeps NVML
+            assert source.name == "nvml"
+            return
+        assert isinstance(source, CpuSource) and source.name == "cpu"
+        assert source.devices()[0].uuid.startswith("cpu:h8:")
+    finally:
+        source.close()
 
 
-def test_open_source_nvml_says_what_to_do(fleet_home) -> None:
+def test_open_source_nvml_says_what_to_do_where_nvml_cannot_start(fleet_home) -> None:
+    if nvml_init_error() is None:
+        source = open_source(Settings(source="nvml"))  # a GPU host: it starts
+        assert source.name == "nvml"
+        source.close()
+        return
     with pytest.raises(SourceUnavailable, match="FLEETLENS_SOURCE=cpu"):
         open_source(Settings(source="nvml"))
 
