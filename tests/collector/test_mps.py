@@ -26,6 +26,7 @@ from store.registry import DeviceSpec, busy_gpu_lanes, register_devices, registe
 from store.settings import Settings
 from store.workflows import upsert_workflow
 from tests.collector.agent_helpers import StubSource, wait_for
+from ui.dashboard import queries
 
 HOST = "mps-host"
 
@@ -162,6 +163,9 @@ def test_a_daemon_that_dies_is_restarted_and_said(standin, host_store, fleet_hom
     assert died == ["the MPS control daemon died (exit status -9); restarting it (restart 1); lanes' jobs keep "
                     "running meanwhile"]
     assert any(level == "warning" and "restarted" in m for level, m in levels_messages)
+    shown = queries.host_events(host_store)  # what the dashboard's Fleet page lists, newest first
+    assert list(shown.columns) == ["ts", "host", "kind", "level", "message"]
+    assert (shown.host == HOST).all() and (shown.kind == "mps").all() and "died" in " ".join(shown.message)
     sup.close()
     assert not _daemons_of(fleet_home / "mps" / "pipe")
 
