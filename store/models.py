@@ -49,11 +49,10 @@ class HostEvent(Base):
     """Something the agent did or met on its host outside any one job (the MPS daemon started, died, is missing)."""
 
     __tablename__ = "host_events"
-    __table_args__ = (Index("ix_host_events_host_ts", "host_id", "ts"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
-    ts: Mapped[float]
+    ts: Mapped[float] = mapped_column(index=True)  # the dashboard reads the latest, all hosts together
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(String(32))  # e.g. mps
     level: Mapped[str] = mapped_column(String(16))  # info | warning | error
     message: Mapped[str] = mapped_column(Text)
