@@ -3,8 +3,9 @@ from its first instruction on `cpu` devices), and finding its live processes aga
 
 `job_env` computes from the store: FLEETLENS_WORKFLOW, FLEETLENS_MANAGED (the host id), CUDA_VISIBLE_DEVICES (CPU
 affinity on `cpu` devices), and for a lane FLEETLENS_LANE, FLEETLENS_MEMORY_FRACTION and
-CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. Whoever starts a job (`fleetlens run` in the foreground, or the agent for a
-detached launch or a relaunch) uses `spawn_job` with it.
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (plus, on GPUs of a fleet that runs MPS, the daemon's CUDA_MPS_PIPE_DIRECTORY).
+Whoever starts a job (`fleetlens run` in the foreground, or the agent for a detached launch or a relaunch) uses
+`spawn_job` with it.
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ class MpsSupervisor:
         self.store, self.host_id = store, host_id
         self._base_env = dict(os.environ if base_env is None else base_env)
         self.proc: subprocess.Popen | None = None
+        self._path: str | None = None  # the binary as found on PATH at the last start
         self.state = "stopped"  # stopped | running | unavailable
         self.restarts = 0
         self.percentages: dict[int, int] = {}  # lane id -> active thread percentage, for the lanes now served
@@ -114,7 +115,7 @@ class MpsSupervisor:
                 self._default = default
 
     def _start(self, *, restarted: bool) -> None:
-        path = shutil.which(self.binary, path=self._base_env.get("PATH"))
+        path = self._path = shutil.which(self.binary, path=self._base_env.get("PATH"))
         if path is None:
             if self.state != "unavailable":
                 self.state = "unavailable"
@@ -156,8 +157,8 @@ class MpsSupervisor:
     def _command(self, command: str) -> bool:
         """Send one control command through a control client; False (and said) when it did not take it."""
         try:
-            done = subprocess.run([self.binary], input=command + "\n", env=self._env(), capture_output=True,
-                                  text=True, timeout=COMMAND_TIMEOUT_S)
+            done = subprocess.run([self._path or self.binary], input=command + "\n", env=self._env(),
+                                  capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
             self._say("warning", f"MPS control command {command!r} failed: {exc}", command=command)
             return False
