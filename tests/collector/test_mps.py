@@ -266,3 +266,20 @@ def test_the_agent_runs_the_daemon_while_a_lane_on_its_gpus_holds_a_job(standin,
     assert not _daemons_of(fleet_home / "mps" / "pipe")
     messages = [m for _, m in _host_events(host_store)]
     assert messages[-1] == "MPS control daemon stopped: the agent is stopping"
+
+
+def test_an_agent_without_the_binary_says_so_and_keeps_sampling(standin, host_store, monkeypatch) -> None:
+    monkeypatch.setenv("FLEETLENS_MPS", "true")
+    monkeypatch.setenv("FLEETLENS_MPS_CHECK_INTERVAL_S", "0.1")
+    _gpu_lane(host_store, 0.5)
+    agent = Agent(host_store, Settings(), StubSource(n=1), host_id=HOST, sample_interval_s=0.05,
+                  flush_interval_s=0.2, serve_socket=False, attribute=lambda pid: ("wf-agent", "env"))
+    try:
+        agent.start()
+        wait_for(lambda: any("not on PATH" in m for _, m in _host_events(host_store)))
+        rounds = agent.stats.rounds
+        wait_for(lambda: agent.stats.batches_written >= 2 and agent.stats.rounds > rounds + 3)
+        assert agent.mps.state == "unavailable" and standin.events() == []
+    finally:
+        agent.stop()
+    assert [level for level, m in _host_events(host_store) if "not on PATH" in m] == ["error"]  # said once
