@@ -257,3 +257,18 @@ def test_pinning_to_cores_the_host_does_not_allow_is_a_clear_error(tmp_path) -> 
         spawn_job(["/bin/touch", str(marker)], str(tmp_path), {"FLEETLENS_WORKFLOW": "nowhere"}, cores=[4095],
                   detach=False)
     assert os.sched_getaffinity(0) == mine and not marker.exists()  # nothing started, nothing changed
+
+
+def test_a_job_that_reads_its_mask_at_once_always_finds_itself_pinned(tmp_path) -> None:
+    # grep reads /proc/self/status within a millisecond of exec: pinning after the start would lose that race often
+    if psutil.cpu_count() < 2:
+        pytest.skip("needs two cores")
+    last = psutil.cpu_count() - 1
+    seen = []
+    for i in range(20):
+        log = tmp_path / f"grep-{i}.log"
+        child = spawn_job(["/bin/grep", "Cpus_allowed_list", "/proc/self/status"], str(tmp_path),
+                          {"FLEETLENS_WORKFLOW": "quick"}, cores=[last], log_path=log, detach=False)
+        assert child.wait(timeout=30) == 0
+        seen.append(log.read_text().split()[-1])
+    assert seen == [str(last)] * 20
