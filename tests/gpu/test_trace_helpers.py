@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pynvml
 import pytest
 
-from tests.conftest import TRACES
+from tests.conftest import PROJECT_ROOT, TRACES
 from tests.gpu.probe import gpu_unavailable_reason
 from tests.gpu.traces import kernel_spans, overlap_fraction, overlap_us
 
@@ -52,3 +57,17 @@ def test_the_gpu_probe_names_what_is_missing_or_nothing() -> None:
     else:
         assert reason and ("NVML" in reason) == (not nvml_ok)
         assert ("torch.cuda.is_available() is False" in reason) == (not torch.cuda.is_available())
+
+
+def test_the_lane_job_writes_a_trace_the_helpers_read(fleet_home, tmp_path) -> None:
+    # the GPU test's job and trace path, run on the CPU: the loop, the SDK, the profiler's file, the parse
+    trace = tmp_path / "cpu-mate.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    env.update(PYTHONPATH=str(PROJECT_ROOT), FLEETLENS_HOME=str(fleet_home), FLEETLENS_WORKFLOW="cpu-mate")
+    proc = subprocess.run([sys.executable, "-m", "tests.gpu.lane_job", "--trace", str(trace), "--device", "cpu",
+                           "--steps", "3", "--size", "64", "--matmuls", "2"], env=env, cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 3
+    starts, ends = kernel_spans(trace)
+    assert len(starts) == 0 and overlap_us((starts, ends), (starts, ends)) == 0.0  # no GPU, no kernels
