@@ -251,15 +251,15 @@ def test_the_agent_runs_the_daemon_while_a_lane_on_its_gpus_holds_a_job(standin,
                   flush_interval_s=0.3, serve_socket=False, attribute=lambda pid: ("wf-agent", "env"))
     try:
         agent.start()
-        wait_for(lambda: standin.commands() == ["set_default_active_thread_percentage 40"])
+        wait_for(lambda: standin.commands() == ["set_default_active_thread_percentage 40"], timeout=60)
         assert agent.mps is not None and agent.mps.percentages == {lane_id: 40}
         with host_store.session() as session:  # the job ends: its lane needs MPS no more
             session.execute(update(Placement).where(Placement.workflow_id == wf).values(state="ended"))
-        wait_for(lambda: "quit" in standin.commands())
-        wait_for(lambda: agent.mps.proc is None)
+        wait_for(lambda: "quit" in standin.commands(), timeout=60)
+        wait_for(lambda: agent.mps.proc is None, timeout=60)
         with host_store.session() as session:  # the lane is busy again, then the agent stops: the daemon goes
             session.execute(update(Placement).where(Placement.workflow_id == wf).values(state="active"))
-        wait_for(lambda: len(standin.events("daemon")) == 2)
+        wait_for(lambda: len(standin.events("daemon")) == 2, timeout=60)
     finally:
         agent.stop()
     assert standin.commands().count("quit") == 2
@@ -276,9 +276,9 @@ def test_an_agent_without_the_binary_says_so_and_keeps_sampling(standin, host_st
                   flush_interval_s=0.2, serve_socket=False, attribute=lambda pid: ("wf-agent", "env"))
     try:
         agent.start()
-        wait_for(lambda: any("not on PATH" in m for _, m in _host_events(host_store)))
+        wait_for(lambda: any("not on PATH" in m for _, m in _host_events(host_store)), timeout=60)
         rounds = agent.stats.rounds
-        wait_for(lambda: agent.stats.batches_written >= 2 and agent.stats.rounds > rounds + 3)
+        wait_for(lambda: agent.stats.batches_written >= 2 and agent.stats.rounds > rounds + 3, timeout=60)
         assert agent.mps.state == "unavailable" and standin.events() == []
     finally:
         agent.stop()
