@@ -4,8 +4,9 @@ With FLEETLENS_MPS=true the agent's MPS thread checks every FLEETLENS_MPS_CHECK_
 GPUs hold a job (store.registry.busy_gpu_lanes) and:
 
 - starts the control daemon when the first lane appears, with CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY
-  under FLEETLENS_HOME (Settings.mps_pipe_dir / mps_log_dir). The daemon runs in the foreground (`-f`) as the
-  agent's child rather than daemonised (`-d`), so the agent sees at once when it dies;
+  under FLEETLENS_HOME (Settings.mps_pipe_dir / mps_log_dir), and waits until it has opened its control pipe
+  (`control` in the pipe folder). The daemon runs in the foreground (`-f`) as the agent's child rather than
+  daemonised (`-d`), so the agent sees at once when it dies;
 - sets each lane's active thread percentage: a job in a lane gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its lane's
   share, collector.launch) and CUDA_MPS_PIPE_DIRECTORY (to reach this daemon) in its environment, and the daemon's
   default (`set_default_active_thread_percentage`, for a client that lost its environment) is the smallest lane's,
@@ -26,6 +27,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MIN_PERCENT, MAX_PERCENT = 1, 100  # what CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can express: whole percents of SMs
 QUIT_WAIT_S = 10.0
+READY_WAIT_S = 10.0  # how long a started daemon may take to open its control pipe
 COMMAND_TIMEOUT_S = 10.0
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -109,7 +112,7 @@ class MpsSupervisor:
             self._start(restarted=True)
         elif self.proc is None:
             self._start(restarted=False)
-        if self.proc is not None:
+        if self.proc is not None and self._control.exists():
             default = min(self.percentages.values())
             if default != self._default and self._command(f"set_default_active_thread_percentage {default}"):
                 self._default = default
@@ -126,6 +129,7 @@ class MpsSupervisor:
         try:
             self.pipe_dir.mkdir(parents=True, exist_ok=True)
             self.log_dir.mkdir(parents=True, exist_ok=True)
+            self._control.unlink(missing_ok=True)  # left by a daemon that died: readiness must be the new one's
             self.proc = subprocess.Popen([path, "-f"], env=self._env(), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError as exc:
@@ -134,11 +138,30 @@ class MpsSupervisor:
                       binary=path)
             return
         self.state, self._default = "running", None
+        if not self._ready():
+            self._say("warning", f"the MPS control daemon (pid {self.proc.pid}) has not opened its control pipe in "
+                                 f"{self.pipe_dir} after {READY_WAIT_S:.0f} s; its percentages are set once it has",
+                      pid=self.proc.pid)
         self._say("warning" if restarted else "info",
                   f"MPS control daemon {'restarted' if restarted else 'started'} (pid {self.proc.pid}) for lanes "
                   f"{', '.join(f'{lane}: {p} %' for lane, p in self.percentages.items())}",
                   pid=self.proc.pid, pipe_dir=str(self.pipe_dir), log_dir=str(self.log_dir),
                   lanes={str(k): v for k, v in self.percentages.items()})
+
+    @property
+    def _control(self) -> Path:
+        """The control daemon's pipe: it exists once the daemon takes commands."""
+        return self.pipe_dir / "control"
+
+    def _ready(self) -> bool:
+        deadline = time.monotonic() + READY_WAIT_S
+        while self.proc is not None and self.proc.poll() is None:
+            if self._control.exists():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return False
 
     def _stop(self, why: str) -> None:
         proc, self.proc = self.proc, None

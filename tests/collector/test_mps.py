@@ -30,8 +30,9 @@ from ui.dashboard import queries
 
 HOST = "mps-host"
 
-# The stand-in: `-f` is the daemon (records its start and folders, keeps a pid file, runs until killed); without
-# arguments it is a control client (records each stdin line; `quit` ends the daemon, as the real one does).
+# The stand-in: `-f` is the daemon (records its start and folders, keeps a pid file, opens `control` in its pipe
+# folder when it takes commands, runs until killed or told to quit); without arguments it is a control client
+# (records each stdin line; `quit` ends the daemon, as the real one does).
 STAND_IN = """#!{python}
 import json, os, signal, sys, time
 record = {record!r}
@@ -43,7 +44,11 @@ if sys.argv[1:] == ["-f"]:
     note(event="daemon", pid=os.getpid(), pipe=pipe, log=os.environ["CUDA_MPS_LOG_DIRECTORY"])
     with open(os.path.join(pipe, "standin.pid"), "w") as f:
         f.write(str(os.getpid()))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    open(os.path.join(pipe, "control"), "w").close()  # ready for commands, like the real daemon's pipe
+    def leave(*_):
+        os.unlink(os.path.join(pipe, "control"))
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, leave)
     while True:
         time.sleep(0.05)
 else:
