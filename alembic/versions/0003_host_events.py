@@ -1,7 +1,7 @@
 """host events: what an agent did or met on its host outside any one job (the MPS daemon)
 
-Revision ID: 0002_host_events
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-11-23 17:55:00
 """
 
@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = '0002_host_events'
-down_revision: str | None = '0001'
+revision: str = '0003'
+down_revision: str | None = '0002'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
