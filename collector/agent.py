@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from collector import attribution, migration_handlers
 from collector.command_runner import CommandRunner, Outcome
 from collector.metrics import serve_agent_metrics
+from collector.mps import MpsSupervisor
 from collector.sdk_handlers import SdkHandlers
 from collector.socket_server import SocketServer
 from collector.sources.base import DeviceReading, DeviceSource
@@ -179,6 +180,10 @@ class Agent:
         self.latest: list[DeviceReading] = []  # the last round's readings, for /metrics
         self._metrics_server: Any = None
         self.metrics_port: int | None = None  # the port /metrics is served on (settings.metrics_port, 0: any free)
+        self.mps: MpsSupervisor | None = None
+        if settings.mps:
+            self.mps = MpsSupervisor(settings.mps_binary, settings.mps_pipe_dir, settings.mps_log_dir,
+                                     store=store, host_id=self.host_id)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -194,8 +199,12 @@ class Agent:
             self._metrics_server, _ = serve_agent_metrics(self, self.settings.metrics_port)
             self.metrics_port = self._metrics_server.server_address[1]
             log.info("agent %s serves /metrics on port %d", self.host_id, self.metrics_port)
-        for name, target in (("sampler", self._sample_loop), ("flusher", self._flush_loop),
-                             ("commander", self._command_loop)):
+        loops: list[tuple[str, Callable[[], None]]] = [
+            ("sampler", self._sample_loop), ("flusher", self._flush_loop), ("commander", self._command_loop)]
+        if self.mps is not None:
+            mps = self.mps
+            loops.append(("mps", lambda: mps.run(self._stop, self.settings.mps_check_interval_s)))
+        for name, target in loops:
             thread = threading.Thread(target=target, name=f"fleetlens-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)

@@ -1,10 +1,11 @@
-"""Starting and finding managed jobs' processes: the environment a job runs with, spawning it (with CPU affinity on
-`cpu` devices), and finding its live processes again by that environment.
+"""Starting and finding managed jobs' processes: the environment a job runs with, spawning it (pinned to its cores
+from its first instruction on `cpu` devices), and finding its live processes again by that environment.
 
 `job_env` computes from the store: FLEETLENS_WORKFLOW, FLEETLENS_MANAGED (the host id), CUDA_VISIBLE_DEVICES (CPU
 affinity on `cpu` devices), and for a lane FLEETLENS_LANE, FLEETLENS_MEMORY_FRACTION and
-CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. The memory fraction is the job's own admitted share of the device (P' + E of
-its placement), not the lane's size: lane-mates each get their own cap, so together they never exceed the lane.
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (plus, on GPUs of a fleet that runs MPS, the daemon's CUDA_MPS_PIPE_DIRECTORY).
+The memory fraction is the job's own admitted share of the device (P' + E of its placement), not the lane's
+size: lane-mates each get their own cap, so together they never exceed the lane.
 Whoever starts a job (`fleetlens run` in the foreground, or the agent for a detached launch or a relaunch) uses
 `spawn_job` with it.
 """
@@ -14,7 +15,8 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -22,6 +24,7 @@ import psutil
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from collector.mps import mps_env, thread_percentage
 from store.errors import InvalidInput, NotFound
 from store.models import Device, Lane, Placement, Workflow
 
@@ -31,12 +34,14 @@ _GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
 def job_env(session: Session, workflow_id: str, device_ids: Sequence[int], lane_id: int | None, *,
             host_id: str, resume_from: str | None = None, resume_step: int | None = None,
-            share_bytes: int | None = None) -> tuple[dict[str, str], list[int] | None]:
+            share_bytes: int | None = None, mps_dirs: tuple[Path, Path] | None = None,
+            ) -> tuple[dict[str, str], list[int] | None]:
     """(environment overrides, cpu cores to pin to or None) for running the workflow on these devices / lane.
 
     `share_bytes` is the job's admitted memory in the lane (P' + E); by default that of its pending or active
     placement in the lane. Raises InvalidInput when that share is smaller than the job's measured persistent memory
-    (it would run out of memory at once)."""
+    (it would run out of memory at once). `mps_dirs` (pipe, log folder) when the fleet runs MPS: a job in a lane on
+    GPUs then reaches the host's daemon."""
     devices = [session.get(Device, d) for d in device_ids]
     if any(d is None for d in devices):
         raise NotFound(f"device {device_ids} is no longer in the store")
@@ -57,7 +62,9 @@ def job_env(session: Session, workflow_id: str, device_ids: Sequence[int], lane_
         share = job_share(session, workflow_id, lane, share_bytes)
         fraction = min(1.0, share / total) if total else 1.0
         env.update(FLEETLENS_LANE=str(lane_id), FLEETLENS_MEMORY_FRACTION=f"{max(fraction, 1e-6):.6f}",
-                   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(max(1, min(100, round(lane.compute_share * 100)))))
+                   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(thread_percentage(lane.compute_share)[0]))
+        if mps_dirs is not None and cores is None:
+            env.update(mps_env(*mps_dirs))
     if resume_from:
         env["FLEETLENS_RESUME_FROM"] = str(resume_from)
     if resume_step is not None:
@@ -91,7 +98,8 @@ def spawn_job(command: Sequence[str], cwd: str, env_overrides: dict[str, str], *
     """Start the job: its own session when detached (it outlives whoever started it), output to `log_path`."""
     env = dict(os.environ if base_env is None else base_env)
     for key in ("FLEETLENS_WORKFLOW", "FLEETLENS_LANE", "FLEETLENS_MEMORY_FRACTION", "FLEETLENS_RESUME_FROM",
-                "FLEETLENS_RESUME_STEP", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+                "FLEETLENS_RESUME_STEP", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PIPE_DIRECTORY",
+                "CUDA_MPS_LOG_DIRECTORY"):
         env.pop(key, None)  # never inherit another job's identity or lane
     env.update(env_overrides)
     out: IO[bytes] | int | None = None
@@ -99,20 +107,36 @@ def spawn_job(command: Sequence[str], cwd: str, env_overrides: dict[str, str], *
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         out = open(log_path, "ab")  # noqa: SIM115 (handed to the child; closed below)
     try:
-        proc = subprocess.Popen(list(command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT if out is not None else None,
-                                start_new_session=detach)
+        with _pinned(cores, command):
+            proc = subprocess.Popen(list(command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT if out is not None else None,
+                                    start_new_session=detach)
     except OSError as exc:
         raise InvalidInput(f"cannot start {shlex.join(command)} in {cwd}: {exc.strerror or exc}") from None
     finally:
         if out is not None and not isinstance(out, int):
             out.close()
-    if cores:
-        try:  # set before the interpreter starts its worker threads, which inherit the mask
-            os.sched_setaffinity(proc.pid, cores)
-        except OSError:
-            pass
     return proc
+
+
+@contextmanager
+def _pinned(cores: list[int] | None, command: Sequence[str]) -> Iterator[None]:
+    """Run the block with the calling thread confined to `cores`, so a process started in it is pinned from its
+    first instruction (a child inherits its parent thread's CPU mask through fork and exec). Only this thread's
+    mask changes, and it is put back: the agent's other threads, and a preexec hook's fork-safety, are untouched."""
+    if not cores:
+        yield
+        return
+    before = os.sched_getaffinity(0)  # pid 0: the calling thread
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError as exc:
+        raise InvalidInput(f"cannot pin {shlex.join(command)} to cpu cores {cores}: {exc.strerror or exc}; "
+                           f"this host allows cores {sorted(before)}") from None
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def find_job_processes(workflow_id: str, host_id: str) -> list[psutil.Process]:

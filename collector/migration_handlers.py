@@ -318,7 +318,8 @@ def _start(ctx: CommandContext, workflow_id: str, device_ids: list[int], lane_id
             resume_from = str(folder)
     with ctx.store.session() as session:
         env, cores = job_env(session, workflow_id, device_ids, lane_id, host_id=ctx.host_id,
-                             resume_from=resume_from, resume_step=resume_step, share_bytes=share_bytes)
+                             resume_from=resume_from, resume_step=resume_step, share_bytes=share_bytes,
+                             mps_dirs=ctx.settings.mps_dirs)
     log_path = log_path_for(ctx.settings, workflow_id)
     with open(log_path.parent.mkdir(parents=True, exist_ok=True) or log_path, "ab") as f:
         f.write(f"{START_MARK} at {time.ctime()} on devices {device_ids} lane {lane_id}"

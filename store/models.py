@@ -45,6 +45,20 @@ class Host(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
+class HostEvent(Base):
+    """Something the agent did or met on its host outside any one job (the MPS daemon started, died, is missing)."""
+
+    __tablename__ = "host_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    ts: Mapped[float] = mapped_column(index=True)  # the dashboard reads the latest, all hosts together
+    host_id: Mapped[str] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))  # e.g. mps
+    level: Mapped[str] = mapped_column(String(16))  # info | warning | error
+    message: Mapped[str] = mapped_column(Text)
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
 class Device(Base):
     __tablename__ = "devices"
     __table_args__ = (UniqueConstraint("host_id", "index", name="uq_devices_host_index"),)

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from store.models import Action, ActionEvent, Device, Host, Placement, Process, Workflow
+from store.models import Action, ActionEvent, Device, Host, HostEvent, Lane, Placement, Process, Workflow
 from store.workflows import upsert_workflow
 
 
@@ -173,3 +173,21 @@ def touch_workflows(session: Session, new: Mapping[str, str], seen: Iterable[str
         if session.get(Workflow, workflow_id) is None:
             upsert_workflow(session, workflow_id, id_source=id_source, now=now)
     session.execute(update(Workflow).where(Workflow.id.in_(list(seen)), Workflow.last_seen < now).values(last_seen=now))
+
+
+def record_host_event(session: Session, host_id: str, kind: str, level: str, message: str,
+                      detail: dict[str, Any] | None = None, *, now: float | None = None) -> None:
+    """Note something the host's agent did or met outside any one job (shown with the host on the dashboard)."""
+    session.add(HostEvent(host_id=host_id, ts=time.time() if now is None else now, kind=kind, level=level,
+                          message=message, detail=dict(detail or {})))
+
+
+def busy_gpu_lanes(session: Session, host_id: str) -> dict[int, float]:
+    """{lane id: compute share} for the open lanes on this host's GPUs (nvml devices) that hold a live job."""
+    rows = session.execute(
+        select(Lane.id, Lane.compute_share).join(Device, Device.id == Lane.device_id)
+        .where(Device.host_id == host_id, Device.source == "nvml", Lane.state == "open",
+               select(Placement.id).where(Placement.lane_id == Lane.id,
+                                          Placement.state.in_(("active", "pending"))).exists())
+    )
+    return {int(lane_id): float(share) for lane_id, share in rows}

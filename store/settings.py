@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     flush_interval_s: float = 10.0
     spool_max_bytes: int = 256 * 1024 * 1024
     command_ttl_s: float = 300.0
+    # MPS: the agent runs NVIDIA's MPS control daemon while a lane on this host's GPUs needs it (opt-in per fleet)
+    mps: bool = False
+    mps_binary: str = "nvidia-cuda-mps-control"  # looked up on PATH
+    mps_check_interval_s: float = Field(5.0, gt=0)  # how often the agent checks the daemon and the lanes
     workflow: str | None = None  # FLEETLENS_WORKFLOW: set in a job's environment to name its workflow
     replay_path: str | None = None  # source=replay: "alibaba", an Alibaba folder, or a `fleetlens export` file
     replay_speedup: float = 60.0  # source=replay: recorded seconds played per wall-clock second
@@ -124,6 +128,19 @@ class Settings(BaseSettings):
     @property
     def socket_path(self) -> Path:
         return self.home / "agent.sock"
+
+    @property
+    def mps_pipe_dir(self) -> Path:
+        return self.home / "mps" / "pipe"
+
+    @property
+    def mps_log_dir(self) -> Path:
+        return self.home / "mps" / "log"
+
+    @property
+    def mps_dirs(self) -> tuple[Path, Path] | None:
+        """(pipe, log folder) of the host's MPS daemon when the fleet runs MPS, else None."""
+        return (self.mps_pipe_dir, self.mps_log_dir) if self.mps else None
 
     @property
     def spool_dir(self) -> Path:

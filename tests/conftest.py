@@ -15,6 +15,7 @@ from sqlalchemy import create_engine, text
 from store.db import Store
 from store.migrations import upgrade
 from store.settings import get_settings
+from tests.gpu.probe import gpu_unavailable_reason
 from tests.procs import processes_under
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +107,18 @@ def _kill_leftover_processes(request: pytest.FixtureRequest, tmp_path: Path) -> 
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests run on a GPU host and skip with the reason everywhere else, CI included (it has no GPU)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        skip = pytest.mark.skip(reason=f"needs a GPU host: {reason}")
+        for item in gpu_items:
+            item.add_marker(skip)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -2,7 +2,9 @@
 
 - Devices: the logical cores in groups of `cores_per_device` (Settings.cpu_cores_per_device, default 1);
   the last group may be smaller. A device's utilisation (stored as gpu_util) is the mean utilisation of its
-  cores; its memory is its share of host RAM (cores in the group / all cores), used likewise in proportion.
+  cores; its memory total is its share of host RAM (cores in the group / all cores), and its memory used is
+  measured: the resident memory (RSS) of the processes pinned to its cores (CPU affinity within the machine, the
+  way the enforcer starts managed jobs), 0 when none is. Processes free to run anywhere count on no device.
 - Processes: a process whose CPU affinity is narrower than the machine (the enforcer pins managed jobs
   that way) belongs to the device holding most of its allowed cores; any other process to the device
   whose cores hold the core it last ran on (psutil `cpu_num`), which is where its recent activity put it.
@@ -146,17 +148,19 @@ class CpuSource:
     def sample(self) -> list[DeviceReading]:
         now = self._clock()
         per_core = psutil.cpu_percent(percpu=True)
-        vm = psutil.virtual_memory()
-        used_fraction = (vm.total - vm.available) / vm.total if vm.total else None
+        scanned = self._scan()
+        pinned_rss = [0] * len(self._infos)
+        for tracked, _, _, rss in scanned:
+            if tracked.pinned is not None and rss is not None:
+                pinned_rss[tracked.pinned] += rss
         readings = []
         for info in self._infos:
             cores = [per_core[c] for c in info.cpu_cores or () if c < len(per_core)]
             util = sum(cores) / len(cores) / 100.0 if cores else None
-            mem_used = None if used_fraction is None else int(used_fraction * (info.memory_total or 0))
-            readings.append(DeviceReading(index=info.index, ts=now, gpu_util=util, mem_used=mem_used,
+            readings.append(DeviceReading(index=info.index, ts=now, gpu_util=util, mem_used=pinned_rss[info.index],
                                           mem_total=info.memory_total))
         candidates: list[list[tuple[float, ProcessReading, bool]]] = [[] for _ in self._infos]
-        for tracked, percent, core, rss in self._scan():
+        for tracked, percent, core, rss in scanned:
             device = tracked.pinned
             if device is None:
                 device = self._device_of_core.get(core) if core is not None else None

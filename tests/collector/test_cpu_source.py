@@ -11,12 +11,14 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from collector.launch import spawn_job
 from collector.sources import open_source
 from collector.sources.base import SourceUnavailable
 from collector.sources.cpu import CpuSource
 from collector.sources.replay import ReplaySource
-from store.errors import ConfigError
+from store.errors import ConfigError, InvalidInput
 from store.settings import Settings
+from tests.gpu.probe import nvml_init_error
 
 BUSY = [sys.executable, "-c", "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"]
 # An idle child says "ready" once its interpreter has started, so start-up CPU is not taken for work.
@@ -63,7 +65,7 @@ def test_one_device_per_core_by_default_with_a_share_of_ram() -> None:
     assert sum(d.memory_total for d in infos) == pytest.approx(psutil.virtual_memory().total, abs=n)
     readings = src.sample()
     assert [r.index for r in readings] == list(range(n))
-    assert all(0.0 <= r.gpu_util <= 1.0 and 0 < r.mem_used <= r.mem_total for r in readings)
+    assert all(0.0 <= r.gpu_util <= 1.0 and 0 <= r.mem_used for r in readings)
 
 
 def test_cores_group_into_devices() -> None:
@@ -152,13 +154,24 @@ def test_a_process_that_vanishes_is_skipped_quietly(spawn) -> None:
     assert _find(src.sample(), child.pid) == (None, None)
 
 
-def test_open_source_auto_falls_back_to_cpu_without_a_gpu(fleet_home) -> None:
+def test_open_source_auto_falls_back_to_cpu_only_without_a_gpu(fleet_home) -> None:
     source = open_source(Settings(source="auto", host_id="h8"))
-    assert isinstance(source, CpuSource) and source.name == "cpu"
-    assert source.devices()[0].uuid.startswith("cpu:h8:")
+    try:
+        if nvml_init_error() is None:  # a GPU host: auto keeps NVML
+            assert source.name == "nvml"
+            return
+        assert isinstance(source, CpuSource) and source.name == "cpu"
+        assert source.devices()[0].uuid.startswith("cpu:h8:")
+    finally:
+        source.close()
 
 
-def test_open_source_nvml_says_what_to_do(fleet_home) -> None:
+def test_open_source_nvml_says_what_to_do_where_nvml_cannot_start(fleet_home) -> None:
+    if nvml_init_error() is None:
+        source = open_source(Settings(source="nvml"))  # a GPU host: it starts
+        assert source.name == "nvml"
+        source.close()
+        return
     with pytest.raises(SourceUnavailable, match="FLEETLENS_SOURCE=cpu"):
         open_source(Settings(source="nvml"))
 
@@ -170,3 +183,92 @@ def test_open_source_replay_and_bad_names(fleet_home) -> None:
         open_source(Settings(source="tpu"))
     source = open_source(Settings(source="replay", replay_path="alibaba", replay_host="alibaba-h02"))
     assert isinstance(source, ReplaySource) and len(source.devices()) == 8
+
+
+MiB = 1 << 20
+# First line: the CPU mask the job had when its own code began; then it holds a known amount of memory, written
+# (so it is resident), until killed.
+HOLDER = ("import os, sys\nprint(sorted(os.sched_getaffinity(0)), flush=True)\n"
+          "held = b'x' * (int(sys.argv[1]) << 20)\nprint('holding', flush=True)\n"
+          "import time\ntime.sleep(120)\n")
+
+
+def _pinned_rss(core: int) -> int:
+    """RSS of the processes whose mask is exactly this core, read now (what the device should report)."""
+    total = 0
+    for proc in psutil.process_iter():
+        try:
+            if proc.cpu_affinity() == [core] and proc.pid != os.getpid():
+                total += proc.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def test_a_devices_memory_is_the_rss_of_the_jobs_pinned_to_it_and_jobs_start_pinned(tmp_path) -> None:
+    if psutil.cpu_count() < 2:
+        pytest.skip("needs two cores")
+    last = psutil.cpu_count() - 1
+    mine = os.sched_getaffinity(0)
+    child = spawn_job([sys.executable, "-c", HOLDER, "300"], str(tmp_path), {"FLEETLENS_WORKFLOW": "holder"},
+                      cores=[last], detach=False, base_env={"PATH": os.environ.get("PATH", "")})
+    try:
+        assert os.sched_getaffinity(0) == mine  # the spawning thread's own mask is put back
+        proc = psutil.Process(child.pid)
+        deadline = time.monotonic() + 30
+        while proc.memory_info().rss < 300 * MiB:
+            assert time.monotonic() < deadline and child.poll() is None
+            time.sleep(0.05)
+        assert proc.cpu_affinity() == [last]
+        during = CpuSource(host_id="h12").sample()[last].mem_used
+        rss = proc.memory_info().rss
+        assert during >= rss >= 300 * MiB
+        # the figure is the pinned processes' RSS, not a share of the host's used memory
+        assert abs(during - _pinned_rss(last)) < 64 * MiB
+    finally:
+        child.kill()
+        child.wait()
+    after = CpuSource(host_id="h13").sample()[last].mem_used
+    assert during - after >= 250 * MiB
+
+
+def test_a_job_runs_its_first_line_already_pinned(tmp_path) -> None:
+    if psutil.cpu_count() < 2:
+        pytest.skip("needs two cores")
+    last = psutil.cpu_count() - 1
+    log = tmp_path / "job.log"
+    child = spawn_job([sys.executable, "-c", HOLDER, "1"], str(tmp_path), {"FLEETLENS_WORKFLOW": "first-line"},
+                      cores=[last], log_path=log, detach=False, base_env={"PATH": os.environ.get("PATH", "")})
+    try:
+        deadline = time.monotonic() + 30
+        while "holding" not in log.read_text():
+            assert time.monotonic() < deadline and child.poll() is None
+            time.sleep(0.02)
+        assert log.read_text().splitlines()[0] == f"[{last}]"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_pinning_to_cores_the_host_does_not_allow_is_a_clear_error(tmp_path) -> None:
+    mine = os.sched_getaffinity(0)
+    marker = tmp_path / "started"
+    with pytest.raises(InvalidInput, match=r"cannot pin .* to cpu cores \[4095\].*this host allows cores"):
+        spawn_job(["/bin/touch", str(marker)], str(tmp_path), {"FLEETLENS_WORKFLOW": "nowhere"}, cores=[4095],
+                  detach=False)
+    assert os.sched_getaffinity(0) == mine and not marker.exists()  # nothing started, nothing changed
+
+
+def test_a_job_that_reads_its_mask_at_once_always_finds_itself_pinned(tmp_path) -> None:
+    # grep reads /proc/self/status within a millisecond of exec: pinning after the start would lose that race often
+    if psutil.cpu_count() < 2:
+        pytest.skip("needs two cores")
+    last = psutil.cpu_count() - 1
+    seen = []
+    for i in range(20):
+        log = tmp_path / f"grep-{i}.log"
+        child = spawn_job(["/bin/grep", "Cpus_allowed_list", "/proc/self/status"], str(tmp_path),
+                          {"FLEETLENS_WORKFLOW": "quick"}, cores=[last], log_path=log, detach=False)
+        assert child.wait(timeout=30) == 0
+        seen.append(log.read_text().split()[-1])
+    assert seen == [str(last)] * 20

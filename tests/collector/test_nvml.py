@@ -9,6 +9,7 @@ import collector.sources.nvml as nvml_mod
 from collector.sources.base import SourceUnavailable
 from collector.sources.nvml import NvmlSource
 from tests.fakes.fake_pynvml import FakeGPU, FakeNVML, FakeProcess, GiB, fleet
+from tests.gpu.probe import nvml_init_error
 
 GPM_FULL = {
     pynvml.NVML_GPM_METRIC_SM_UTIL: 62.0,
@@ -133,10 +134,19 @@ def test_no_driver_raises_source_unavailable(monkeypatch, kw) -> None:
     assert isinstance(err.value.__cause__, pynvml.NVMLError)
 
 
-def test_real_pynvml_on_this_machine_is_unavailable() -> None:
-    # no GPU and no driver here: the real library raises, the source turns it into a clear error
-    with pytest.raises(SourceUnavailable):
-        NvmlSource()
+def test_real_pynvml_on_this_machine_is_a_clear_error_or_the_source() -> None:
+    error = nvml_init_error()
+    if error is not None:
+        # no driver here: the real library raises, the source turns it into a clear error that keeps the cause
+        with pytest.raises(SourceUnavailable, match="FLEETLENS_SOURCE=cpu") as err:
+            NvmlSource()
+        assert type(err.value.__cause__) is type(error)
+        return
+    src = NvmlSource()  # a GPU host: the real source starts and reads its devices
+    try:
+        assert src.devices() and len(src.sample()) == len(src.devices())
+    finally:
+        src.close()
 
 
 def test_the_fake_uses_the_real_error_classes() -> None:

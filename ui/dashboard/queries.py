@@ -26,6 +26,7 @@ from store.models import (
     DeviceSample,
     Finding,
     Host,
+    HostEvent,
     Lane,
     Placement,
     Plan,
@@ -264,6 +265,16 @@ def actions(store: Store, limit: int = 500) -> pd.DataFrame:
             Action.error, Action.created_at, Action.updated_at,
         )
         .order_by(Action.created_at.desc())
+        .limit(limit)
+    )
+    return _frame(store, stmt)
+
+
+def host_events(store: Store, limit: int = 200) -> pd.DataFrame:
+    """The hosts' latest events (the MPS daemon started, died, is missing...), newest first."""
+    stmt = (
+        select(HostEvent.ts, HostEvent.host_id.label("host"), HostEvent.kind, HostEvent.level, HostEvent.message)
+        .order_by(HostEvent.ts.desc(), HostEvent.id.desc())
         .limit(limit)
     )
     return _frame(store, stmt)

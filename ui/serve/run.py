@@ -32,7 +32,8 @@ AGENT_ALIVE_S = 60.0  # an agent whose host row was touched this recently is tak
 def start_local(store: Store, job: ManagedJob, *, settings: Settings | None = None) -> subprocess.Popen:
     """Foreground: start the job from this process (same session, so Ctrl-C reaches it) and mark it placed."""
     with store.session() as session:
-        env, cores = job_env(session, job.workflow_id, job.device_ids, job.lane_id, host_id=job.host_id)
+        env, cores = job_env(session, job.workflow_id, job.device_ids, job.lane_id, host_id=job.host_id,
+                             mps_dirs=(settings or get_settings()).mps_dirs)
     proc = spawn_job(job.command, job.cwd, env, cores=cores, detach=False)
     job.pid = proc.pid
     mark_started(store, job.workflow_id, job.placement_ids, proc.pid)

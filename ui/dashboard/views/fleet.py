@@ -20,6 +20,7 @@ try:
     util = cached(ctx, "device_utilisation", ctx.window)
     freed = cached(ctx, "freed_over_time", ctx.window)
     host_table = fresh(ctx, "hosts")
+    host_event_table = fresh(ctx, "host_events")
 except FleetlensError as exc:
     report(exc)
     st.stop()
@@ -72,3 +73,8 @@ else:
         shown[["host", "hostname", "source", "agent_version", "devices", "agent", "last_contact"]],
         hide_index=True,
     )
+if not host_event_table.empty:
+    # what agents did or met outside any one job: an MPS daemon that died and was restarted, a missing binary
+    st.caption("Host events")
+    st.dataframe(host_event_table.assign(when=[ago(t) for t in host_event_table.ts])
+                 [["when", "host", "kind", "level", "message"]], hide_index=True)

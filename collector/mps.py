@@ -1,0 +1,247 @@
+"""NVIDIA MPS on one host: the agent runs nvidia-cuda-mps-control while a lane on the host's GPUs needs it.
+
+With FLEETLENS_MPS=true the agent's MPS thread checks every FLEETLENS_MPS_CHECK_INTERVAL_S which open lanes on its
+GPUs hold a job (store.registry.busy_gpu_lanes) and:
+
+- starts the control daemon when the first lane appears, with CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY
+  under FLEETLENS_HOME (Settings.mps_pipe_dir / mps_log_dir), and waits until it has opened its control pipe
+  (`control` in the pipe folder). The daemon runs in the foreground (`-f`) as the agent's child rather than
+  daemonised (`-d`), so the agent sees at once when it dies;
+- sets each lane's active thread percentage: a job in a lane gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its lane's
+  share, collector.launch) and CUDA_MPS_PIPE_DIRECTORY (to reach this daemon) in its environment, and the daemon's
+  default (`set_default_active_thread_percentage`, for a client that lost its environment) is the smallest lane's,
+  so no client can take more than any lane was given;
+- restarts the daemon when it died, and stops it (`quit`) when no lane needs it any more.
+
+Control commands go the way MPS takes them: one `nvidia-cuda-mps-control` client per command, the command on its
+stdin. MPS counts SMs in whole percents (1..100): a lane share below 1 % is clamped to 1 %, and that is said.
+What the supervisor does or meets (started, died and restarted, binary missing, share clamped, stopped) goes to
+the agent's log and to the store as a host event, which the dashboard shows with the host. When the binary is
+not on PATH the lanes still run, without MPS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from store.db import Store
+from store.errors import DatabaseUnavailable
+from store.registry import busy_gpu_lanes, record_host_event
+
+log = logging.getLogger(__name__)
+
+MIN_PERCENT, MAX_PERCENT = 1, 100  # what CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can express: whole percents of SMs
+QUIT_WAIT_S = 10.0
+READY_WAIT_S = 10.0  # how long a started daemon may take to open its control pipe
+COMMAND_TIMEOUT_S = 10.0
+_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def thread_percentage(share: float) -> tuple[int, bool]:
+    """(the active thread percentage for a compute share 0..1, whether the share had to be clamped to fit)."""
+    exact = share * 100.0
+    percent = max(MIN_PERCENT, min(MAX_PERCENT, round(exact)))
+    return percent, exact < MIN_PERCENT or exact > MAX_PERCENT
+
+
+def mps_env(pipe_dir: Path, log_dir: Path) -> dict[str, str]:
+    """The variables that tie a daemon, its control clients and its CUDA clients to one MPS instance."""
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
+
+
+class MpsSupervisor:
+    """Keeps one nvidia-cuda-mps-control daemon running exactly while some lane needs it. `check(lanes)` does one
+    round; `run(...)` calls it on a thread with the lanes read from the store."""
+
+    def __init__(self, binary: str, pipe_dir: Path, log_dir: Path, *, store: Store | None = None,
+                 host_id: str | None = None, base_env: Mapping[str, str] | None = None) -> None:
+        self.binary, self.pipe_dir, self.log_dir = binary, Path(pipe_dir), Path(log_dir)
+        self.store, self.host_id = store, host_id
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self.proc: subprocess.Popen | None = None
+        self._path: str | None = None  # the binary as found on PATH at the last start
+        self.state = "stopped"  # stopped | running | unavailable
+        self.restarts = 0
+        self.percentages: dict[int, int] = {}  # lane id -> active thread percentage, for the lanes now served
+        self._default: int | None = None  # the default percentage the running daemon was given
+        self._clamped_said: set[int] = set()
+        self._pending: list[tuple[str, str, dict[str, Any]]] = []  # events the database could not take yet
+        self._lock = threading.Lock()
+        self._last_lanes: dict[int, float] = {}
+
+    # ---- one round -------------------------------------------------------------------------------------
+
+    def check(self, lanes: Mapping[int, float]) -> None:
+        """Bring the daemon in line with these lanes ({lane id: compute share}): start, restart, re-set, stop."""
+        with self._lock:
+            self._check(dict(lanes))
+            self._flush_events()
+
+    def _check(self, lanes: dict[int, float]) -> None:
+        self.percentages = {}
+        for lane_id, share in sorted(lanes.items()):
+            percent, clamped = thread_percentage(share)
+            self.percentages[lane_id] = percent
+            if clamped and lane_id not in self._clamped_said:
+                self._clamped_said.add(lane_id)
+                self._say("warning", f"lane {lane_id}'s compute share {share:.2%} is outside what MPS can express "
+                                     f"({MIN_PERCENT}-{MAX_PERCENT} % of the SMs); its jobs get {percent} %",
+                          lane=lane_id, share=share, percent=percent)
+        self._clamped_said &= set(lanes)
+        if not lanes:
+            if self.proc is not None:
+                self._stop("no lane on this host needs it any more")
+            elif self.state == "unavailable":
+                self.state = "stopped"
+            return
+        if self.proc is not None and self.proc.poll() is not None:
+            code = self.proc.returncode
+            self.proc = None
+            self.restarts += 1
+            self._say("error", f"the MPS control daemon died (exit status {code}); restarting it "
+                               f"(restart {self.restarts}); lanes' jobs keep running meanwhile",
+                      exit_status=code, restarts=self.restarts)
+            self._start(restarted=True)
+        elif self.proc is None:
+            self._start(restarted=False)
+        if self.proc is not None and self._control.exists():
+            default = min(self.percentages.values())
+            if default != self._default and self._command(f"set_default_active_thread_percentage {default}"):
+                self._default = default
+
+    def _start(self, *, restarted: bool) -> None:
+        path = self._path = shutil.which(self.binary, path=self._base_env.get("PATH"))
+        if path is None:
+            if self.state != "unavailable":
+                self.state = "unavailable"
+                self._say("error", f"{self.binary} is not on PATH: lanes on this host run without MPS, so their "
+                                   "compute shares are not held on the GPU. Install the NVIDIA driver's MPS tools "
+                                   "on the agent's PATH, or set FLEETLENS_MPS=false", binary=self.binary)
+            return
+        try:
+            self.pipe_dir.mkdir(parents=True, exist_ok=True)
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self._control.unlink(missing_ok=True)  # left by a daemon that died: readiness must be the new one's
+            self.proc = subprocess.Popen([path, "-f"], env=self._env(), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError as exc:
+            self.state = "unavailable"
+            self._say("error", f"cannot start {path} -f: {exc.strerror or exc}; lanes on this host run without MPS",
+                      binary=path)
+            return
+        self.state, self._default = "running", None
+        if not self._ready():
+            self._say("warning", f"the MPS control daemon (pid {self.proc.pid}) has not opened its control pipe in "
+                                 f"{self.pipe_dir} after {READY_WAIT_S:.0f} s; its percentages are set once it has",
+                      pid=self.proc.pid)
+        self._say("warning" if restarted else "info",
+                  f"MPS control daemon {'restarted' if restarted else 'started'} (pid {self.proc.pid}) for lanes "
+                  f"{', '.join(f'{lane}: {p} %' for lane, p in self.percentages.items())}",
+                  pid=self.proc.pid, pipe_dir=str(self.pipe_dir), log_dir=str(self.log_dir),
+                  lanes={str(k): v for k, v in self.percentages.items()})
+
+    @property
+    def _control(self) -> Path:
+        """The control daemon's pipe: it exists once the daemon takes commands."""
+        return self.pipe_dir / "control"
+
+    def _ready(self) -> bool:
+        deadline = time.monotonic() + READY_WAIT_S
+        while self.proc is not None and self.proc.poll() is None:
+            if self._control.exists():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return False
+
+    def _stop(self, why: str) -> None:
+        proc, self.proc = self.proc, None
+        self.state, self._default = "stopped", None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._command("quit")
+            try:
+                proc.wait(timeout=QUIT_WAIT_S)
+            except subprocess.TimeoutExpired:  # a daemon that ignores quit still has to go
+                proc.kill()
+                proc.wait()
+        self._say("info", f"MPS control daemon stopped: {why}", pid=proc.pid)
+
+    def _command(self, command: str) -> bool:
+        """Send one control command through a control client; False (and said) when it did not take it."""
+        try:
+            done = subprocess.run([self._path or self.binary], input=command + "\n", env=self._env(),
+                                  capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self._say("warning", f"MPS control command {command!r} failed: {exc}", command=command)
+            return False
+        if done.returncode != 0:
+            self._say("warning", f"MPS control command {command!r} failed (exit status {done.returncode}): "
+                                 f"{(done.stderr or done.stdout).strip()[:200]}", command=command)
+            return False
+        return True
+
+    def _env(self) -> dict[str, str]:
+        return {**self._base_env, **mps_env(self.pipe_dir, self.log_dir)}
+
+    # ---- saying what happened ------------------------------------------------------------------------
+
+    def _say(self, level: str, message: str, **detail: Any) -> None:
+        log.log(_LEVELS[level], "%s", message)
+        self._pending.append((level, message, detail))
+
+    def _flush_events(self) -> None:
+        if not self._pending:
+            return
+        if self.store is None or self.host_id is None:  # no store to tell: the log has it
+            self._pending.clear()
+            return
+        try:
+            with self.store.session() as session:
+                for level, message, detail in self._pending:
+                    record_host_event(session, self.host_id, "mps", level, message, detail)
+        except DatabaseUnavailable:
+            return  # kept: written at the next round that reaches the database
+        self._pending.clear()
+
+    # ---- the agent's thread ----------------------------------------------------------------------------
+
+    def lanes(self) -> dict[int, float]:
+        """The lanes the store says need MPS on this host; the last ones known while the database is away."""
+        assert self.store is not None and self.host_id is not None
+        try:
+            with self.store.session() as session:
+                self._last_lanes = busy_gpu_lanes(session, self.host_id)
+        except DatabaseUnavailable:
+            pass
+        return self._last_lanes
+
+    def run(self, stop: threading.Event, interval_s: float,
+            lanes: Callable[[], Mapping[int, float]] | None = None) -> None:
+        """Check every `interval_s` until `stop` is set, then stop the daemon."""
+        read = lanes or self.lanes
+        while True:
+            try:
+                self.check(read())
+            except Exception:  # one bad round must not end the supervision
+                log.exception("supervising the MPS control daemon failed")
+            if stop.wait(interval_s):
+                break
+        self.close()
+
+    def close(self) -> None:
+        """Stop the daemon (the agent is stopping)."""
+        with self._lock:
+            if self.proc is not None:
+                self._stop("the agent is stopping")
+            self._flush_events()
