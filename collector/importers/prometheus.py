@@ -309,25 +309,30 @@ def _register(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray],
         lo, hi = seen_wf.get(w, (first, last))
         seen_wf[w] = (min(lo, first), max(hi, last))
     ids = [parsed.workflows[w].id for w in seen_wf]
-    existing = {row.id: row for row in s.scalars(select(Workflow).where(Workflow.id.in_(ids)))}
+    existing = {row.id: row for row in s.execute(
+        select(Workflow.id, Workflow.team, Workflow.labels, Workflow.created_at, Workflow.last_seen)
+        .where(Workflow.id.in_(ids)))}
+    new_wf, changed_wf = [], []  # written in two statements (executemany), not one per workflow
     for w, (first, last) in seen_wf.items():
         wk = parsed.workflows[w]
         row = existing.get(wk.id)
-        finished = last < ended_before
+        state = "finished" if last < ended_before else "running"
         if row is None:
-            s.add(Workflow(id=wk.id, id_source=wk.id_source, name=dict(wk.labels).get(POD) or wk.id,
-                           team=wk.team, labels={**dict(wk.labels), "imported_from": url}, created_at=first,
-                           last_seen=last, state="finished" if finished else "running"))
+            new_wf.append({"id": wk.id, "id_source": wk.id_source, "name": dict(wk.labels).get(POD) or wk.id,
+                           "team": wk.team, "labels": {**dict(wk.labels), "imported_from": url},
+                           "created_at": first, "last_seen": last, "state": state})
             continue
         # a workflow an agent registered keeps how it was found and its team
-        row.labels = {**(row.labels or {}), **dict(wk.labels), "imported_from": url}
-        if row.team is None:
-            row.team = wk.team
-        row.created_at = min(row.created_at, first)
+        change = {"id": wk.id, "labels": {**(row.labels or {}), **dict(wk.labels), "imported_from": url},
+                  "team": wk.team if row.team is None else row.team, "created_at": min(row.created_at, first)}
         if last >= row.last_seen:
-            row.last_seen = last
-            row.state = "finished" if finished else "running"
-    s.flush()
+            change.update(last_seen=last, state=state)
+        changed_wf.append(change)
+    if new_wf:
+        s.execute(insert(Workflow), new_wf)
+    # rows of one shape per statement: an executemany needs the same columns in each
+    for keys in {tuple(c) for c in changed_wf}:
+        s.execute(update(Workflow), [c for c in changed_wf if tuple(c) == keys])
     pids = {(d, w): synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in span}
     known_procs = {(h, p, wf): i for i, h, p, wf in s.execute(
         select(Process.id, Process.host_id, Process.pid, Process.workflow_id)
