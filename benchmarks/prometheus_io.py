@@ -7,7 +7,9 @@
    Target: the import takes at most 1.5x the bare fetch.
 2. scrape: one GET of the agent's /metrics for 8 GPUs x 32 processes (tests/fakes/fake_pynvml behind the real nvml
    source; 256 sleeping children with FLEETLENS_WORKFLOW, so attribution is real), median of 50, against one
-   sample of the same devices by the source (the anchor). Target: under 50 ms.
+   sample of the same devices by the source (the anchor). Target: under 50 ms. The agent keeps a formatted answer
+   until a new sample arrives (1 Hz), so most of these scrapes get it ready-made; `fresh_*` are scrapes made each
+   right after a new sample, which format it (what a single Prometheus scraping every 15 s sees).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from tests.prometheus_server import backfill, free_port, prometheus  # noqa: E40
 
 CONTAINERS = int(os.environ.get("FLEETLENS_BENCH_CONTAINERS", "32"))
 STEP = 30.0
-N_GPUS, PROCS_PER_GPU, SCRAPES = 8, 32, 50
+N_GPUS, PROCS_PER_GPU, SCRAPES, FRESH = 8, 32, 50, 8
 
 
 def progress(msg: str) -> None:
@@ -147,6 +149,14 @@ def scrape_line(tmp: Path) -> dict:
                     t0 = time.perf_counter()
                     size = len(client.get(url).content)
                     times.append(time.perf_counter() - t0)
+                fresh = []
+                for _ in range(FRESH):
+                    seen = agent.latest
+                    while agent.latest is seen:
+                        time.sleep(0.005)
+                    t0 = time.perf_counter()
+                    client.get(url)
+                    fresh.append(time.perf_counter() - t0)
             anchor = NvmlSource(nvml=fleet(N_GPUS, PROCS_PER_GPU))
             anchor.sample()  # GPM needs one sample before it reads metrics
             samples = []
@@ -164,11 +174,14 @@ def scrape_line(tmp: Path) -> dict:
         for child in children:
             child.wait()
     scrape_ms, sample_ms = statistics.median(times) * 1000, statistics.median(samples) * 1000
+    fresh_ms = statistics.median(fresh) * 1000
     return {
         "case": "agent_metrics_scrape", "gpus": N_GPUS, "procs_per_gpu": PROCS_PER_GPU, "scrapes": SCRAPES,
         "scrape_ms_median": round(scrape_ms, 2), "scrape_ms_max": round(max(times) * 1000, 2), "bytes": size,
+        "fresh_scrapes": FRESH, "fresh_scrape_ms_median": round(fresh_ms, 2),
         "one_source_sample_ms": round(sample_ms, 2), "ratio": round(scrape_ms / sample_ms, 2),
-        "target_ms": 50, "meets_target": scrape_ms < 50,
+        "fresh_ratio": round(fresh_ms / sample_ms, 2), "target_ms": 50, "meets_target": scrape_ms < 50,
+        "fresh_meets_target": fresh_ms < 50,
     }
 
 

@@ -8,7 +8,9 @@ membership, the lane gate's waiting jobs and turns, the spool's depth, migration
 
 A scrape reads what the sampler took last (it never calls the device source); what comes from the store (teams,
 pod labels, lanes, migrations) is re-read at most every `refresh_s`, and a store that is away leaves the last
-known values in place.
+known values in place. Formatting some 600 labelled lines is most of a scrape's cost, so the formatted answer is
+kept until something in it can have changed (a new sample, a store refresh, the spool's depth, the lane gate's
+queue): scrapers that come more often than the sampler (or several Prometheus replicas) get it ready-made.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 from sqlalchemy import func, or_, select
 
@@ -59,6 +63,7 @@ class AgentMetrics(Collector):
         self._lanes: list[tuple[str, str, str, str]] = []  # (lane, gpu, UUID, workflow)
         self._migrations: dict[str, int] = {}
         self._read_at = -float("inf")
+        self._version = 0  # moves on whenever what came from the store changed
         self._lock = threading.Lock()
 
     # ---- what comes from the store, cached -----------------------------------------------------------------
@@ -94,6 +99,17 @@ class AgentMetrics(Collector):
             self._meta[wf] = ("", "", "")
         self._lanes = [(str(lane), str(index), uuid, wf) for lane, index, uuid, wf in lanes]
         self._migrations = {state: int(n) for state, n in migrations}
+        self._version += 1
+
+    def state(self) -> Hashable:
+        """What the exposition depends on, cheap to take: equal states give the same exposition."""
+        gate = getattr(getattr(self.agent, "sdk_handler", None), "gate", None)
+        queues = tuple(sorted((str(name), len(st.get("waiting", ())), st.get("turns", 0))
+                              for name, st in gate.snapshot().items())) if gate is not None and hasattr(
+            gate, "snapshot") else ()
+        due = time.monotonic() - self._read_at >= self.refresh_s
+        # the readings list itself (compared by identity: the sampler puts a new one in place each round)
+        return _Same(self.agent.latest), self._version, due, len(self.agent.spool), queues
 
     def _info(self, index: int) -> DeviceInfo | None:
         if index not in self._infos:
@@ -177,12 +193,71 @@ class AgentMetrics(Collector):
         yield migrations
 
 
+class _Same:
+    """Equal only to itself wrapping the same object (keeps it alive, so its id is never reused meanwhile)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+class CachedExposition:
+    """A WSGI app: prometheus_client's own /metrics app, its answers kept while `state()` stays the same.
+
+    An answer is kept per request shape (format asked for, compression, name[] filter), so Prometheus's
+    OpenMetrics and a curl's text each come back as prometheus_client would make them."""
+
+    def __init__(self, registry: CollectorRegistry, state: Callable[[], Hashable]) -> None:
+        self._app = make_wsgi_app(registry)
+        self._state = state
+        self._lock = threading.Lock()
+        self._kept: tuple[Hashable, dict[tuple[str, ...], tuple[str, list[tuple[str, str]], bytes]]] = (None, {})
+        self.renders = 0  # answers made rather than reused
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        shape = tuple(str(environ.get(k, "")) for k in ("PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT",
+                                                        "HTTP_ACCEPT_ENCODING", "REQUEST_METHOD"))
+        with self._lock:  # one render at a time: concurrent scrapes of a new sample wait for the first one's
+            state = self._state()
+            kept_state, answers = self._kept
+            if kept_state != state:
+                answers = {}
+                self._kept = (state, answers)
+            if shape not in answers:
+                made: dict[str, Any] = {}
+
+                def keep(status: str, headers: list[tuple[str, str]], *_: Any) -> None:
+                    made["status"], made["headers"] = status, headers
+
+                body = b"".join(self._app(environ, keep))
+                self.renders += 1
+                answers[shape] = (made["status"], made["headers"], body)
+            status, headers, body = answers[shape]
+        start_response(status, list(headers))
+        return [body]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Scrapes are not worth a log line each."""
+
+
 def serve_agent_metrics(agent: Any, port: int, *, addr: str = "0.0.0.0") -> tuple[Any, CollectorRegistry]:
     """Serve the agent's /metrics on `port` in a daemon thread; returns (server, registry); server.shutdown() stops."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentMetrics(agent))
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    collector = AgentMetrics(agent)
+    registry.register(collector)
+    server = make_server(addr, port, CachedExposition(registry, collector.state), ThreadingWSGIServer,
+                         handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="fleetlens-metrics", daemon=True).start()
     return server, registry
 
 
-__all__ = ["AgentMetrics", "serve_agent_metrics"]
+__all__ = ["AgentMetrics", "CachedExposition", "serve_agent_metrics"]

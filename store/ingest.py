@@ -7,10 +7,12 @@ Columns are written in the order of the sample rows (store.samples); a row may b
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from store.db import Store, is_disk_full, is_read_only
@@ -74,19 +76,34 @@ def write_samples(
 
     Either every row of the batch is written or none is (the agent keeps its spool until this returns).
     """
+    with sample_errors(store), store.engine.begin() as conn:
+        return write_samples_on(conn, store.is_postgres, device_rows, process_rows)
+
+
+def write_samples_on(
+    conn: Connection, is_postgres: bool, device_rows: Iterable[Row] = (), process_rows: Iterable[Row] = ()
+) -> tuple[int, int]:
+    """write_samples inside the caller's transaction (`conn`), for a caller that writes other rows with the
+    samples and wants all or none of them; wrap it in sample_errors(store) for the same messages."""
     device = _as_tuples(device_rows, DEVICE_SAMPLE_COLUMNS)
     process = _as_tuples(process_rows, PROCESS_SAMPLE_COLUMNS)
-    write = _copy if store.is_postgres else _executemany
+    write = _copy if is_postgres else _executemany
+    cursor = conn.connection.driver_connection.cursor()
     try:
-        with store.engine.begin() as conn:
-            cursor = conn.connection.driver_connection.cursor()
-            try:
-                n_dev = write(cursor, "device_samples", DEVICE_SAMPLE_COLUMNS, device)
-                n_proc = write(cursor, "process_samples", PROCESS_SAMPLE_COLUMNS, process)
-            finally:
-                cursor.close()
+        return (write(cursor, "device_samples", DEVICE_SAMPLE_COLUMNS, device),
+                write(cursor, "process_samples", PROCESS_SAMPLE_COLUMNS, process))
+    finally:
+        cursor.close()
+
+
+@contextmanager
+def sample_errors(store: Store) -> Iterator[None]:
+    """Errors raised inside COPY or executemany come from the driver, not wrapped by SQLAlchemy: the database
+    being away (or full, read-only, without a day's partition) becomes DatabaseUnavailable or one of its kinds, a
+    refused row InvalidInput."""
+    try:
+        yield
     except Exception as exc:
-        # Errors raised inside COPY or executemany come from the driver, not wrapped by SQLAlchemy.
         if _is_connection_error(exc) or is_disk_full(exc):
             raise store.unavailable(exc) from None
         if is_read_only(exc):
@@ -99,7 +116,6 @@ def write_samples(
             reason = _reason(exc)
             raise InvalidInput(f"the database refused a sample batch, nothing of it was written: {reason}") from None
         raise
-    return n_dev, n_proc
 
 
 def _reason(exc: BaseException) -> str:

@@ -7,8 +7,10 @@ written through store.ingest.write_samples like an agent's.
 
 Incremental and idempotent: a device's last sample in the store is where its series resumes; points at or before it
 are never written again, so importing the same range twice writes nothing the second time. The range is taken a
-window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h): a window is fetched and checked whole before any of it is
-written, then written in one transaction. Prometheus down, a wrong URL or an answer that is not Prometheus's raises
+window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline of three: the next window is fetched while
+this one is turned into rows and the one before is written. A window is fetched and checked whole before any of it
+is written, then written in one transaction (its hosts, devices, workflows and processes with its samples).
+Prometheus down, a wrong URL or an answer that is not Prometheus's raises
 UpstreamUnavailable / InvalidInput naming what was imported before (nothing, when the first window fails), and the
 next run resumes after it. Series without a GPU label (gpu or UUID) or a host label (Hostname or instance) are
 skipped and counted. Gaps stay gaps: each point is the last scrape in its step, never an older one. A counter that
@@ -20,12 +22,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from sqlalchemy import func, insert, select, tuple_, update
+from sqlalchemy.orm import Session
 
 from collector.dcgm_names import FIELDS, POD
 from collector.importers.dcgm_frames import (
@@ -40,8 +43,8 @@ from collector.importers.dcgm_frames import (
 from collector.importers.dcgm_labels import SOURCE, synthetic_pid
 from collector.importers.prometheus_http import PrometheusClient
 from store.db import Store
-from store.errors import InvalidInput, UpstreamUnavailable
-from store.ingest import write_samples
+from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
+from store.ingest import sample_errors, write_samples_on
 from store.models import Device, DeviceSample, Host, Process, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings, get_settings
@@ -88,17 +91,19 @@ def _cursors(store: Store) -> dict[tuple[str, int], tuple[int, float | None]]:
     return {(h, i): (d, None if t is None else float(t)) for h, i, d, t in rows}
 
 
-def _last_counts(store: Store, cursors: dict[tuple[str, int], tuple[int, float | None]]) -> dict[int, tuple]:
-    """{device id: (ecc_errors, xid_errors)} as stored at each device's last sample (counters carry on from there)."""
-    wanted = [(d, t) for d, t in cursors.values() if t is not None]
+def _resume_points(store: Store, cursors: dict[tuple[str, int], tuple[int, float | None]]
+                   ) -> dict[tuple[str, int], tuple[float, Any, Any]]:
+    """{(host, index): (time, ecc_errors, xid_errors)} of each imported device's last stored sample: where its
+    series resumes and where its counters carry on from."""
+    wanted = {(d, t): key for key, (d, t) in cursors.items() if t is not None}
     if not wanted:
         return {}
     with store.session() as s:
         rows = s.execute(
-            select(DeviceSample.device_id, DeviceSample.ecc_errors, DeviceSample.xid_errors)
-            .where(tuple_(DeviceSample.device_id, DeviceSample.ts).in_(wanted))
+            select(DeviceSample.device_id, DeviceSample.ts, DeviceSample.ecc_errors, DeviceSample.xid_errors)
+            .where(tuple_(DeviceSample.device_id, DeviceSample.ts).in_(list(wanted)))
         ).all()
-    return {d: (e, x) for d, e, x in rows}
+    return {wanted[(d, t)]: (float(t), e, x) for d, t, e, x in rows}
 
 def import_prometheus(
     store: Store,
@@ -123,7 +128,8 @@ def import_prometheus(
         raise InvalidInput(f"the step must be a positive number of seconds, not {step}")
     now = time.time() if now is None else now
     until = float(until if until is not None else now - step)  # the newest step may still be being scraped
-    known = [t for _, t in _cursors(store).values() if t is not None]
+    cursors = _cursors(store)
+    known = [t for _, t in cursors.values() if t is not None]
     if since is None:  # after the device that is furthest behind, but never further back than the look-back
         since = max(min(known), until - settings.prometheus_lookback_s) if known else \
             until - settings.prometheus_lookback_s
@@ -144,6 +150,9 @@ def import_prometheus(
             break
         lo = hi  # the boundary's point is fetched again: it carries the counters on
     names = [f.name for f in FIELDS]
+    # where each device resumes, read once: later windows resume where the window before them ends
+    resume = _resume_points(store, cursors)
+    written_to = [start]  # the start of the first window not written yet
 
     def fetch(lo: float, hi: float) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
@@ -151,21 +160,44 @@ def import_prometheus(
         summary.fetch_s += time.perf_counter() - t0
         return series
 
-    # the next window is fetched while this one is written; each is written only once it is fetched whole
+    def before(exc: Exception) -> Exception:
+        if not summary.device_samples:
+            return exc
+        return type(exc)(f"{exc}. Before that, {summary.device_samples} device samples up to {written_to[0]:.0f} "
+                         "were imported; the next run resumes there")
+
+    def written(job: Future | None) -> None:
+        if job is None:
+            return
+        try:
+            n_dev, n_proc, hi = job.result()
+        except (DatabaseUnavailable, InvalidInput) as exc:
+            raise before(exc) from None
+        summary.device_samples += n_dev
+        summary.process_samples += n_proc
+        written_to[0] = hi
+
+    # fetching (Prometheus and JSON decoding), turning into rows (numpy) and writing (the database's COPY) overlap;
+    # one window in each stage at most, so memory stays bounded by three windows
     with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client, \
-            ThreadPoolExecutor(max_workers=1) as ahead:
+            ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=1) as writer:
         pending = ahead.submit(fetch, *windows[0])
-        for i, (lo, _hi) in enumerate(windows):
+        writing: Future | None = None
+        for i, (_lo, hi) in enumerate(windows):
             try:
                 series = pending.result()
             except (UpstreamUnavailable, InvalidInput) as exc:
-                if summary.device_samples:
-                    raise type(exc)(f"{exc}. Before that, {summary.device_samples} device samples up to "
-                                    f"{lo:.0f} were imported; the next run resumes there") from None
-                raise
+                written(writing)
+                raise before(exc) from None
             if i + 1 < len(windows):
                 pending = ahead.submit(fetch, *windows[i + 1])
-            _import_window(store, client.url, series, settings, until, step, summary, seen)
+            plan = _plan_window(series, settings, resume, summary, seen)
+            del series
+            written(writing)
+            writing = None if plan is None else writer.submit(_write_window, store, client.url, plan, until, step,
+                                                              seen, hi)
+        written(writing)
+        written_to[0] = until
     summary.hosts, summary.devices, summary.workflows, summary.series = (
         len(seen[k]) for k in ("hosts", "devices", "workflows", "series"))
     summary.skipped = {why: len(keys) for why, keys in seen["skipped"].items()}
@@ -177,37 +209,65 @@ def import_prometheus(
     return summary
 
 
-def _import_window(store: Store, url: str, series: list[dict[str, Any]], settings: Settings, until: float,
-                   step: float, summary: ImportSummary, seen: dict[str, Any]) -> None:
-    """Write what is new in one window's series, in one go."""
-    cursors = _cursors(store)
+@dataclass
+class _Window:
+    """One window's new samples, ready to write."""
+
+    parsed: Parsed
+    wide: dict[str, np.ndarray]
+    keep: np.ndarray
+    procs: dict[tuple[int, int], np.ndarray]
+
+
+def _plan_window(series: list[dict[str, Any]], settings: Settings,
+                 resume: dict[tuple[str, int], tuple[float, Any, Any]], summary: ImportSummary,
+                 seen: dict[str, Any]) -> _Window | None:
+    """What is new in one window's series (None: nothing); `resume` moves on to the window's last new samples."""
     # the same series come back in every window: count each once
     seen["series"].update(tuple(sorted(x["metric"].items())) for x in series)
     parsed = parse(series, settings, seen["skipped"])
-    del series
     if not parsed.devices:
-        return
+        return None
     wide, offsets = wide_columns(parsed)
-    # where each device's series resumes
-    cursor = np.array([(cursors.get((d.host, d.index)) or (None, None))[1] or -math.inf for d in parsed.devices])
-    stored = _last_counts(store, cursors)
-    last = {d: stored[cursors[(k.host, k.index)][0]] for d, k in enumerate(parsed.devices)
-            if (k.host, k.index) in cursors and cursors[(k.host, k.index)][0] in stored}
+    points = [resume.get((d.host, d.index)) for d in parsed.devices]
+    cursor = np.array([-math.inf if p is None else p[0] for p in points])
+    last = {d: (p[1], p[2]) for d, p in enumerate(points) if p is not None}
     summary.counter_resets += counters(wide, offsets, cursor, last)
     keep = wide["ts"] > cursor[wide["dev"]]
     if not keep.any():
-        return
+        return None
     procs = processes(parsed, wide, offsets, cursor)
-    device_ids = _register(store, url, parsed, wide, keep, procs, until, step, seen)
-    dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in parsed.devices], dtype=np.int64)
-    n_dev, n_proc = write_samples(store, device_rows(wide, keep, dev_ids), process_rows(procs, wide, dev_ids, parsed))
-    summary.device_samples += n_dev
-    summary.process_samples += n_proc
+    for d, key in enumerate(parsed.devices):
+        lo, hi = int(offsets[d]), int(offsets[d + 1])
+        rows = np.flatnonzero(keep[lo:hi])
+        if len(rows):
+            r = lo + int(rows[-1])
+            resume[(key.host, key.index)] = (float(wide["ts"][r]), _scalar(wide["ecc_errors"][r]),
+                                             _scalar(wide["xid_errors"][r]))
+    return _Window(parsed, wide, keep, procs)
 
-def _register(store: Store, url: str, parsed: Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
+
+def _scalar(value: float) -> int | None:
+    return None if not np.isfinite(value) else int(round(float(value)))
+
+
+def _write_window(store: Store, url: str, w: _Window, until: float, step: float, seen: dict[str, Any],
+                  hi: float) -> tuple[int, int, float]:
+    """One window in one transaction: its hosts, devices, workflows and processes, then its samples;
+    (device samples, process samples, the window's end)."""
+    with sample_errors(store), store.session() as s:
+        device_ids = _register(s, url, w.parsed, w.wide, w.keep, w.procs, until, step, seen)
+        dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in w.parsed.devices], dtype=np.int64)
+        n_dev, n_proc = write_samples_on(s.connection(), store.is_postgres, device_rows(w.wide, w.keep, dev_ids),
+                                         process_rows(w.procs, w.wide, dev_ids, w.parsed))
+    return n_dev, n_proc, hi
+
+
+def _register(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
               procs: dict[tuple[int, int], np.ndarray], until: float, step: float, seen: dict[str, Any]
               ) -> dict[tuple[str, int], int]:
-    """Hosts, devices, workflows and their synthetic processes, in one transaction; {(host, index): device id}."""
+    """Hosts, devices, workflows and their synthetic processes, in the caller's transaction;
+    {(host, index): device id}."""
     devs = wide["dev"][keep]
     used = sorted(set(devs.tolist()))
     totals = wide["mem_total"][keep]
@@ -221,76 +281,80 @@ def _register(store: Store, url: str, parsed: Parsed, wide: dict[str, np.ndarray
     # a workflow whose series stopped before the imported range ends is over (two steps of slack for scrapes)
     ended_before = until - 2 * step
     device_ids: dict[tuple[str, int], int] = {}
-    with store.session() as s:
-        hosts = sorted({parsed.devices[d].host for d in used})
-        known_devices = {(h, i): (d, u) for h, i, d, u in s.execute(
-            select(Device.host_id, Device.index, Device.id, Device.uuid).where(Device.host_id.in_(hosts))).tuples()}
-        known_hosts = set(s.scalars(select(Host.id).where(Host.id.in_(hosts))))
-        for host in hosts:
-            if host not in known_hosts:  # a host an agent registered keeps its own record
-                register_host(s, host, hostname=host, source=SOURCE, labels={"imported_from": url}, now=until)
-        by_host: dict[str, list[DeviceSpec]] = {}
-        refresh = []
-        for d in used:
-            key = parsed.devices[d]
-            known = known_devices.get((key.host, key.index))
-            if known is not None and known[1] == key.uuid:  # imported before: only its last sighting moves on
-                device_ids[(key.host, key.index)] = known[0]
-                refresh.append({"id": known[0], "last_seen": until, "state": "ok"})
-                continue
-            by_host.setdefault(key.host, []).append(DeviceSpec(index=key.index, uuid=key.uuid, name=key.name,
-                                                               memory_total=mem_total[d]))
-        if refresh:
-            s.execute(update(Device), refresh)
-        for host, specs in by_host.items():
-            for index, device_id in register_devices(s, host, specs, source=SOURCE, now=until).items():
-                device_ids[(host, index)] = device_id
-        seen_wf: dict[int, tuple[float, float]] = {}
-        for (_d, w), (first, last) in span.items():
-            lo, hi = seen_wf.get(w, (first, last))
-            seen_wf[w] = (min(lo, first), max(hi, last))
-        ids = [parsed.workflows[w].id for w in seen_wf]
-        existing = {row.id: row for row in s.scalars(select(Workflow).where(Workflow.id.in_(ids)))}
-        for w, (first, last) in seen_wf.items():
-            wk = parsed.workflows[w]
-            row = existing.get(wk.id)
-            finished = last < ended_before
-            if row is None:
-                s.add(Workflow(id=wk.id, id_source=wk.id_source, name=dict(wk.labels).get(POD) or wk.id,
-                               team=wk.team, labels={**dict(wk.labels), "imported_from": url}, created_at=first,
-                               last_seen=last, state="finished" if finished else "running"))
-                continue
-            # a workflow an agent registered keeps how it was found and its team
-            row.labels = {**(row.labels or {}), **dict(wk.labels), "imported_from": url}
-            if row.team is None:
-                row.team = wk.team
-            row.created_at = min(row.created_at, first)
-            if last >= row.last_seen:
-                row.last_seen = last
-                row.state = "finished" if finished else "running"
-        s.flush()
-        pids = {(d, w): synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in span}
-        known_procs = {(h, p, wf): i for i, h, p, wf in s.execute(
-            select(Process.id, Process.host_id, Process.pid, Process.workflow_id)
-            .where(Process.host_id.in_(hosts), Process.pid.in_(sorted(set(pids.values()))))).tuples()}
-        new_rows, seen_again = [], []
-        for (d, w), (first, last) in span.items():
-            dk, wk = parsed.devices[d], parsed.workflows[w]
-            ended = last + step if last < ended_before else None
-            existing_id = known_procs.get((dk.host, pids[(d, w)], wk.id))
-            if existing_id is None:
-                new_rows.append({"host_id": dk.host, "pid": pids[(d, w)], "start_time": first, "workflow_id": wk.id,
-                                 "cmdline": f"{wk.id} on {dk.uuid} (dcgm-exporter)", "username": None,
-                                 "first_seen": first, "last_seen": last, "ended_at": ended})
-            else:
-                seen_again.append({"id": existing_id, "last_seen": last, "ended_at": ended})
-        if new_rows:
-            s.execute(insert(Process), new_rows)
-        if seen_again:
-            s.execute(update(Process), seen_again)
-        seen["hosts"].update(hosts)
-        seen["devices"].update((parsed.devices[d].host, parsed.devices[d].index) for d in used)
-        seen["workflows"].update(parsed.workflows[w].id for w in seen_wf)
+    hosts = sorted({parsed.devices[d].host for d in used})
+    known_devices = {(h, i): (d, u) for h, i, d, u in s.execute(
+        select(Device.host_id, Device.index, Device.id, Device.uuid).where(Device.host_id.in_(hosts))).tuples()}
+    known_hosts = set(s.scalars(select(Host.id).where(Host.id.in_(hosts))))
+    for host in hosts:
+        if host not in known_hosts:  # a host an agent registered keeps its own record
+            register_host(s, host, hostname=host, source=SOURCE, labels={"imported_from": url}, now=until)
+    by_host: dict[str, list[DeviceSpec]] = {}
+    refresh = []
+    for d in used:
+        key = parsed.devices[d]
+        known = known_devices.get((key.host, key.index))
+        if known is not None and known[1] == key.uuid:  # imported before: only its last sighting moves on
+            device_ids[(key.host, key.index)] = known[0]
+            refresh.append({"id": known[0], "last_seen": until, "state": "ok"})
+            continue
+        by_host.setdefault(key.host, []).append(DeviceSpec(index=key.index, uuid=key.uuid, name=key.name,
+                                                           memory_total=mem_total[d]))
+    if refresh:
+        s.execute(update(Device), refresh)
+    for host, specs in by_host.items():
+        for index, device_id in register_devices(s, host, specs, source=SOURCE, now=until).items():
+            device_ids[(host, index)] = device_id
+    seen_wf: dict[int, tuple[float, float]] = {}
+    for (_d, w), (first, last) in span.items():
+        lo, hi = seen_wf.get(w, (first, last))
+        seen_wf[w] = (min(lo, first), max(hi, last))
+    ids = [parsed.workflows[w].id for w in seen_wf]
+    existing = {row.id: row for row in s.execute(
+        select(Workflow.id, Workflow.team, Workflow.labels, Workflow.created_at, Workflow.last_seen)
+        .where(Workflow.id.in_(ids)))}
+    new_wf, changed_wf = [], []  # written in two statements (executemany), not one per workflow
+    for w, (first, last) in seen_wf.items():
+        wk = parsed.workflows[w]
+        row = existing.get(wk.id)
+        state = "finished" if last < ended_before else "running"
+        if row is None:
+            new_wf.append({"id": wk.id, "id_source": wk.id_source, "name": dict(wk.labels).get(POD) or wk.id,
+                           "team": wk.team, "labels": {**dict(wk.labels), "imported_from": url},
+                           "created_at": first, "last_seen": last, "state": state})
+            continue
+        # a workflow an agent registered keeps how it was found and its team
+        change = {"id": wk.id, "labels": {**(row.labels or {}), **dict(wk.labels), "imported_from": url},
+                  "team": wk.team if row.team is None else row.team, "created_at": min(row.created_at, first)}
+        if last >= row.last_seen:
+            change.update(last_seen=last, state=state)
+        changed_wf.append(change)
+    if new_wf:
+        s.execute(insert(Workflow), new_wf)
+    # rows of one shape per statement: an executemany needs the same columns in each
+    for keys in {tuple(c) for c in changed_wf}:
+        s.execute(update(Workflow), [c for c in changed_wf if tuple(c) == keys])
+    pids = {(d, w): synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in span}
+    known_procs = {(h, p, wf): i for i, h, p, wf in s.execute(
+        select(Process.id, Process.host_id, Process.pid, Process.workflow_id)
+        .where(Process.host_id.in_(hosts), Process.pid.in_(sorted(set(pids.values()))))).tuples()}
+    new_rows, seen_again = [], []
+    for (d, w), (first, last) in span.items():
+        dk, wk = parsed.devices[d], parsed.workflows[w]
+        ended = last + step if last < ended_before else None
+        existing_id = known_procs.get((dk.host, pids[(d, w)], wk.id))
+        if existing_id is None:
+            new_rows.append({"host_id": dk.host, "pid": pids[(d, w)], "start_time": first, "workflow_id": wk.id,
+                             "cmdline": f"{wk.id} on {dk.uuid} (dcgm-exporter)", "username": None,
+                             "first_seen": first, "last_seen": last, "ended_at": ended})
+        else:
+            seen_again.append({"id": existing_id, "last_seen": last, "ended_at": ended})
+    if new_rows:
+        s.execute(insert(Process), new_rows)
+    if seen_again:
+        s.execute(update(Process), seen_again)
+    seen["hosts"].update(hosts)
+    seen["devices"].update((parsed.devices[d].host, parsed.devices[d].index) for d in used)
+    seen["workflows"].update(parsed.workflows[w].id for w in seen_wf)
     return device_ids
 
 

@@ -98,6 +98,30 @@ def test_metrics_page_speaks_dcgm_exporter(agent: Agent) -> None:
     assert 'DCGM_FI_DEV_FB_USED{' in text and "fleetlens_spool_batches{host=\"gpu-host-1\"} 0.0" in text
 
 
+
+def test_a_new_sample_reaches_the_next_scrape(agent: Agent) -> None:
+    """The formatted page is kept between samples, never past one: a reading that changed shows on the next scrape
+    after the sampler took it."""
+    url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
+
+    def util(text: str) -> str:
+        line = next(x for x in text.splitlines() if x.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'gpu="0"' in x)
+        return line.rsplit(" ", 1)[1]
+
+    deadline = time.monotonic() + 120
+    while not agent.latest and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert util(httpx.get(url, timeout=10).text) == "40.0"
+    agent.source.nvml.gpus[0].gpu_util = 77
+    seen = agent.latest
+    while agent.latest is seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.01)  # the sample of the round that replaced `seen` may have been read just before the change
+    seen = agent.latest
+    while agent.latest is seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert util(httpx.get(url, timeout=10).text) == "77.0"
+
 def test_prometheus_scrapes_the_agent_and_import_reads_it_back(agent: Agent, tmp_path: Path) -> None:
     with prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{agent.metrics_port}"]) as prom:
         deadline = time.monotonic() + 180

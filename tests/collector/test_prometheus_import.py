@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from collector.importers.dcgm_labels import MIG_INDEX_BASE, PID_BASE
@@ -242,3 +242,35 @@ def test_database_down_says_so_and_the_next_run_picks_up(prom, pg_url):
     finally:
         proxy.cut()
         store.dispose()
+
+
+@pytest.mark.pg
+def test_database_lost_between_registration_and_samples_leaves_nothing_of_the_window(prom, pg_store):
+    """The database drops the connection while a window's samples are being copied, after its hosts, devices,
+    workflows and processes were written in the same transaction: none of that window stays, the windows before
+    it do, and the next run fills the rest."""
+    store = pg_store
+    edge = T0 + 1500  # the first window's end (windows of 25 minutes)
+    with store.engine.begin() as conn:  # the server ends the session itself, as a crash or a failover would
+        conn.execute(text(f"""
+            CREATE FUNCTION drop_session() RETURNS trigger AS $$
+            BEGIN IF NEW.ts > {edge!r} THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NEW; END
+            $$ LANGUAGE plpgsql"""))
+        conn.execute(text("CREATE TRIGGER drop_session BEFORE INSERT ON device_samples "
+                          "FOR EACH ROW EXECUTE FUNCTION drop_session()"))
+    settings = _settings(prometheus_window_s=1500)
+    with pytest.raises(DatabaseUnavailable, match=r"Before that, \d+ device samples up to .* the next run resumes"):
+        _import(store, prom.url, settings=settings)
+    with store.session() as s:
+        assert s.scalar(select(func.max(DeviceSample.ts))) <= edge
+        assert s.scalar(select(func.max(ProcessSample.ts))) <= edge
+        # the failed window's registration went with its samples: nothing was seen after the first window
+        assert s.scalar(select(func.max(Workflow.last_seen))) <= edge
+        assert s.scalar(select(func.max(Process.last_seen))) <= edge
+        assert s.scalar(select(func.count()).select_from(DeviceSample)) > 0
+    with store.engine.begin() as conn:
+        conn.execute(text("DROP TRIGGER drop_session ON device_samples"))
+    _import(store, prom.url, since=None, settings=settings)
+    assert _import(store, prom.url, settings=settings).device_samples == 0
+    with store.session() as s:
+        assert s.scalar(select(func.count()).select_from(DeviceSample)) == 2 * N + (N - len(GAP))
