@@ -20,7 +20,7 @@ import psutil
 import pytest
 from sqlalchemy import func, select
 
-from analyzer.ranking import findings_frame, rank_teams, rank_workflows
+from analyzer.ranking import costed, findings_frame, rank_teams, rank_with_waste, rank_workflows
 from analyzer.telemetry import detect
 from collector.agent import Agent
 from collector.recordings.load import load_into_store
@@ -111,7 +111,8 @@ def test_prometheus_scrapes_the_fleet_exporter(fleet, exporter: int, tmp_path: P
     assert per_team == pytest.approx(dict(zip(teams["team"], teams["recoverable_gpu_hours_per_day"], strict=True)),
                                      abs=1e-9)
     findings = findings_frame(store)
-    assert per_rule == pytest.approx(findings.groupby(["workflow_id", "rule"])["gpu_hours_per_day"].sum().to_dict(),
+    cost = costed(findings, rank_with_waste(store, now=now)[1])  # each finding's cost from the one waste function
+    assert per_rule == pytest.approx(cost.groupby(["workflow_id", "rule"])["gpu_hours_per_day"].sum().to_dict(),
                                      abs=1e-9)
     assert severity == findings.groupby(["severity", "rule"]).size().astype(float).to_dict()
     with store.session() as s:

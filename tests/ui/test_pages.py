@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from sqlalchemy import func, select
 
 from analyzer.ranking import rank_workflows
@@ -14,7 +15,7 @@ from store.models import Device, DeviceSample, Host, Plan, Rollup
 from tests.ui.helpers import assert_clean, metrics, page, texts
 from tests.ui.seed import GIB, trace_summary
 from ui.dashboard.common import WINDOWS
-from ui.dashboard.queries import Window
+from ui.dashboard.queries import Window, workflow_series
 
 
 def _rollup_hours(store, window: Window) -> tuple[float, float]:
@@ -84,10 +85,13 @@ def test_workflow_page_from_query_params(seeded):
     assert shown["Peak memory"] == f"{22 * GIB / 2**30:.1f} GiB"
     window = Window.last(86400)  # the default window: more than 6 h, so the workflow's rollups
     with store.session() as s:
-        util = s.scalar(select(func.avg(Rollup.util_mean)).where(
+        rolled = s.scalars(select(Rollup.util_mean).where(
             Rollup.scope == "workflow", Rollup.subject == "bert-finetune", Rollup.hour >= window.start,
-            Rollup.hour < window.end))
-    assert shown["Mean utilisation"] == f"{util:.0%}"
+            Rollup.hour < window.end)).all()
+    # the hours after the last rollup (the current one) come from raw samples (tests/ui/test_queries.py checks them)
+    series = workflow_series(store, "bert-finetune", window)
+    assert sorted(series.loc[series["source"] == "rollup", "util"].dropna()) == pytest.approx(sorted(rolled))
+    assert shown["Mean utilisation"] == f"{series.util.mean():.0%}"
     # its finding with evidence and fix, and its analysed trace drawn from traces.summary
     md = texts(at.markdown)
     assert "GPU waits 41% of each step for the data loader" in "\n".join(e.label for e in at.expander)

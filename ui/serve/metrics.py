@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import distinct, func, select
 
-from analyzer.ranking import findings_frame, recoverable_by_workflow
+from analyzer.ranking import costed, findings_frame, rank_with_waste, teams_of
 from store.db import Store
 from store.errors import FleetlensError
 from store.models import Action, Plan, ProcessSample
@@ -52,10 +52,14 @@ class FleetMetrics(Collector):
             return iter([*self._metrics, up])
 
     def _read(self) -> list[Metric]:
+        # Every figure comes from the one waste function (through the ranking): overlapping findings on a device are
+        # counted once and no total exceeds the GPU-hours held.
+        ranked, w = rank_with_waste(self.store, now=self.clock())
         findings = findings_frame(self.store)
         open_ = findings[findings["status"] == "open"] if not findings.empty else findings
         by_rule = GaugeMetricFamily("fleetlens_recoverable_gpu_hours_per_day",
-                                    "GPU-hours per day open findings could give back, per workflow, team and rule.",
+                                    "GPU-hours per day open findings could give back, per workflow, team and rule "
+                                    "(each finding's cost from the waste function; rules of one device overlap).",
                                     labels=["workflow", "team", "rule"])
         by_wf = GaugeMetricFamily("fleetlens_workflow_recoverable_gpu_hours_per_day",
                                   "GPU-hours per day a workflow could give back (overlapping findings counted once).",
@@ -65,19 +69,18 @@ class FleetMetrics(Collector):
         severity = GaugeMetricFamily("fleetlens_open_findings", "Open findings, by severity and rule.",
                                      labels=["severity", "rule"])
         if not open_.empty:
-            f = open_.assign(team=open_["team"].fillna(""))
+            f = costed(findings, w)
+            f = f[f["status"] == "open"].assign(team=lambda x: x["team"].fillna(""))
             sums = f.groupby(["workflow_id", "team", "rule"])["gpu_hours_per_day"].sum()
             for (wf, team, rule), hours in sums.items():
                 by_rule.add_metric([wf, team, rule], float(hours))
-            rec = recoverable_by_workflow(open_)
-            teams = f.drop_duplicates("workflow_id").set_index("workflow_id")["team"]
-            rec = rec.assign(team=teams.reindex(rec.index).fillna(""))
-            for wf, row in rec.iterrows():
-                by_wf.add_metric([str(wf), row["team"]], float(row["recoverable_gpu_hours_per_day"]))
-            for team, hours in rec.groupby("team")["recoverable_gpu_hours_per_day"].sum().items():
-                by_team.add_metric([str(team)], float(hours))
             for (sev, rule), n in f.groupby(["severity", "rule"]).size().items():
                 severity.add_metric([sev, rule], float(n))
+        flagged = ranked[ranked["open_findings"] > 0].assign(team=lambda x: x["team"].fillna(""))
+        for _, row in flagged.iterrows():
+            by_wf.add_metric([str(row["workflow_id"]), str(row["team"])], float(row["recoverable_gpu_hours_per_day"]))
+        for _, row in teams_of(ranked).iterrows():
+            by_team.add_metric([str(row["team"])], float(row["recoverable_gpu_hours_per_day"]))
         devices = GaugeMetricFamily("fleetlens_devices", "Devices the fleet holds, needs after the last plan's moves, "
                                     "and frees with them.", labels=["state"])
         plan_ts = GaugeMetricFamily("fleetlens_last_plan_timestamp_seconds", "When the last plan was made.")
