@@ -53,9 +53,9 @@ prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
 
-# Regenerate the initial migration from the models (the schema has not been released yet).
+# Write the next migration from the models' difference to the migrations so far: make migration MSG="what changed".
 migration: $(STAMP)
-	$(BIN)/python alembic/regenerate.py
+	$(BIN)/python alembic/new_revision.py $(MSG)
 
 clean:
 	rm -rf $(VENV)
