@@ -131,7 +131,7 @@ def test_sigkill_loses_at_most_one_flush_and_resends_the_spool(tmp_path: Path, p
         finally:
             second.send_signal(signal.SIGTERM)
             out, err = second.communicate(timeout=30)
-        assert second.returncode == 0, err.decode()[-2000:]
+        assert second.returncode == 128 + signal.SIGTERM, err.decode()[-2000:]
     finally:
         if first.poll() is None:
             first.kill()
@@ -206,7 +206,7 @@ def test_clean_stop_on_sigterm_writes_the_last_batch(tmp_path: Path):
     finally:
         if agent.poll() is None:
             agent.kill()
-    assert agent.returncode == 0, err.decode()[-2000:]
+    assert agent.returncode == 128 + signal.SIGTERM, err.decode()[-2000:]
     assert len(sample_times(store, "h-term")) >= 3
     assert b"stopped after" in out
     assert not (home / "spool" / "h-term").exists() or not list((home / "spool" / "h-term").glob("*.seg"))
