@@ -11,7 +11,8 @@ from store.findings import FindingSpec, upsert_finding
 from store.ingest import write_samples
 from store.models import Placement
 from store.registry import DeviceSpec, register_devices, register_host
-from store.workflows import upsert_workflow
+from store.settings import get_settings
+from store.workflows import sign_workflow_spec, upsert_workflow
 
 GIB = 2**30
 HOST = "dag-host"
@@ -31,7 +32,8 @@ class Seeded:
     device_rows: int = 0
 
 
-def seed(store: Store, now: float | None = None, checkpoint_root: str = "/nonexistent/checkpoints") -> Seeded:
+def seed(store: Store, now: float | None = None, checkpoint_root: str = "/nonexistent/checkpoints",
+         secret: bytes | None = None) -> Seeded:
     now = time.time() if now is None else now
     out = Seeded(now=now)
     start = now - 240 * 60
@@ -40,11 +42,13 @@ def seed(store: Store, now: float | None = None, checkpoint_root: str = "/nonexi
         ids = register_devices(s, HOST, [DeviceSpec(i, f"GPU-dag-{i}", "T4", 16 * GIB) for i in range(4)],
                                source="replay", now=start)
         for wf, (index, _, mem, _, managed, state) in JOBS.items():
-            upsert_workflow(s, wf, now=start, managed=managed, movable=managed, state=state, team="research",
-                            command=["python", "train.py"] if managed else None,
-                            checkpoint_dir=f"{checkpoint_root}/{wf}" if managed else None,
-                            mem_persistent=int(mem / 1.1 * GIB), mem_ephemeral=0,
-                            id_source="managed" if managed else "env")
+            row = upsert_workflow(s, wf, now=start, managed=managed, movable=managed, state=state, team="research",
+                                  command=["python", "train.py"] if managed else None,
+                                  checkpoint_dir=f"{checkpoint_root}/{wf}" if managed else None,
+                                  mem_persistent=int(mem / 1.1 * GIB), mem_ephemeral=0,
+                                  id_source="managed" if managed else "env")
+            if managed:  # as `fleetlens run` does: agents relaunch only a spec signed with the fleet's secret
+                sign_workflow_spec(row, secret if secret is not None else get_settings().secret_bytes())
             out.device_ids[wf] = ids[index]
             if state == "running":
                 s.add(Placement(workflow_id=wf, device_id=ids[index], host_id=HOST, pid=1000 + index,

@@ -24,8 +24,9 @@ from tests.dags.seed import Seeded, flag_idle, seed
 def seeded(tmp_path: Path) -> tuple[Store, Seeded, Settings]:
     store = Store(f"sqlite:///{tmp_path / 'fleetlens.db'}")
     upgrade(store)
-    out = seed(store, checkpoint_root=str(tmp_path / "checkpoints"))
-    yield store, out, Settings(home=tmp_path / "home", enforce_drive_s=0)
+    settings = Settings(home=tmp_path / "home", enforce_drive_s=0)
+    out = seed(store, checkpoint_root=str(tmp_path / "checkpoints"), secret=settings.secret_bytes())
+    yield store, out, settings
     store.dispose()
 
 
