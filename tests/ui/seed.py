@@ -16,6 +16,7 @@ from store.models import (
     Device,
     Finding,
     Host,
+    HostStorage,
     Lane,
     Placement,
     Plan,
@@ -29,6 +30,7 @@ from store.models import (
 GIB = 1024**3
 HOUR = 3600.0
 DEVICE_MEMORY = 80 * GIB
+SHARED_CHECKPOINTS = "file:///mnt/shared/checkpoints"  # a fleet's shared checkpoint location
 # workflow -> (team, devices it runs on (host, index), utilisation, memory GiB)
 WORKFLOWS = {
     "resnet50-train": ("vision", [("gpu-a", 0), ("gpu-a", 1)], 0.82, 61),
@@ -71,7 +73,11 @@ def seed(store: Store, now: float | None = None, raw_hours: float = 2.0, rollup_
             s.add(Workflow(id=wid, name=wid, team=team, owner=f"{team}-lead", labels={},
                            managed=wid != "notebook-alice",
                            movable=False, state="running", created_at=now - 8 * 86400, last_seen=now - 30,
-                           gpus=1, mem_persistent=8 * GIB, mem_ephemeral=4 * GIB))
+                           gpus=1, mem_persistent=8 * GIB, mem_ephemeral=4 * GIB,
+                           checkpoint_url=SHARED_CHECKPOINTS if wid != "notebook-alice" else None))
+        # every host's agent has just said it can read the shared checkpoint location, so moves between hosts
+        # may be planned and applied
+        s.add_all([HostStorage(host_id=host, url=SHARED_CHECKPOINTS, readable=True, checked_at=now) for host in HOSTS])
         s.flush()
         _rollups(s, out, now, rollup_days)
         _steps(s, now)

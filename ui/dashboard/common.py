@@ -169,6 +169,17 @@ def context() -> Context:
     return ctx
 
 
+def device_page(title: str) -> Context:
+    """Start a page that shows devices' data: context(), the title, and the first-run help (then stop) while no
+    device has reported yet."""
+    ctx = context()
+    st.title(title)
+    if ctx.empty:
+        st.info(EMPTY_STORE_HELP, icon=":material/sensors:")
+        st.stop()
+    return ctx
+
+
 def report(exc: BaseException) -> None:
     """Show a user error as a banner (database down mid-page included); anything else propagates."""
     if isinstance(exc, DatabaseUnavailable):

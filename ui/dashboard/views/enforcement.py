@@ -8,17 +8,13 @@ import streamlit as st
 
 from store.errors import FleetlensError
 from ui.dashboard import actions, charts
-from ui.dashboard.common import EMPTY_STORE_HELP, ago, context, fresh, report
+from ui.dashboard.common import ago, device_page, fresh, report
 
 POLICIES = ("pack", "fair")
 MOVE_COLUMNS = ["workflow_id", "from_device_id", "to_device_id", "to_lane_id", "new_lane", "lane_size",
                 "expected_slowdown", "rules"]
 
-ctx = context()
-st.title("Enforcement")
-if ctx.empty:
-    st.info(EMPTY_STORE_HELP, icon=":material/sensors:")
-    st.stop()
+ctx = device_page("Enforcement")
 
 try:
     lane_rows = fresh(ctx, "lanes")

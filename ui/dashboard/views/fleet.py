@@ -6,13 +6,9 @@ import streamlit as st
 
 from store.errors import FleetlensError
 from ui.dashboard import charts, waste
-from ui.dashboard.common import EMPTY_STORE_HELP, ago, cached, context, fmt_hours, fresh, report
+from ui.dashboard.common import ago, cached, device_page, fmt_hours, fresh, report
 
-ctx = context()
-st.title("Fleet")
-if ctx.empty:
-    st.info(EMPTY_STORE_HELP, icon=":material/sensors:")
-    st.stop()
+ctx = device_page("Fleet")
 
 try:
     hours = cached(ctx, "fleet_hours", ctx.window)

@@ -8,18 +8,14 @@ import streamlit as st
 from store.errors import FleetlensError
 from store.placements import FAILURE_LABEL
 from ui.dashboard import actions, charts
-from ui.dashboard.common import EMPTY_STORE_HELP, ago, cached, context, fresh, report
+from ui.dashboard.common import ago, cached, device_page, fresh, report
 from ui.dashboard.findings_view import finding_cards
 
 PROGRESS_REFRESH_S = 3.0
 PROGRESS = {"pending": (0.15, "waiting for the agent"), "capturing": (0.6, "capturing"),
             "done": (1.0, "trace captured"), "failed": (1.0, "failed"), "expired": (1.0, "expired")}
 
-ctx = context()
-st.title("Workflow")
-if ctx.empty:
-    st.info(EMPTY_STORE_HELP, icon=":material/sensors:")
-    st.stop()
+ctx = device_page("Workflow")
 
 try:
     listed = fresh(ctx, "workflows")
