@@ -8,16 +8,17 @@ import pytest
 from sqlalchemy import select
 
 from enforcer.managed import PlacementError, register_managed
+from enforcer.migration import start_migration
 from enforcer.plan_store import load_state, make_plan
 from store.db import Store
 from store.device_memory import MEM_STEPS_LABEL, unplaced_memory
 from store.errors import InvalidInput
 from store.findings import FindingSpec, upsert_finding
 from store.ingest import write_samples
-from store.models import Placement, Workflow
+from store.models import Action, Lane, Placement, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
-from store.settings import Settings
-from store.workflows import upsert_workflow
+from store.settings import Settings, get_settings
+from store.workflows import sign_workflow_spec, upsert_workflow
 from tests.conftest import PROJECT_ROOT
 
 GIB = 2**30
@@ -146,13 +147,11 @@ def test_a_job_bigger_than_any_device_is_refused_with_what_it_needs(any_store: S
 
 
 def test_a_lane_smaller_than_the_jobs_persistent_memory_is_refused_when_a_move_is_asked(any_store: Store) -> None:
-    from enforcer.migration import start_migration
-    from store.models import Action, Lane
-
     ids = host(any_store)
     with any_store.session() as session:
-        upsert_workflow(session, "mover", now=NOW, managed=True, command=["python", "t.py"], id_source="managed",
-                        state="running")
+        wf = upsert_workflow(session, "mover", now=NOW, managed=True, command=["python", "t.py"],
+                             id_source="managed", state="running")
+        sign_workflow_spec(wf, get_settings().secret_bytes())  # as `fleetlens run` registers it
         session.add(Placement(workflow_id="mover", device_id=ids[0], host_id="h1", pid=1, state="active",
                               mem_persistent=int(1.1 * GIB), mem_ephemeral=GIB // 4, started_at=NOW))
         small = Lane(device_id=ids[1], size_bytes=GIB, compute_share=0.5, state="open", created_at=NOW)
