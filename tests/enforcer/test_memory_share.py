@@ -13,7 +13,7 @@ from enforcer.managed import ManagedJob
 from store.models import Placement, Workflow
 from store.paths import checkpoint_dir_for
 from store.placements import FAILURE_LABEL
-from store.workflows import upsert_workflow
+from store.workflows import sign_workflow_spec, upsert_workflow
 from tests.collector.agent_helpers import wait_for
 from tests.conftest import PROJECT_ROOT
 from tests.enforcer.migration_helpers import (  # noqa: F401  (rig_fixture: the `rig` fixture)
@@ -49,6 +49,7 @@ def test_a_job_over_its_share_fails_alone_and_its_lane_mate_trains_on(rig: Rig) 
         wf = upsert_workflow(s, "greedy", managed=True, id_source="managed", command=[sys.executable, "-c", OOM_JOB],
                              cwd=str(PROJECT_ROOT), checkpoint_dir=str(checkpoint_dir_for(rig.settings, "greedy")),
                              state="running")
+        sign_workflow_spec(wf, rig.settings.secret_bytes())  # as `fleetlens run` registers it
         placement = Placement(workflow_id=wf.id, device_id=steady.device_ids[0], lane_id=steady.lane_id,
                               host_id=rig.agent.host_id, mem_persistent=4 << 20, mem_ephemeral=1 << 20,
                               state="pending", started_at=0.0)
