@@ -131,7 +131,15 @@ def test_upgrading_from_0001_keeps_every_row_and_its_id(pg_url: str) -> None:
     try:
         upgrade(store, "0001")
         now = time.time()
-        device = fleet(store, now)
+        # the workflow row as revision 0001 had it (the model has columns later revisions add)
+        with store.engine.begin() as conn:
+            conn.execute(text("INSERT INTO workflows (id, id_source, labels, managed, movable, gpus, state, "
+                              "created_at, last_seen) VALUES ('wf', 'env', '{}', false, false, 0, 'running', :t, :t)"),
+                         {"t": now})
+        with store.session() as s:
+            register_host(s, "h1", hostname="h1", source="replay", now=now)
+            device = register_devices(s, "h1", [DeviceSpec(0, "GPU-p-0", "T4", 16 * GIB)], source="replay",
+                                      now=now)[0]
         write_samples(store, *rows(device, [now - 3 * DAY, now - 60, now]))
         with store.engine.connect() as conn:
             before = conn.execute(text("SELECT id, ts FROM device_samples ORDER BY id")).all()
