@@ -132,7 +132,9 @@ def test_step_stats_rows_cover_every_step_of_a_real_training_loop(served: Served
         assert row.mem_source == "rss" and row.mem_persistent > 0 and row.mem_peak >= row.mem_persistent
         expected_first = row.last_step + 1
     assert expected_first == 300
-    workflow = wait_for(lambda: (w := served.workflow("stats-wf")) and w.state == "finished" and w)
+    # the last flush's memory count may land just after the goodbye: wait for it rather than read it once
+    workflow = wait_for(lambda: (w := served.workflow("stats-wf")) and w.state == "finished"
+                        and (w.labels or {}).get("mem_steps") == 300 and w)
     assert workflow.declared_steps == 300 and workflow.name == "train-healthy"
     assert workflow.mem_persistent > 0 and workflow.mem_ephemeral is not None
     assert workflow.labels["mem_source"] == "rss" and workflow.labels["mem_steps"] == 300  # seen for every step

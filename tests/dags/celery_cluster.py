@@ -96,6 +96,8 @@ class CeleryCluster:
             "AIRFLOW__API_AUTH__JWT_SECRET": f"jwt-{self.mark}",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
+            # only the run the test triggers: a scheduled run made on unpause would take the traces first
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
             "FLEETLENS_HOME": str(home / "fleetlens"),
             "FLEETLENS_DB_URL": self.fleetlens_db_url,
             **self.fleetlens_env,
