@@ -569,8 +569,9 @@ class Agent:
         return outcomes
 
     def _install_enforcer_hooks(self) -> None:
-        """The enforcer's command kinds (launch, checkpoint, stop, relaunch), its lane gate and the job reaper."""
-        migration_handlers.install(self)
+        """The enforcer's command kinds (launch, checkpoint, stop, relaunch), its lane gate, the job reaper, and the
+        storage prober (a thread of this agent's: it stops with the agent)."""
+        self._threads.extend(migration_handlers.install(self, self._stop))
 
     # ---- job SDK socket --------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The agent's side of managed jobs and migration: signed `launch`, `checkpoint`, `stop` and `relaunch` commands,
 the per-lane iteration gate on the SDK socket, and reaping the jobs this agent started or took up.
 
-Importing the module registers the four command kinds with collector.command_runner; `install(agent)` (called by
+Importing the module registers the four command kinds with collector.command_runner; `install(agent, stop)` (called by
 the agent at start) puts the enforcer's `LaneGate` behind the SDK socket and starts the reaper and the storage
 prober (which says in the store which checkpoint locations this host can read). Every handler is
 idempotent, because the enforcer re-sends a command whose outcome it never saw (agent killed, database away):
@@ -211,19 +211,21 @@ def probe_storage(agent: Any) -> dict[str, str | None]:
     return results
 
 
-def _probe_loop(agent: Any) -> None:
-    while True:
+def _probe_loop(agent: Any, stop: threading.Event) -> None:
+    """Probe every `storage_probe_s` until the agent stops (then no probe runs: the store may be gone by then)."""
+    while not stop.is_set():
         try:
             probe_storage(agent)
         except DatabaseUnavailable:
             pass  # the agent's flusher reports the outage; the next round says it again
         except Exception:
             log.exception("probing checkpoint locations failed")
-        time.sleep(agent.settings.storage_probe_s)
+        stop.wait(agent.settings.storage_probe_s)
 
 
-def install(agent: Any) -> None:
-    """Called by the agent once it serves the SDK socket: the lane gate goes behind the socket, the reaper starts."""
+def install(agent: Any, stop: threading.Event) -> list[threading.Thread]:
+    """Called by the agent once it serves the SDK socket: the lane gate goes behind the socket, the reaper starts,
+    and the storage prober runs until `stop` is set. Returns the threads the agent joins when it stops."""
     handlers = getattr(agent, "sdk_handler", None)
     if handlers is not None and hasattr(handlers, "gate") and handlers.gate is None:
         handlers.gate = LaneGate(agent.settings.policy, total_steps=_total_steps_lookup(handlers))
@@ -232,7 +234,9 @@ def install(agent: Any) -> None:
     except Exception:  # taking up old jobs is no reason for an agent not to start
         log.exception("taking up the jobs already running on %s failed", agent.host_id)
     REAPER.start(agent)
-    threading.Thread(target=_probe_loop, args=(agent,), name="fleetlens-storage-probe", daemon=True).start()
+    prober = threading.Thread(target=_probe_loop, args=(agent, stop), name="fleetlens-storage-probe", daemon=True)
+    prober.start()
+    return [prober]
 
 
 def _total_steps_lookup(handlers: Any) -> Any:

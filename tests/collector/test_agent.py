@@ -201,3 +201,38 @@ def test_cli_once_records_this_machine(fleet_home, capsys):
         devices = s.scalars(select(Device).where(Device.host_id == "cli-host")).all()
         assert devices and all(d.source == "cpu" for d in devices)
     assert count_samples(store, "cli-host")[0] == len(devices)
+
+
+def test_the_storage_prober_stops_with_the_agent(sqlite_store, fleet_home, tmp_path):
+    """The prober says which checkpoint locations the host can read while the agent runs; once the agent has
+    stopped, its thread is gone and no probe is written (the store may be gone by then)."""
+    import threading
+
+    from store.models import HostStorage
+
+    shared = tmp_path / "shared-checkpoints"
+    shared.mkdir()
+    settings = Settings(checkpoint_url=str(shared), storage_probe_s=0.05)
+    agent = make_agent(sqlite_store, settings, StubSource(n=1)).start()
+
+    def probes() -> list[tuple[str, bool, float]]:
+        with sqlite_store.session() as s:
+            return [(r.url, r.readable, r.checked_at) for r in s.scalars(select(HostStorage))]
+
+    seen: set[float] = set()
+
+    def probed_again() -> bool:
+        seen.update(checked for _, _, checked in probes())
+        return len(seen) >= 3
+
+    try:
+        wait_for(probed_again)  # it probes again and again
+        assert probes()[0][:2] == (str(shared), True)
+        assert any(t.name == "fleetlens-storage-probe" for t in threading.enumerate())
+    finally:
+        agent.stop()
+    assert not any(t.name == "fleetlens-storage-probe" for t in threading.enumerate())
+    with sqlite_store.session() as s:
+        s.query(HostStorage).delete()
+    time.sleep(20 * settings.storage_probe_s)  # twenty rounds' time: a prober still running would have written
+    assert probes() == []
