@@ -12,8 +12,11 @@ tmpfs over the shared folder, so B and what B starts cannot see it (B gets the f
 Each job saves a checkpoint every CHECKPOINT_EVERY steps besides the ones the moves ask for. After each case the
 job must finish its full step count, by its own summary line (jobs_lost counts those that did not);
 steps_redone_max is the most steps any case reported twice (at most the checkpoint interval); processes_left counts
-managed-job processes still alive once all is done (found by their environment), and unsafe_moves_accepted counts
-moves recorded as resumed whose new process started below the checkpoint step.
+the processes the benchmark started (agents and jobs, found by a FLEETLENS_HOME inside its work folder, never by
+command line) still alive 10 s after the agents were stopped, each named under "left"; stray_job_copies counts
+processes of a case's job still alive 10 s after the job finished (named per case), and unsafe_moves_accepted counts
+moves recorded as resumed whose new process started below the checkpoint step. The PostgreSQL server is never
+stopped: only this benchmark's connections through its own proxy are cut.
 
 Prints one JSON line: {"case": "fault_matrix", "moves", "faults", "jobs_lost", "steps_redone_max",
 "processes_left", "unsafe_moves_accepted", ...}. `--states` / `--faults` run part of the matrix.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -83,16 +87,20 @@ class Matrix:
                                  checkpoint_url=str(self.shared))
         self.AgentProc = AgentProc
         self.db_cut = False
+        # one restart at a time: a restart still starting its agent when the next one began used to leave one of
+        # the two new agents unknown to the benchmark, running on with the same host id (never stopped)
+        self.restarting = threading.Lock()
 
     # ---- faults
     def restart(self, which: str, hide: bool = False) -> None:
-        old = getattr(self, which)
-        old.kill()
-        time.sleep(3)
-        new = self.AgentProc(old.home, host_id=old.host_id, db_url=self.url, hide=self.shared if hide else None,
-                             FLEETLENS_SECRET="faults-secret", FLEETLENS_STORAGE_PROBE_S="1")
-        new.start(self.direct, timeout=AGENT_START_S)
-        setattr(self, which, new)
+        with self.restarting:
+            old = getattr(self, which)
+            old.kill()
+            time.sleep(3)
+            new = self.AgentProc(old.home, host_id=old.host_id, db_url=self.url, hide=self.shared if hide else None,
+                                 FLEETLENS_SECRET="faults-secret", FLEETLENS_STORAGE_PROBE_S="1")
+            setattr(self, which, new)  # known before it starts: stopped at the end even if its start fails
+            new.start(self.direct, timeout=AGENT_START_S)
 
     def kill_job(self, workflow_id: str) -> None:
         for proc in self.jobs(workflow_id):
@@ -163,12 +171,14 @@ class Matrix:
         helper = self.inject(fault, workflow_id) if reached else None
         states = drive_until_done(self.store, [action_id], settings=self.settings, options=options, timeout_s=300)
         if helper is not None:
-            helper.join(timeout=120)
+            helper.join()  # the restarted agent is up (or failed to start) before anything else happens
         if fault == "checkpoint_unreadable_on_target":
             self.restart("b")  # B sees the shared folder again
         finished = _wait(lambda: self.workflow_state(workflow_id) == "finished", 300)
+        # a job that has just printed its summary may still be exiting: what lives 10 s later is a stray copy
+        strays = _still_alive(self.jobs(workflow_id), 10) if finished else []
         return {"state": state, "fault": fault, "reached": reached, "final": states.get(action_id),
-                "finished": finished, **self.judge(workflow_id, action_id)}
+                "finished": finished, "strays": [_describe(p) for p in strays], **self.judge(workflow_id, action_id)}
 
     def b_reads(self, workflow_id: str) -> bool:
         from store.models import HostStorage, Workflow
@@ -224,24 +234,62 @@ class Matrix:
                         ends.append(int(json.loads(line)["end_step"]))
         return max(ends, default=None)
 
-    def close(self) -> list[Any]:
+    def close(self) -> list[dict[str, Any]]:
+        """Stop the agents and clean up; returns every process still alive that the benchmark started (agents and
+        jobs, found by a FLEETLENS_HOME inside its work folder), described, after killing them."""
         from sqlalchemy import text
+
+        from tests.procs import processes_under
 
         if self.db_cut:
             self.proxy.restore()
         self.a.stop()
         self.b.stop()
         # a job that has just printed its summary may still be exiting: what is alive 10 s later was left behind
-        _, left = self.psutil.wait_procs(self.jobs(), timeout=10)
+        left = _still_alive(processes_under(self.work), 10)
+        described = [_describe(p) for p in left]
         for proc in left:
-            proc.kill()
+            try:
+                proc.kill()
+            except self.psutil.Error:
+                continue
         self.store.dispose()
         self.direct.dispose()
         with self.admin.engine.begin() as conn:
             conn.execute(text(f"DROP SCHEMA {self.schema} CASCADE"))
         self.admin.dispose()
         self.proxy.cut()
-        return left
+        return described
+
+
+def _still_alive(procs: list[Any], timeout: float) -> list[Any]:
+    import psutil
+
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p for p in alive if _running(p)]
+
+
+def _running(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _describe(proc: Any) -> dict[str, Any]:
+    """What a left-over process is: whose (host, workflow), started when, by whom, doing what."""
+    import psutil
+
+    try:
+        env = proc.environ()
+        return {"pid": proc.pid, "ppid": proc.ppid(), "status": proc.status(),
+                "age_s": round(time.time() - proc.create_time(), 1), "host": env.get("FLEETLENS_HOST_ID"),
+                "managed_by": env.get("FLEETLENS_MANAGED"), "workflow": env.get("FLEETLENS_WORKFLOW"),
+                "cmdline": " ".join(proc.cmdline())[:200]}
+    except psutil.Error as exc:
+        return {"pid": proc.pid, "gone": str(exc)}
 
 
 def _background(fn: Any) -> threading.Thread:
@@ -274,7 +322,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="fleetlens-faults-"))
     matrix = Matrix(work, args.pg_url)
     cases = []
-    left: list[Any] = []
+    left: list[dict[str, Any]] = []
+    started = time.monotonic()
     try:
         for state in states:
             for fault in faults:
@@ -292,6 +341,8 @@ def main() -> None:
         "processes_left": len(left), "unsafe_moves_accepted": sum(c["unsafe"] for c in cases),
         "checkpoint_interval": CHECKPOINT_EVERY,
         "outcomes": dict(Counter(f"{c['state']}/{c['fault']}:{c['final']}" for c in cases)),
+        "stray_job_copies": sum(len(c["strays"]) for c in cases), "left": left,
+        "run_s": round(time.monotonic() - started, 1), "load_average": list(os.getloadavg()),
     }))
 
 
