@@ -15,7 +15,7 @@ from enforcer.lanes import PERSISTENT_FACTOR
 from enforcer.migration import plan_action
 from enforcer.planner import Holding, Move, PlanDevice, PlanResult, plan_moves
 from enforcer.policies import get_policy
-from store.checkpoints import unreadable_reason
+from store.checkpoints import hosts_reading, unreadable_reason
 from store.db import Store
 from store.device_memory import known_memory, unplaced_memory
 from store.errors import InvalidInput, NotFound
@@ -33,7 +33,8 @@ GIB = 2**30
 
 
 def load_state(session: Session, settings: Settings, now: float) -> tuple[list[PlanDevice], list[Holding]]:
-    """Devices, current placements, open findings, movability and cool-downs, as `plan_moves` takes them."""
+    """Devices, current placements, open findings, movability, cool-downs, and which hosts can read each job's
+    checkpoint location, as `plan_moves` takes them."""
     devices = [
         PlanDevice(d.id, int(d.memory_total or 0), d.host_id, d.name)
         for d in session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id))
@@ -51,6 +52,7 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
     movable_teams = set(settings.movable_teams) | set(
         session.scalars(select(Team.name).where(Team.movable.is_(True))))
 
+    readers = hosts_reading(session, max_age_s=settings.storage_probe_max_age_s, now=now)
     rows = session.execute(
         select(Placement, Workflow, LaneRow)
         .join(Workflow, Workflow.id == Placement.workflow_id)
@@ -73,6 +75,8 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
             compute_share=lane.compute_share if lane is not None else 1.0, p_prime=placement.mem_persistent,
             movable=movable and wf.state == "running", rules=tuple(sorted({f.rule for f in flagged})),
             cooling=wf.id in busy,
+            # a job checkpointing into its host's own FLEETLENS_HOME can move within its host only
+            readable_hosts=readers.get(wf.checkpoint_url, frozenset()) if wf.checkpoint_url else frozenset(),
         ))
         explained[placement.device_id] += (placement.mem_persistent or 0) + (placement.mem_ephemeral or 0)
     # lanes opened for moves still under way: reserved for the jobs on their way, whatever else happens
@@ -134,6 +138,7 @@ def make_plan(store: Store, policy: str = "pack", *, apply: bool = False, settin
         devices, holdings = load_state(session, settings, now)
     result = plan_moves(devices, holdings, chosen, max_moves=settings.max_moves_per_cycle)
     with store.session() as session:
+        explain_refusals(session, result, settings, now)
         refuse_unsafe_moves(session, result, settings, now)
     with store.session() as session:
         row = Plan(created_at=now, policy=chosen.name, applied=False, devices_freed=len(result.devices_freed),
@@ -147,11 +152,26 @@ def make_plan(store: Store, policy: str = "pack", *, apply: bool = False, settin
     return result
 
 
+def explain_refusals(session: Session, result: PlanResult, settings: Settings, now: float) -> None:
+    """Add to each job the planner kept for want of readable storage why the host that had room cannot be used
+    (what its agent said, or that it said nothing lately)."""
+    for refusal in result.refused:
+        wf = session.get(Workflow, refusal["workflow_id"])
+        source = session.get(Device, refusal["from_device_id"])
+        why = None if wf is None or "to_host" not in refusal else unreadable_reason(
+            session, wf, source.host_id if source is not None else None, refusal["to_host"],
+            max_age_s=settings.storage_probe_max_age_s, now=now)
+        if why is not None:
+            refusal["reason"] = f"{refusal['reason']}: {why}"
+
+
 def refuse_unsafe_moves(session: Session, result: PlanResult, settings: Settings, now: float) -> None:
     """Take out of the plan every move to a host that cannot read the job's checkpoint location, with the reason in
-    `result.refused`; a device one of whose jobs cannot go is not emptied, so none of its moves are made. (A job
-    whose relaunch spec no longer matches its signature is refused when its move starts, before anything is
-    touched, and by the agent.)"""
+    `result.refused`; a device one of whose jobs cannot go is not emptied, so none of its moves are made.
+
+    The planner already plans around such hosts (from the same facts, read with the fleet): this catches a probe
+    that changed in between. (A job whose relaunch spec no longer matches its signature is refused when its move
+    starts, before anything is touched, and by the agent.)"""
     hosts = {d.id: d.host_id for d in session.scalars(select(Device))}
     blocked: set[int] = set()
     for m in result.moves:

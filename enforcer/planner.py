@@ -9,8 +9,11 @@ devices. A source device qualifies when each of its jobs is movable (managed, an
 flagged by an open finding (idle holder, low utilisation, over-provisioned memory), known in memory, and not in
 its cool-down. Sources are tried from the easiest (fewest jobs, least memory); each job goes where the policy
 places it under Salus's lane rule, on devices already in use only (moving onto an empty device frees nothing),
-never on a device being emptied nor on one where processes outside fleetlens use memory. If one job of a device
-finds no place, the device's moves are undone. At most `max_moves` moves per plan.
+never on a device being emptied nor on one where processes outside fleetlens use memory, and on another host only
+when that host can read the job's checkpoint location (`Holding.readable_hosts`, facts the store side passes in:
+which hosts' agents said so). If one job of a device finds no place, the device's moves are undone; when the only
+places with room are on hosts that cannot read its checkpoints, the device is kept whole and the job is named in
+`PlanResult.refused` with the reason. At most `max_moves` moves per plan.
 
 A job that holds a whole device but whose memory profile the SDK measured is taken to live in the lane Salus
 would give it there, so others may be moved next to it; a job of unknown memory keeps its device to itself.
@@ -23,9 +26,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from enforcer.interference import InterferenceModel
-from enforcer.lanes import Fleet, Job, Lane
+from enforcer.lanes import Admission, Fleet, Job, Lane
 from enforcer.policies import Policy, get_policy
+
+REFUSED_UNREADABLE = "refused: not safe to move"  # the skipped-count key of jobs kept for want of readable storage
+UNREADABLE_REASON = ("only hosts that cannot read its checkpoint location have room for it; it runs on where it is "
+                     "(give the fleet shared or object storage those hosts can read)")
 
 
 @dataclass(slots=True)
@@ -53,6 +62,9 @@ class Holding:
     movable: bool = False
     rules: tuple[str, ...] = ()  # open findings that make it worth moving
     cooling: bool = False  # moved recently or a move is under way
+    # hosts besides its own that can read its checkpoint location (it may move only there or within its host);
+    # None: no storage facts (a simulation), any host will do
+    readable_hosts: frozenset[str] | None = None
 
 
 @dataclass(slots=True)
@@ -154,6 +166,7 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
     targets: set[int] = set()
     freed: list[int] = []
     moves: list[Move] = []
+    refused: list[dict[str, Any]] = []
     for source in sources:
         jobs = residents[source]
         if source in targets:
@@ -161,9 +174,13 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
         if len(moves) + len(jobs) > max_moves:
             skipped["over the moves-per-cycle limit"] += len(jobs)
             continue
-        placed = _evacuate(fleet, policy, source, [by_id[j] for j in jobs])
+        placed, refusal = _evacuate(fleet, policy, source, [by_id[j] for j in jobs])
         if placed is None:
-            skipped["no device has room"] += len(jobs)
+            if refusal is not None:
+                skipped[REFUSED_UNREADABLE] += len(jobs)
+                refused.append(refusal)
+            else:
+                skipped["no device has room"] += len(jobs)
             continue
         freed.append(source)
         for h, adm in placed:
@@ -180,7 +197,7 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
         m.lane_size = lane.size
         m.compute_share = round(device.compute_shares()[lane.lane_id], 4)
         m.expected_slowdown = round(slowdown_in_place(fleet, m.workflow_id, policy.model), 4)
-    return PlanResult(policy.name, moves, freed, dict(skipped))
+    return PlanResult(policy.name, moves, freed, dict(skipped), refused=refused)
 
 
 def _job(h: Holding) -> Job:
@@ -214,8 +231,11 @@ def _hold_foreign(fleet: Fleet, d: PlanDevice) -> None:
         fleet.place_loaded(Job(f"foreign:{d.device_id}"), d.device_id, lane.lane_id, size, p_prime=size)
 
 
-def _evacuate(fleet: Fleet, policy: Policy, source: int, holdings: list[Holding]) -> list | None:
-    """Move every job off `source`, or (if one cannot go anywhere) put everything back and return None."""
+def _evacuate(fleet: Fleet, policy: Policy, source: int,
+              holdings: list[Holding]) -> tuple[list | None, dict[str, Any] | None]:
+    """Move every job off `source`: (where each went, None). If one cannot go anywhere, everything is put back:
+    (None, None) when no device has room, (None, the refusal) when the only room is on hosts that cannot read the
+    job's checkpoint location."""
     device = fleet.device(source)
     before: list[tuple[Job, Lane, int]] = []
     for h in holdings:
@@ -230,18 +250,41 @@ def _evacuate(fleet: Fleet, policy: Policy, source: int, holdings: list[Holding]
     placed = []
     # the biggest first: they are the hardest to fit
     for h, (job, _, _) in sorted(zip(holdings, before, strict=True), key=lambda x: -x[1][2]):
-        admissions = policy.place(job, fleet)
+        admissions = _place_where_readable(fleet, policy, job, h, device.host)
         if admissions is None:
+            refusal = None
+            elsewhere = policy.place(job, fleet) if h.readable_hosts is not None else None
+            if elsewhere is not None:
+                target = fleet.device(elsewhere[0].device_id)
+                refusal = {"workflow_id": h.workflow_id, "from_device_id": source,
+                           "to_device_id": target.device_id, "to_host": target.host,
+                           "reason": UNREADABLE_REASON}
             for done, _ in placed:
                 fleet.remove(done.workflow_id)
             for job0, lane, p_prime in before:
                 fleet.place_loaded(job0, source, lane.lane_id, lane.size, lane.compute_share, p_prime=p_prime,
                                    exclusive=lane.exclusive)
             fleet.arrays.alive[i] = was_alive
-            return None
+            return None, refusal
         fleet.bind(admissions, job)
         placed.append((h, admissions[0]))
-    return placed
+    return placed, None
+
+
+def _place_where_readable(fleet: Fleet, policy: Policy, job: Job, h: Holding,
+                          home: str) -> list[Admission] | None:
+    """The policy's place for the job among the devices of its own host and of hosts that can read its checkpoint
+    location (every device when the holding carries no storage facts). The fleet is unchanged."""
+    if h.readable_hosts is None:
+        return policy.place(job, fleet)
+    a = fleet.arrays
+    codes = [fleet.host_codes[host] for host in (*h.readable_hosts, home) if host in fleet.host_codes]
+    alive = a.alive.copy()
+    a.alive &= np.isin(a.host, codes)
+    try:
+        return policy.place(job, fleet)
+    finally:
+        a.alive[:] = alive
 
 
 def slowdown_in_place(fleet: Fleet, job_id: str, model: InterferenceModel) -> float:

@@ -150,6 +150,17 @@ def record_probes(session: Session, host_id: str, results: Iterable[tuple[str, s
     session.flush()
 
 
+def hosts_reading(session: Session, *, max_age_s: float, now: float | None = None) -> dict[str, frozenset[str]]:
+    """{checkpoint location: the hosts that said, within `max_age_s`, that they can read it} (one query, for the
+    planner: the same test as `unreadable_reason`, for every location at once)."""
+    now = time.time() if now is None else now
+    readers: dict[str, set[str]] = {}
+    for host_id, url in session.execute(select(HostStorage.host_id, HostStorage.url).where(
+            HostStorage.readable.is_(True), HostStorage.checked_at >= now - max_age_s)):
+        readers.setdefault(url, set()).add(host_id)
+    return {url: frozenset(hosts) for url, hosts in readers.items()}
+
+
 def unreadable_reason(session: Session, workflow: Workflow, source_host: str | None, target_host: str, *,
                       max_age_s: float, now: float | None = None) -> str | None:
     """Why `target_host` cannot be trusted to read `workflow`'s checkpoints (None when it can)."""

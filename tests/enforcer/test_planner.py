@@ -212,3 +212,102 @@ def test_cli_enforce_and_lanes(fleet_home, capsys) -> None:
     out = capsys.readouterr().out
     assert "arriving" in out and "busy-c" in out and "whole device" in out
     store.dispose()
+
+
+def _three_hosts(readable: frozenset[str] | None) -> tuple[list[PlanDevice], list[Holding]]:
+    """An idle job on host h1; h2's device is the fuller (PACK's first choice), h3's has room too."""
+    devices = [PlanDevice(1, 16 * GIB, "h1"), PlanDevice(2, 16 * GIB, "h2"), PlanDevice(3, 16 * GIB, "h3")]
+    holdings = [
+        Holding("idle", 1, GIB, util=0.05, movable=True, rules=("idle_holder",), readable_hosts=readable),
+        Holding("busy-2", 2, 6 * GIB, util=0.2),
+        Holding("busy-3", 3, 2 * GIB, util=0.2),
+    ]
+    return devices, holdings
+
+
+def test_pure_core_moves_a_job_only_to_a_host_that_can_read_its_checkpoints() -> None:
+    # without storage facts (a simulation) PACK picks h2's fuller device
+    free_for_all = plan_moves(*_three_hosts(None), "pack", max_moves=4)
+    assert [(m.workflow_id, m.to_device_id) for m in free_for_all.moves] == [("idle", 2)]
+    # h2 cannot read the job's checkpoint location, h3 can: the planner chooses h3 instead, and still frees device 1
+    result = plan_moves(*_three_hosts(frozenset({"h3"})), "pack", max_moves=4)
+    assert [(m.workflow_id, m.to_device_id) for m in result.moves] == [("idle", 3)]
+    assert result.devices_freed == [1] and result.refused == []
+
+
+def test_pure_core_keeps_a_job_no_host_with_room_can_read_and_says_why() -> None:
+    result = plan_moves(*_three_hosts(frozenset()), "pack", max_moves=4)
+    assert result.moves == [] and result.devices_freed == []
+    assert result.skipped["refused: not safe to move"] == 1 and "no device has room" not in result.skipped
+    (refusal,) = result.refused
+    assert (refusal["workflow_id"], refusal["from_device_id"], refusal["to_device_id"], refusal["to_host"]) == (
+        "idle", 1, 2, "h2")
+    assert "cannot read its checkpoint location" in refusal["reason"] and "runs on where it is" in refusal["reason"]
+    # a job that fits nowhere at all is not blamed on storage
+    devices, holdings = _three_hosts(frozenset())
+    holdings[0].persistent = 15 * GIB
+    full = plan_moves(devices, holdings, "pack", max_moves=4)
+    assert full.refused == [] and full.skipped["no device has room"] == 1
+
+
+def _seed_three_hosts(store: Store, location: str | None) -> dict[str, int]:
+    """Three hosts of one 16 GiB device each; an idle movable job on h1 checkpointing into `location`; busy jobs on
+    h2 (the fuller: PACK's first choice) and h3."""
+    ids = {}
+    with store.session() as s:
+        for host in ("h1", "h2", "h3"):
+            register_host(s, host, hostname=host, source="replay", now=NOW)
+            ids[host] = register_devices(s, host, [DeviceSpec(0, f"GPU-{host}", "T4", 16 * GIB)],
+                                         source="replay", now=NOW)[0]
+        for name, host, p, movable in (("idle", "h1", GIB, True), ("busy-2", "h2", 6 * GIB, False),
+                                       ("busy-3", "h3", 2 * GIB, False)):
+            upsert_workflow(s, name, now=NOW, managed=True, movable=movable, command=["python", "train.py"],
+                            mem_persistent=p, mem_ephemeral=0, id_source="managed", state="running",
+                            checkpoint_url=location if name == "idle" else None)
+            s.add(Placement(workflow_id=name, device_id=ids[host], host_id=host, pid=100,
+                            mem_persistent=int(p * 1.1), mem_ephemeral=0, started_at=NOW))
+        upsert_finding(s, FindingSpec(rule="idle_holder", workflow_id="idle", source="telemetry", severity="high",
+                                      title="t", fix="f", evidence={"util_mean_while_idle": 0.01},
+                                      device_id=ids["h1"], gpu_hours_per_day=10.0), now=NOW)
+    return ids
+
+
+def test_plan_goes_to_the_host_that_can_read_the_checkpoint_location(any_store: Store, tmp_path) -> None:
+    from store.checkpoints import record_probes
+
+    location = str(tmp_path / "shared" / "idle")
+    ids = _seed_three_hosts(any_store, location)
+    with any_store.session() as s:
+        record_probes(s, "h2", [(location, f"{location} is not a folder this host can see")], now=NOW)
+        record_probes(s, "h3", [(location, None)], now=NOW)
+    result = make_plan(any_store, "pack", settings=Settings(), now=NOW + 1)
+    assert [(m.workflow_id, m.from_device_id, m.to_device_id) for m in result.moves] == [
+        ("idle", ids["h1"], ids["h3"])]
+    assert result.devices_freed == [ids["h1"]] and result.refused == []
+    actions = apply_plan(any_store, result.plan_id, settings=Settings(), now=NOW + 2)
+    assert [(a.workflow_id, a.to_device_id) for a in actions] == [("idle", ids["h3"])]
+
+
+def test_plan_keeps_a_job_whose_checkpoints_no_host_with_room_can_read(any_store: Store, tmp_path) -> None:
+    from store.checkpoints import record_probes
+
+    location = str(tmp_path / "shared" / "idle")
+    ids = _seed_three_hosts(any_store, location)
+    with any_store.session() as s:
+        record_probes(s, "h2", [(location, f"{location} is not a folder this host can see")], now=NOW)
+        record_probes(s, "h3", [(location, None)], now=NOW - 3600)  # said so an hour ago: its agent may be gone
+    result = make_plan(any_store, "pack", settings=Settings(), now=NOW + 1)
+    assert result.moves == [] and result.devices_freed == []
+    (refusal,) = result.refused
+    assert (refusal["workflow_id"], refusal["from_device_id"], refusal["to_device_id"]) == ("idle", ids["h1"],
+                                                                                            ids["h2"])
+    assert f"host h2 cannot read {location}: {location} is not a folder this host can see" in refusal["reason"]
+    with any_store.session() as s:
+        plan = s.get(Plan, result.plan_id)
+        assert plan.moves == [] and plan.summary["refused"] == result.refused
+        assert plan.summary["skipped"]["refused: not safe to move"] == 1
+    # a job checkpointing into its own host's FLEETLENS_HOME is kept too, with that reason
+    with any_store.session() as s:
+        s.get(Workflow, "idle").checkpoint_url = None
+    homebound = make_plan(any_store, "pack", settings=Settings(), now=NOW + 2)
+    assert homebound.moves == [] and "own FLEETLENS_HOME" in homebound.refused[0]["reason"]
