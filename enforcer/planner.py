@@ -167,6 +167,7 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
     freed: list[int] = []
     moves: list[Move] = []
     refused: list[dict[str, Any]] = []
+    host_masks: dict[tuple[frozenset[str], str], np.ndarray] = {}  # many jobs share one checkpoint location
     for source in sources:
         jobs = residents[source]
         if source in targets:
@@ -174,7 +175,7 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
         if len(moves) + len(jobs) > max_moves:
             skipped["over the moves-per-cycle limit"] += len(jobs)
             continue
-        placed, refusal = _evacuate(fleet, policy, source, [by_id[j] for j in jobs])
+        placed, refusal = _evacuate(fleet, policy, source, [by_id[j] for j in jobs], host_masks)
         if placed is None:
             if refusal is not None:
                 skipped[REFUSED_UNREADABLE] += len(jobs)
@@ -231,8 +232,8 @@ def _hold_foreign(fleet: Fleet, d: PlanDevice) -> None:
         fleet.place_loaded(Job(f"foreign:{d.device_id}"), d.device_id, lane.lane_id, size, p_prime=size)
 
 
-def _evacuate(fleet: Fleet, policy: Policy, source: int,
-              holdings: list[Holding]) -> tuple[list | None, dict[str, Any] | None]:
+def _evacuate(fleet: Fleet, policy: Policy, source: int, holdings: list[Holding],
+              host_masks: dict[tuple[frozenset[str], str], np.ndarray]) -> tuple[list | None, dict[str, Any] | None]:
     """Move every job off `source`: (where each went, None). If one cannot go anywhere, everything is put back:
     (None, None) when no device has room, (None, the refusal) when the only room is on hosts that cannot read the
     job's checkpoint location."""
@@ -250,7 +251,7 @@ def _evacuate(fleet: Fleet, policy: Policy, source: int,
     placed = []
     # the biggest first: they are the hardest to fit
     for h, (job, _, _) in sorted(zip(holdings, before, strict=True), key=lambda x: -x[1][2]):
-        admissions = _place_where_readable(fleet, policy, job, h, device.host)
+        admissions = _place_where_readable(fleet, policy, job, h, device.host, host_masks)
         if admissions is None:
             refusal = None
             elsewhere = policy.place(job, fleet) if h.readable_hosts is not None else None
@@ -271,16 +272,20 @@ def _evacuate(fleet: Fleet, policy: Policy, source: int,
     return placed, None
 
 
-def _place_where_readable(fleet: Fleet, policy: Policy, job: Job, h: Holding,
-                          home: str) -> list[Admission] | None:
+def _place_where_readable(fleet: Fleet, policy: Policy, job: Job, h: Holding, home: str,
+                          host_masks: dict[tuple[frozenset[str], str], np.ndarray]) -> list[Admission] | None:
     """The policy's place for the job among the devices of its own host and of hosts that can read its checkpoint
     location (every device when the holding carries no storage facts). The fleet is unchanged."""
     if h.readable_hosts is None:
         return policy.place(job, fleet)
     a = fleet.arrays
-    codes = [fleet.host_codes[host] for host in (*h.readable_hosts, home) if host in fleet.host_codes]
+    key = (h.readable_hosts, home)
+    allowed = host_masks.get(key)
+    if allowed is None:
+        codes = [fleet.host_codes[host] for host in (*h.readable_hosts, home) if host in fleet.host_codes]
+        allowed = host_masks[key] = np.isin(a.host, codes)
     alive = a.alive.copy()
-    a.alive &= np.isin(a.host, codes)
+    a.alive &= allowed
     try:
         return policy.place(job, fleet)
     finally:
