@@ -78,7 +78,8 @@ class _Adopted:
 
 class _Reaper:
     """Waits for the jobs this agent started or took up; when one ends, its placement ends (unless it is being
-    moved)."""
+    moved). Its thread runs while an agent of this process runs, and ends when the last one stops (the jobs go on;
+    an agent started later takes them up again)."""
 
     def __init__(self) -> None:
         self.children: dict[int, tuple[Any, str]] = {}  # pid -> (Popen, workflow)
@@ -86,6 +87,7 @@ class _Reaper:
         self.lock = threading.Lock()
         self.agent: Any = None
         self._thread: threading.Thread | None = None
+        self._running: list[threading.Event] = []  # the stop events of the agents it serves
 
     def add(self, popen: Any, workflow_id: str) -> None:
         with self.lock:
@@ -127,14 +129,22 @@ class _Reaper:
             log.info("took up managed job %s (pid %d), started before this agent", workflow, pid)
         return taken
 
-    def start(self, agent: Any) -> None:
-        self.agent = agent
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name="fleetlens-reaper", daemon=True)
-            self._thread.start()
+    def start(self, agent: Any, stop: threading.Event) -> threading.Thread:
+        """Serve `agent` until `stop` is set; returns the reaper's thread (the agent joins it when it stops)."""
+        with self.lock:
+            self.agent = agent
+            self._running = [e for e in self._running if not e.is_set()] + [stop]
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="fleetlens-reaper", daemon=True)
+                self._thread.start()
+            return self._thread
+
+    def _serving(self) -> bool:
+        with self.lock:
+            return any(not e.is_set() for e in self._running)
 
     def _loop(self) -> None:
-        while True:
+        while self._serving():
             time.sleep(0.5)
             try:
                 self.reap()
@@ -233,10 +243,10 @@ def install(agent: Any, stop: threading.Event) -> list[threading.Thread]:
         REAPER.adopt(agent.store, agent.host_id)
     except Exception:  # taking up old jobs is no reason for an agent not to start
         log.exception("taking up the jobs already running on %s failed", agent.host_id)
-    REAPER.start(agent)
+    reaper = REAPER.start(agent, stop)
     prober = threading.Thread(target=_probe_loop, args=(agent, stop), name="fleetlens-storage-probe", daemon=True)
     prober.start()
-    return [prober]
+    return [reaper, prober]
 
 
 def _total_steps_lookup(handlers: Any) -> Any:

@@ -203,9 +203,10 @@ def test_cli_once_records_this_machine(fleet_home, capsys):
     assert count_samples(store, "cli-host")[0] == len(devices)
 
 
-def test_the_storage_prober_stops_with_the_agent(sqlite_store, fleet_home, tmp_path):
+def test_the_storage_prober_and_the_reaper_stop_with_the_agent(sqlite_store, fleet_home, tmp_path):
     """The prober says which checkpoint locations the host can read while the agent runs; once the agent has
-    stopped, its thread is gone and no probe is written (the store may be gone by then)."""
+    stopped, its thread is gone and no probe is written (the store may be gone by then). The job reaper's thread
+    ends with the last agent of the process too."""
     import threading
 
     from store.models import HostStorage
@@ -229,9 +230,10 @@ def test_the_storage_prober_stops_with_the_agent(sqlite_store, fleet_home, tmp_p
         wait_for(probed_again)  # it probes again and again
         assert probes()[0][:2] == (str(shared), True)
         assert any(t.name == "fleetlens-storage-probe" for t in threading.enumerate())
+        assert any(t.name == "fleetlens-reaper" for t in threading.enumerate())
     finally:
         agent.stop()
-    assert not any(t.name == "fleetlens-storage-probe" for t in threading.enumerate())
+    assert not any(t.name in ("fleetlens-storage-probe", "fleetlens-reaper") for t in threading.enumerate())
     with sqlite_store.session() as s:
         s.query(HostStorage).delete()
     time.sleep(20 * settings.storage_probe_s)  # twenty rounds' time: a prober still running would have written
