@@ -33,12 +33,13 @@ DAY_S = 86400.0
 @dataclass(frozen=True, slots=True)
 class ConsolidateParams:
     window_s: float = 3 * 3600.0  # memory peak and utilisation p95 are taken over this recent window
-    min_history_s: float = 3600.0  # a job is co-located only after this much history
+    min_history_s: float = 2700.0  # a job is co-located only after this much history
     growth: float = 0.02  # a new high this much above the earlier peak of the window, lately: still growing
     util_cap: float = 1.0  # most compute (sum of p95 utilisation) planned on one shared device
     util_guard: float = 1.2  # compute over this on a shared device moves a job off (too much slows, never fails)
-    max_moves_per_cycle: int = 20
-    max_moves_per_job_day: int = 2  # consolidation moves; guard moves (memory running out) are never held back
+    max_moves_per_cycle: int = 40
+    max_moves_per_job_day: int = 1  # a job moved (for any reason) this many times in a day is not moved to free a
+    # device; guard moves (memory running out) are never held back
     downtime_s: float = 30.0  # a move's downtime (benchmarks/migration.py measures it)
     horizon_s: float = 3600.0  # how long a freed device is counted as given back when weighing a move
 
