@@ -6,15 +6,15 @@ simulator run the same code. Nothing here sees the future: a job is sized from i
 Sizing. Memory is the job's peak over the recent window; Salus's admission (enforcer.lanes) adds its headroom
 (P' = 1.1 P, lane = 1.05 P'). Compute is the p95 of its utilisation over the same window. A job is shareable (may
 be co-located) when its memory is declared (a quota known at arrival) or when its history covers `min_history_s`
-and its memory is not still growing (no new high in the last quarter of the window); otherwise it keeps a device
-to itself.
+and its memory is not still growing (the median of the last quarter of the window above the earlier peak: a new
+level, not a passing spike); otherwise it keeps a device to itself.
 
 Planning keeps placements. Guard moves first: on a shared device whose jobs' lanes no longer fit (a job's memory
 grew toward its share) or whose jobs ask more compute than `util_cap`, the cheapest jobs move off until it fits,
-before real memory runs out. Then consolidation moves: a device is emptied only if all its jobs fit on other
-devices in use (Salus's lane rule, the compute cap) and the device-hours that returns over `horizon_s` outweigh
-the moves' cost (downtime plus the work since each job's last checkpoint). Moves per cycle and per job per day are
-capped; a device is never planned over its memory.
+before real memory runs out. Then consolidation moves, the device cheapest to drain first (fewest jobs, then least
+work lost): a device is emptied only if all its jobs fit on other devices in use (Salus's lane rule, the compute
+cap) and the device-hours that returns over `horizon_s` outweigh the moves' cost (downtime plus the work since each
+job's last checkpoint). Moves per cycle and per job per day are capped; a device is never planned over its memory.
 """
 
 from __future__ import annotations
@@ -381,7 +381,9 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
 
     in_use = pk.positions_in_use
     a = pk.fleet.arrays
-    order = sorted((int(i) for i in in_use), key=lambda i: (int(pk.n_jobs[i]), -int(a.free[i]), i))
+    # the cheapest devices to drain first: fewest jobs, then least work lost by moving them, then most free memory
+    order = sorted((int(i) for i in in_use), key=lambda i: (
+        int(pk.n_jobs[i]), sum(cost(by_id[j]) for j in pk.on.get(i, ())), -int(a.free[i]), i))
     emptied: set[int] = set()
     for i in order:
         if budget <= 0:

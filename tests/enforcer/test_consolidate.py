@@ -116,6 +116,16 @@ def test_no_move_when_it_frees_nothing_or_costs_more_than_it_returns():
                               NOW, P).moves == []
 
 
+def test_the_device_cheapest_to_drain_is_emptied():
+    # b is smaller, but has twenty minutes of work since its last checkpoint: a moves to b
+    plan = plan_consolidation(devices(2), [steady("a", 0, 20), steady("b", 1, 10, since_checkpoint_s=1200.0)],
+                              NOW, P)
+    assert [(m.job_id, m.from_device_id, m.to_device_id) for m in plan.moves] == [("a", 0, 1)]
+    # with nothing to lose on either, the device with more free memory goes first
+    plan = plan_consolidation(devices(2), [steady("a", 0, 20), steady("b", 1, 10)], NOW, P)
+    assert [(m.job_id, m.from_device_id, m.to_device_id) for m in plan.moves] == [("b", 1, 0)]
+
+
 def test_move_caps_per_job_per_day_and_per_cycle():
     moved_twice = [NOW - 3600.0, NOW - 7200.0]
     jobs = [steady("a", 0, 20, moves=list(moved_twice)), steady("b", 1, 20, moves=list(moved_twice))]
