@@ -330,8 +330,10 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
     by_id = {d.job_id: d for d in demands}
     pos_of = pk.fleet.index_of
 
+    costs = {d.job_id: p.downtime_s + (d.since_checkpoint_s if d.since_checkpoint_s > 0 else 0.0) for d in demands}
+
     def cost(d: JobDemand) -> float:
-        return p.downtime_s + max(0.0, d.since_checkpoint_s)
+        return costs[d.job_id]
 
     # load the current placement device by device; what no longer fits is over
     over: list[tuple[int, str, str]] = []  # (device position, job, guard reason)
@@ -382,8 +384,10 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
     in_use = pk.positions_in_use
     a = pk.fleet.arrays
     # the cheapest devices to drain first: fewest jobs, then least work lost by moving them, then most free memory
-    order = sorted((int(i) for i in in_use), key=lambda i: (
-        int(pk.n_jobs[i]), sum(cost(by_id[j]) for j in pk.on.get(i, ())), -int(a.free[i]), i))
+    drain_cost = np.zeros(len(pk.n_jobs))
+    for j, i in pk.where.items():
+        drain_cost[i] += costs.get(j, 0.0)
+    order = in_use[np.lexsort((in_use, -a.free[in_use], drain_cost[in_use], pk.n_jobs[in_use]))].tolist()
     emptied: set[int] = set()
     for i in order:
         if budget <= 0:
