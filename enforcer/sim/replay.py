@@ -25,6 +25,7 @@ from enforcer.consolidate import (
     size_job,
     size_jobs,
 )
+from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR
 from enforcer.sim.readers.demand import DemandJob, DemandTrace
 from store.errors import InvalidInput
 
@@ -279,11 +280,12 @@ def lower_bound(trace: DemandTrace, capacity: int, step_s: float = 60.0) -> tupl
 
 
 def repack_every_cycle(trace: DemandTrace, devices: list[tuple[int, int]], params: ConsolidateParams | None = None,
-                       interval_s: float = 900.0) -> float:
+                       interval_s: float = 900.0, *, headroom: bool = True) -> float:
     """Mean devices held if every cycle re-packed every job from scratch with the planner's own sizing (telemetry
     up to that cycle only, Salus's lanes, the compute cap) and moves cost nothing: what this sizing allows
     without any move cap. Jobs that may not share hold a device each; the others go largest lane first to the
-    best-fitting device in use (Packing.place_new). Each cycle's count holds until the next."""
+    best-fitting device in use (Packing.place_new). Each cycle's count holds until the next. `headroom=False`:
+    each lane is exactly the job's recent peak (Salus's 1.1 x 1.05 taken off), the least a job's share can be."""
     p = params or ConsolidateParams()
     jobs = [j for j in trace.jobs if j.departure is not None]
     if not jobs:
@@ -304,6 +306,8 @@ def repack_every_cycle(trace: DemandTrace, devices: list[tuple[int, int]], param
         for size in sorted(sizes.values(), key=lambda s: (s.shareable, -lane_bytes(s, cap), s.job_id)):
             if size.why == "no_samples":
                 size = Size(size.job_id, 0, 1.0, False, size.why)
+            elif not headroom and size.shareable:
+                size = Size(size.job_id, int(size.mem / (PERSISTENT_FACTOR * LANE_FACTOR)), size.util, True, size.why)
             pk.place_new(size)
         held_s += (whole + int((pk.n_jobs > 0).sum())) * (min(t + interval_s, t_end) - t)
     return held_s / (t_end - t0)

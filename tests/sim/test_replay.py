@@ -55,6 +55,10 @@ def test_repack_every_cycle_uses_the_planners_sizing_without_move_caps():
     assert repack_every_cycle(busy, devices(2), P, 900.0) == pytest.approx(2.0)
     free = ConsolidateParams(window_s=3600.0, min_history_s=600.0, util_cap=float("inf"))
     assert repack_every_cycle(busy, devices(2), free, 900.0) == pytest.approx((2 * 900 + 2700) / 3600)
+    # 37 + 37 GiB: Salus's headroom keeps them apart on 80 GiB; shares of exactly their peaks fit together
+    big = trace(series_job("a", [37] * 60), series_job("b", [37] * 60))
+    assert repack_every_cycle(big, devices(2), P, 900.0) == pytest.approx(2.0)
+    assert repack_every_cycle(big, devices(2), P, 900.0, headroom=False) == pytest.approx((2 * 900 + 2700) / 3600)
 
 
 def test_growth_after_co_location_is_counted_as_overcommit_then_guarded():
