@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR, Admission, Fleet, Job, lane_request
+from store.errors import InvalidInput
 from store.settings import Settings
 
 DAY_S = 86400.0
@@ -142,6 +143,9 @@ def size_jobs(demands: list[JobDemand], now: float, p: ConsolidateParams) -> dic
             sizes[d.job_id] = Size(d.job_id, int(d.declared_mem), float(util), True, "declared")
         elif len(d.mem) == 0:
             sizes[d.job_id] = Size(d.job_id, 0, 1.0, False, "no_samples")
+        elif not len(d.times) == len(d.mem) == len(d.util):
+            raise InvalidInput(f"job {d.job_id!r}: {len(d.times)} sample times, {len(d.mem)} memory and "
+                               f"{len(d.util)} utilisation readings; each sample needs all three")
         else:
             seen.append(d)
     if not seen:

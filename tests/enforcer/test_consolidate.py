@@ -16,6 +16,7 @@ from enforcer.consolidate import (
     size_jobs,
 )
 from enforcer.lanes import lane_request
+from store.errors import InvalidInput
 from store.settings import Settings
 
 GIB = 2**30
@@ -93,6 +94,13 @@ def test_sizing_many_jobs_at_once_matches_each_job_alone():
         assert sizes[d.job_id].why == ("short_history" if d.times[-1] - d.times[0] < P.min_history_s
                                        else "growing" if growing else "steady")
     assert {s.why for s in sizes.values()} == {"short_history", "growing", "steady"}
+
+
+def test_a_history_with_readings_missing_is_refused_by_name():
+    bad = steady("b", 1, 10)
+    bad.util = bad.util[:-1]
+    with pytest.raises(InvalidInput, match="job 'b': 60 sample times, 60 memory and 59 utilisation"):
+        size_jobs([steady("a", 0, 10), bad, steady("c", 2, 10)], NOW, P)
 
 
 def test_two_half_empty_devices_become_one():
