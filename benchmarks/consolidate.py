@@ -4,11 +4,18 @@ alibaba_80gib / alibaba_48gib: the Alibaba GenAI serving containers replayed min
 the planner sees each container's telemetry up to that minute only) on one device per container; mean_devices is
 the mean over the trace's minutes of devices holding a job. Bounds: lower_bound_mean = per-minute
 max(ceil(sum mem / C), ceil(sum util)) (hindsight, no headroom); static_ffd_peak = one first-fit-decreasing packing
-on each container's whole-day peak memory and p95 utilisation (hindsight).
+on each container's whole-day peak memory and p95 utilisation (hindsight). repack_every_cycle_mean: every cycle
+re-packs every container from scratch with the planner's own sizing (no hindsight, Salus's per-job shares, the
+compute cap) and no move cap; _no_compute_cap: the same without the compute cap; _no_headroom: each job's share
+exactly its recent peak, nothing added. Each job's share must hold its own
+recent peak with headroom (live, a job is stopped when it passes its share), so with this sizing no planner, however
+many moves it makes, gets below the re-pack figure by much: it is what the mean_devices target is measured against.
 openb_default: the openb pods (gpu_milli known at arrival, departure not) on the trace's 6,212 GPUs; exclusive =
 whole devices per pod, fractional = sum of gpu_milli over time; share_of_possible_saving = (exclusive - ours) /
 (exclusive - fractional). integral_bound_device_hours: whole-device pods plus ceil(sum of fractional shares) at
-every instant, what any packing needs at least (re-packing everything at every event, moves free).
+every instant, what any packing needs at least (re-packing everything at every event, moves free): devices are
+whole, so at an instant when fractional pods sum to 10.2 GPUs they hold at least 11. share_any_packing_can_reach is
+that bound's share of the possible saving: the 0.90 target is above it, so no planner reaches it on this trace.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,11 +32,17 @@ FLEET = ROOT.parent / "shared" / "data" / "fleet"
 
 import numpy as np  # noqa: E402
 
-from enforcer.consolidate import ConsolidateParams, JobDemand, plan_consolidation  # noqa: E402
+from enforcer.consolidate import ConsolidateParams  # noqa: E402
 from enforcer.sim.readers.demand import DemandTrace, read_alibaba_demand, read_openb_demand  # noqa: E402
 from enforcer.sim.readers.openb import DEVICE_MEM as OPENB_MEM  # noqa: E402
 from enforcer.sim.readers.openb import read_openb_nodes  # noqa: E402
-from enforcer.sim.replay import fractional_device_hours, lower_bound, replay, static_ffd  # noqa: E402
+from enforcer.sim.replay import (  # noqa: E402
+    fractional_device_hours,
+    lower_bound,
+    repack_every_cycle,
+    replay,
+    static_ffd,
+)
 from store.settings import Settings  # noqa: E402
 
 GIB = 2**30
@@ -44,10 +58,14 @@ def log(msg: str) -> None:
 
 def alibaba(tr: DemandTrace, gib: int, params: ConsolidateParams, interval_s: float) -> dict:
     cap = gib * GIB
+    devices = [(i, cap) for i in range(len(tr.jobs))]
     t0 = time.perf_counter()
-    r = replay(tr, [(i, cap) for i in range(len(tr.jobs))], params, interval_s=interval_s)
+    r = replay(tr, devices, params, interval_s=interval_s)
     wall = time.perf_counter() - t0
     lb_mean, lb_peak = lower_bound(tr, cap)
+    repack = repack_every_cycle(tr, devices, params, interval_s)
+    repack_free_compute = repack_every_cycle(tr, devices, replace(params, util_cap=float("inf")), interval_s)
+    repack_bare = repack_every_cycle(tr, devices, params, interval_s, headroom=False)
     return {
         "case": f"alibaba_{gib}gib", "mean_devices": round(r.mean_devices, 1), "peak_devices": r.peak_devices,
         "lower_bound_mean": round(lb_mean, 1), "static_ffd_peak": static_ffd(tr, cap),
@@ -57,7 +75,9 @@ def alibaba(tr: DemandTrace, gib: int, params: ConsolidateParams, interval_s: fl
         "not_placed": {k[:12]: v for k, v in r.reasons.items()}, "moves": len(r.moves),
         "moves_by_reason": {k: int(v) for k, v in zip(*np.unique([m[4] for m in r.moves], return_counts=True),
                                                          strict=True)} if r.moves else {},
-        "lower_bound_peak": lb_peak, "replay_s": round(wall, 1),
+        "lower_bound_peak": lb_peak, "repack_every_cycle_mean": round(repack, 1),
+        "repack_every_cycle_mean_no_compute_cap": round(repack_free_compute, 1),
+        "repack_every_cycle_mean_no_headroom": round(repack_bare, 1), "replay_s": round(wall, 1),
     } | ({"targets": {"mean_devices": 55, "moves_per_container_day": 2, "overcommit_device_minutes": 0}}
          if gib == 80 else {"target": "every container placed or its reason given"})
 
@@ -66,8 +86,6 @@ def main() -> None:
     settings = Settings()
     params = ConsolidateParams.from_settings(settings)
     interval = settings.consolidate_interval_s
-    log("consolidation plan speed")
-    emit(plan_speed(params))
     log("alibaba: minute-by-minute replay with consolidation")
     tr = read_alibaba_demand(FLEET)
     for gib in (80, 48):
@@ -93,26 +111,10 @@ def main() -> None:
         "share_of_reachable_saving": round((excl - r.device_hours) / (excl - bound), 3),
         "gpus": len(devices), "pods": len(tr.jobs), "not_placed": len(r.reasons), "replay_s": round(wall, 1),
         "target_share_of_possible_saving": 0.90,
+        "why_below_target": "devices are whole: at every instant the fractional pods need ceil(sum of their "
+                            "gpu_milli) devices, so even re-packing at every event with free moves saves at most "
+                            "share_any_packing_can_reach of exclusive - fractional",
     })
-
-
-def plan_speed(params: ConsolidateParams) -> dict:
-    """One consolidation plan for 10,000 devices and 20,000 jobs with two hours of per-minute history each (the
-    planner benchmark's fleet shape), wall and CPU seconds."""
-    rng = np.random.default_rng(0)
-    devices = [(i, (80 if i % 4 == 0 else 40) * GIB) for i in range(10_000)]
-    now = 1e9
-    t = now - 60.0 * np.arange(120)[::-1]
-    demands = []
-    for j in range(20_000):
-        d = j % 10_000
-        mem = np.full(120, rng.uniform(0.02, 0.3) * devices[d][1])
-        demands.append(JobDemand(f"job-{j}", d, t, mem, rng.uniform(0.0, 0.2, 120)))
-    t0, c0 = time.perf_counter(), time.process_time()
-    plan = plan_consolidation(devices, demands, now, params)
-    return {"case": "consolidate_plan_10k_devices_20k_jobs", "seconds": round(time.perf_counter() - t0, 3),
-            "cpu_seconds": round(time.process_time() - c0, 3), "moves": len(plan.moves),
-            "devices_freed": len(plan.devices_freed), "target_s": 1.0}
 
 
 def integral_bound(tr: DemandTrace) -> float:

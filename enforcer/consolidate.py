@@ -6,15 +6,15 @@ simulator run the same code. Nothing here sees the future: a job is sized from i
 Sizing. Memory is the job's peak over the recent window; Salus's admission (enforcer.lanes) adds its headroom
 (P' = 1.1 P, lane = 1.05 P'). Compute is the p95 of its utilisation over the same window. A job is shareable (may
 be co-located) when its memory is declared (a quota known at arrival) or when its history covers `min_history_s`
-and its memory is not still growing (no new high in the last quarter of the window); otherwise it keeps a device
-to itself.
+and its memory is not still growing (the median of the last quarter of the window above the earlier peak: a new
+level, not a passing spike); otherwise it keeps a device to itself.
 
 Planning keeps placements. Guard moves first: on a shared device whose jobs' lanes no longer fit (a job's memory
 grew toward its share) or whose jobs ask more compute than `util_cap`, the cheapest jobs move off until it fits,
-before real memory runs out. Then consolidation moves: a device is emptied only if all its jobs fit on other
-devices in use (Salus's lane rule, the compute cap) and the device-hours that returns over `horizon_s` outweigh
-the moves' cost (downtime plus the work since each job's last checkpoint). Moves per cycle and per job per day are
-capped; a device is never planned over its memory.
+before real memory runs out. Then consolidation moves, the device cheapest to drain first (fewest jobs, then least
+work lost): a device is emptied only if all its jobs fit on other devices in use (Salus's lane rule, the compute
+cap) and the device-hours that returns over `horizon_s` outweigh the moves' cost (downtime plus the work since each
+job's last checkpoint). Moves per cycle and per job per day are capped; a device is never planned over its memory.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR, Admission, Fleet, Job, lane_request
+from store.errors import InvalidInput
 from store.settings import Settings
 
 DAY_S = 86400.0
@@ -33,12 +34,13 @@ DAY_S = 86400.0
 @dataclass(frozen=True, slots=True)
 class ConsolidateParams:
     window_s: float = 3 * 3600.0  # memory peak and utilisation p95 are taken over this recent window
-    min_history_s: float = 3600.0  # a job is co-located only after this much history
+    min_history_s: float = 2700.0  # a job is co-located only after this much history
     growth: float = 0.02  # a new high this much above the earlier peak of the window, lately: still growing
     util_cap: float = 1.0  # most compute (sum of p95 utilisation) planned on one shared device
     util_guard: float = 1.2  # compute over this on a shared device moves a job off (too much slows, never fails)
-    max_moves_per_cycle: int = 20
-    max_moves_per_job_day: int = 2  # consolidation moves; guard moves (memory running out) are never held back
+    max_moves_per_cycle: int = 40
+    max_moves_per_job_day: int = 1  # a job moved (for any reason) this many times in a day is not moved to free a
+    # device; guard moves (memory running out) are never held back
     downtime_s: float = 30.0  # a move's downtime (benchmarks/migration.py measures it)
     horizon_s: float = 3600.0  # how long a freed device is counted as given back when weighing a move
 
@@ -119,42 +121,83 @@ class ConsolidationPlan:
 
 def size_job(d: JobDemand, now: float, p: ConsolidateParams) -> Size:
     """What the job is planned at: recent peak memory, recent p95 utilisation, and whether it may share."""
-    if d.whole:
-        return Size(d.job_id, int(d.declared_mem or 0), 1.0, False, "whole_device")
-    if d.declared_mem is not None:
-        util = d.declared_util if d.declared_util is not None else 1.0
-        return Size(d.job_id, int(d.declared_mem), float(util), True, "declared")
-    n = len(d.mem)
-    if n == 0:
-        return Size(d.job_id, 0, 1.0, False, "no_samples")
-    times, mem = d.times, d.mem  # oldest first; a plain search and slices keep this cheap for 20,000 jobs
-    lo = int(np.searchsorted(times, now - p.window_s, side="left"))
-    if lo >= n:
-        lo = 0  # nothing in the window: the last readings are all there is
-    recent_mem = mem[lo:]
-    peak = int(recent_mem.max())
-    u = d.util[lo:]
-    if u.size and np.isnan(u.max()):  # an unknown utilisation counts as a busy device
-        u = np.where(np.isnan(u), 1.0, u)
-    p95 = _p95(u)
-    if times[-1] - times[0] < p.min_history_s:
-        return Size(d.job_id, peak, p95, False, "short_history")
-    # still growing: its highest memory came in the last quarter of the window and is above what came before
-    mid = int(np.searchsorted(times, now - p.window_s / 4, side="left"))
-    if lo < mid < n and mem[mid:].max() > mem[lo:mid].max() * (1.0 + p.growth):
-        return Size(d.job_id, peak, p95, False, "growing")
-    return Size(d.job_id, peak, p95, True, "steady")
+    return size_jobs([d], now, p)[d.job_id]
 
 
-def _p95(u: np.ndarray) -> float:
-    """np.quantile(u, 0.95) (linear interpolation) by partial sorting: the planner sizes every job each cycle."""
-    if len(u) == 0:
-        return 1.0
-    pos = 0.95 * (len(u) - 1)
-    i = int(pos)
-    j = min(i + 1, len(u) - 1)
-    part = np.partition(u, (i, j))
-    return float(part[i] + (part[j] - part[i]) * (pos - i))
+def size_jobs(demands: list[JobDemand], now: float, p: ConsolidateParams) -> dict[str, Size]:
+    """size_job for many jobs at once: their histories are laid end to end in one array and every peak and
+    quantile is taken per segment in a few numpy calls, so a cycle of 20,000 jobs costs no Python loop of array
+    calls per job.
+
+    Memory: the peak over the window (the last readings when none is in the window). Compute: the p95 of the
+    utilisation over the same samples, an unknown reading counting as a busy device. A job watched for less than
+    `min_history_s` may not share; nor may one still growing: the median of its memory over the last quarter of
+    the window above the earlier part's peak (a new level, not a passing spike)."""
+    sizes: dict[str, Size] = {}
+    seen: list[JobDemand] = []
+    for d in demands:
+        if d.whole:
+            sizes[d.job_id] = Size(d.job_id, int(d.declared_mem or 0), 1.0, False, "whole_device")
+        elif d.declared_mem is not None:
+            util = d.declared_util if d.declared_util is not None else 1.0
+            sizes[d.job_id] = Size(d.job_id, int(d.declared_mem), float(util), True, "declared")
+        elif len(d.mem) == 0:
+            sizes[d.job_id] = Size(d.job_id, 0, 1.0, False, "no_samples")
+        elif not len(d.times) == len(d.mem) == len(d.util):
+            raise InvalidInput(f"job {d.job_id!r}: {len(d.times)} sample times, {len(d.mem)} memory and "
+                               f"{len(d.util)} utilisation readings; each sample needs all three")
+        else:
+            seen.append(d)
+    if not seen:
+        return sizes
+    count = len(seen)
+    lengths = np.fromiter((len(d.mem) for d in seen), dtype=np.int64, count=count)
+    base = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    end = base + lengths
+    lo = np.fromiter((d.times.searchsorted(now - p.window_s) for d in seen), dtype=np.int64, count=count)
+    lo = np.where(lo >= lengths, 0, lo)  # nothing in the window: the last readings are all there is
+    mid = np.fromiter((d.times.searchsorted(now - p.window_s / 4) for d in seen), dtype=np.int64, count=count)
+    watched = np.fromiter((d.times[-1] - d.times[0] for d in seen), dtype=float, count=count)
+    mem = np.concatenate([d.mem for d in seen] + [np.zeros(1)])  # one spare element: reduceat's last bound
+    util = np.concatenate([d.util for d in seen])
+    util = np.where(np.isnan(util), 1.0, util)
+    start = base + lo
+    peak = _segment_max(mem, start, end)
+    p95 = _segment_quantile(util, start, end, 0.95)
+    has_both = (lo < mid) & (mid < lengths)
+    split = base + mid
+    earlier = _segment_max(mem, np.where(has_both, start, 0), np.where(has_both, split, 1))
+    recent = _segment_quantile(mem, np.where(has_both, split, 0), np.where(has_both, end, 1), 0.5)
+    growing = has_both & (recent > earlier * (1.0 + p.growth))
+    short = watched < p.min_history_s
+    for k, d in enumerate(seen):
+        why = "short_history" if short[k] else "growing" if growing[k] else "steady"
+        sizes[d.job_id] = Size(d.job_id, int(peak[k]), float(p95[k]), why == "steady", why)
+    return sizes
+
+
+def _segment_max(values: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """max(values[start[k]:end[k]]) for every k (each segment non-empty; `values` has a spare element at the end
+    so that the last bound is an index)."""
+    bounds = np.empty(2 * len(start), dtype=np.int64)
+    bounds[0::2], bounds[1::2] = start, end
+    return np.maximum.reduceat(values, bounds)[0::2]
+
+
+def _segment_quantile(values: np.ndarray, start: np.ndarray, end: np.ndarray, q: float) -> np.ndarray:
+    """np.quantile(values[start[k]:end[k]], q) (linear interpolation) for every k, each non-empty: segments of one
+    length are gathered into a matrix and partially sorted row by row."""
+    out = np.empty(len(start))
+    length = end - start
+    for n in np.unique(length):
+        rows = np.flatnonzero(length == n)
+        block = values[start[rows, None] + np.arange(n)]
+        pos = q * (n - 1)
+        i = int(pos)
+        j = min(i + 1, int(n) - 1)
+        part = np.partition(block, (i, j), axis=1)
+        out[rows] = part[:, i] + (part[:, j] - part[:, i]) * (pos - i)
+    return out
 
 
 def lane_bytes(size: Size, capacity: int) -> int:
@@ -287,12 +330,14 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
     cycles when a job's memory passed what it was planned at) moves that free whole devices."""
     p = params or ConsolidateParams()
     pk = Packing(devices, p.util_cap)
-    sizes = {d.job_id: size_job(d, now, p) for d in demands}
+    sizes = size_jobs(demands, now, p)
     by_id = {d.job_id: d for d in demands}
     pos_of = pk.fleet.index_of
 
+    costs = {d.job_id: p.downtime_s + (d.since_checkpoint_s if d.since_checkpoint_s > 0 else 0.0) for d in demands}
+
     def cost(d: JobDemand) -> float:
-        return p.downtime_s + max(0.0, d.since_checkpoint_s)
+        return costs[d.job_id]
 
     # load the current placement device by device; what no longer fits is over
     over: list[tuple[int, str, str]] = []  # (device position, job, guard reason)
@@ -342,7 +387,11 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
 
     in_use = pk.positions_in_use
     a = pk.fleet.arrays
-    order = sorted((int(i) for i in in_use), key=lambda i: (int(pk.n_jobs[i]), -int(a.free[i]), i))
+    # the cheapest devices to drain first: fewest jobs, then least work lost by moving them, then most free memory
+    drain_cost = np.zeros(len(pk.n_jobs))
+    for j, i in pk.where.items():
+        drain_cost[i] += costs.get(j, 0.0)
+    order = in_use[np.lexsort((in_use, -a.free[in_use], drain_cost[in_use], pk.n_jobs[in_use]))].tolist()
     emptied: set[int] = set()
     for i in order:
         if budget <= 0:

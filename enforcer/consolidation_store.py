@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from enforcer.consolidate import ConsolidateParams, ConsolidationPlan, JobDemand, lane_bytes, plan_consolidation
 from enforcer.plan_store import apply_plan
 from enforcer.planner import Move
+from store.checkpoints import latest_checkpoint_times
 from store.db import Store
 from store.device_memory import unplaced_memory
 from store.models import Action, Device, Placement, Plan, ProcessSample, Team, Workflow
@@ -71,6 +72,7 @@ def load_demands(session: Session, settings: Settings, now: float,
         moved[wf].append(float(ts))
     busy = set(session.scalars(select(Action.workflow_id).where(
         Action.state.not_in(("resumed", "rolled_back", "failed")))))
+    checkpointed = latest_checkpoint_times(session, now)  # a move redoes the work since the latest one
     demands = []
     for placement, wf in rows:
         pts = series.get((wf.id, placement.device_id), [])
@@ -82,8 +84,11 @@ def load_demands(session: Session, settings: Settings, now: float,
             mem = np.concatenate([[mem[0]], mem])
             util = np.concatenate([[util[0]], util])
         movable = (is_movable(session, wf) or (wf.managed and wf.team in movable_teams)) and wf.state == "running"
+        # a job that never recorded a checkpoint: the move's own checkpoint is all there is; its cost is the downtime
+        last_checkpoint = checkpointed.get(wf.id)
         demands.append(JobDemand(wf.id, placement.device_id, times, mem, util,
-                                 movable=movable and wf.id not in busy, moves=moved.get(wf.id, [])))
+                                 movable=movable and wf.id not in busy, moves=moved.get(wf.id, []),
+                                 since_checkpoint_s=0.0 if last_checkpoint is None else now - last_checkpoint))
     return devices, demands
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import fsspec
 from fsspec.utils import get_protocol
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput
@@ -118,6 +118,13 @@ def latest_checkpoint(session: Session, workflow_id: str) -> CheckpointFact | No
     row = session.scalar(select(Checkpoint).where(Checkpoint.workflow_id == workflow_id)
                          .order_by(Checkpoint.created_at.desc(), Checkpoint.id.desc()).limit(1))
     return None if row is None else _fact(row)
+
+
+def latest_checkpoint_times(session: Session, now: float) -> dict[str, float]:
+    """Each workflow's latest checkpoint time at or before `now`; workflows that recorded none are left out."""
+    return {wf: float(ts) for wf, ts in session.execute(
+        select(Checkpoint.workflow_id, func.max(Checkpoint.created_at))
+        .where(Checkpoint.created_at <= now).group_by(Checkpoint.workflow_id)).all()}
 
 
 def _fact(row: Checkpoint) -> CheckpointFact:

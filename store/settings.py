@@ -98,11 +98,11 @@ class Settings(BaseSettings):
     # consolidation (enforcer.consolidate): re-pack by observed demand every interval
     consolidate_interval_s: float = Field(900.0, gt=0)
     consolidate_window_s: float = Field(3 * 3600.0, gt=0)  # recent window: peak memory, p95 utilisation
-    consolidate_min_history_s: float = Field(3600.0, ge=0)  # history a job needs before it is co-located
+    consolidate_min_history_s: float = Field(2700.0, ge=0)  # history a job needs before it is co-located
     consolidate_util_cap: float = Field(1.0, gt=0)  # most summed p95 utilisation planned on one shared device
     consolidate_util_guard: float = Field(1.2, gt=0)  # summed p95 over this on a shared device moves a job off
-    consolidate_max_moves_per_cycle: int = Field(20, ge=0)
-    consolidate_max_moves_per_job_day: int = Field(2, ge=0)
+    consolidate_max_moves_per_cycle: int = Field(40, ge=0)
+    consolidate_max_moves_per_job_day: int = Field(1, ge=0)
     consolidate_downtime_s: float = Field(30.0, ge=0)  # a move's downtime, as benchmarks/migration.py measures it
     consolidate_horizon_s: float = Field(3600.0, gt=0)  # a freed device counts as given back for this long
 

@@ -13,8 +13,10 @@ from enforcer.consolidate import (
     lane_bytes,
     plan_consolidation,
     size_job,
+    size_jobs,
 )
 from enforcer.lanes import lane_request
+from store.errors import InvalidInput
 from store.settings import Settings
 
 GIB = 2**30
@@ -59,6 +61,48 @@ def test_short_history_and_growth_keep_a_job_alone():
     assert size_job(JobDemand("c", declared_mem=GIB, declared_util=0.3), NOW, P).why == "declared"
 
 
+def test_a_passing_spike_is_not_growth():
+    # 30 GiB with a five-minute burst to 40 GiB lately: sized at the burst, but it may share
+    spiky = steady("a", 0, 30)
+    spiky.mem[-8:-3] = 40 * GIB
+    s = size_job(spiky, NOW, P)
+    assert (s.mem, s.shareable, s.why) == (40 * GIB, True, "steady")
+
+
+def test_sizing_many_jobs_at_once_matches_each_job_alone():
+    rng = np.random.default_rng(3)
+    demands = []
+    for k in range(40):
+        n = int(rng.integers(1, 300))
+        span = 600.0 if k % 7 == 0 else 3 * P.window_s  # some jobs just came; some have nothing in the window
+        t = NOW - np.sort(rng.uniform(0, span, n))[::-1]
+        util = rng.uniform(0, 1, n)
+        util[rng.uniform(0, 1, n) < 0.1] = np.nan
+        mem = rng.uniform(1, 30, n) * GIB
+        if k % 3 == 0:
+            mem[int(n * 0.95):] += 40 * GIB  # a new level lately: growing
+        demands.append(JobDemand(f"j{k}", 0, t, mem, util))
+    sizes = size_jobs(demands, NOW, P)
+    for d in demands:
+        lo = int(np.searchsorted(d.times, NOW - P.window_s))
+        lo = 0 if lo >= len(d.times) else lo
+        u = np.nan_to_num(d.util[lo:], nan=1.0)
+        assert sizes[d.job_id].mem == int(d.mem[lo:].max())
+        assert sizes[d.job_id].util == pytest.approx(float(np.quantile(u, 0.95)))
+        mid = int(np.searchsorted(d.times, NOW - P.window_s / 4))
+        growing = lo < mid < len(d.times) and np.median(d.mem[mid:]) > d.mem[lo:mid].max() * (1 + P.growth)
+        assert sizes[d.job_id].why == ("short_history" if d.times[-1] - d.times[0] < P.min_history_s
+                                       else "growing" if growing else "steady")
+    assert {s.why for s in sizes.values()} == {"short_history", "growing", "steady"}
+
+
+def test_a_history_with_readings_missing_is_refused_by_name():
+    bad = steady("b", 1, 10)
+    bad.util = bad.util[:-1]
+    with pytest.raises(InvalidInput, match="job 'b': 60 sample times, 60 memory and 59 utilisation"):
+        size_jobs([steady("a", 0, 10), bad, steady("c", 2, 10)], NOW, P)
+
+
 def test_two_half_empty_devices_become_one():
     plan = plan_consolidation(devices(3), [steady("a", 0, 20), steady("b", 1, 20)], NOW, P)
     assert len(plan.moves) == 1 and plan.moves[0].reason == "free_device"
@@ -78,6 +122,16 @@ def test_no_move_when_it_frees_nothing_or_costs_more_than_it_returns():
     # short histories are never co-located
     assert plan_consolidation(devices(3), [steady("a", 0, 20, minutes=5), steady("b", 1, 20, minutes=5)],
                               NOW, P).moves == []
+
+
+def test_the_device_cheapest_to_drain_is_emptied():
+    # b is smaller, but has twenty minutes of work since its last checkpoint: a moves to b
+    plan = plan_consolidation(devices(2), [steady("a", 0, 20), steady("b", 1, 10, since_checkpoint_s=1200.0)],
+                              NOW, P)
+    assert [(m.job_id, m.from_device_id, m.to_device_id) for m in plan.moves] == [("a", 0, 1)]
+    # with nothing to lose on either, the device with more free memory goes first
+    plan = plan_consolidation(devices(2), [steady("a", 0, 20), steady("b", 1, 10)], NOW, P)
+    assert [(m.job_id, m.from_device_id, m.to_device_id) for m in plan.moves] == [("b", 1, 0)]
 
 
 def test_move_caps_per_job_per_day_and_per_cycle():

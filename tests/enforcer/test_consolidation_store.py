@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from enforcer.consolidate import ConsolidateParams
 from enforcer.consolidation_store import POLICY, consolidation_due, load_demands, make_consolidation_plan
 from enforcer.cycle import run_cycle
+from store.checkpoints import record_checkpoint
 from store.db import Store
 from store.ingest import write_samples
 from store.models import Action, Placement, Plan
@@ -78,6 +79,22 @@ def test_plan_frees_a_device_records_reasons_and_applies(any_store: Store):
         actions = s.scalars(select(Action).order_by(Action.id)).all()
         assert [(a.workflow_id, a.state, a.plan_id, a.to_device_id) for a in actions] == [
             ("a", "planned", plan_id, ids[2]), ("b", "planned", plan_id, ids[2])]
+
+
+def test_work_since_the_latest_checkpoint_is_each_moves_cost(any_store: Store):
+    ids = seed(any_store)
+    with any_store.session() as s:
+        for name, ts in (("a", NOW - 7200.0), ("a", NOW - 600.0), ("b", NOW - 5400.0), ("b", NOW + 60.0)):
+            record_checkpoint(s, name, host_id="h1", url=f"file:///ck/{name}/{ts}", step=1, sha256="0" * 64,
+                              size_bytes=1, now=ts)
+    with any_store.session() as s:
+        _, demands = load_demands(s, Settings(), NOW, ConsolidateParams())
+    since = {d.job_id: d.since_checkpoint_s for d in demands}
+    # a: its newest checkpoint; b: the one after `now` is not seen yet; c never checkpointed
+    assert since == {"a": 600.0, "b": 5400.0, "c": 0.0}
+    # b's 90 minutes of work at stake outweigh the hour its device would come back: only a moves
+    _, plan = make_consolidation_plan(any_store, Settings(consolidate_min_history_s=3600.0), now=NOW)
+    assert [(m.job_id, m.to_device_id, m.cost_s) for m in plan.moves] == [("a", ids[2], 630.0)]
 
 
 def test_short_history_moves_nothing(any_store: Store):
