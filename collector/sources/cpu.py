@@ -10,10 +10,15 @@
   whose cores hold the core it last ran on (psutil `cpu_num`), which is where its recent activity put it.
   Per device the source reports (a) every *marked* process, FLEETLENS_WORKFLOW or FLEETLENS_MANAGED in
   its environment (read once per process), even when idle, so a managed job's idleness is visible; and
-  (b) the `top_n` other processes by CPU use above `min_util` of one core. cpu_util is the process's CPU
-  time over the interval as a fraction of the device's cores (clipped to 1: a multi-threaded job on a
-  one-core device shows 1.0); mem_used is its RSS. A process's first sample has no interval yet: it is
-  reported (if marked) with cpu_util missing.
+  (b) the `top_n` other processes by CPU use above `min_util` of one core. cpu_util is the time the process
+  wanted a core over the interval, as a fraction of the device's cores (clipped to 1: a multi-threaded job on
+  a one-core device shows 1.0): its CPU time plus the time its threads waited, runnable, on a run queue
+  (collector.sources.run_queue). On a GPU the job's utilisation is the time its kernels kept the GPU busy; the
+  CPU analogue is the time the job was running or ready to run, because a core taken by other tenants is
+  contention, not the job's idleness: a busy job sharing its core with three others reads ~1, not ~0.25. The
+  waiting time is read for marked processes and for those whose CPU time alone reaches `min_util`; without
+  schedstat in the kernel the figure is CPU time alone. mem_used is its RSS. A process's first sample has no
+  interval yet: it is reported (if marked) with cpu_util missing.
 - Processes that vanish between listing and reading, or deny access, are skipped quietly.
 """
 
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 import psutil
 
 from collector.sources.base import DeviceInfo, DeviceReading, ProcessReading
+from collector.sources.run_queue import ThreadDelays, delay_growth, thread_delays
 from store.errors import ConfigError
 
 MARKERS = ("FLEETLENS_WORKFLOW", "FLEETLENS_MANAGED")
@@ -42,6 +48,7 @@ class _Tracked:
     start_time: float
     last_cpu: float | None = None  # user+system CPU seconds at the previous scan
     last_wall: float = 0.0  # monotonic time of the previous scan
+    last_delays: ThreadDelays | None = None  # run-queue delay per thread at the previous scan, when it was read
     pinned: int | None = None  # the device its CPU affinity confines it to, if any
     affinity_age: int = -1  # samples since the affinity was read (re-read every AFFINITY_EVERY)
 
@@ -101,7 +108,8 @@ class CpuSource:
         return list(self._infos)
 
     def _scan(self) -> list[tuple[_Tracked, float | None, int | None, int | None]]:
-        """(tracked, percent of one core or None, core it last ran on, rss) for every readable process."""
+        """(tracked, percent of one core wanted (running or runnable) or None, core it last ran on, rss) for every
+        readable process."""
         out = []
         live: set[tuple[int, float]] = set()
         now = time.monotonic()
@@ -120,7 +128,12 @@ class CpuSource:
             percent = None
             if tracked.last_cpu is not None and now > tracked.last_wall:
                 percent = max(cpu_total - tracked.last_cpu, 0.0) / (now - tracked.last_wall) * 100.0
-            tracked.last_cpu, tracked.last_wall = cpu_total, now
+            delays = None
+            if tracked.marked or (percent is not None and percent >= self.min_util * 100.0):
+                delays = thread_delays(proc.pid)
+                if percent is not None and delays is not None and tracked.last_delays is not None:
+                    percent += delay_growth(tracked.last_delays, delays) / (now - tracked.last_wall) * 100.0
+            tracked.last_cpu, tracked.last_wall, tracked.last_delays = cpu_total, now, delays
             tracked.affinity_age += 1
             if tracked.affinity_age % AFFINITY_EVERY == 0:
                 try:

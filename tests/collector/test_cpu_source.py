@@ -16,6 +16,7 @@ from collector.sources import open_source
 from collector.sources.base import SourceUnavailable
 from collector.sources.cpu import CpuSource
 from collector.sources.replay import ReplaySource
+from collector.sources.run_queue import delay_growth, thread_delays
 from store.errors import ConfigError, InvalidInput
 from store.settings import Settings
 from tests.gpu.probe import nvml_init_error
@@ -86,7 +87,7 @@ def test_a_marked_busy_process_is_reported_on_its_core(spawn) -> None:
     time.sleep(0.5)
     device, proc = _find(src.sample(), child.pid)
     assert device is not None and device.index == 0  # pinned to core 0
-    assert proc.cpu_util is not None and 0.05 < proc.cpu_util <= 1.0
+    assert proc.cpu_util is not None and 0.85 < proc.cpu_util <= 1.0  # always running or ready to: ~1
     assert proc.mem_used > 1 << 20  # a Python interpreter's resident memory
     assert proc.start_time == pytest.approx(psutil.Process(child.pid).create_time())
 
@@ -103,6 +104,44 @@ def test_a_process_pinned_by_affinity_belongs_to_its_cores_device(spawn) -> None
         time.sleep(0.01)
     device, proc = _find(CpuSource(host_id="h9").sample(), child.pid)
     assert proc is not None and device.index == last
+
+
+def test_busy_jobs_crowded_onto_one_core_each_read_busy_while_their_cpu_time_splits_the_core(spawn) -> None:
+    # more busy jobs than the core has room for: each gets ~1/N of its CPU time, yet each is ready to run all the
+    # time, and waiting for the core is the other tenants' doing, not the job's idleness
+    crowd = [spawn(BUSY, {"FLEETLENS_WORKFLOW": f"crowded-{i}"}) for i in range(3)]
+    procs = [psutil.Process(c.pid) for c in crowd]
+    src = CpuSource(host_id="h14")
+    src.sample()
+    before = [sum(p.cpu_times()[:2]) for p in procs]
+    t0 = time.monotonic()
+    time.sleep(1.0)
+    readings = src.sample()
+    plain = [(sum(p.cpu_times()[:2]) - b) / (time.monotonic() - t0) for p, b in zip(procs, before, strict=True)]
+    assert sum(plain) < 1.15  # one core between them: CPU time alone would read ~1/3 each
+    for child in crowd:
+        device, proc = _find(readings, child.pid)
+        assert device.index == 0 and proc.cpu_util is not None and proc.cpu_util > 0.85
+
+
+def test_run_queue_delays_are_read_per_thread_and_a_gone_process_has_none(spawn) -> None:
+    threads = ("import hashlib, os, threading\nos.sched_setaffinity(0, {0})\nblock = bytes(1 << 22)\n"
+               "def spin():\n    while True: hashlib.sha256(block).digest()\n"
+               "for _ in range(3): threading.Thread(target=spin, daemon=True).start()\n"
+               "print('ready', flush=True)\nthreading.Event().wait()\n")
+    child = spawn([sys.executable, "-c", threads])
+    assert child.stdout.readline() == "ready\n"
+    first = thread_delays(child.pid)
+    time.sleep(0.5)
+    second = thread_delays(child.pid)
+    assert first is not None and second is not None
+    assert len(second) == 4 and set(second) == {t.id for t in psutil.Process(child.pid).threads()}
+    # three threads hashing (hashlib lets go of the GIL) share core 0: each waits for it most of the time
+    assert delay_growth(first, second) > 0.5
+    assert delay_growth(second, first) == 0.0  # a reading never shrinks what was waited
+    child.kill()
+    child.wait()
+    assert thread_delays(child.pid) is None
 
 
 def test_a_marked_idle_process_is_reported_as_idle_not_missing(spawn) -> None:
