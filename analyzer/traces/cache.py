@@ -16,7 +16,7 @@ from pathlib import Path
 from analyzer.traces.parse import ParsedTrace, parse_trace
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = "3"  # bump when ParsedTrace or the parse changes
+CACHE_VERSION = "4"  # bump when ParsedTrace or the parse changes
 
 
 def cache_key(path: str | Path) -> str:

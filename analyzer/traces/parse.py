@@ -33,6 +33,8 @@ MEMORY_PER_TEXT_BYTE = 8.0
 STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
 # events that occupy the device (sync markers and GPU-side annotations do not)
 GPU_CATS = ["kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"]
+# the event args (HTA's names) the rules read: the device stream, the launch correlation, a copy's bytes
+ARGS_READ = ("stream", "correlation", "bytes")
 
 
 @dataclass
@@ -196,6 +198,8 @@ def parse_trace(path: str | Path, memory_budget: int | None = None) -> ParsedTra
     check_trace_file(p, memory_budget)
     cfg = ParserConfig.get_default_cfg().clone()
     cfg.set_parser_backend(ParserBackend.JSON)
+    # HTA lifts each kept event arg into a column row by row; keep only the args the rules read
+    cfg.set_args_selector(list(ARGS_READ))
     hta_log = logging.getLogger("hta")
     level = hta_log.level
     hta_log.setLevel(logging.ERROR)  # HTA logs every parse at WARNING
@@ -215,8 +219,6 @@ def parse_trace(path: str | Path, memory_budget: int | None = None) -> ParsedTra
     warnings: list[str] = []
     rank = _rank_of(meta, p, warnings)
 
-    # per-op shapes are kept by HTA as Python lists; no question here uses them and they dominate pickling
-    df = df.drop(columns=[c for c in ("input_dims", "input_type", "input_strides") if c in df.columns])
     table = symbols.get_sym_table()
     df["s_name"] = pd.Categorical.from_codes(df["name"].astype(np.int64), categories=table)
     df["s_cat"] = pd.Categorical.from_codes(df["cat"].astype(np.int64), categories=table)
