@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from store.models import Action, ActionEvent, Device, Host, HostEvent, Lane, Placement, Process, Workflow
@@ -73,6 +73,42 @@ def register_devices(
         session.flush()
         ids[spec.index] = device.id
     return ids
+
+
+def add_hosts(session: Session, host_ids: Iterable[str], *, source: str, labels: dict[str, Any],
+              now: float) -> None:
+    """Register hosts the store does not have yet (the caller has checked), in one statement: an importer's
+    hosts, which have no agent."""
+    rows = [{"id": h, "hostname": h, "source": source, "labels": labels, "started_at": now, "last_seen": now}
+            for h in host_ids]
+    if rows:
+        session.execute(insert(Host), rows)
+
+
+def register_devices_of_hosts(session: Session, specs: Mapping[str, Iterable[DeviceSpec]], *, source: str,
+                              now: float) -> dict[tuple[str, int], int]:
+    """register_devices for many hosts at once, in three statements whatever their number (read, update the
+    known, insert the new); returns {(host, device index): device id}."""
+    wanted = {(h, spec.index): spec for h, host_specs in specs.items() for spec in host_specs}
+    if not wanted:
+        return {}
+    known = {(h, i): d for h, i, d in session.execute(
+        select(Device.host_id, Device.index, Device.id).where(Device.host_id.in_(list(specs)))).tuples()
+        if (h, i) in wanted}
+
+    def fields(spec: DeviceSpec) -> dict[str, Any]:
+        return {"uuid": spec.uuid, "name": spec.name, "source": source, "memory_total": spec.memory_total,
+                "cpu_cores": list(spec.cpu_cores) if spec.cpu_cores is not None else None, "state": "ok",
+                "last_seen": now}
+
+    if known:
+        session.execute(update(Device), [{"id": d, **fields(wanted[key])} for key, d in known.items()])
+    new = [{"host_id": h, "index": i, "registered_at": now, **fields(spec)}
+           for (h, i), spec in wanted.items() if (h, i) not in known]
+    if new:
+        known.update({(h, i): d for h, i, d in session.execute(
+            insert(Device).returning(Device.host_id, Device.index, Device.id), new).tuples()})
+    return known
 
 
 def device_ids(session: Session, host_id: str) -> dict[int, int]:

@@ -138,14 +138,18 @@ def counters(wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarra
 
 
 def pylist(values: np.ndarray, integer: bool = False) -> list[Any]:
-    """A column as Python values with NaN as None (and whole numbers as int where the store wants BIGINT)."""
+    """A column as Python values with NaN as None (and whole numbers as int where the store wants BIGINT).
+
+    Most columns of a window are either all present or all missing: those skip the per-value object array."""
     missing = np.isnan(values)
+    if missing.all():
+        return [None] * len(values)
     if integer:
-        out = np.rint(np.where(missing, 0, values)).astype(np.int64).astype(object)
-    else:
-        out = values.astype(object)
-    if missing.any():
-        out[missing] = None
+        values = np.rint(np.where(missing, 0, values)).astype(np.int64)
+    if not missing.any():
+        return values.tolist()
+    out = values.astype(object)
+    out[missing] = None
     return out.tolist()
 
 

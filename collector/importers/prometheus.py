@@ -46,7 +46,7 @@ from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.ingest import sample_errors, write_samples_on
 from store.models import Device, DeviceSample, Host, Process, Workflow
-from store.registry import DeviceSpec, register_devices, register_host
+from store.registry import DeviceSpec, add_hosts, register_devices_of_hosts
 from store.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -285,9 +285,8 @@ def _register(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray],
     known_devices = {(h, i): (d, u) for h, i, d, u in s.execute(
         select(Device.host_id, Device.index, Device.id, Device.uuid).where(Device.host_id.in_(hosts))).tuples()}
     known_hosts = set(s.scalars(select(Host.id).where(Host.id.in_(hosts))))
-    for host in hosts:
-        if host not in known_hosts:  # a host an agent registered keeps its own record
-            register_host(s, host, hostname=host, source=SOURCE, labels={"imported_from": url}, now=until)
+    # a host an agent registered keeps its own record
+    add_hosts(s, [h for h in hosts if h not in known_hosts], source=SOURCE, labels={"imported_from": url}, now=until)
     by_host: dict[str, list[DeviceSpec]] = {}
     refresh = []
     for d in used:
@@ -301,9 +300,7 @@ def _register(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray],
                                                            memory_total=mem_total[d]))
     if refresh:
         s.execute(update(Device), refresh)
-    for host, specs in by_host.items():
-        for index, device_id in register_devices(s, host, specs, source=SOURCE, now=until).items():
-            device_ids[(host, index)] = device_id
+    device_ids.update(register_devices_of_hosts(s, by_host, source=SOURCE, now=until))
     seen_wf: dict[int, tuple[float, float]] = {}
     for (_d, w), (first, last) in span.items():
         lo, hi = seen_wf.get(w, (first, last))
