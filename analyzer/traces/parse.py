@@ -1,9 +1,11 @@
-"""Read one Kineto trace file into a ParsedTrace with HTA's parser, refusing bad files with a clear reason.
+"""Read one Kineto trace file into a ParsedTrace: HTA's event frame, refusing bad files with a clear reason.
 
-We call HTA's public per-file parser (`parse_trace_dataframe`, then `transform_correlation_to_index`) instead
-of `TraceAnalysis`, because TraceAnalysis needs `distributedInfo.rank`, drops the events of the last profiler
-step and assigns iterations row by row. When HTA's parser fails (or finds no events), the file is read again
-with the standard library only to name the problem of the bad file; good files are read once.
+The frame is the one HTA's public per-file parser (`parse_trace_dataframe`) makes, built by
+analyzer.traces.read_events (orjson and whole-column steps, held equal to HTA's parser by a test), then HTA's
+`transform_correlation_to_index` links launches and kernels. We do not use `TraceAnalysis`, because it needs
+`distributedInfo.rank`, drops the events of the last profiler step and assigns iterations row by row. When the
+read fails (or finds no events), the file is read again with the standard library only to name the problem of
+the bad file; good files are read once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pandas as pd
 import psutil
 
 from analyzer.traces.errors import InvalidTrace
+from analyzer.traces.read_events import read_events
 
 log = logging.getLogger(__name__)
 
@@ -191,21 +194,17 @@ def parse_trace(path: str | Path, memory_budget: int | None = None) -> ParsedTra
     """Parse one trace file; raises InvalidTrace naming the file and the problem."""
     # HTA loads on the first parse only, so the CLI and the agent start light
     from hta.common.trace import transform_correlation_to_index
-    from hta.common.trace_parser import parse_trace_dataframe
-    from hta.configs.parser_config import ParserBackend, ParserConfig
+    from hta.configs.parser_config import ParserConfig
 
     p = Path(path)
     check_trace_file(p, memory_budget)
-    cfg = ParserConfig.get_default_cfg().clone()
-    cfg.set_parser_backend(ParserBackend.JSON)
-    # HTA lifts each kept event arg into a column row by row; keep only the args the rules read
-    cfg.set_args_selector(list(ARGS_READ))
+    args = {a.raw_name: a.default_value for a in ParserConfig.get_default_args() if a.name in ARGS_READ}
     hta_log = logging.getLogger("hta")
     level = hta_log.level
     hta_log.setLevel(logging.ERROR)  # HTA logs every parse at WARNING
     try:
         try:
-            meta, df, symbols = parse_trace_dataframe(str(p), cfg)
+            meta, df, symbols = read_events(p, args)
         except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise _diagnose(p, exc) from None
         if df.empty or not {"ts", "dur", "name", "cat"} <= set(df.columns):
