@@ -1,7 +1,8 @@
 """Our breakdowns against HolisticTraceAnalysis's own analyses (TraceAnalysis) on the shared traces.
 
 Our traces are read into the frame HTA's parser makes (tests/analyzer/test_trace_reader.py); the breakdowns are
-ours, computed per step window and over the whole device. Two differences are by design and each test states which one it meets:
+ours, computed per step window and over the whole device. Two differences are by design and each test states
+which one it meets:
 - TraceAnalysis drops the events of the last profiler step; our summary keeps every step.
 - HTA measures over the span from the first to the last device event (per stream for idle time); we measure
   inside the ProfilerStep windows, over all streams of the device.
