@@ -23,6 +23,7 @@ import orjson
 import pandas as pd
 
 DROPPED_KEYS = frozenset({"ph", "id", "bp", "s", "args"})  # keys HTA's frame drops (args become columns)
+TEXT_KEYS = frozenset({"cat", "name"})
 MISSING = float("nan")
 
 
@@ -53,6 +54,29 @@ def _column_kind(kept: pd.Series, dropped: list[Any]) -> Any:
     return np.float64 if seen in numbers else object
 
 
+def _columns(events: list[dict[str, Any]]) -> list[str]:
+    """The frame's columns: every event key but those HTA drops, in the order keys first appear (as pandas orders
+    a frame of dicts)."""
+    wanted = set().union(*events) - DROPPED_KEYS
+    order: list[str] = []
+    for e in events:  # the first events hold nearly every key, so this stops early
+        for k in e:
+            if k in wanted and k not in order:
+                order.append(k)
+        if len(order) == len(wanted):
+            break
+    return order
+
+
+def _column(values: list[Any], text: bool = False) -> Any:
+    """A column's values as the array pandas would infer: numpy's own conversion where every value is a number
+    (NaN a gap), pandas' inference otherwise."""
+    if text:
+        return np.array(values, dtype=object)
+    arr = np.array(values)
+    return arr if arr.ndim == 1 and arr.dtype.kind in "if" else pd.Series(values).to_numpy()
+
+
 def _index_dtype(n: int) -> Any:
     """The integer type pd.to_numeric(downcast="integer") gives positions 0..n-1."""
     return pd.to_numeric(pd.Series([0, n - 1]), downcast="integer").dtype
@@ -75,10 +99,7 @@ def read_events(path: Path, args: dict[str, int]) -> tuple[dict[str, Any], pd.Da
     meta = {k: v for k, v in record.items() if k != "traceEvents"}
     if not isinstance(events, list) or not events:
         return meta, pd.DataFrame(), TraceSymbolTable()
-    keys: dict[str, None] = {}
-    for e in events:
-        keys.update(dict.fromkeys(e))  # a column per key, in the order keys first appear, as pandas makes them
-    columns = [k for k in keys if k not in DROPPED_KEYS]
+    columns = _columns(events)
     if not {"ts", "dur", "cat", "name"} <= set(columns):
         return meta, pd.DataFrame(), TraceSymbolTable()
     # HTA's frame holds every event and then drops those without a duration or category (about 40 %: flow and
@@ -93,7 +114,8 @@ def read_events(path: Path, args: dict[str, int]) -> tuple[dict[str, Any], pd.Da
     if not kept:
         return meta, pd.DataFrame(), TraceSymbolTable()
     kept_events = [events[i] for i in kept]
-    df = pd.DataFrame({k: [e.get(k, MISSING) for e in kept_events] for k in columns}, index=pd.Index(kept))
+    df = pd.DataFrame({k: _column([e.get(k, MISSING) for e in kept_events], text=k in TEXT_KEYS) for k in columns},
+                      index=pd.Index(kept))
     kinds = {k: _column_kind(df[k], [e.get(k, MISSING) for e in dropped]) for k in columns}
     for k, kind in kinds.items():
         if kind is not None:
@@ -110,10 +132,18 @@ def read_events(path: Path, args: dict[str, int]) -> tuple[dict[str, Any], pd.Da
             df["end"], df["dur"] = df["end"].astype(np.float64), df["dur"].astype(np.float64)
     df.insert(0, "index", np.asarray(kept, dtype=_index_dtype(len(events))))
 
-    kept_args = [e.get("args") for e in kept_events]
-    for name, default in args.items():
-        df[name] = pd.Series([a.get(name, default) if isinstance(a, dict) else default for a in kept_args],
-                             index=df.index)
+    lifted: dict[str, list[Any]] = {name: [] for name in args}
+    defaults = list(args.items())
+    for e in kept_events:
+        a = e.get("args")
+        if isinstance(a, dict):
+            for name, default in defaults:
+                lifted[name].append(a.get(name, default))
+        else:
+            for name, default in defaults:
+                lifted[name].append(default)
+    for name, values in lifted.items():
+        df[name] = pd.Series(_column(values), index=df.index)
     if "stream" in df and df["stream"].dtype.kind != "i":
         values = pd.unique(df["stream"])
         df["stream"] = df["stream"].map({v: _stream_number(v) for v in values}).astype(np.int64)
