@@ -73,11 +73,12 @@ def test_the_shared_traces_cover_what_the_reader_must_match():
 
 def test_a_counter_mode_trace_with_gaps_reads_as_hta_reads_it(tmp_path):
     # CUPTI counter mode (cuda_profiler_range events; with the args chosen, HTA lifts no counter columns) and a
-    # metadata event without ts or dur: the gaps make ts and dur float in HTA's frame
+    # metadata event without ts or dur: the gaps make ts and dur float in HTA's frame; a kept event without a tid
     events = [
         {"ph": "X", "cat": "cuda_profiler_range", "name": "range", "pid": 0, "tid": 1, "ts": 10, "dur": 5,
          "args": {"sm__cycles_active.avg": 123, "dram__bytes_read.sum": 9}},
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 11, "dur": 2, "args": {}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "ts": 14, "dur": 1},  # no tid, no args
         {"ph": "M", "name": "process_name", "pid": "Spans", "tid": 0, "args": {"name": "x"}},
     ]
     path = tmp_path / "counters.json"
@@ -85,5 +86,6 @@ def test_a_counter_mode_trace_with_gaps_reads_as_hta_reads_it(tmp_path):
     meta, df, symbols = read_events(path, _args())
     hta_meta, hta_df, hta_symbols = _hta_parse(path)
     assert meta == hta_meta == {"schemaVersion": 1}
-    assert df["ts"].tolist() == [10.0, 11.0] and "sm__cycles_active.avg" not in df
+    assert df["ts"].tolist() == [10.0, 11.0, 14.0] and "sm__cycles_active.avg" not in df
+    assert df["tid"].isna().tolist() == [False, False, True] and df["stream"].tolist() == [-1, -1, -1]
     pd.testing.assert_frame_equal(_decoded(df, symbols), _decoded(hta_df, hta_symbols))
