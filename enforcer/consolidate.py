@@ -9,6 +9,16 @@ be co-located) when its memory is declared (a quota known at arrival) or when it
 and its memory is not still growing (the median of the last quarter of the window above the earlier peak: a new
 level, not a passing spike); otherwise it keeps a device to itself.
 
+Two "wait before sharing" rules, on purpose. Admission (`fleetlens run`, the planner:
+store.device_memory.known_memory, FLEETLENS_MEMORY_SEEN_STEPS) lets a job of undeclared memory share once its
+memory was seen for N steps or samples: it trusts a training job's per-iteration profile (P, E), which repeats
+every step, so a count of steps covers it however long a step is, and the share it earns is enforced as the job's
+own memory cap. `min_history_s` (FLEETLENS_CONSOLIDATE_MIN_HISTORY_S) trusts something else: a peak over hours of
+memory that follows load (serving containers, traces with no steps at all, as in the simulator), which only
+wall-clock history and the growth test can vouch for; its safety net is the guard move, sized from the same
+window. Either rule in the other's place is wrong: 45 minutes before a training job may join a lane delays
+packing with nothing gained, and 20 one-second samples of a service say nothing of its evening peak.
+
 Planning keeps placements. Guard moves first: on a shared device whose jobs' lanes no longer fit (a job's memory
 grew toward its share) or whose jobs ask more compute than `util_cap`, the cheapest jobs move off until it fits,
 before real memory runs out. Then consolidation moves, the device cheapest to drain first (fewest jobs, then least
@@ -43,7 +53,7 @@ DAY_S = 86400.0
 @dataclass(frozen=True, slots=True)
 class ConsolidateParams:
     window_s: float = 3 * 3600.0  # memory peak and utilisation p95 are taken over this recent window
-    min_history_s: float = 2700.0  # a job is co-located only after this much history
+    min_history_s: float = 2700.0  # a job is co-located only after this much history (time, not steps: see above)
     growth: float = 0.02  # a new high this much above the earlier peak of the window, lately: still growing
     util_cap: float = 1.0  # most compute (sum of p95 utilisation) planned on one shared device
     util_guard: float = 1.2  # compute over this on a shared device moves a job off (too much slows, never fails)

@@ -12,6 +12,7 @@ from enforcer.consolidation_store import POLICY, consolidation_due, load_demands
 from enforcer.cycle import run_cycle
 from store.checkpoints import record_checkpoint, record_probes
 from store.db import Store
+from store.device_memory import known_memory
 from store.ingest import write_samples
 from store.models import Action, Placement, Plan, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
@@ -185,3 +186,15 @@ def test_consolidation_keeps_a_job_no_host_with_room_can_read_and_records_why(an
         s.get(Workflow, "a").checkpoint_url = None
     _, homebound = make_consolidation_plan(any_store, settings, now=NOW + 2)
     assert homebound.moves == [] and "own FLEETLENS_HOME" in homebound.refused[0]["reason"]
+
+
+def test_admission_trusts_memory_seen_for_steps_before_consolidation_trusts_its_history(any_store: Store):
+    # two rules on purpose (enforcer.consolidate's docstring): 30 one-minute samples are enough steps for
+    # admission to know a's memory, and not enough history for consolidation to co-locate it by its peak
+    seed(any_store, minutes=30)
+    with any_store.session() as s:
+        assert known_memory(s, s.get(Workflow, "a"), Settings().memory_seen_steps) == (2 * GIB, 0)
+    _, plan = make_consolidation_plan(any_store, Settings(), now=NOW)
+    assert plan.moves == [] and plan.sizes["a"].why == "short_history" and not plan.sizes["a"].shareable
+    _, plan = make_consolidation_plan(any_store, Settings(consolidate_min_history_s=1200.0), now=NOW + 1)
+    assert [m.job_id for m in plan.moves] == ["a", "b"]
