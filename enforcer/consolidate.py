@@ -9,22 +9,41 @@ be co-located) when its memory is declared (a quota known at arrival) or when it
 and its memory is not still growing (the median of the last quarter of the window above the earlier peak: a new
 level, not a passing spike); otherwise it keeps a device to itself.
 
+Two "wait before sharing" rules, on purpose. Admission (`fleetlens run`, the planner:
+store.device_memory.known_memory, FLEETLENS_MEMORY_SEEN_STEPS) lets a job of undeclared memory share once its
+memory was seen for N steps or samples: it trusts a training job's per-iteration profile (P, E), which repeats
+every step, so a count of steps covers it however long a step is, and the share it earns is enforced as the job's
+own memory cap. `min_history_s` (FLEETLENS_CONSOLIDATE_MIN_HISTORY_S) trusts something else: a peak over hours of
+memory that follows load (serving containers, traces with no steps at all, as in the simulator), which only
+wall-clock history and the growth test can vouch for; its safety net is the guard move, sized from the same
+window. Either rule in the other's place is wrong: 45 minutes before a training job may join a lane delays
+packing with nothing gained, and 20 one-second samples of a service say nothing of its evening peak.
+
 Planning keeps placements. Guard moves first: on a shared device whose jobs' lanes no longer fit (a job's memory
 grew toward its share) or whose jobs ask more compute than `util_cap`, the cheapest jobs move off until it fits,
 before real memory runs out. Then consolidation moves, the device cheapest to drain first (fewest jobs, then least
 work lost): a device is emptied only if all its jobs fit on other devices in use (Salus's lane rule, the compute
 cap) and the device-hours that returns over `horizon_s` outweigh the moves' cost (downtime plus the work since each
 job's last checkpoint). Moves per cycle and per job per day are capped; a device is never planned over its memory.
+
+Storage. Like the planner (enforcer.planner), a job carrying storage facts (`JobDemand.readable_hosts`, which the
+store side reads from the agents' probes) moves only within its own host or to a host that can read its checkpoint
+location. When the only device with room is elsewhere, the move is not planned: a guard move's job stays where it
+is, a device that would need such a move is not emptied, and the job is named in `ConsolidationPlan.refused` with
+the reason. Without storage facts (the simulator) any device will do.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR, Admission, Fleet, Job, lane_request
+from enforcer.planner import unreadable_refusal
 from store.errors import InvalidInput
 from store.settings import Settings
 
@@ -34,7 +53,7 @@ DAY_S = 86400.0
 @dataclass(frozen=True, slots=True)
 class ConsolidateParams:
     window_s: float = 3 * 3600.0  # memory peak and utilisation p95 are taken over this recent window
-    min_history_s: float = 2700.0  # a job is co-located only after this much history
+    min_history_s: float = 2700.0  # a job is co-located only after this much history (time, not steps: see above)
     growth: float = 0.02  # a new high this much above the earlier peak of the window, lately: still growing
     util_cap: float = 1.0  # most compute (sum of p95 utilisation) planned on one shared device
     util_guard: float = 1.2  # compute over this on a shared device moves a job off (too much slows, never fails)
@@ -76,6 +95,9 @@ class JobDemand:
     whole: bool = False  # holds its device whole (a part of a multi-device job)
     since_checkpoint_s: float = 0.0
     moves: list[float] = field(default_factory=list)
+    # hosts besides its own that can read its checkpoint location (it may move only there or within its host);
+    # None: no storage facts (a simulation), any host will do
+    readable_hosts: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +131,8 @@ class ConsolidationPlan:
     devices_freed: list[int]
     unresolved: dict[str, str]  # job -> why it has no place (no room anywhere)
     packing: Packing | None = None  # the devices once the moves are done
+    # jobs kept where they run because the only room was on hosts that cannot read their checkpoint location
+    refused: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> dict:
         reasons: dict[str, int] = {}
@@ -116,7 +140,7 @@ class ConsolidationPlan:
             reasons[m.reason] = reasons.get(m.reason, 0) + 1
         return {"moves": len(self.moves), "by_reason": reasons, "devices_held": self.devices_held,
                 "devices_needed": self.devices_needed, "devices_freed": len(self.devices_freed),
-                "unresolved": len(self.unresolved)}
+                "unresolved": len(self.unresolved), "refused": self.refused}
 
 
 def size_job(d: JobDemand, now: float, p: ConsolidateParams) -> Size:
@@ -218,13 +242,15 @@ class Packing:
 
     Memory goes through Salus's admission (enforcer.lanes.Fleet): each shareable job opens its own lane, a job
     that may not share holds its device whole. Compute is the sum of the jobs' p95 utilisation per device.
+    `hosts` names each device's host (device id -> host) where moves must respect storage.
     """
 
-    def __init__(self, devices: list[tuple[int, int]], util_cap: float = 1.0) -> None:
+    def __init__(self, devices: list[tuple[int, int]], util_cap: float = 1.0,
+                 hosts: Mapping[int, str] | None = None) -> None:
         self.util_cap = util_cap
         self.fleet = Fleet()
         for device_id, capacity in devices:
-            self.fleet.add_device(device_id, capacity)
+            self.fleet.add_device(device_id, capacity, host=(hosts or {}).get(device_id, ""))
         n = len(devices)
         self.util = np.zeros(n)
         self.n_jobs = np.zeros(n, dtype=np.int64)
@@ -232,6 +258,25 @@ class Packing:
         self.on: dict[int, set[str]] = {}  # device position -> its jobs
         self.sizes: dict[str, Size] = {}
         self.capacity = self.fleet.arrays.capacity
+
+    def reachable(self, readable_hosts: frozenset[str] | None, home: int) -> np.ndarray | None:
+        """The devices a job on position `home` may move to: those of its own host and of the hosts that can read
+        its checkpoint location (None: no storage facts, every device)."""
+        if readable_hosts is None:
+            return None
+        return self.fleet.host_mask(readable_hosts | {self.fleet.devices[home].host})
+
+    def refusal(self, job_id: str, home: int, size: Size, exclude: set[int] | frozenset[int],
+                worst: bool = False, alone: bool = False) -> dict[str, Any] | None:
+        """The refusal to record when a job found no device among those it may move to: the device that would
+        have taken it had storage not mattered, on a host that cannot read its checkpoints (None: none had room)."""
+        to = self.best_shared(size, exclude, worst)
+        if to is None and alone:
+            to = self.empty_device(size)
+        if to is None:
+            return None
+        target = self.fleet.devices[to]
+        return unreadable_refusal(job_id, self.fleet.devices[home].device_id, target.device_id, target.host)
 
     @property
     def positions_in_use(self) -> np.ndarray:
@@ -271,15 +316,18 @@ class Packing:
             self.util[i] = 0.0
         return i
 
-    def best_shared(self, size: Size, exclude: set[int] | frozenset[int] = frozenset(), worst: bool = False
-                    ) -> int | None:
+    def best_shared(self, size: Size, exclude: set[int] | frozenset[int] = frozenset(), worst: bool = False,
+                    allowed: np.ndarray | None = None) -> int | None:
         """The in-use shareable device with the least free memory left after the job's lane (best fit; `worst`:
-        the most, where a job that had to move because its memory grew is least likely to run out again)."""
+        the most, where a job that had to move because its memory grew is least likely to run out again), among
+        the `allowed` devices (a mask; None: all)."""
         if not size.shareable:
             return None
         a = self.fleet.arrays
         need = max(1, math.ceil(LANE_FACTOR * math.ceil(PERSISTENT_FACTOR * size.mem)))
         mask = (self.n_jobs > 0) & (a.free >= need) & (self.util + size.util <= self.util_cap + 1e-9) & (a.n_lanes > 0)
+        if allowed is not None:
+            mask &= allowed
         idx = np.flatnonzero(mask)
         if idx.size == 0:
             return None
@@ -292,25 +340,27 @@ class Packing:
                 return i
         return None
 
-    def empty_device(self, size: Size) -> int | None:
-        """The smallest empty device that holds the job alone."""
+    def empty_device(self, size: Size, allowed: np.ndarray | None = None) -> int | None:
+        """The smallest empty device that holds the job alone (among the `allowed` devices; None: all)."""
         a = self.fleet.arrays
-        idx = np.flatnonzero((self.n_jobs == 0) & (a.capacity >= size.mem) & a.alive)
+        mask = (self.n_jobs == 0) & (a.capacity >= size.mem) & a.alive
+        idx = np.flatnonzero(mask if allowed is None else mask & allowed)
         if idx.size == 0:
             return None
         return int(idx[np.argmin(a.capacity[idx])])
 
-    def place_new(self, size: Size, exclude: set[int] | frozenset[int] = frozenset(), worst: bool = False
-                  ) -> tuple[int | None, str]:
+    def place_new(self, size: Size, exclude: set[int] | frozenset[int] = frozenset(), worst: bool = False,
+                  allowed: np.ndarray | None = None) -> tuple[int | None, str]:
         """Where a job goes: next to others if it may share and a device in use has room, else a device alone
-        (in its own lane when Salus's headroom fits there, so others may join it later; else whole).
+        (in its own lane when Salus's headroom fits there, so others may join it later; else whole), among the
+        `allowed` devices (None: all).
 
         Returns (position, "") or (None, the reason it cannot be placed now)."""
-        i = self.best_shared(size, exclude, worst)
+        i = self.best_shared(size, exclude, worst, allowed)
         if i is not None:
             self.put(i, size)
             return i, ""
-        i = self.empty_device(size)
+        i = self.empty_device(size, allowed)
         if i is not None:
             cap = int(self.capacity[i])
             alone = size if size.shareable and lane_bytes(size, cap) <= cap else Size(
@@ -325,11 +375,13 @@ class Packing:
 
 
 def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand], now: float,
-                       params: ConsolidateParams | None = None, *, guard_only: bool = False) -> ConsolidationPlan:
+                       params: ConsolidateParams | None = None, *, guard_only: bool = False,
+                       hosts: Mapping[int, str] | None = None) -> ConsolidationPlan:
     """Moves for one cycle: guard moves for devices running out, then (unless `guard_only`: a check between
-    cycles when a job's memory passed what it was planned at) moves that free whole devices."""
+    cycles when a job's memory passed what it was planned at) moves that free whole devices. `hosts` (device id
+    -> host) with the jobs' `readable_hosts` keeps every move where the job's checkpoints can be read."""
     p = params or ConsolidateParams()
-    pk = Packing(devices, p.util_cap)
+    pk = Packing(devices, p.util_cap, hosts)
     sizes = size_jobs(demands, now, p)
     by_id = {d.job_id: d for d in demands}
     pos_of = pk.fleet.index_of
@@ -366,12 +418,21 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
     held = len(groups)
     moves: list[ConsolidationMove] = []
     moved: set[str] = set()
+    refused: list[dict[str, Any]] = []
+    kept: set[int] = set()  # devices where a job that could not go stays over its share: neither drained nor filled
     # guard moves: they go now, whatever the caps, to the device with the most room (shared if the job may share,
-    # else alone)
+    # else alone) among those whose host can read its checkpoints
     for i, job_id, reason in over:
-        to, _ = pk.place_new(sizes[job_id], exclude={i}, worst=True)
+        allowed = pk.reachable(by_id[job_id].readable_hosts, i)
+        to, _ = pk.place_new(sizes[job_id], exclude=kept | {i}, worst=True, allowed=allowed)
         if to is None:
-            unresolved[job_id] = "no device has room for it"
+            refusal = None if allowed is None else pk.refusal(job_id, i, sizes[job_id], kept | {i}, worst=True,
+                                                               alone=True)
+            if refusal is not None:
+                refused.append(refusal)  # it stays where it is: better short of memory than its work lost
+                kept.add(i)
+            else:
+                unresolved[job_id] = "no device has room for it"
             continue
         moves.append(ConsolidationMove(job_id, pk.fleet.devices[i].device_id, pk.fleet.devices[to].device_id,
                                        reason, cost(by_id[job_id]), 0.0))
@@ -397,7 +458,7 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
         if budget <= 0:
             break
         members = sorted(pk.on.get(i, ()))
-        if not members or len(members) > budget or not all(may_move(by_id[j]) for j in members):
+        if not members or i in kept or len(members) > budget or not all(may_move(by_id[j]) for j in members):
             continue
         total_cost = sum(cost(by_id[j]) for j in members)
         gain_s = p.horizon_s
@@ -408,8 +469,12 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
             pk.take(j)
         targets: list[tuple[str, int]] = []
         for j, s in sorted(taken, key=lambda x: -x[1].mem):
-            to = pk.best_shared(s, exclude=emptied | {i})
+            allowed = pk.reachable(by_id[j].readable_hosts, i)
+            to = pk.best_shared(s, exclude=emptied | kept | {i}, allowed=allowed)
             if to is None:
+                refusal = None if allowed is None else pk.refusal(j, i, s, emptied | kept | {i})
+                if refusal is not None:
+                    refused.append(refusal)
                 break
             pk.put(to, s)
             targets.append((j, to))
@@ -427,4 +492,4 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
                                            "free_device", cost(by_id[j]), gain_h / len(targets)))
             moved.add(j)
         budget -= len(targets)
-    return ConsolidationPlan(moves, sizes, held, int((pk.n_jobs > 0).sum()), freed, unresolved, pk)
+    return ConsolidationPlan(moves, sizes, held, int((pk.n_jobs > 0).sum()), freed, unresolved, pk, refused)

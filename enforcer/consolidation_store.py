@@ -5,6 +5,11 @@ A workflow's demand on its device is what its processes' samples show there over
 its processes per sample time, utilisation the highest any of them reported (GPU SM, else the cpu source's share
 of the device's cores). The plan is recorded in `plans` like the planner's, so applying it goes through the same
 `apply_plan` and the migration state machine, and the dashboard reads both the same way.
+
+Each job comes with the hosts that recently said they can read its checkpoint location (the same facts, from the
+same helper, as the planner's: store.checkpoints.readable_hosts_by_workflow), and each device with its host, so
+consolidation plans no move a target agent could not resume from; the jobs it keeps for that reason are listed
+in the plan's summary under "refused", each with what the target host's agent said.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from enforcer.consolidate import ConsolidateParams, ConsolidationPlan, JobDemand, lane_bytes, plan_consolidation
-from enforcer.plan_store import apply_plan
+from enforcer.plan_store import apply_plan, explain_refusals
 from enforcer.planner import Move
-from store.checkpoints import latest_checkpoint_times
+from store.checkpoints import latest_checkpoint_times, readable_hosts_by_workflow
 from store.db import Store
 from store.device_memory import unplaced_memory
 from store.models import Action, Device, Placement, Plan, ProcessSample, Team, Workflow
@@ -31,12 +36,15 @@ POLICY = "consolidate"
 DAY_S = 86400.0
 
 
-def load_demands(session: Session, settings: Settings, now: float,
-                 params: ConsolidateParams) -> tuple[list[tuple[int, int]], list[JobDemand]]:
-    """Devices ((id, bytes)) and every placed workflow's demand up to `now`. A device's bytes are its memory less
-    what the latest samples show in use outside its placements (store.device_memory.unplaced_memory)."""
-    totals = {d.id: int(d.memory_total) for d in
-              session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id)) if d.memory_total}
+def load_demands(session: Session, settings: Settings, now: float, params: ConsolidateParams
+                 ) -> tuple[list[tuple[int, int]], list[JobDemand], dict[int, str]]:
+    """Devices ((id, bytes)), every placed workflow's demand up to `now` (with the hosts that can read its
+    checkpoint location), and each device's host. A device's bytes are its memory less what the latest samples
+    show in use outside its placements (store.device_memory.unplaced_memory)."""
+    ok = [d for d in session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id))
+          if d.memory_total]
+    totals = {d.id: int(d.memory_total) for d in ok}
+    hosts = {d.id: d.host_id for d in ok}
     movable_teams = set(settings.movable_teams) | set(
         session.scalars(select(Team.name).where(Team.movable.is_(True))))
     rows = session.execute(
@@ -73,6 +81,8 @@ def load_demands(session: Session, settings: Settings, now: float,
     busy = set(session.scalars(select(Action.workflow_id).where(
         Action.state.not_in(("resumed", "rolled_back", "failed")))))
     checkpointed = latest_checkpoint_times(session, now)  # a move redoes the work since the latest one
+    readable = readable_hosts_by_workflow(session, (wf for _, wf in rows),
+                                          max_age_s=settings.storage_probe_max_age_s, now=now)
     demands = []
     for placement, wf in rows:
         pts = series.get((wf.id, placement.device_id), [])
@@ -88,8 +98,9 @@ def load_demands(session: Session, settings: Settings, now: float,
         last_checkpoint = checkpointed.get(wf.id)
         demands.append(JobDemand(wf.id, placement.device_id, times, mem, util,
                                  movable=movable and wf.id not in busy, moves=moved.get(wf.id, []),
-                                 since_checkpoint_s=0.0 if last_checkpoint is None else now - last_checkpoint))
-    return devices, demands
+                                 since_checkpoint_s=0.0 if last_checkpoint is None else now - last_checkpoint,
+                                 readable_hosts=readable[wf.id]))
+    return devices, demands, hosts
 
 
 def make_consolidation_plan(store: Store, settings: Settings, *, now: float | None = None,
@@ -98,8 +109,11 @@ def make_consolidation_plan(store: Store, settings: Settings, *, now: float | No
     now = time.time() if now is None else now
     params = ConsolidateParams.from_settings(settings)
     with store.session() as session:
-        devices, demands = load_demands(session, settings, now, params)
-    plan = plan_consolidation(devices, demands, now, params)
+        devices, demands, hosts = load_demands(session, settings, now, params)
+    plan = plan_consolidation(devices, demands, now, params, hosts=hosts)
+    if plan.refused:
+        with store.session() as session:
+            explain_refusals(session, plan.refused, settings, now)
     caps = dict(devices)
     moves = []
     for k, m in enumerate(plan.moves):
@@ -122,7 +136,7 @@ def make_consolidation_plan(store: Store, settings: Settings, *, now: float | No
         session.flush()
         plan_id = row.id
     if apply and moves:
-        apply_plan(store, plan_id, now=now)
+        apply_plan(store, plan_id, settings=settings, now=now)
     return plan_id, plan
 
 

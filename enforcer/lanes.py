@@ -333,6 +333,7 @@ class Fleet:
     _jobs: dict[str, Job] = field(default_factory=dict)
     _arr: _Arrays | None = None
     _kind_masks: dict[frozenset[str], np.ndarray] = field(default_factory=dict)
+    _host_masks: dict[frozenset[str], np.ndarray] = field(default_factory=dict)
     _lane_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     # ---- building
@@ -346,6 +347,7 @@ class Fleet:
         self.kind_codes.setdefault(kind, len(self.kind_codes))
         self._arr = None  # rebuilt on next use
         self._kind_masks.clear()
+        self._host_masks.clear()
         return device
 
     def use_lane_ids(self, start: int) -> None:
@@ -432,6 +434,15 @@ class Fleet:
             codes = [self.kind_codes[k] for k in kinds if k in self.kind_codes]
             mask = np.isin(self.arrays.kind, codes)
             self._kind_masks[kinds] = mask
+        return mask
+
+    def host_mask(self, hosts: frozenset[str]) -> np.ndarray:
+        """The devices on `hosts`, as a boolean mask over all device positions (many jobs share one set of hosts:
+        a checkpoint location and the hosts that can read it)."""
+        mask = self._host_masks.get(hosts)
+        if mask is None:
+            codes = [self.host_codes[h] for h in hosts if h in self.host_codes]
+            mask = self._host_masks[hosts] = np.isin(self.arrays.host, codes)
         return mask
 
     def candidates(self, job: Job, whole: bool | None = None) -> np.ndarray:

@@ -15,7 +15,7 @@ from enforcer.lanes import PERSISTENT_FACTOR
 from enforcer.migration import plan_action
 from enforcer.planner import Holding, Move, PlanDevice, PlanResult, plan_moves
 from enforcer.policies import get_policy
-from store.checkpoints import hosts_reading, unreadable_reason
+from store.checkpoints import readable_hosts_by_workflow, unreadable_reason
 from store.db import Store
 from store.device_memory import known_memory, unplaced_memory
 from store.errors import InvalidInput, NotFound
@@ -52,7 +52,6 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
     movable_teams = set(settings.movable_teams) | set(
         session.scalars(select(Team.name).where(Team.movable.is_(True))))
 
-    readers = hosts_reading(session, max_age_s=settings.storage_probe_max_age_s, now=now)
     rows = session.execute(
         select(Placement, Workflow, LaneRow)
         .join(Workflow, Workflow.id == Placement.workflow_id)
@@ -60,6 +59,8 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
         .where(Placement.state == "active")
         .order_by(Placement.id)
     ).all()
+    readable = readable_hosts_by_workflow(session, (wf for _, wf, _ in rows),
+                                          max_age_s=settings.storage_probe_max_age_s, now=now)
     holdings = []
     explained: dict[int, int] = defaultdict(int)
     placed: dict[int, set[str]] = defaultdict(set)
@@ -75,8 +76,7 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
             compute_share=lane.compute_share if lane is not None else 1.0, p_prime=placement.mem_persistent,
             movable=movable and wf.state == "running", rules=tuple(sorted({f.rule for f in flagged})),
             cooling=wf.id in busy,
-            # a job checkpointing into its host's own FLEETLENS_HOME can move within its host only
-            readable_hosts=readers.get(wf.checkpoint_url, frozenset()) if wf.checkpoint_url else frozenset(),
+            readable_hosts=readable[wf.id],
         ))
         explained[placement.device_id] += (placement.mem_persistent or 0) + (placement.mem_ephemeral or 0)
     # lanes opened for moves still under way: reserved for the jobs on their way, whatever else happens
@@ -138,7 +138,7 @@ def make_plan(store: Store, policy: str = "pack", *, apply: bool = False, settin
         devices, holdings = load_state(session, settings, now)
     result = plan_moves(devices, holdings, chosen, max_moves=settings.max_moves_per_cycle)
     with store.session() as session:
-        explain_refusals(session, result, settings, now)
+        explain_refusals(session, result.refused, settings, now)
         refuse_unsafe_moves(session, result, settings, now)
     with store.session() as session:
         row = Plan(created_at=now, policy=chosen.name, applied=False, devices_freed=len(result.devices_freed),
@@ -152,10 +152,10 @@ def make_plan(store: Store, policy: str = "pack", *, apply: bool = False, settin
     return result
 
 
-def explain_refusals(session: Session, result: PlanResult, settings: Settings, now: float) -> None:
-    """Add to each job the planner kept for want of readable storage why the host that had room cannot be used
-    (what its agent said, or that it said nothing lately)."""
-    for refusal in result.refused:
+def explain_refusals(session: Session, refusals: list[dict], settings: Settings, now: float) -> None:
+    """Add to each job a planner (this one or consolidation) kept for want of readable storage why the host that
+    had room cannot be used (what its agent said, or that it said nothing lately)."""
+    for refusal in refusals:
         wf = session.get(Workflow, refusal["workflow_id"])
         source = session.get(Device, refusal["from_device_id"])
         why = None if wf is None or "to_host" not in refusal else unreadable_reason(

@@ -26,8 +26,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from enforcer.interference import InterferenceModel
 from enforcer.lanes import Admission, Fleet, Job, Lane
 from enforcer.policies import Policy, get_policy
@@ -35,6 +33,14 @@ from enforcer.policies import Policy, get_policy
 REFUSED_UNREADABLE = "refused: not safe to move"  # the skipped-count key of jobs kept for want of readable storage
 UNREADABLE_REASON = ("only hosts that cannot read its checkpoint location have room for it; it runs on where it is "
                      "(give the fleet shared or object storage those hosts can read)")
+
+
+def unreadable_refusal(workflow_id: str, from_device_id: int, to_device_id: int, to_host: str) -> dict[str, Any]:
+    """A job kept where it runs because the device that had room for it is on a host that cannot read its
+    checkpoint location (the planner's and consolidation's `refused` entries; the store side adds what the host's
+    agent said)."""
+    return {"workflow_id": workflow_id, "from_device_id": from_device_id, "to_device_id": to_device_id,
+            "to_host": to_host, "reason": UNREADABLE_REASON}
 
 
 @dataclass(slots=True)
@@ -167,7 +173,6 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
     freed: list[int] = []
     moves: list[Move] = []
     refused: list[dict[str, Any]] = []
-    host_masks: dict[tuple[frozenset[str], str], np.ndarray] = {}  # many jobs share one checkpoint location
     for source in sources:
         jobs = residents[source]
         if source in targets:
@@ -175,7 +180,7 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
         if len(moves) + len(jobs) > max_moves:
             skipped["over the moves-per-cycle limit"] += len(jobs)
             continue
-        placed, refusal = _evacuate(fleet, policy, source, [by_id[j] for j in jobs], host_masks)
+        placed, refusal = _evacuate(fleet, policy, source, [by_id[j] for j in jobs])
         if placed is None:
             if refusal is not None:
                 skipped[REFUSED_UNREADABLE] += len(jobs)
@@ -232,8 +237,8 @@ def _hold_foreign(fleet: Fleet, d: PlanDevice) -> None:
         fleet.place_loaded(Job(f"foreign:{d.device_id}"), d.device_id, lane.lane_id, size, p_prime=size)
 
 
-def _evacuate(fleet: Fleet, policy: Policy, source: int, holdings: list[Holding],
-              host_masks: dict[tuple[frozenset[str], str], np.ndarray]) -> tuple[list | None, dict[str, Any] | None]:
+def _evacuate(fleet: Fleet, policy: Policy, source: int, holdings: list[Holding]
+              ) -> tuple[list | None, dict[str, Any] | None]:
     """Move every job off `source`: (where each went, None). If one cannot go anywhere, everything is put back:
     (None, None) when no device has room, (None, the refusal) when the only room is on hosts that cannot read the
     job's checkpoint location."""
@@ -251,15 +256,13 @@ def _evacuate(fleet: Fleet, policy: Policy, source: int, holdings: list[Holding]
     placed = []
     # the biggest first: they are the hardest to fit
     for h, (job, _, _) in sorted(zip(holdings, before, strict=True), key=lambda x: -x[1][2]):
-        admissions = _place_where_readable(fleet, policy, job, h, device.host, host_masks)
+        admissions = _place_where_readable(fleet, policy, job, h, device.host)
         if admissions is None:
             refusal = None
             elsewhere = policy.place(job, fleet) if h.readable_hosts is not None else None
             if elsewhere is not None:
                 target = fleet.device(elsewhere[0].device_id)
-                refusal = {"workflow_id": h.workflow_id, "from_device_id": source,
-                           "to_device_id": target.device_id, "to_host": target.host,
-                           "reason": UNREADABLE_REASON}
+                refusal = unreadable_refusal(h.workflow_id, source, target.device_id, target.host)
             for done, _ in placed:
                 fleet.remove(done.workflow_id)
             for job0, lane, p_prime in before:
@@ -272,20 +275,14 @@ def _evacuate(fleet: Fleet, policy: Policy, source: int, holdings: list[Holding]
     return placed, None
 
 
-def _place_where_readable(fleet: Fleet, policy: Policy, job: Job, h: Holding, home: str,
-                          host_masks: dict[tuple[frozenset[str], str], np.ndarray]) -> list[Admission] | None:
+def _place_where_readable(fleet: Fleet, policy: Policy, job: Job, h: Holding, home: str) -> list[Admission] | None:
     """The policy's place for the job among the devices of its own host and of hosts that can read its checkpoint
     location (every device when the holding carries no storage facts). The fleet is unchanged."""
     if h.readable_hosts is None:
         return policy.place(job, fleet)
     a = fleet.arrays
-    key = (h.readable_hosts, home)
-    allowed = host_masks.get(key)
-    if allowed is None:
-        codes = [fleet.host_codes[host] for host in (*h.readable_hosts, home) if host in fleet.host_codes]
-        allowed = host_masks[key] = np.isin(a.host, codes)
     alive = a.alive.copy()
-    a.alive &= allowed
+    a.alive &= fleet.host_mask(h.readable_hosts | {home})
     try:
         return policy.place(job, fleet)
     finally:

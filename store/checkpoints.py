@@ -168,6 +168,16 @@ def hosts_reading(session: Session, *, max_age_s: float, now: float | None = Non
     return {url: frozenset(hosts) for url, hosts in readers.items()}
 
 
+def readable_hosts_by_workflow(session: Session, workflows: Iterable[Workflow], *, max_age_s: float,
+                               now: float | None = None) -> dict[str, frozenset[str]]:
+    """{workflow id: the hosts that said, within `max_age_s`, that they can read its checkpoint location}: where a
+    planner may move it besides its own host. A job checkpointing into its host's own FLEETLENS_HOME (no location)
+    gets no host: it moves within its host only. The planner and consolidation both take these facts as data."""
+    readers = hosts_reading(session, max_age_s=max_age_s, now=now)
+    return {wf.id: readers.get(wf.checkpoint_url, frozenset()) if wf.checkpoint_url else frozenset()
+            for wf in workflows}
+
+
 def unreadable_reason(session: Session, workflow: Workflow, source_host: str | None, target_host: str, *,
                       max_age_s: float, now: float | None = None) -> str | None:
     """Why `target_host` cannot be trusted to read `workflow`'s checkpoints (None when it can)."""

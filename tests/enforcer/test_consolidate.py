@@ -204,3 +204,79 @@ def test_params_come_from_settings():
     assert (p.window_s, p.max_moves_per_job_day) == (1234.0, 5)
     assert Settings().consolidate_interval_s == 900.0
     assert lane_request(10 * GIB, 0, 80 * GIB)[1] > 10 * GIB  # Salus's headroom is what sizing adds
+
+
+# ---- storage: a job moves only to a host that can read its checkpoint location ---------------------------------
+
+HOSTS = {0: "h1", 1: "h2", 2: "h3", 3: "h1"}
+
+
+def three_hosts(readable: frozenset[str] | None) -> list[JobDemand]:
+    """A small movable job on h1's device 0; jobs that stay on h2 (the fuller: best fit) and h3."""
+    return [steady("a", 0, 5, readable_hosts=readable), steady("b", 1, 40, movable=False),
+            steady("c", 2, 20, movable=False)]
+
+
+def test_a_consolidation_move_goes_only_to_a_host_that_can_read_the_checkpoints():
+    # without storage facts (the simulator) best fit picks h2's fuller device
+    anywhere = plan_consolidation(devices(3), three_hosts(None), NOW, P, hosts=HOSTS)
+    assert [(m.job_id, m.to_device_id) for m in anywhere.moves] == [("a", 1)] and anywhere.refused == []
+    # h2 cannot read a's checkpoint location, h3 can: a goes to h3, and device 0 still comes free
+    plan = plan_consolidation(devices(3), three_hosts(frozenset({"h3"})), NOW, P, hosts=HOSTS)
+    assert [(m.job_id, m.from_device_id, m.to_device_id) for m in plan.moves] == [("a", 0, 2)]
+    assert plan.devices_freed == [0] and plan.refused == []
+    assert_within_memory(plan)
+
+
+def test_a_device_is_not_emptied_when_its_job_could_only_go_where_its_checkpoints_cannot_be_read():
+    plan = plan_consolidation(devices(3), three_hosts(frozenset()), NOW, P, hosts=HOSTS)
+    assert plan.moves == [] and plan.devices_freed == [] and plan.devices_needed == 3
+    (refusal,) = plan.refused
+    assert (refusal["workflow_id"], refusal["from_device_id"], refusal["to_device_id"], refusal["to_host"]) == (
+        "a", 0, 1, "h2")
+    assert "cannot read its checkpoint location" in refusal["reason"] and "runs on where it is" in refusal["reason"]
+    assert plan.unresolved == {} and plan.summary()["refused"] == plan.refused
+    # a job that fits nowhere at all is not blamed on storage
+    big = three_hosts(frozenset())
+    big[0] = steady("a", 0, 60, readable_hosts=frozenset())
+    assert plan_consolidation(devices(3), big, NOW, P, hosts=HOSTS).refused == []
+    # a device of its own host is always readable: a moves there (device 3 on h1 holds a job too)
+    own = [*three_hosts(frozenset()), steady("d", 3, 30, movable=False)]
+    plan = plan_consolidation(devices(4), own, NOW, P, hosts=HOSTS)
+    assert [(m.job_id, m.to_device_id) for m in plan.moves] == [("a", 3)] and plan.refused == []
+
+
+def grown(readable: frozenset[str] | None, extra: list[JobDemand] = ()) -> list[JobDemand]:
+    """x and y share h1's device 0; y's memory grew (it may no longer share) so both no longer fit. Empty devices
+    wait on h2 (device 1, a guard move's first choice) and h3 (device 2)."""
+    x = steady("x", 0, 45, since_checkpoint_s=600.0)
+    y = steady("y", 0, 20, readable_hosts=readable)
+    y.mem[-10:] = 30 * GIB
+    return [x, y, *extra]
+
+
+def test_a_guard_move_goes_to_a_host_that_can_read_the_checkpoints_or_the_job_stays_with_the_reason():
+    anywhere = plan_consolidation(devices(3), grown(None), NOW, P, hosts=HOSTS)
+    assert [(m.job_id, m.reason, m.to_device_id) for m in anywhere.moves] == [("y", "guard_memory", 1)]
+    readable = plan_consolidation(devices(3), grown(frozenset({"h3"})), NOW, P, hosts=HOSTS)
+    assert [(m.job_id, m.reason, m.to_device_id) for m in readable.moves] == [("y", "guard_memory", 2)]
+    assert readable.refused == []
+    assert_within_memory(readable)
+    kept = plan_consolidation(devices(3), grown(frozenset()), NOW, P, hosts=HOSTS)
+    assert kept.moves == [] and "y" not in kept.unresolved
+    (refusal,) = kept.refused
+    assert (refusal["workflow_id"], refusal["from_device_id"], refusal["to_device_id"], refusal["to_host"]) == (
+        "y", 0, 1, "h2")
+    # an empty device of its own host takes it
+    alone = plan_consolidation(devices(4), grown(frozenset()), NOW, P, hosts=HOSTS)
+    assert [(m.job_id, m.to_device_id) for m in alone.moves] == [("y", 3)] and alone.refused == []
+
+
+def test_the_device_a_refused_guard_move_leaves_over_its_share_takes_nobody():
+    # z on h2 would fit next to x on device 0 were y not still running there
+    z = steady("z", 3, 8)
+    plan = plan_consolidation(devices(4), grown(frozenset(), [z]), NOW, P, hosts={**HOSTS, 3: "h2"})
+    assert [r["workflow_id"] for r in plan.refused] == ["y"] and plan.moves == []
+    # with y gone from the plan's view (it moved to h3), z joins x
+    plan = plan_consolidation(devices(4), grown(frozenset({"h3"}), [z]), NOW, P, hosts={**HOSTS, 3: "h2"})
+    assert [(m.job_id, m.to_device_id) for m in plan.moves] == [("y", 2), ("z", 0)]

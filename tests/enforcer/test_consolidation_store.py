@@ -10,10 +10,11 @@ from sqlalchemy import func, select
 from enforcer.consolidate import ConsolidateParams
 from enforcer.consolidation_store import POLICY, consolidation_due, load_demands, make_consolidation_plan
 from enforcer.cycle import run_cycle
-from store.checkpoints import record_checkpoint
+from store.checkpoints import record_checkpoint, record_probes
 from store.db import Store
+from store.device_memory import known_memory
 from store.ingest import write_samples
-from store.models import Action, Placement, Plan
+from store.models import Action, Placement, Plan, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
 from store.workflows import upsert_workflow
@@ -50,7 +51,7 @@ def n_actions(store: Store) -> int:
 def test_demand_comes_from_process_samples(any_store: Store):
     ids = seed(any_store)
     with any_store.session() as s:
-        devices, demands = load_demands(s, Settings(), NOW, ConsolidateParams(window_s=1800.0))
+        devices, demands, _ = load_demands(s, Settings(), NOW, ConsolidateParams(window_s=1800.0))
     assert sorted(devices) == sorted((i, 16 * GIB) for i in ids.values())
     by = {d.job_id: d for d in demands}
     assert by["a"].device_id == ids[0] and by["a"].movable and not by["c"].movable
@@ -88,7 +89,7 @@ def test_work_since_the_latest_checkpoint_is_each_moves_cost(any_store: Store):
             record_checkpoint(s, name, host_id="h1", url=f"file:///ck/{name}/{ts}", step=1, sha256="0" * 64,
                               size_bytes=1, now=ts)
     with any_store.session() as s:
-        _, demands = load_demands(s, Settings(), NOW, ConsolidateParams())
+        _, demands, _ = load_demands(s, Settings(), NOW, ConsolidateParams())
     since = {d.job_id: d.since_checkpoint_s for d in demands}
     # a: its newest checkpoint; b: the one after `now` is not seen yet; c never checkpointed
     assert since == {"a": 600.0, "b": 5400.0, "c": 0.0}
@@ -122,3 +123,78 @@ def test_enforce_cli_runs_a_consolidation_cycle(fleet_home, sqlite_store: Store,
     assert n_actions(sqlite_store) == 0
     assert run(["enforce", "--policy", "consolidate", "--apply"]) == 0
     assert n_actions(sqlite_store) == 2
+
+
+def seed_three_hosts(store: Store, location: str, minutes: int = 120) -> dict[str, int]:
+    """Three hosts of one 16 GiB device each: a small movable job "a" on h1 checkpointing into `location`; jobs
+    that may not move on h2 (the fuller: best fit's first choice) and h3."""
+    ids = {}
+    with store.session() as s:
+        for host in ("h1", "h2", "h3"):
+            register_host(s, host, hostname=host, source="replay", now=NOW)
+            ids[host] = register_devices(s, host, [DeviceSpec(0, f"GPU-{host}", "T4", 16 * GIB)],
+                                         source="replay", now=NOW)[0]
+        for name, host, movable in (("a", "h1", True), ("b", "h2", False), ("c", "h3", False)):
+            upsert_workflow(s, name, now=NOW, managed=True, movable=movable, command=["python", "t.py"],
+                            id_source="managed", state="running", checkpoint_url=location if name == "a" else None)
+            s.add(Placement(workflow_id=name, device_id=ids[host], host_id=host, pid=100,
+                            started_at=NOW - 60 * minutes))
+    rows = [dict(device_id=ids[host], workflow_id=name, host_id=host, pid=100, ts=NOW - 60.0 * k, mem_used=mem,
+                 sm_util=0.1, cpu_util=None)
+            for k in range(minutes) for name, host, mem in (("a", "h1", 2 * GIB), ("b", "h2", 6 * GIB),
+                                                              ("c", "h3", 3 * GIB))]
+    write_samples(store, [], rows)
+    return ids
+
+
+def test_consolidation_moves_a_job_only_to_a_host_that_can_read_its_checkpoints(any_store: Store, tmp_path):
+    location = str(tmp_path / "shared" / "a")
+    ids = seed_three_hosts(any_store, location)
+    with any_store.session() as s:
+        record_probes(s, "h2", [(location, f"{location} is not a folder this host can see")], now=NOW)
+        record_probes(s, "h3", [(location, None)], now=NOW)
+        _, demands, hosts = load_demands(s, Settings(), NOW, ConsolidateParams())
+    assert {d.job_id: d.readable_hosts for d in demands}["a"] == frozenset({"h3"})
+    assert hosts == {ids["h1"]: "h1", ids["h2"]: "h2", ids["h3"]: "h3"}
+    settings = Settings(consolidate_min_history_s=3600.0)
+    plan_id, plan = make_consolidation_plan(any_store, settings, now=NOW + 1, apply=True)
+    assert [(m.job_id, m.from_device_id, m.to_device_id) for m in plan.moves] == [("a", ids["h1"], ids["h3"])]
+    assert plan.devices_freed == [ids["h1"]] and plan.refused == []
+    with any_store.session() as s:
+        assert [(a.workflow_id, a.to_device_id, a.plan_id) for a in s.scalars(select(Action))] == [
+            ("a", ids["h3"], plan_id)]
+
+
+def test_consolidation_keeps_a_job_no_host_with_room_can_read_and_records_why(any_store: Store, tmp_path):
+    location = str(tmp_path / "shared" / "a")
+    ids = seed_three_hosts(any_store, location)
+    with any_store.session() as s:
+        record_probes(s, "h2", [(location, f"{location} is not a folder this host can see")], now=NOW)
+        record_probes(s, "h3", [(location, None)], now=NOW - 3600)  # said so an hour ago: its agent may be gone
+    settings = Settings(consolidate_min_history_s=3600.0)
+    # applied without complaint: the plan holds no move apply_plan would refuse
+    plan_id, plan = make_consolidation_plan(any_store, settings, now=NOW + 1, apply=True)
+    assert plan.moves == [] and plan.devices_freed == [] and n_actions(any_store) == 0
+    (refusal,) = plan.refused
+    assert (refusal["workflow_id"], refusal["from_device_id"], refusal["to_device_id"]) == ("a", ids["h1"],
+                                                                                            ids["h2"])
+    assert f"host h2 cannot read {location}: {location} is not a folder this host can see" in refusal["reason"]
+    with any_store.session() as s:
+        assert s.get(Plan, plan_id).summary["refused"] == plan.refused
+    # a job checkpointing into its own host's FLEETLENS_HOME is kept too, with that reason
+    with any_store.session() as s:
+        s.get(Workflow, "a").checkpoint_url = None
+    _, homebound = make_consolidation_plan(any_store, settings, now=NOW + 2)
+    assert homebound.moves == [] and "own FLEETLENS_HOME" in homebound.refused[0]["reason"]
+
+
+def test_admission_trusts_memory_seen_for_steps_before_consolidation_trusts_its_history(any_store: Store):
+    # two rules on purpose (enforcer.consolidate's docstring): 30 one-minute samples are enough steps for
+    # admission to know a's memory, and not enough history for consolidation to co-locate it by its peak
+    seed(any_store, minutes=30)
+    with any_store.session() as s:
+        assert known_memory(s, s.get(Workflow, "a"), Settings().memory_seen_steps) == (2 * GIB, 0)
+    _, plan = make_consolidation_plan(any_store, Settings(), now=NOW)
+    assert plan.moves == [] and plan.sizes["a"].why == "short_history" and not plan.sizes["a"].shareable
+    _, plan = make_consolidation_plan(any_store, Settings(consolidate_min_history_s=1200.0), now=NOW + 1)
+    assert [m.job_id for m in plan.moves] == ["a", "b"]

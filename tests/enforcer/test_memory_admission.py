@@ -191,5 +191,5 @@ def test_consolidation_counts_memory_used_outside_the_placements_too(any_store: 
         dict(device_id=ids[0], workflow_id="placed", host_id="h1", pid=1, ts=NOW, mem_used=3 * GIB),
         dict(device_id=ids[1], workflow_id="someone-else", host_id="h1", pid=2, ts=NOW, mem_used=5 * GIB)])
     with any_store.session() as session:
-        devices, _ = load_demands(session, Settings(), NOW, ConsolidateParams())
+        devices, _, _ = load_demands(session, Settings(), NOW, ConsolidateParams())
     assert dict(devices) == {ids[0]: 8 * GIB, ids[1]: 3 * GIB}  # its own job's use is not taken off device 0

@@ -69,6 +69,8 @@ def _consolidate(apply: bool) -> None:
                   f"{', '.join(map(str, plan.devices_freed)) or 'none'}")
     for job, why in sorted(plan.unresolved.items()):
         console.print(f"{job}: {why}")
+    for refusal in plan.refused:
+        console.print(f"{refusal['workflow_id']} stays on device {refusal['from_device_id']}: {refusal['reason']}")
 
 
 @app.command()
