@@ -382,13 +382,21 @@ def _read_raw(store: Store, start: float, end: float,
     # A process's own utilisation (NVML's per-process SM share, or the cpu source's share of the device's cores)
     # says what the workflow does on a shared device; the device's reading mixes in its neighbours.
     raw["own_util"] = raw["sm_util"].astype("float64").fillna(raw["cpu_util"].astype("float64"))
-    # several processes of one workflow on one device count together
-    g = raw.groupby(["workflow_id", "device_id", "ts"], sort=False)
-    procs = pd.DataFrame(
-        {"wf_mem": g["mem_used"].sum(min_count=1), "sm_util": g["sm_util"].max(),
-         "own_util": g["own_util"].sum(min_count=1).clip(upper=1.0), "n_raw": g.size()}
-    ).reset_index()
-    return samples, procs
+    # several processes of one workflow on one device count together; a sample alone on its device and time (the
+    # usual one process per device) is its own sum
+    several = raw.duplicated(["device_id", "ts"], keep=False).to_numpy()
+    alone = raw.loc[~several]
+    procs = pd.DataFrame({"workflow_id": alone["workflow_id"], "device_id": alone["device_id"], "ts": alone["ts"],
+                          "wf_mem": alone["mem_used"], "sm_util": alone["sm_util"],
+                          "own_util": alone["own_util"].clip(upper=1.0), "n_raw": 1})
+    if several.any():
+        g = raw.loc[several].groupby(["workflow_id", "device_id", "ts"], sort=False)
+        grouped = pd.DataFrame(
+            {"wf_mem": g["mem_used"].sum(min_count=1), "sm_util": g["sm_util"].max(),
+             "own_util": g["own_util"].sum(min_count=1).clip(upper=1.0), "n_raw": g.size()}
+        ).reset_index()
+        procs = pd.concat([procs, grouped], ignore_index=True)
+    return samples, procs.reset_index(drop=True)
 
 
 def _attribute(procs: pd.DataFrame, samples: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
