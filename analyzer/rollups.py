@@ -160,7 +160,8 @@ def device_rollups(window: TelemetryWindow, computed_at: float) -> list[dict]:
             "util_mean": _none(r.util_mean), "util_p95": _none(r.util_p95), "sm_active_mean": _none(r.sm_active_mean),
             "mem_peak": _int(r.mem_peak), "mem_total": _int(r.mem_total), "computed_at": computed_at,
         }
-        for (dev, hour), r in out.iterrows()
+        for r in out.itertuples()  # r.Index is (device, hour); itertuples is many times faster than iterrows
+        for dev, hour in (r.Index,)
     ]
 
 
@@ -186,7 +187,8 @@ def workflow_rollups(window: TelemetryWindow, computed_at: float) -> list[dict]:
     out = pd.DataFrame({"samples": counts}).join(sums, how="left").join(stats, how="left")
     teams = window.workflows["team"] if "team" in window.workflows else pd.Series(dtype="object")
     rows = []
-    for (wf, hour), r in out.iterrows():
+    for r in out.itertuples():
+        wf, hour = r.Index
         team = teams.get(wf)
         rows.append({
             "scope": "workflow", "subject": str(wf), "hour": float(hour),

@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "bare_fetch_day_s": round(bare, 2),
         "detect_ratio": None if detect_s is None else round(detect_s / bare, 2),
         "findings": det["findings"], "detect_error": det.get("error"),
+        "load_avg_1_5_15": [round(x, 1) for x in os.getloadavg()],  # the machine's load when it finished
     }), flush=True)
     return 0
 

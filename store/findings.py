@@ -53,14 +53,45 @@ def upsert_finding(session: Session, spec: FindingSpec, now: float | None = None
         session.add(finding)
     elif finding.status == "resolved":
         finding.status = "open"
+    _fill(finding, spec, now)
+    session.flush()
+    return finding
+
+
+def upsert_findings(session: Session, specs: list[FindingSpec], now: float | None = None,
+                    batch: int = 1000) -> list[Finding]:
+    """upsert_finding for many specs at once: the rows already there are read in batches of `batch` fingerprints
+    and everything is written in one flush (a fleet's detection finds thousands)."""
+    for spec in specs:
+        if spec.severity not in SEVERITIES:
+            raise InvalidInput(f"severity {spec.severity!r} is not one of {SEVERITIES}")
+    now = time.time() if now is None else now
+    prints = list(dict.fromkeys(s.fingerprint for s in specs))
+    known: dict[str, Finding] = {}
+    for i in range(0, len(prints), batch):
+        known.update((f.fingerprint, f) for f in session.scalars(
+            select(Finding).where(Finding.fingerprint.in_(prints[i:i + batch]))))
+    out = []
+    for spec in specs:
+        finding = known.get(spec.fingerprint)
+        if finding is None:
+            finding = known[spec.fingerprint] = Finding(fingerprint=spec.fingerprint, created_at=now, status="open")
+            session.add(finding)
+        elif finding.status == "resolved":
+            finding.status = "open"
+        _fill(finding, spec, now)
+        out.append(finding)
+    session.flush()
+    return out
+
+
+def _fill(finding: Finding, spec: FindingSpec, now: float) -> None:
     for name in (
         "rule", "workflow_id", "source", "severity", "title", "fix", "evidence", "location",
         "cost_s_per_step", "gpu_hours_per_day", "trace_id", "device_id",
     ):
         setattr(finding, name, getattr(spec, name))
     finding.updated_at = now
-    session.flush()
-    return finding
 
 
 def set_finding_status(session: Session, finding_id: int, status: str, by: str | None = None) -> Finding:

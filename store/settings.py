@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     profile_top_n: int = Field(5, ge=0)  # the periodic profile traces this many workflows, most GPU-hours first
     profile_steps: int = Field(20, ge=1)  # steps each periodic profile captures
     analyze_batch_size: int = Field(4, ge=1)  # traces one mapped task of the analyze DAG analyses
-    detect_chunk_devices: int = Field(500, ge=0)  # devices the detectors read at once (0: the whole fleet)
+    detect_chunk_devices: int = Field(400, ge=0)  # devices the detectors read at once (0: the whole fleet)
 
     # enforcer
     policy: str = "pack"

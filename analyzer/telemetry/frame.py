@@ -21,6 +21,7 @@ several processes on one device). Data already as coarse as a bucket is read raw
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,13 +29,17 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import distinct, func, select
+import pyarrow as pa
+from pyarrow import csv as pa_csv
+from sqlalchemy import distinct, func, select, text
 
 from analyzer.telemetry.thresholds import Common
 from store.db import Store
 from store.models import Device, DeviceSample, ProcessSample, Workflow
 
 DEFAULT_INTERVAL_S = 60.0
+SLICE_S = 3600.0  # the read plan decides buckets or raw samples slice by slice
+PROBE_ROWS, PROBE_DEVICES = 256, 16
 
 
 @dataclass
@@ -110,36 +115,49 @@ def _read(store: Store, query) -> pd.DataFrame:
 
 
 def _device_filter(devices: Sequence[int] | None) -> str:
-    """The SQL condition keeping only these devices' rows (ints only are inlined), or nothing."""
-    return "" if devices is None else f" AND device_id IN ({', '.join(str(int(d)) for d in devices) or 'NULL'})"
+    """The SQL condition keeping only these devices' rows (ints only are inlined), or nothing. The id range beside
+    the list lets the database read a group of devices through the (device_id, ts) index."""
+    if devices is None:
+        return ""
+    ids = [int(d) for d in devices]
+    if not ids:
+        return " AND device_id IN (NULL)"
+    return f" AND device_id BETWEEN {min(ids)} AND {max(ids)} AND device_id IN ({', '.join(map(str, ids))})"
 
 
 def _read_window(store: Store, table: str, columns: tuple[str, ...], start: float, end: float,
                  devices: Sequence[int] | None = None) -> pd.DataFrame:
-    """Rows of [start, end) of a sample table, fetched past the ORM: a day of a fleet is millions of rows.
-
-    PostgreSQL streams them with COPY ... TO STDOUT as CSV; SQLite hands over tuples from its own cursor.
-    """
+    """Rows of [start, end) of a sample table, fetched past the ORM: a day of a fleet is millions of rows."""
     cols = ", ".join(columns)
-    if not store.is_postgres:
-        return _fetch(store, f"SELECT {cols} FROM {table} WHERE {{where}}", table, start, end, columns, devices)
-    # floats only are inlined, nothing user-written
-    where = f"ts >= {float(start)!r} AND ts < {float(end)!r}" + _device_filter(devices)
+    return _fetch(store, f"SELECT {cols} FROM {table} WHERE {{where}}", table, start, end, columns, devices)
+
+
+def _copy_frame(store: Store, sql: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The rows of a PostgreSQL query (it has a device_id column) as a frame: the database writes them as CSV text,
+    one string per device, and pyarrow parses it in C. A day of a fleet is millions of rows; fetched as tuples or
+    by COPY (one protocol message, so one Python call, per row) the client's per-row work is most of the time."""
     dtypes = _dtypes(columns)
+    fields = ", ".join(
+        # text quoted as CSV wants it; a NULL number is an empty field
+        f"""'"' || replace({c}::text, '"', '""') || '"'""" if dtypes[c] == "str" else f"coalesce({c}::text, '')"
+        for c in columns)
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
         try:
-            buf = io.BytesIO()
-            with cursor.copy(f"COPY (SELECT {cols} FROM {table} WHERE {where}) TO STDOUT WITH (FORMAT csv)") as cp:
-                for block in cp:
-                    buf.write(block)
+            # the per-device strings are built in memory rather than spilled to disk
+            cursor.execute("SET LOCAL work_mem = '256MB'")
+            cursor.execute(f"SELECT string_agg(concat_ws(',', {fields}), E'\\n') FROM ({sql}) AS q GROUP BY device_id")
+            parts = [row[0] for row in cursor.fetchall()]
         finally:
             cursor.close()
-    buf.seek(0)
-    if not buf.getbuffer().nbytes:
+    if not parts:
         return _empty(dtypes)
-    return pd.read_csv(buf, names=list(columns), header=None, dtype=dtypes, keep_default_na=False,
-                       na_values={c: [""] for c in columns if dtypes[c] == "float64"})
+    types = {c: (pa.string() if t == "str" else pa.float64()) for c, t in dtypes.items()}
+    table = pa_csv.read_csv(io.BytesIO("\n".join(parts).encode()),
+                            read_options=pa_csv.ReadOptions(column_names=list(columns)),
+                            parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+                            convert_options=pa_csv.ConvertOptions(column_types=types, strings_can_be_null=False))
+    return table.to_pandas().astype(dtypes)
 
 
 def _mean_interval(store: Store, start: float, end: float, probe_s: float) -> float | None:
@@ -155,6 +173,53 @@ def _mean_interval(store: Store, start: float, end: float, probe_s: float) -> fl
         return None
     per_device = rows / devices
     return (float(last) - float(first)) / (per_device - 1) if per_device > 1 else float(end - lo)
+
+
+def _read_plan(store: Store, start: float, end: float, bucket_s: float) -> list[tuple[float, float, bool]]:
+    """[start, end) cut into ranges read as recorded or in buckets: (lo, hi, bucketed).
+
+    Each slice of about an hour (whole buckets) is read in buckets when its samples come faster than one per half
+    bucket, as recorded otherwise: the database's bucket aggregation costs many times a plain read, so data already
+    as coarse as a bucket (a fleet's older minutes) is not aggregated again beside the last hour's 1 Hz samples. The
+    rate is probed on a few devices seen last (one indexed query); a slice they have no samples in reads as its
+    neighbour does."""
+    if bucket_s <= 0:
+        return [(start, end, False)]
+    interval = _mean_interval(store, start, end, probe_s=4 * bucket_s)
+    if interval is None:
+        return [(start, end, False)]
+    slice_s = bucket_s * max(1, round(SLICE_S / bucket_s))
+    ts = DeviceSample.ts
+    with store.session() as session:
+        last = session.scalars(select(DeviceSample.device_id).where(ts >= start, ts < end).order_by(ts.desc())
+                               .limit(PROBE_ROWS))
+        probe = list(dict.fromkeys(int(d) for d in last))[:PROBE_DEVICES]
+        rows = session.execute(text(
+            f"SELECT {_bucket_sql(store, slice_s)} AS s, count(*), count(DISTINCT device_id), min(ts), max(ts) "
+            f"FROM device_samples WHERE ts >= {float(start)!r} AND ts < {float(end)!r}"
+            f"{_device_filter(probe)} GROUP BY 1")).all()
+    fast: dict[int, bool] = {}
+    for k, n, n_devices, first, last_ts in rows:
+        per_device = n / n_devices
+        lo, hi = max(start, int(k) * slice_s), min(end, (int(k) + 1) * slice_s)
+        mean = (float(last_ts) - float(first)) / (per_device - 1) if per_device > 1 else hi - lo
+        fast[int(k)] = mean < bucket_s / 2
+    first_k, last_k = int(start // slice_s), int(math.ceil(end / slice_s)) - 1
+    plan: list[tuple[float, float, bool]] = []
+    decided = interval < bucket_s / 2  # the window's own probe decides slices the probe devices are absent from
+    for k in range(last_k, first_k - 1, -1):  # from the end: an undecided slice reads as the later one
+        decided = fast.get(k, decided)
+        lo, hi = max(start, k * slice_s), min(end, (k + 1) * slice_s)
+        if plan and plan[0][2] == decided:
+            plan[0] = (lo, plan[0][1], decided)
+        else:
+            plan.insert(0, (lo, hi, decided))
+    return plan
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if not f.empty] or frames[:1]
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
 def _bucket_sql(store: Store, bucket_s: float) -> str:
@@ -191,13 +256,15 @@ def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: f
 def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns: tuple[str, ...],
            devices: Sequence[int] | None = None) -> pd.DataFrame:
     """The rows of `sql`, a query over `table`'s [start, end) (its `{where}`), as a frame of `columns`; fetched
-    from the driver's own cursor, past the ORM."""
+    past the ORM (PostgreSQL: COPY, see _copy_frame; SQLite: its own cursor's tuples)."""
+    if store.is_postgres:
+        where = f"ts >= {float(start)!r} AND ts < {float(end)!r}" + _device_filter(devices)
+        return _copy_frame(store, sql.format(where=where), columns)
     dtypes = _dtypes(columns)
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
         try:
-            where = (f"ts >= {float(start)!r} AND ts < {float(end)!r}" if store.is_postgres
-                     else _sqlite_where(cursor, table, start, end)) + _device_filter(devices)
+            where = _sqlite_where(cursor, table, start, end) + _device_filter(devices)
             cursor.execute(sql.format(where=where))
             rows = cursor.fetchall()
         finally:
@@ -236,17 +303,37 @@ def _sample_intervals(samples: pd.DataFrame, max_gap_factor: float) -> pd.Series
     return gap.fillna(median).clip(upper=median * max_gap_factor).clip(lower=0.0)
 
 
+ReadPlan = list[tuple[float, float, bool]]
+
+
+def read_plan(store: Store, start: float, end: float, common: Common) -> ReadPlan:
+    """How [start, end) is read: ranges (lo, hi, bucketed), see _read_plan."""
+    return _read_plan(store, start, end, common.bucket_s)
+
+
+def read_rows(store: Store, plan: ReadPlan, common: Common,
+              devices: Sequence[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(device samples, per-workflow process samples) of the plan's ranges, as load_window reads them."""
+    read_samples, read_procs = [], []
+    for lo, hi, bucketed in plan:
+        if bucketed:
+            read_samples.append(_read_bucketed_devices(store, lo, hi, common.bucket_s, devices))
+            read_procs.append(_read_bucketed_processes(store, lo, hi, common.bucket_s, devices))
+        else:
+            raw_samples, raw_procs = _read_raw(store, lo, hi, devices)
+            read_samples.append(raw_samples)
+            read_procs.append(raw_procs)
+    return _concat(read_samples), _concat(read_procs)
+
+
 def load_window(store: Store, start: float, end: float, common: Common,
-                devices: Sequence[int] | None = None) -> TelemetryWindow:
+                devices: Sequence[int] | None = None,
+                rows: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> TelemetryWindow:
     """Read device and process samples of [start, end) and attribute each device sample to workflows; with
-    `devices`, only those devices' samples (a chunk of the fleet, see analyzer.telemetry.chunks)."""
-    bucket_s = common.bucket_s
-    interval = _mean_interval(store, start, end, probe_s=4 * bucket_s) if bucket_s > 0 else None
-    if interval is not None and interval < bucket_s / 2:
-        samples = _read_bucketed_devices(store, start, end, bucket_s, devices)
-        procs = _read_bucketed_processes(store, start, end, bucket_s, devices)
-    else:
-        samples, procs = _read_raw(store, start, end, devices)
+    `devices`, only those devices' samples (a chunk of the fleet, see analyzer.telemetry.chunks); with `rows`,
+    those already read by read_rows."""
+    samples, procs = rows if rows is not None else read_rows(store, read_plan(store, start, end, common), common,
+                                                             devices)
     devices = _read(store, select(Device.id.label("device_id"), Device.host_id, Device.index, Device.name,
                                   Device.memory_total)).set_index("device_id")
     workflows = _read(store, select(Workflow.id.label("workflow_id"), Workflow.team, Workflow.gpus)).set_index(
@@ -261,23 +348,19 @@ def load_window(store: Store, start: float, end: float, common: Common,
     samples["dt"] = _sample_intervals(samples, common.max_gap_factor) if not samples.empty else pd.Series(
         dtype="float64")
 
-    usage = _attribute(procs, samples)
-    n = usage.groupby(["device_id", "ts"], sort=False).size().rename("n_workflows")
-    samples = samples.merge(n, left_on=["device_id", "ts"], right_index=True, how="left")
-    samples["n_workflows"] = samples["n_workflows"].fillna(0).astype("int64")
-    usage = usage.merge(n, left_on=["device_id", "ts"], right_index=True, how="left")
+    usage, at = _attribute(procs, samples)
+    # per device sample: the workflows attributed to it, and whether one of them holds it (counted by position)
+    n = np.bincount(at, minlength=len(samples)) if len(samples) else np.zeros(0, dtype="int64")
+    samples["n_workflows"] = n.astype("int64")
+    usage["n_workflows"] = n[at].astype("int64")
     usage["share"] = 1.0 / usage["n_workflows"]
     # a workflow alone on a device whose source has no per-process memory holds the device's memory
     alone = usage["wf_mem"].isna() & (usage["n_workflows"] == 1)
     usage.loc[alone, "wf_mem"] = usage.loc[alone, "mem_used"]
     usage["held"] = usage["wf_mem"].isna() | (usage["wf_mem"] >= common.held_min_bytes)
     # the device is held when a workflow on it holds it, or, with nobody on it, when its memory is in use
-    holding = usage[usage["held"]].groupby(["device_id", "ts"], sort=False).size()
-    samples = samples.merge(holding.rename("n_holding"), left_on=["device_id", "ts"], right_index=True, how="left")
-    samples["held"] = samples["n_holding"].notna() | (
-        (samples["n_workflows"] == 0) & (samples["mem_used"].fillna(0) >= common.held_min_bytes)
-    )
-    samples = samples.drop(columns="n_holding")
+    holding = np.bincount(at[usage["held"].to_numpy()], minlength=len(samples)) > 0
+    samples["held"] = holding | ((n == 0) & (samples["mem_used"].fillna(0) >= common.held_min_bytes).to_numpy())
     return TelemetryWindow(
         start=start, end=end, samples=samples, usage=usage,
         processes=procs[["workflow_id", "device_id", "ts", "n_raw"]], devices=devices, workflows=workflows, store=store,
@@ -299,42 +382,66 @@ def _read_raw(store: Store, start: float, end: float,
     # A process's own utilisation (NVML's per-process SM share, or the cpu source's share of the device's cores)
     # says what the workflow does on a shared device; the device's reading mixes in its neighbours.
     raw["own_util"] = raw["sm_util"].astype("float64").fillna(raw["cpu_util"].astype("float64"))
-    # several processes of one workflow on one device count together
-    g = raw.groupby(["workflow_id", "device_id", "ts"], sort=False)
-    procs = pd.DataFrame(
-        {"wf_mem": g["mem_used"].sum(min_count=1), "sm_util": g["sm_util"].max(),
-         "own_util": g["own_util"].sum(min_count=1).clip(upper=1.0), "n_raw": g.size()}
-    ).reset_index()
-    return samples, procs
+    # several processes of one workflow on one device count together; a sample alone on its device and time (the
+    # usual one process per device) is its own sum
+    several = raw.duplicated(["device_id", "ts"], keep=False).to_numpy()
+    alone = raw.loc[~several]
+    procs = pd.DataFrame({"workflow_id": alone["workflow_id"], "device_id": alone["device_id"], "ts": alone["ts"],
+                          "wf_mem": alone["mem_used"], "sm_util": alone["sm_util"],
+                          "own_util": alone["own_util"].clip(upper=1.0), "n_raw": 1})
+    if several.any():
+        g = raw.loc[several].groupby(["workflow_id", "device_id", "ts"], sort=False)
+        grouped = pd.DataFrame(
+            {"wf_mem": g["mem_used"].sum(min_count=1), "sm_util": g["sm_util"].max(),
+             "own_util": g["own_util"].sum(min_count=1).clip(upper=1.0), "n_raw": g.size()}
+        ).reset_index()
+        procs = pd.concat([procs, grouped], ignore_index=True)
+    return samples, procs.reset_index(drop=True)
 
 
-def _attribute(procs: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """Join each workflow's process sample to the nearest device sample of the same device."""
+def _attribute(procs: pd.DataFrame, samples: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """Join each workflow's process sample to the nearest device sample of the same device: (usage, the position in
+    `samples` of each usage row's device sample). `samples` is sorted by (device, ts) with a fresh index."""
     cols = ["workflow_id", "device_id", "ts", "wf_mem", "sm_util", "own_util", "n_raw",
             "gpu_util", "device_util", "mem_used", "mem_total", "sm_active", "dt"]
     if procs.empty or samples.empty:
-        return pd.DataFrame({c: pd.Series(dtype="object" if c == "workflow_id" else "float64") for c in cols})
+        empty = pd.DataFrame({c: pd.Series(dtype="object" if c == "workflow_id" else "float64") for c in cols})
+        return empty, np.zeros(0, dtype="int64")
     procs = procs.astype({"device_id": "int64", "ts": "float64", "wf_mem": "float64", "sm_util": "float64",
                           "own_util": "float64"})
-    procs = procs.sort_values("ts", kind="stable")
-    right = samples[["device_id", "ts", "dt"]].rename(columns={"ts": "dev_ts"}).sort_values("dev_ts", kind="stable")
-    tolerance = float(np.nanmedian(samples["dt"])) / 2 if samples["dt"].notna().any() else DEFAULT_INTERVAL_S / 2
-    joined = pd.merge_asof(
-        procs, right.drop(columns="dt"), left_on="ts", right_on="dev_ts", by="device_id",
-        direction="nearest", tolerance=max(tolerance, 1e-6),
-    )
-    joined = joined.dropna(subset=["dev_ts"])
-    # two process samples that land on one device sample: one row, the larger memory
-    joined = (
-        joined.groupby(["workflow_id", "device_id", "dev_ts"], sort=False)
-        .agg(wf_mem=("wf_mem", "max"), sm_util=("sm_util", "max"), own_util=("own_util", "max"),
-             n_raw=("n_raw", "sum"))
-        .reset_index()
-        .rename(columns={"dev_ts": "ts"})
-    )
-    joined = joined.merge(samples[["device_id", "ts", "gpu_util", "mem_used", "mem_total", "sm_active", "dt"]],
-                          on=["device_id", "ts"], how="left")
+    # a process sample taken with a device sample (what every agent writes) is matched on (device, time) by a hash
+    # join; only the others look for the nearest device sample
+    at = pd.DataFrame({"device_id": samples["device_id"], "ts": samples["ts"], "pos": np.arange(len(samples))})
+    at = at.drop_duplicates(["device_id", "ts"])
+    procs = procs.merge(at, on=["device_id", "ts"], how="left")
+    hit = procs["pos"].notna().to_numpy()
+    joined = procs.loc[hit]
+    rest = procs.loc[~hit].drop(columns="pos")
+    if not rest.empty:
+        rest = rest.sort_values("ts", kind="stable")
+        right = at.rename(columns={"ts": "dev_ts"}).sort_values("dev_ts", kind="stable")
+        tolerance = float(np.nanmedian(samples["dt"])) / 2 if samples["dt"].notna().any() else DEFAULT_INTERVAL_S / 2
+        near = pd.merge_asof(rest, right, left_on="ts", right_on="dev_ts", by="device_id", direction="nearest",
+                             tolerance=max(tolerance, 1e-6))
+        near = near.dropna(subset=["dev_ts"]).drop(columns="ts").rename(columns={"dev_ts": "ts"})
+        # two process samples that land on one device sample: one row, the larger memory
+        joined = (
+            pd.concat([joined, near], ignore_index=True)
+            .groupby(["workflow_id", "device_id", "ts", "pos"], sort=False)
+            .agg(wf_mem=("wf_mem", "max"), sm_util=("sm_util", "max"), own_util=("own_util", "max"),
+                 n_raw=("n_raw", "sum"))
+            .reset_index()
+        )
+    # sorted by (workflow, device, ts); workflow ids sort as their codes (factorize sorts them as strings)
+    codes, _ = pd.factorize(joined["workflow_id"], sort=True)
+    order = np.lexsort((joined["ts"].to_numpy(), joined["device_id"].to_numpy(), codes))
+    pos = joined["pos"].to_numpy().astype("int64")[order]
+    # each column taken once, in order: the process's own, then its device sample's
+    out = {c: joined[c].to_numpy()[order] for c in ("workflow_id", "device_id", "ts", "wf_mem", "sm_util", "own_util",
+                                                     "n_raw")}
+    for c in ("gpu_util", "mem_used", "mem_total", "sm_active", "dt"):
+        out[c] = samples[c].to_numpy()[pos]
     # the workflow's utilisation: its processes' own where recorded, else the device's
-    joined["device_util"] = joined["gpu_util"]
-    joined["gpu_util"] = joined["own_util"].where(joined["own_util"].notna(), joined["gpu_util"])
-    return joined.sort_values(["workflow_id", "device_id", "ts"], kind="stable").reset_index(drop=True)
+    out["device_util"] = out["gpu_util"]
+    out["gpu_util"] = np.where(np.isnan(out["own_util"]), out["device_util"], out["own_util"])
+    return pd.DataFrame({c: out[c] for c in cols}), pos
