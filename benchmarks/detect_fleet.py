@@ -26,15 +26,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import insert  # noqa: E402
-
+from benchmarks.synthetic_fleet import DAY, GIB, host_id, register_fleet, workflow_id  # noqa: E402
 from store.db import Store  # noqa: E402
 from store.ingest import write_samples  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
-from store.models import Device, Host, Workflow  # noqa: E402
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS  # noqa: E402
 
-N_DEVICES, PER_HOST, DAY, HOUR, GIB = 1000, 8, 86400.0, 3600.0, 1 << 30
+N_DEVICES, HOUR = 1000, 3600.0
 
 
 def log(msg: str) -> None:
@@ -43,17 +41,7 @@ def log(msg: str) -> None:
 
 def seed(store: Store, now: float, n_devices: int = N_DEVICES, interval_s: float = 60.0) -> int:
     rng = np.random.default_rng(1)
-    with store.engine.begin() as conn:
-        conn.execute(insert(Host), [
-            {"id": f"h{h:03d}", "hostname": f"h{h:03d}", "source": "nvml", "started_at": now - DAY, "last_seen": now,
-             "labels": {}} for h in range(-(-n_devices // PER_HOST))])
-        conn.execute(insert(Device), [
-            {"id": d + 1, "host_id": f"h{d // PER_HOST:03d}", "index": d % PER_HOST, "uuid": f"GPU-{d}",
-             "name": "NVIDIA H100 80GB HBM3", "source": "nvml", "memory_total": 80 * GIB, "state": "ok",
-             "registered_at": now - DAY, "last_seen": now} for d in range(n_devices)])
-        conn.execute(insert(Workflow), [
-            {"id": f"wf-{d:04d}", "team": f"team-{d % 12}", "labels": {}, "created_at": now - DAY, "last_seen": now,
-             "state": "running", "gpus": 1} for d in range(n_devices)])
+    register_fleet(store, n_devices, now)
     util = rng.beta(2, 3, size=n_devices)
     util[: n_devices // 4] = 0.0  # idle holders
     ts = (now - DAY + interval_s * np.arange(int(DAY // interval_s))).tolist()
@@ -69,7 +57,7 @@ def seed(store: Store, now: float, n_devices: int = N_DEVICES, interval_s: float
 
     def process_rows():
         for d in range(n_devices):
-            row = {"device_id": d + 1, "workflow_id": f"wf-{d:04d}", "host_id": f"h{d // PER_HOST:03d}",
+            row = {"device_id": d + 1, "workflow_id": workflow_id(d), "host_id": host_id(d),
                    "pid": 1000 + d, "mem_used": 40 * GIB, "sm_util": float(util[d])}
             for t in ts:
                 row["ts"] = t

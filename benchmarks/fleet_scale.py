@@ -30,16 +30,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-from sqlalchemy import create_engine, insert, text  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
 
+from benchmarks.synthetic_fleet import (  # noqa: E402
+    DAY,
+    GIB,
+    HOST_DIGITS,
+    PER_HOST,
+    WORKFLOW_DIGITS,
+    host_id,
+    register_fleet,
+    workflow_id,
+)
 from store.db import Store  # noqa: E402
 from store.ingest import write_samples  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
-from store.models import Device, Host, Workflow  # noqa: E402
 from store.partitions import ensure_partitions  # noqa: E402
 from store.samples import DeviceSampleRow, ProcessSampleRow  # noqa: E402
 
-PER_HOST, DAY, HOUR, GIB = 8, 86400.0, 3600.0, 1 << 30
+HOUR = 3600.0
 DETECT_MEMORY_LIMIT = 8 << 30  # the detection process is stopped past this address space rather than swap the box
 
 
@@ -48,19 +57,8 @@ def log(msg: str) -> None:
 
 
 def register(store: Store, n: int, now: float) -> np.ndarray:
-    """Hosts, devices (ids 1..n) and one workflow per device; returns each device's utilisation."""
-    with store.engine.begin() as conn:
-        conn.execute(insert(Host), [
-            {"id": f"h{h:04d}", "hostname": f"h{h:04d}", "source": "nvml", "started_at": now - DAY, "last_seen": now,
-             "labels": {}} for h in range(-(-n // PER_HOST))])
-        conn.execute(insert(Device), [
-            {"id": d + 1, "host_id": f"h{d // PER_HOST:04d}", "index": d % PER_HOST, "uuid": f"GPU-{d}",
-             "name": "NVIDIA H100 80GB HBM3", "source": "nvml", "memory_total": 80 * GIB, "state": "ok",
-             "registered_at": now - DAY, "last_seen": now} for d in range(n)])
-        conn.execute(insert(Workflow), [
-            {"id": f"wf-{d:05d}", "team": f"team-{d % 12}", "labels": {}, "created_at": now - DAY, "last_seen": now,
-             "state": "running", "gpus": 1} for d in range(n)])
-        conn.execute(text(f"SELECT setval(pg_get_serial_sequence('devices', 'id'), {n})"))
+    """The synthetic fleet of n devices; returns each device's utilisation."""
+    register_fleet(store, n, now)
     ids = np.arange(1, n + 1)
     # the first quarter idle holders, the rest spread over 0.2-0.8 (the same formula seed_day uses in SQL)
     return np.where(ids <= n // 4, 0.0, 0.2 + 0.6 * ((ids * 7919) % 1000) / 1000.0)
@@ -79,7 +77,8 @@ def seed_day(store: Store, n: int, start: float, end: float) -> int:
             f"LATERAL (SELECT {start!r}::float8 + 60.0 * m AS t FROM generate_series(0, {minutes - 1}) AS m) AS tt"))
         conn.execute(text(
             f"INSERT INTO process_samples (device_id, workflow_id, host_id, pid, ts, mem_used, sm_util) "
-            f"SELECT d, 'wf-' || lpad((d - 1)::text, 5, '0'), 'h' || lpad(((d - 1) / {PER_HOST})::text, 4, '0'), "
+            f"SELECT d, 'wf-' || lpad((d - 1)::text, {WORKFLOW_DIGITS}, '0'), "
+            f"'h' || lpad(((d - 1) / {PER_HOST})::text, {HOST_DIGITS}, '0'), "
             f"1000 + d, t, {40 * GIB}, u FROM generate_series(1, {n}) AS d, LATERAL (SELECT {util} AS u) AS x, "
             f"LATERAL (SELECT {start!r}::float8 + 60.0 * m AS t FROM generate_series(0, {minutes - 1}) AS m) AS tt"))
         conn.execute(text("ANALYZE device_samples"))
@@ -101,7 +100,7 @@ def ingest(store: Store, util: np.ndarray, start: float, seconds: int) -> tuple[
             u = float(util[d])
             device = DeviceSampleRow(d + 1, 0.0, gpu_util=u, mem_util=u / 2, mem_used=40 * GIB, mem_total=80 * GIB,
                                      power_w=300.0, sm_active=u * 0.8)
-            process = ProcessSampleRow(d + 1, f"wf-{d:05d}", f"h{d // PER_HOST:04d}", 1000 + d, 0.0,
+            process = ProcessSampleRow(d + 1, workflow_id(d), host_id(d), 1000 + d, 0.0,
                                        mem_used=40 * GIB, sm_util=u)
             for t in ts:
                 dev.append(device._replace(ts=t))
