@@ -7,9 +7,12 @@ written through store.ingest.write_samples like an agent's.
 
 Incremental and idempotent: a device's last sample in the store is where its series resumes; points at or before it
 are never written again, so importing the same range twice writes nothing the second time. The range is taken a
-window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline of three: the next window is fetched while
-this one is turned into rows and the one before is written. A window is fetched and checked whole before any of it
-is written, then written in one transaction (its hosts, devices, workflows and processes with its samples).
+window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline: the next window is fetched while this one is
+turned into rows and the ones before are written. A window is fetched and checked whole before any of it is
+written, then written in one transaction (its hosts, devices, workflows and processes with its samples). On
+PostgreSQL two windows are written at once on two connections (the database's COPY work is most of an import),
+and still committed in order: a window's samples are copied while the window before it commits, and its
+registration and commit wait for that commit, so a window is never in the store without every window before it.
 Prometheus down, a wrong URL or an answer that is not Prometheus's raises
 UpstreamUnavailable / InvalidInput naming what was imported before (nothing, when the first window fails), and the
 next run resumes after it. Series without a GPU label (gpu or UUID) or a host label (Hostname or instance) are
@@ -105,6 +108,23 @@ def _resume_points(store: Store, cursors: dict[tuple[str, int], tuple[int, float
         ).all()
     return {wanted[(d, t)]: (float(t), e, x) for d, t, e, x in rows}
 
+def import_windows(since: float, until: float, step: float, settings: Settings) -> list[tuple[float, float]]:
+    """The [start, end] windows an import of [since, until] fetches and writes one at a time, in order.
+
+    The grid is aligned to the step, so the same times come back every run; each window starts where the one
+    before ends: the boundary's point is fetched again (never written again) to carry the counters on."""
+    start = math.floor(float(since) / step) * step
+    window = max(step, math.floor(settings.prometheus_window_s / step) * step)
+    windows = []
+    lo = start
+    while True:
+        hi = min(until, lo + window)
+        windows.append((lo, hi))
+        if hi >= until:
+            return windows
+        lo = hi
+
+
 def import_prometheus(
     store: Store,
     url: str,
@@ -137,18 +157,10 @@ def import_prometheus(
         raise InvalidInput(f"--since ({since}) is after --until ({until}); nothing to import")
     # the grid is aligned to the step, so the same times come back every run; a device's last stored point is
     # fetched again (never written again) to carry its counters on
-    start = math.floor(float(since) / step) * step
-    window = max(step, math.floor(settings.prometheus_window_s / step) * step)
+    windows = import_windows(since, until, step, settings)
+    start = windows[0][0]
     summary = ImportSummary(url=url, since=start, until=until, step=step)
     seen: dict[str, Any] = {"hosts": set(), "devices": set(), "workflows": set(), "series": set(), "skipped": {}}
-    windows = []
-    lo = start
-    while True:
-        hi = min(until, lo + window)
-        windows.append((lo, hi))
-        if hi >= until:
-            break
-        lo = hi  # the boundary's point is fetched again: it carries the counters on
     names = [f.name for f in FIELDS]
     # where each device resumes, read once: later windows resume where the window before them ends
     resume = _resume_points(store, cursors)
@@ -178,25 +190,34 @@ def import_prometheus(
         written_to[0] = hi
 
     # fetching (Prometheus and JSON decoding), turning into rows (numpy) and writing (the database's COPY) overlap;
-    # one window in each stage at most, so memory stays bounded by three windows
+    # one window fetched ahead and at most WRITERS written at once, so memory stays bounded by a few windows.
+    # SQLite has one writer at a time: there the windows are written one after another
+    writers = WRITERS if store.is_postgres else 1
+    registry = _Registered()
     with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client, \
-            ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=1) as writer:
+            ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=writers) as writer:
         pending = ahead.submit(fetch, *windows[0])
-        writing: Future | None = None
+        writing: list[Future] = []  # in window order
+        last_turn: _Turn | None = None
         for i, (_lo, hi) in enumerate(windows):
             try:
                 series = pending.result()
             except (UpstreamUnavailable, InvalidInput) as exc:
-                written(writing)
+                for job in writing:
+                    written(job)
                 raise before(exc) from None
             if i + 1 < len(windows):
                 pending = ahead.submit(fetch, *windows[i + 1])
             plan = _plan_window(series, settings, resume, summary, seen)
             del series
-            written(writing)
-            writing = None if plan is None else writer.submit(_write_window, store, client.url, plan, until, step,
-                                                              seen, hi)
-        written(writing)
+            while len(writing) >= writers:
+                written(writing.pop(0))
+            if plan is not None:
+                turn = last_turn = _Turn(last_turn)
+                writing.append(writer.submit(_write_window, store, client.url, plan, until, step, seen, hi,
+                                             registry, turn))
+        for job in writing:
+            written(job)
         written_to[0] = until
     summary.hosts, summary.devices, summary.workflows, summary.series = (
         len(seen[k]) for k in ("hosts", "devices", "workflows", "series"))
@@ -251,31 +272,128 @@ def _scalar(value: float) -> int | None:
     return None if not np.isfinite(value) else int(round(float(value)))
 
 
+WRITERS = 2  # windows written at once on PostgreSQL, each on its own connection
+
+
+class _Turn:
+    """A window's place in the write order: its own futures (its new devices registered, its transaction
+    committed), which the window after it waits for, and those of the window before it (None for the first)."""
+
+    def __init__(self, before: _Turn | None) -> None:
+        self.before_registered = None if before is None else before.registered
+        self.before_committed = None if before is None else before.committed
+        self.registered: Future = Future()
+        self.committed: Future = Future()
+
+    def settle(self, exc: BaseException | None) -> None:
+        for done in (self.registered, self.committed):
+            if not done.done():
+                if exc is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(exc)
+
+
+class _EarlierWindowFailed(Exception):
+    """The window before this one was not written; this one is rolled back (the caller reports the first)."""
+
+
+@dataclass
+class _Registered:
+    """Hosts and devices windows of this import inserted, committed or not: what a later window must not insert
+    again while the one that did has not committed yet. Only the window whose turn it is to register touches it."""
+
+    hosts: set[str] = field(default_factory=set)
+    devices: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def _wait(before: Future | None) -> None:
+    if before is None:
+        return
+    try:
+        before.result()
+    except Exception:
+        raise _EarlierWindowFailed() from None
+
+
 def _write_window(store: Store, url: str, w: _Window, until: float, step: float, seen: dict[str, Any],
-                  hi: float) -> tuple[int, int, float]:
-    """One window in one transaction: its hosts, devices, workflows and processes, then its samples;
-    (device samples, process samples, the window's end)."""
-    with sample_errors(store), store.session() as s:
-        device_ids = _register(s, url, w.parsed, w.wide, w.keep, w.procs, until, step, seen)
-        dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in w.parsed.devices], dtype=np.int64)
-        n_dev, n_proc = write_samples_on(s.connection(), store.is_postgres, device_rows(w.wide, w.keep, dev_ids),
-                                         process_rows(w.procs, w.wide, dev_ids, w.parsed))
-    return n_dev, n_proc, hi
+                  hi: float, registry: _Registered, turn: _Turn) -> tuple[int, int, float]:
+    """One window in one transaction: its new hosts and devices (after the window before has inserted its own),
+    its samples (while the window before may still be writing), then, once the window before has committed, the
+    rest of its registration (devices seen again, workflows, processes) and its commit; (device samples, process
+    samples, the window's end)."""
+    error: BaseException | None = None
+    try:
+        with sample_errors(store), store.session() as s:
+            _wait(turn.before_registered)
+            device_ids = _add_new_devices(s, url, w.parsed, w.wide, w.keep, until, registry)
+            turn.registered.set_result(None)
+            dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in w.parsed.devices], dtype=np.int64)
+            n_dev, n_proc = write_samples_on(s.connection(), store.is_postgres,
+                                             device_rows(w.wide, w.keep, dev_ids),
+                                             process_rows(w.procs, w.wide, dev_ids, w.parsed))
+            _wait(turn.before_committed)
+            _register(s, url, w.parsed, w.wide, w.keep, w.procs, until, step, seen)
+        return n_dev, n_proc, hi
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        turn.settle(error)
+
+
+def _memory_totals(wide: dict[str, np.ndarray], keep: np.ndarray) -> dict[int, int | None]:
+    """{dev: the largest total memory its new samples report} of every device with new samples."""
+    devs = wide["dev"][keep]
+    totals = wide["mem_total"][keep]
+    mem_total = {}
+    for d in sorted(set(devs.tolist())):
+        t = totals[devs == d]
+        t = t[np.isfinite(t)]
+        mem_total[d] = int(round(float(t.max()))) if len(t) else None
+    return mem_total
+
+
+def _add_new_devices(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
+                     until: float, registry: _Registered) -> dict[tuple[str, int], int]:
+    """Insert the hosts and devices with new samples that neither the store nor an earlier window of this
+    import has, in the caller's transaction; {(host, index): device id} of every device with new samples.
+
+    Only inserts: rows the store has are left to _register, which runs after the window before has committed and
+    so never waits on its locks."""
+    mem_total = _memory_totals(wide, keep)
+    wanted = {(parsed.devices[d].host, parsed.devices[d].index): d for d in mem_total}
+    ids = {key: registry.devices[key] for key in wanted if key in registry.devices}
+    hosts = sorted({h for h, _ in wanted if h not in registry.hosts})
+    if hosts:
+        # a host an agent registered keeps its own record
+        known_hosts = set(s.scalars(select(Host.id).where(Host.id.in_(hosts))))
+        add_hosts(s, [h for h in hosts if h not in known_hosts], source=SOURCE, labels={"imported_from": url},
+                  now=until)
+        registry.hosts.update(hosts)
+    missing = [key for key in wanted if key not in ids]
+    if missing:
+        ids.update({(h, i): d for h, i, d in s.execute(
+            select(Device.host_id, Device.index, Device.id)
+            .where(Device.host_id.in_(sorted({h for h, _ in missing})))).tuples() if (h, i) in wanted})
+        by_host: dict[str, list[DeviceSpec]] = {}
+        for key in missing:
+            if key not in ids:
+                dk = parsed.devices[wanted[key]]
+                by_host.setdefault(dk.host, []).append(DeviceSpec(index=dk.index, uuid=dk.uuid, name=dk.name,
+                                                                  memory_total=mem_total[wanted[key]]))
+        ids.update(register_devices_of_hosts(s, by_host, source=SOURCE, now=until))
+        registry.devices.update({key: ids[key] for key in missing})
+    return ids
 
 
 def _register(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
               procs: dict[tuple[int, int], np.ndarray], until: float, step: float, seen: dict[str, Any]
               ) -> dict[tuple[str, int], int]:
-    """Hosts, devices, workflows and their synthetic processes, in the caller's transaction;
-    {(host, index): device id}."""
-    devs = wide["dev"][keep]
-    used = sorted(set(devs.tolist()))
-    totals = wide["mem_total"][keep]
-    mem_total = {}
-    for d in used:
-        t = totals[devs == d]
-        t = t[np.isfinite(t)]
-        mem_total[d] = int(round(float(t.max()))) if len(t) else None
+    """Devices seen again (their last sighting, or a new UUID at the same place), workflows and their synthetic
+    processes, in the caller's transaction, after _add_new_devices; {(host, index): device id}."""
+    mem_total = _memory_totals(wide, keep)
+    used = sorted(mem_total)
     ts = wide["ts"]
     span = {key: (float(ts[rows[0]]), float(ts[rows[-1]])) for key, rows in procs.items()}
     # a workflow whose series stopped before the imported range ends is over (two steps of slack for scrapes)
@@ -284,9 +402,6 @@ def _register(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray],
     hosts = sorted({parsed.devices[d].host for d in used})
     known_devices = {(h, i): (d, u) for h, i, d, u in s.execute(
         select(Device.host_id, Device.index, Device.id, Device.uuid).where(Device.host_id.in_(hosts))).tuples()}
-    known_hosts = set(s.scalars(select(Host.id).where(Host.id.in_(hosts))))
-    # a host an agent registered keeps its own record
-    add_hosts(s, [h for h in hosts if h not in known_hosts], source=SOURCE, labels={"imported_from": url}, now=until)
     by_host: dict[str, list[DeviceSpec]] = {}
     refresh = []
     for d in used:
@@ -364,4 +479,4 @@ def import_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
             "series": summary.series, "skipped": summary.skipped, "devices": summary.devices}
 
 
-__all__ = ["ImportSummary", "PrometheusClient", "import_from_settings", "import_prometheus"]
+__all__ = ["ImportSummary", "PrometheusClient", "import_from_settings", "import_prometheus", "import_windows"]
