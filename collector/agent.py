@@ -225,6 +225,7 @@ class Agent:
             wait = max(30.0, 3 * self.flush_interval_s) if deadline is None else max(0.0, deadline - time.monotonic())
             thread.join(timeout=wait)
         self._threads.clear()
+        migration_handlers.uninstall(30.0 if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._socket_server is not None:
             self._socket_server.stop()
             self._socket_server = None

@@ -129,15 +129,20 @@ class _Reaper:
             log.info("took up managed job %s (pid %d), started before this agent", workflow, pid)
         return taken
 
-    def start(self, agent: Any, stop: threading.Event) -> threading.Thread:
-        """Serve `agent` until `stop` is set; returns the reaper's thread (the agent joins it when it stops)."""
+    def start(self, agent: Any, stop: threading.Event) -> None:
+        """Serve `agent` until `stop` is set."""
         with self.lock:
             self.agent = agent
             self._running = [e for e in self._running if not e.is_set()] + [stop]
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="fleetlens-reaper", daemon=True)
                 self._thread.start()
-            return self._thread
+
+    def join_if_idle(self, timeout_s: float) -> None:
+        """Wait for the thread to end once no agent of this process runs (one that still runs keeps it going)."""
+        thread = self._thread
+        if thread is not None and not self._serving():
+            thread.join(timeout=timeout_s)
 
     def _serving(self) -> bool:
         with self.lock:
@@ -243,10 +248,17 @@ def install(agent: Any, stop: threading.Event) -> list[threading.Thread]:
         REAPER.adopt(agent.store, agent.host_id)
     except Exception:  # taking up old jobs is no reason for an agent not to start
         log.exception("taking up the jobs already running on %s failed", agent.host_id)
-    reaper = REAPER.start(agent, stop)
+    REAPER.start(agent, stop)
     prober = threading.Thread(target=_probe_loop, args=(agent, stop), name="fleetlens-storage-probe", daemon=True)
     prober.start()
-    return [reaper, prober]
+    return [prober]
+
+
+def uninstall(timeout_s: float) -> None:
+    """Called by an agent once its own threads have stopped: the reaper's thread ends with the last agent of the
+    process, and is waited for then (never while another agent of the process runs: many virtual hosts share one
+    process in benchmarks/agents_load.py)."""
+    REAPER.join_if_idle(timeout_s)
 
 
 def _total_steps_lookup(handlers: Any) -> Any:

@@ -238,3 +238,22 @@ def test_the_storage_prober_and_the_reaper_stop_with_the_agent(sqlite_store, fle
         s.query(HostStorage).delete()
     time.sleep(20 * settings.storage_probe_s)  # twenty rounds' time: a prober still running would have written
     assert probes() == []
+
+
+def test_the_reaper_runs_on_while_another_agent_of_the_process_runs(sqlite_store, fleet_home, tmp_path):
+    """Several agents in one process (benchmarks/agents_load.py's virtual hosts) share the job reaper: one agent's
+    stop leaves it reaping for the others, and the last one's stop ends it."""
+    import threading
+
+    def reaper_alive() -> bool:
+        return any(t.name == "fleetlens-reaper" and t.is_alive() for t in threading.enumerate())
+
+    settings = Settings(storage_probe_s=3600)
+    first = make_agent(sqlite_store, settings, StubSource(n=1), host_id="first").start()
+    second = make_agent(sqlite_store, settings, StubSource(n=1), host_id="second").start()
+    try:
+        first.stop()
+        assert reaper_alive(), "the reaper stopped while an agent of the process still runs"
+    finally:
+        second.stop()
+    assert not reaper_alive()
