@@ -109,8 +109,21 @@ def _nothing() -> Iterator[None]:
     yield
 
 
+# The groups of tests that start a whole deployment, longest first: under pytest-xdist each group runs on one
+# worker, so they are handed out first and the other worker fills in with the short tests.
+LONG_GROUPS = ("demo", "celery")
+
+
+def _long_group_rank(item: pytest.Item) -> int:
+    mark = item.get_closest_marker("xdist_group")
+    name = mark.args[0] if mark and mark.args else mark.kwargs.get("name") if mark else None
+    return LONG_GROUPS.index(name) if name in LONG_GROUPS else len(LONG_GROUPS)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`gpu` tests run on a GPU host and skip with the reason everywhere else, CI included (it has no GPU)."""
+    """The long groups go first (see LONG_GROUPS). `gpu` tests run on a GPU host and skip with the reason everywhere
+    else, CI included (it has no GPU)."""
+    items.sort(key=_long_group_rank)  # stable: the order within each part is the collection's
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -123,7 +136,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """No process a test started outlives the run: any left (a test that failed before its clean-up) is named and
-    killed, so one broken test cannot slow the machine for the next run."""
+    killed, so one broken test cannot slow the machine for the next run. Under pytest-xdist each worker does this
+    for the tests it ran; the controlling process's children are the workers themselves, left to xdist."""
+    if session.config.pluginmanager.getplugin("dsession") is not None:
+        return
     left = psutil.Process().children(recursive=True)
     for proc in left:
         try:
