@@ -22,8 +22,8 @@ demo: $(STAMP)
 # (tests/test_layers.py::test_import_contracts, there so that a bare `pytest` checks them too).
 # PostgreSQL tests run against the local server when it answers and FLEETLENS_TEST_PG_URL is unset; when it does
 # not answer they are skipped, and the run says so first (with CI=true, tests/conftest.py fails them instead).
-# The suite runs on PYTEST_WORKERS processes (pytest-xdist). Tests that start a whole deployment (the demo and the
-# other end-to-end runs, the Celery cluster) carry an xdist_group mark, so at most one of each kind runs at a time.
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist); tests/conftest.py keeps the tests that start a whole
+# deployment (the demo, the Celery cluster) one at a time, each group on one worker (SERIAL_GROUPS).
 PYTEST_WORKERS ?= 2
 PG_TEST_URL := postgresql+psycopg://postgres@127.0.0.1:5432/test
 PG_PROBE := import psycopg; psycopg.connect('postgresql://postgres@127.0.0.1:5432/test', connect_timeout=3).close()
@@ -38,7 +38,7 @@ test: $(STAMP) chromium prometheus
 	         "PostgreSQL tests will be skipped$${CI:+ (CI=$$CI: they fail instead)}"; \
 	  fi; \
 	fi; \
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --deselect tests/test_layers.py::test_import_contracts \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --deselect tests/test_layers.py::test_import_contracts \
 	  $(PYTEST_ARGS)
 
 bench: $(STAMP)

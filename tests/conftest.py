@@ -109,21 +109,32 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-# The groups of tests that start a whole deployment, longest first: under pytest-xdist each group runs on one
-# worker, so they are handed out first and the other worker fills in with the short tests.
-LONG_GROUPS = ("demo", "celery")
+# Under pytest-xdist (`make test` runs two workers) the tests that start a whole deployment run one at a time: each
+# group below runs on one worker, the longest first, while the other worker takes the short tests one by one.
+SERIAL_GROUPS = {"tests/e2e/test_demo.py": "demo", "tests/e2e/test_demo_signals.py": "demo",
+                 "tests/dags/test_celery_executor.py": "celery"}
+GROUP_ORDER = ("demo", "celery")
 
 
-def _long_group_rank(item: pytest.Item) -> int:
-    mark = item.get_closest_marker("xdist_group")
-    name = mark.args[0] if mark and mark.args else mark.kwargs.get("name") if mark else None
-    return LONG_GROUPS.index(name) if name in LONG_GROUPS else len(LONG_GROUPS)
+def _group_of(nodeid: str) -> str | None:
+    return SERIAL_GROUPS.get(nodeid.split("::", 1)[0])
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Each serial group is one unit of work; every other test is a unit of its own."""
+    from xdist.scheduler import LoadScopeScheduling  # only where pytest-xdist runs the suite
+
+    class SerialGroupsScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(nodeid) or nodeid
+
+    return SerialGroupsScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long groups go first (see LONG_GROUPS). `gpu` tests run on a GPU host and skip with the reason everywhere
-    else, CI included (it has no GPU)."""
-    items.sort(key=_long_group_rank)  # stable: the order within each part is the collection's
+    """The serial groups go first (see SERIAL_GROUPS; the sort is stable). `gpu` tests run on a GPU host and skip
+    with the reason everywhere else, CI included (it has no GPU)."""
+    items.sort(key=lambda item: GROUP_ORDER.index(g) if (g := _group_of(item.nodeid)) else len(GROUP_ORDER))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

@@ -19,7 +19,7 @@ from store.models import Finding, Trace
 from tests.conftest import TRACES, pg_base_url
 from tests.dags.celery_cluster import CeleryCluster
 
-pytestmark = [pytest.mark.pg, pytest.mark.slow, pytest.mark.xdist_group("celery")]  # one cluster at a time
+pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
 # every real trace here that has something to say (cpu_only_gloo_rank34 has no findings)
 TRACE_FILES = ["a100_2rank_nccl.json.gz", "a100_80gb_16rank_rank0_training.json.gz",

@@ -16,7 +16,7 @@ from store.models import Action, Finding, StepStat, Trace, Workflow
 from ui.serve.processes import processes_of
 
 FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]  # one demo at a time (make test runs workers)
+pytestmark = pytest.mark.slow
 
 
 def _env(home: Path) -> dict[str, str]:

@@ -13,7 +13,7 @@ import pytest
 from tests.procs import processes_under
 from tests.serve.stop_helpers import SIGNALS, clean_env, free_port, port_answers, start, stop, tail, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]  # one demo at a time (make test runs workers)
+pytestmark = pytest.mark.slow
 
 
 def _count(db: Path, sql: str) -> int:
