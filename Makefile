@@ -22,6 +22,9 @@ demo: $(STAMP)
 # (tests/test_layers.py::test_import_contracts, there so that a bare `pytest` checks them too).
 # PostgreSQL tests run against the local server when it answers and FLEETLENS_TEST_PG_URL is unset; when it does
 # not answer they are skipped, and the run says so first (with CI=true, tests/conftest.py fails them instead).
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist); tests/conftest.py keeps the tests that start a whole
+# deployment (the demo, the Celery cluster) one at a time, each group on one worker (SERIAL_GROUPS).
+PYTEST_WORKERS ?= 2
 PG_TEST_URL := postgresql+psycopg://postgres@127.0.0.1:5432/test
 PG_PROBE := import psycopg; psycopg.connect('postgresql://postgres@127.0.0.1:5432/test', connect_timeout=3).close()
 test: $(STAMP) chromium prometheus
@@ -35,7 +38,8 @@ test: $(STAMP) chromium prometheus
 	         "PostgreSQL tests will be skipped$${CI:+ (CI=$$CI: they fail instead)}"; \
 	  fi; \
 	fi; \
-	$(BIN)/python -m pytest --deselect tests/test_layers.py::test_import_contracts $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --deselect tests/test_layers.py::test_import_contracts \
+	  $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	@set -e; for f in benchmarks/*.py; do echo "# $$f" >&2; $(BIN)/python $$f; done

@@ -109,8 +109,32 @@ def _nothing() -> Iterator[None]:
     yield
 
 
+# Under pytest-xdist (`make test` runs two workers) the tests that start a whole deployment run one at a time: each
+# group below runs on one worker, the longest first, while the other worker takes the short tests one by one.
+SERIAL_GROUPS = {"tests/e2e/test_demo.py": "demo", "tests/e2e/test_demo_signals.py": "demo",
+                 "tests/dags/test_celery_executor.py": "celery"}
+GROUP_ORDER = ("demo", "celery")
+
+
+def _group_of(nodeid: str) -> str | None:
+    return SERIAL_GROUPS.get(nodeid.split("::", 1)[0])
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Each serial group is one unit of work; every other test is a unit of its own."""
+    from xdist.scheduler import LoadScopeScheduling  # only where pytest-xdist runs the suite
+
+    class SerialGroupsScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(nodeid) or nodeid
+
+    return SerialGroupsScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`gpu` tests run on a GPU host and skip with the reason everywhere else, CI included (it has no GPU)."""
+    """The serial groups go first (see SERIAL_GROUPS; the sort is stable). `gpu` tests run on a GPU host and skip
+    with the reason everywhere else, CI included (it has no GPU)."""
+    items.sort(key=lambda item: GROUP_ORDER.index(g) if (g := _group_of(item.nodeid)) else len(GROUP_ORDER))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -123,7 +147,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """No process a test started outlives the run: any left (a test that failed before its clean-up) is named and
-    killed, so one broken test cannot slow the machine for the next run."""
+    killed, so one broken test cannot slow the machine for the next run. Under pytest-xdist each worker does this
+    for the tests it ran; the controlling process's children are the workers themselves, left to xdist."""
+    if session.config.pluginmanager.getplugin("dsession") is not None:
+        return
     left = psutil.Process().children(recursive=True)
     for proc in left:
         try:
