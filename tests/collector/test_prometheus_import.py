@@ -244,27 +244,27 @@ def test_database_down_says_so_and_the_next_run_picks_up(prom, pg_url):
         store.dispose()
 
 
-@pytest.mark.pg
-def test_database_lost_between_registration_and_samples_leaves_nothing_of_the_window(prom, pg_store):
-    """The database drops the connection while a window's samples are being copied, after its hosts, devices,
-    workflows and processes were written in the same transaction: none of that window stays, the windows before
-    it do, and the next run fills the rest."""
-    store = pg_store
-    edge = T0 + 1500  # the first window's end (windows of 25 minutes)
-    with store.engine.begin() as conn:  # the server ends the session itself, as a crash or a failover would
+def _drop_sessions_writing(store: Store, condition: str, pause_s: float = 0.0) -> None:
+    """The server ends the session of any insert into device_samples whose row meets `condition` (after `pause_s`),
+    as a crash or a failover would."""
+    with store.engine.begin() as conn:
         conn.execute(text(f"""
             CREATE FUNCTION drop_session() RETURNS trigger AS $$
-            BEGIN IF NEW.ts > {edge!r} THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NEW; END
+            BEGIN IF {condition} THEN
+                PERFORM pg_sleep({pause_s!r}); PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NEW; END
             $$ LANGUAGE plpgsql"""))
         conn.execute(text("CREATE TRIGGER drop_session BEFORE INSERT ON device_samples "
                           "FOR EACH ROW EXECUTE FUNCTION drop_session()"))
-    settings = _settings(prometheus_window_s=1500)
+
+
+def _import_fails_keeping_nothing_after(store: Store, prom, edge: float, settings: Settings) -> None:
+    """The import fails saying where the next run resumes; nothing after `edge` stays (samples, or the failed
+    window's registration), what came before does; once the server is well, the next run fills the rest."""
     with pytest.raises(DatabaseUnavailable, match=r"Before that, \d+ device samples up to .* the next run resumes"):
         _import(store, prom.url, settings=settings)
     with store.session() as s:
         assert s.scalar(select(func.max(DeviceSample.ts))) <= edge
         assert s.scalar(select(func.max(ProcessSample.ts))) <= edge
-        # the failed window's registration went with its samples: nothing was seen after the first window
         assert s.scalar(select(func.max(Workflow.last_seen))) <= edge
         assert s.scalar(select(func.max(Process.last_seen))) <= edge
         assert s.scalar(select(func.count()).select_from(DeviceSample)) > 0
@@ -277,31 +277,21 @@ def test_database_lost_between_registration_and_samples_leaves_nothing_of_the_wi
 
 
 @pytest.mark.pg
+def test_database_lost_between_registration_and_samples_leaves_nothing_of_the_window(prom, pg_store):
+    """The database drops the connection while a window's samples are being copied, after its hosts, devices,
+    workflows and processes were written in the same transaction: none of that window stays, the windows before
+    it do, and the next run fills the rest."""
+    edge = T0 + 1500  # the first window's end (windows of 25 minutes)
+    _drop_sessions_writing(pg_store, f"NEW.ts > {edge!r}")
+    _import_fails_keeping_nothing_after(pg_store, prom, edge, _settings(prometheus_window_s=1500))
+
+
+@pytest.mark.pg
 def test_a_window_after_a_failed_one_is_not_kept_though_it_was_written_alongside(prom, pg_store):
     """On PostgreSQL the window after the one being written copies its samples at the same time, on a connection of
     its own; when the earlier window fails after that copy is done, the later one is rolled back too, so the store
     never holds a window without every window before it, and the next run resumes at the failed window."""
-    store = pg_store
     edge, next_edge = T0 + 1500, T0 + 3000  # windows of 25 minutes: the second fails, the third alone would not
-    with store.engine.begin() as conn:  # the second window's first row waits long enough for the third to be copied
-        conn.execute(text(f"""
-            CREATE FUNCTION drop_session() RETURNS trigger AS $$
-            BEGIN IF NEW.ts > {edge!r} AND NEW.ts <= {next_edge!r} THEN
-                PERFORM pg_sleep(2); PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NEW; END
-            $$ LANGUAGE plpgsql"""))
-        conn.execute(text("CREATE TRIGGER drop_session BEFORE INSERT ON device_samples "
-                          "FOR EACH ROW EXECUTE FUNCTION drop_session()"))
-    settings = _settings(prometheus_window_s=1500)
-    with pytest.raises(DatabaseUnavailable, match=r"Before that, \d+ device samples up to .* the next run resumes"):
-        _import(store, prom.url, settings=settings)
-    with store.session() as s:
-        assert s.scalar(select(func.max(DeviceSample.ts))) <= edge
-        assert s.scalar(select(func.max(ProcessSample.ts))) <= edge
-        assert s.scalar(select(func.max(Workflow.last_seen))) <= edge
-        assert s.scalar(select(func.count()).select_from(DeviceSample)) > 0
-    with store.engine.begin() as conn:
-        conn.execute(text("DROP TRIGGER drop_session ON device_samples"))
-    _import(store, prom.url, since=None, settings=settings)
-    assert _import(store, prom.url, settings=settings).device_samples == 0
-    with store.session() as s:
-        assert s.scalar(select(func.count()).select_from(DeviceSample)) == 2 * N + (N - len(GAP))
+    # the second window's first row waits long enough for the third to be copied
+    _drop_sessions_writing(pg_store, f"NEW.ts > {edge!r} AND NEW.ts <= {next_edge!r}", pause_s=2.0)
+    _import_fails_keeping_nothing_after(pg_store, prom, edge, _settings(prometheus_window_s=1500))
