@@ -14,7 +14,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -55,12 +58,25 @@ class CallRecorder:
         return call
 
 
-def spawn_processes(n: int) -> list[subprocess.Popen]:
-    procs = []
-    for k in range(n):
-        env = {**os.environ, "FLEETLENS_WORKFLOW": f"bench-job-{k // PROCS_PER_GPU}"}
-        procs.append(subprocess.Popen(["sleep", "600"], env=env))
-    return procs
+@contextmanager
+def fake_fleet() -> Iterator[Any]:
+    """The fake NVML's N_GPUS x PROCS_PER_GPU fleet, each of its processes a real (sleeping) process of a workflow
+    of its own GPU, so that attribution reads real /proc entries; the processes are stopped at the end."""
+    children = []
+    try:
+        for k in range(N_GPUS * PROCS_PER_GPU):
+            env = {**os.environ, "FLEETLENS_WORKFLOW": f"bench-job-{k // PROCS_PER_GPU}"}
+            children.append(subprocess.Popen(["sleep", "600"], env=env))
+        fake = fleet(N_GPUS, PROCS_PER_GPU)
+        for g, gpu in enumerate(fake.gpus):
+            for k, proc in enumerate(gpu.processes):
+                proc.pid = children[g * PROCS_PER_GPU + k].pid
+        yield fake
+    finally:
+        for child in children:
+            child.kill()
+        for child in children:
+            child.wait()
 
 
 def cpu_per_second(run, seconds: float) -> float:
@@ -87,12 +103,7 @@ def bare_loop(calls: list[tuple[object, tuple]], seconds: float) -> None:
 
 
 def main() -> None:
-    children = spawn_processes(N_GPUS * PROCS_PER_GPU)
-    try:
-        fake = fleet(N_GPUS, PROCS_PER_GPU)
-        for g, gpu in enumerate(fake.gpus):
-            for k, proc in enumerate(gpu.processes):
-                proc.pid = children[g * PROCS_PER_GPU + k].pid
+    with fake_fleet() as fake:
         with tempfile.TemporaryDirectory() as tmp:
             home = Path(tmp) / "home"
             settings = Settings(home=home, secret="bench", host_id="bench-host")
@@ -145,11 +156,6 @@ def main() -> None:
             "batches_written": stats.batches_written,
         }
         print(json.dumps(line), flush=True)
-    finally:
-        for child in children:
-            child.kill()
-        for child in children:
-            child.wait()
 
 
 if __name__ == "__main__":

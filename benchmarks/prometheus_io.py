@@ -31,7 +31,7 @@ from sqlalchemy import create_engine, text
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.collector_overhead import spawn_processes  # noqa: E402
+from benchmarks.collector_overhead import N_GPUS, PROCS_PER_GPU, fake_fleet  # noqa: E402
 from collector.agent import Agent  # noqa: E402
 from collector.dcgm_names import FIELDS  # noqa: E402
 from collector.importers.prometheus import import_prometheus, import_windows  # noqa: E402
@@ -48,7 +48,7 @@ from tests.prometheus_server import backfill, free_port, prometheus  # noqa: E40
 
 CONTAINERS = int(os.environ.get("FLEETLENS_BENCH_CONTAINERS", "32"))
 STEP = 30.0
-N_GPUS, PROCS_PER_GPU, SCRAPES, FRESH = 8, 32, 50, 8
+SCRAPES, FRESH = 50, 8
 
 
 def progress(msg: str) -> None:
@@ -147,12 +147,7 @@ def import_line(tmp: Path) -> dict:
 
 
 def scrape_line(tmp: Path) -> dict:
-    children = spawn_processes(N_GPUS * PROCS_PER_GPU)
-    try:
-        fake = fleet(N_GPUS, PROCS_PER_GPU)
-        for g, gpu in enumerate(fake.gpus):
-            for k, proc in enumerate(gpu.processes):
-                proc.pid = children[g * PROCS_PER_GPU + k].pid
+    with fake_fleet() as fake:
         settings = Settings(home=tmp / "home", secret="bench", host_id="bench-host", metrics_port=free_port())
         settings.ensure_home()
         store = Store(settings.resolved_db_url)
@@ -191,11 +186,6 @@ def scrape_line(tmp: Path) -> dict:
         finally:
             agent.stop()
             store.dispose()
-    finally:
-        for child in children:
-            child.kill()
-        for child in children:
-            child.wait()
     scrape_ms, sample_ms = statistics.median(times) * 1000, statistics.median(samples) * 1000
     fresh_ms = statistics.median(fresh) * 1000
     return {
