@@ -357,14 +357,21 @@ def _start(ctx: CommandContext, workflow_id: str, device_ids: list[int], lane_id
 
 
 def _confirm(ctx: CommandContext, popen: Any, workflow_id: str, log_path: Path, timeout_s: float) -> dict[str, Any]:
-    """Wait until the job says hello on the SDK socket or has run `timeout_s`: an exit before that is a failure."""
+    """Wait until the job says hello on the SDK socket or has run `timeout_s`: an exit before that is a failure.
+
+    A job that said hello and then ended (its goodbye heard, however soon after: between two polls here) has
+    started; how it ended is the reaper's to record, as for any job that ends later."""
     handlers = getattr(ctx.agent, "sdk_handler", None)
     jobs = getattr(handlers, "jobs", None)
+    said_goodbye = getattr(handlers, "said_goodbye", None)
     # a job without the SDK never says hello: surviving `timeout_s` (a few seconds) is all we can check then
     deadline = time.monotonic() + timeout_s
     connected = False
     while time.monotonic() < deadline:
         if popen.poll() is not None:
+            if callable(said_goodbye) and said_goodbye(workflow_id, popen.pid):
+                connected = True
+                break
             tail = _tail(log_path)
             raise RuntimeError(f"{workflow_id} exited at once with code {popen.returncode}: {tail}")
         if callable(jobs) and any(j.get("workflow") == workflow_id and j.get("pid") == popen.pid for j in jobs()):

@@ -157,6 +157,11 @@ class SdkHandlers:
         with self._lock:
             return self._outcomes.pop((workflow_id, pid), None)
 
+    def said_goodbye(self, workflow_id: str, pid: int) -> bool:
+        """Whether the job's process said how it ended (its outcome is kept for `take_outcome`)."""
+        with self._lock:
+            return (workflow_id, pid) in self._outcomes
+
     def jobs(self) -> list[dict[str, Any]]:
         """The SDK jobs heard from recently: workflow, pid, rank, lane, step, total_steps, last_seen."""
         with self._lock:
