@@ -386,10 +386,8 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
     by_id = {d.job_id: d for d in demands}
     pos_of = pk.fleet.index_of
 
-    costs = {d.job_id: p.downtime_s + (d.since_checkpoint_s if d.since_checkpoint_s > 0 else 0.0) for d in demands}
-
-    def cost(d: JobDemand) -> float:
-        return costs[d.job_id]
+    # a move's cost: its downtime plus the work since the job's last checkpoint
+    costs = {d.job_id: p.downtime_s + max(0.0, d.since_checkpoint_s) for d in demands}
 
     # load the current placement device by device; what no longer fits is over
     over: list[tuple[int, str, str]] = []  # (device position, job, guard reason)
@@ -407,7 +405,7 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
                 unresolved[s.job_id] = "its memory outgrew the device it runs on alone"
             continue
         # a shared device: the costliest to move stay; the cheapest move off until the rest fit
-        members.sort(key=lambda d: (-cost(d), -sizes[d.job_id].mem, d.job_id))
+        members.sort(key=lambda d: (-costs[d.job_id], -sizes[d.job_id].mem, d.job_id))
         for d in members:
             s = sizes[d.job_id]
             in_lane = Size(s.job_id, s.mem, s.util, True, s.why)  # co-located already: it keeps a lane
@@ -435,7 +433,7 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
                 unresolved[job_id] = "no device has room for it"
             continue
         moves.append(ConsolidationMove(job_id, pk.fleet.devices[i].device_id, pk.fleet.devices[to].device_id,
-                                       reason, cost(by_id[job_id]), 0.0))
+                                       reason, costs[job_id], 0.0))
         moved.add(job_id)
     # consolidation moves: empty whole devices, easiest first, onto devices in use
     budget = 0 if guard_only else p.max_moves_per_cycle - len(moves)
@@ -460,7 +458,7 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
         members = sorted(pk.on.get(i, ()))
         if not members or i in kept or len(members) > budget or not all(may_move(by_id[j]) for j in members):
             continue
-        total_cost = sum(cost(by_id[j]) for j in members)
+        total_cost = sum(costs[j] for j in members)
         gain_s = p.horizon_s
         if total_cost >= gain_s:
             continue
@@ -489,7 +487,7 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
         gain_h = gain_s / 3600.0
         for j, to in targets:
             moves.append(ConsolidationMove(j, pk.fleet.devices[i].device_id, pk.fleet.devices[to].device_id,
-                                           "free_device", cost(by_id[j]), gain_h / len(targets)))
+                                           "free_device", costs[j], gain_h / len(targets)))
             moved.add(j)
         budget -= len(targets)
     return ConsolidationPlan(moves, sizes, held, int((pk.n_jobs > 0).sum()), freed, unresolved, pk, refused)

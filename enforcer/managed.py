@@ -166,7 +166,7 @@ def register_managed(
     device. `util` is the job's expected device utilisation alone (0..1; PACK packs light jobs together, and a
     lane's compute share follows it). A lane job whose memory is neither declared (`mem_bytes`) nor seen for
     `memory_seen_steps` steps gets a whole device to itself (`extra["alone"]` says so) until it has been
-    (store.device_memory.known_memory; consolidation's own minimum history is a different rule, see there).
+    (store.device_memory.known_memory).
     Raises (with nothing written) on an unknown policy, an empty command, an unwritable checkpoint folder, a host
     with no registered devices, a job bigger than any device, or no room.
     """

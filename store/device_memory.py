@@ -68,11 +68,8 @@ def known_memory(session: Session, workflow: Workflow, min_steps: int) -> tuple[
     measured counts once it was seen for `min_steps` steps; without it, NVML's per-process memory once it was
     seen in `min_steps` samples (its largest process's use is taken as persistent, with no ephemeral peak).
 
-    This is admission's rule (FLEETLENS_MEMORY_SEEN_STEPS), for `fleetlens run` and the planner, and it is
-    deliberately not consolidation's minimum history (FLEETLENS_CONSOLIDATE_MIN_HISTORY_S, enforcer.consolidate):
-    what is trusted here is a training job's per-iteration profile, which repeats every step, so a count of steps
-    covers it whatever a step lasts, and the share it earns is the job's own memory cap (over it, the job fails
-    alone). Consolidation trusts a peak over hours of demand that follows load, of jobs that may have no steps."""
+    This is admission's rule (FLEETLENS_MEMORY_SEEN_STEPS, for `fleetlens run` and the planner), on purpose not
+    consolidation's minimum history: enforcer.consolidate's docstring says why the two stay apart."""
     labels = workflow.labels or {}
     if workflow.mem_persistent is not None:
         if labels.get("mem_source") not in ("cuda", "rss"):

@@ -39,23 +39,17 @@ class FindingSpec:
         return f"{self.rule}|{self.workflow_id}|{self.subject or ''}"
 
 
+# what a spec sets on its row each time it is found
+FINDING_FIELDS = ("rule", "workflow_id", "source", "severity", "title", "fix", "evidence", "location",
+                  "cost_s_per_step", "gpu_hours_per_day", "trace_id", "device_id")
+
+
 def upsert_finding(session: Session, spec: FindingSpec, now: float | None = None) -> Finding:
     """Record a finding; the same (rule, workflow, subject) found again updates the row instead of adding one.
 
     A resolved finding that is found again opens again; an acknowledged one stays acknowledged.
     """
-    if spec.severity not in SEVERITIES:
-        raise InvalidInput(f"severity {spec.severity!r} is not one of {SEVERITIES}")
-    now = time.time() if now is None else now
-    finding = session.scalar(select(Finding).where(Finding.fingerprint == spec.fingerprint))
-    if finding is None:
-        finding = Finding(fingerprint=spec.fingerprint, created_at=now, status="open")
-        session.add(finding)
-    elif finding.status == "resolved":
-        finding.status = "open"
-    _fill(finding, spec, now)
-    session.flush()
-    return finding
+    return upsert_findings(session, [spec], now)[0]
 
 
 def upsert_findings(session: Session, specs: list[FindingSpec], now: float | None = None,
@@ -79,19 +73,12 @@ def upsert_findings(session: Session, specs: list[FindingSpec], now: float | Non
             session.add(finding)
         elif finding.status == "resolved":
             finding.status = "open"
-        _fill(finding, spec, now)
+        for name in FINDING_FIELDS:
+            setattr(finding, name, getattr(spec, name))
+        finding.updated_at = now
         out.append(finding)
     session.flush()
     return out
-
-
-def _fill(finding: Finding, spec: FindingSpec, now: float) -> None:
-    for name in (
-        "rule", "workflow_id", "source", "severity", "title", "fix", "evidence", "location",
-        "cost_s_per_step", "gpu_hours_per_day", "trace_id", "device_id",
-    ):
-        setattr(finding, name, getattr(spec, name))
-    finding.updated_at = now
 
 
 def set_finding_status(session: Session, finding_id: int, status: str, by: str | None = None) -> Finding:

@@ -93,16 +93,14 @@ class Settings(BaseSettings):
     storage_probe_max_age_s: float = Field(120.0, gt=0)  # an older probe does not count when planning a move
     enforce_drive_s: float = Field(120.0, ge=0)  # one enforcement cycle drives migrations this long (0: one step)
     # a job whose memory nobody declared runs alone on a device until its memory was seen for this many steps
-    # (job SDK) or process samples (NVML); only then may it share a device. Admission's rule (fleetlens run, the
-    # planner): its per-iteration profile P, E, repeated every step, so counted in steps; an underestimate is
-    # caught by the job's own memory cap. Not consolidate_min_history_s, which is about demand over time (see there)
+    # (job SDK) or process samples (NVML); only then may it share a device (admission's rule; not
+    # consolidate_min_history_s: enforcer.consolidate's docstring says why the two stay apart)
     memory_seen_steps: int = Field(20, ge=1)
     # consolidation (enforcer.consolidate): re-pack by observed demand every interval
     consolidate_interval_s: float = Field(900.0, gt=0)
     consolidate_window_s: float = Field(3 * 3600.0, gt=0)  # recent window: peak memory, p95 utilisation
-    # history a job needs before consolidation co-locates it by its observed peak: demand that follows load over
-    # hours (services, traces without steps), so counted in time, with a growth test; not memory_seen_steps, which
-    # trusts a training job's per-step profile (enforcer.consolidate's docstring says why they stay two)
+    # history a job needs before consolidation co-locates it by its observed peak (time, not memory_seen_steps'
+    # steps: enforcer.consolidate's docstring says why)
     consolidate_min_history_s: float = Field(2700.0, ge=0)
     consolidate_util_cap: float = Field(1.0, gt=0)  # most summed p95 utilisation planned on one shared device
     consolidate_util_guard: float = Field(1.2, gt=0)  # summed p95 over this on a shared device moves a job off
