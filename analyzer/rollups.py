@@ -18,22 +18,26 @@ Definitions (a sample stands for `dt` seconds, see analyzer.telemetry.frame):
   rolled up is never deleted.
 
 Only closed hours (ending at or before `now`) are rolled up. Re-running upserts on
-(scope, subject, hour), so it is idempotent.
+(scope, subject, hour), so it is idempotent. Each rolled-up hour also keeps the telemetry detectors' summary of it
+(analyzer.telemetry.hour_summaries), replaced when the hour is rolled up again.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from sqlalchemy import Integer, cast, delete, func, select, text
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from analyzer.telemetry.frame import TelemetryWindow, load_window
+from analyzer.telemetry.chunks import device_chunks
+from analyzer.telemetry.frame import ReadPlan, TelemetryWindow, load_window, read_plan, read_rows
+from analyzer.telemetry.hour_summaries import keep_hours
+from analyzer.telemetry.summary import Piece, merged, summarise
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds
 from store.db import Store
 from store.errors import InvalidInput
@@ -42,6 +46,10 @@ from store.partitions import SAMPLE_TABLES, Partition, drop_days_before
 
 HOUR = 3600.0
 CHUNK_HOURS = 6  # hours read per query: bounded memory on a large fleet
+# a fleet larger than this is rolled up in groups of devices (a workflow's devices together, as the detectors read
+# it), GROUP_THREADS at once: memory stays bounded, and the database's reading of one group overlaps the other's
+GROUP_DEVICES = 5000
+GROUP_THREADS = 2
 _UPDATED = ("team", "samples", "gpu_hours_held", "gpu_hours_active", "util_mean", "util_p95", "sm_active_mean",
             "mem_peak", "mem_total", "computed_at")
 
@@ -97,6 +105,17 @@ def _next_sample_ts(store: Store, after: float) -> float | None:
     return min(found) if found else None
 
 
+def _roll_group(store: Store, start: float, end: float, th: Thresholds, plan: ReadPlan, devices: list[int] | None,
+                computed_at: float) -> tuple[list[dict], list[dict], list[Piece]] | None:
+    """(device rollups, workflow rollups, each hour's detector summary) of [start, end) for these devices (None: all
+    of them); None when they have no samples then."""
+    window = load_window(store, start, end, th.common, devices, rows=read_rows(store, plan, th.common, devices))
+    if window.samples.empty and window.processes.empty:
+        return None
+    pieces = [summarise(window, th, h, h + HOUR) for h in np.arange(start, end, HOUR)]
+    return device_rollups(window, computed_at), workflow_rollups(window, computed_at), pieces
+
+
 def rollup(
     store: Store,
     now: float | None = None,
@@ -114,19 +133,33 @@ def rollup(
     n_dev = n_wf = 0
     computed_at = time.time()
     chunk_start = since
-    while chunk_start < end:
-        chunk_end = min(chunk_start + CHUNK_HOURS * HOUR, end)
-        window = load_window(store, chunk_start, chunk_end, th.common)
-        if window.samples.empty and window.processes.empty:
-            # a hole in the data (or a store idle for months): jump to the hour of the next sample
-            nxt = _next_sample_ts(store, chunk_end)
-            chunk_start = end if nxt is None else max(chunk_end, hour_of(nxt))
-            continue
-        dev_rows = device_rollups(window, computed_at)
-        wf_rows = workflow_rollups(window, computed_at)
-        _upsert(store, dev_rows + wf_rows)
-        n_dev, n_wf = n_dev + len(dev_rows), n_wf + len(wf_rows)
-        chunk_start = chunk_end
+    with ThreadPoolExecutor(max_workers=GROUP_THREADS, thread_name_prefix="fleetlens-rollup") as pool:
+        while chunk_start < end:
+            chunk_end = min(chunk_start + CHUNK_HOURS * HOUR, end)
+            # how to read the chunk and how to split it are asked of the database at once
+            planned = pool.submit(read_plan, store, chunk_start, chunk_end, th.common)
+            groups: list[list[int] | None] = device_chunks(store, chunk_start, chunk_end, GROUP_DEVICES) or [None]
+            if len(groups) == 1:
+                groups = [None]
+            plan = planned.result()
+            done = list(pool.map(
+                lambda devices: _roll_group(store, chunk_start, chunk_end, th, plan, devices, computed_at), groups))
+            done = [d for d in done if d is not None]
+            if not done:
+                # a hole in the data (or a store idle for months): jump to the hour of the next sample
+                nxt = _next_sample_ts(store, chunk_end)
+                chunk_start = end if nxt is None else max(chunk_end, hour_of(nxt))
+                continue
+            dev_rows = [row for rows, _, _ in done for row in rows]
+            wf_rows = [row for _, rows, _ in done for row in rows]
+            # the rollups, and the detectors' summary of each hour (judging a day reads 24 of these instead of its
+            # samples), written at once on two connections
+            kept = pool.submit(keep_hours, store, [merged(list(same_hour)) for same_hour in
+                                                   zip(*(pieces for _, _, pieces in done), strict=True)], th)
+            _upsert(store, dev_rows + wf_rows)
+            kept.result()
+            n_dev, n_wf = n_dev + len(dev_rows), n_wf + len(wf_rows)
+            chunk_start = chunk_end
     return RollupResult(int((end - since) // HOUR), n_dev, n_wf, since, end - HOUR)
 
 
@@ -203,14 +236,38 @@ def workflow_rollups(window: TelemetryWindow, computed_at: float) -> list[dict]:
 def _upsert(store: Store, rows: list[dict], batch: int = 2000) -> None:
     if not rows:
         return
-    insert = pg_insert if store.is_postgres else sqlite_insert
-    stmt = insert(Rollup)
+    if store.is_postgres:
+        _upsert_copied(store, rows)
+        return
+    stmt = sqlite_insert(Rollup)
     stmt = stmt.on_conflict_do_update(
         index_elements=["scope", "subject", "hour"], set_={c: stmt.excluded[c] for c in _UPDATED}
     )
     with store.session() as session:
         for i in range(0, len(rows), batch):
             session.execute(stmt, rows[i:i + batch])
+
+
+_COLUMNS = ("scope", "subject", "hour", *_UPDATED)
+
+
+def _upsert_copied(store: Store, rows: list[dict]) -> None:
+    """PostgreSQL: the rows copied into a temporary table, then upserted from it in one statement (a fleet's hour is
+    tens of thousands of rows, which parameter-bound inserts spend most of their time binding)."""
+    cols = ", ".join(_COLUMNS)
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _UPDATED)
+    with store.engine.begin() as conn:
+        cursor = conn.connection.driver_connection.cursor()
+        try:
+            cursor.execute(f"CREATE TEMPORARY TABLE rollups_in ON COMMIT DROP AS SELECT {cols} FROM rollups "
+                           "WITH NO DATA")
+            with cursor.copy(f"COPY rollups_in ({cols}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(tuple(row[c] for c in _COLUMNS))
+            cursor.execute(f"INSERT INTO rollups ({cols}) SELECT {cols} FROM rollups_in "
+                           f"ON CONFLICT (scope, subject, hour) DO UPDATE SET {updates}")
+        finally:
+            cursor.close()
 
 
 def apply_retention(store: Store, retention_days: float, now: float | None = None) -> RetentionResult:

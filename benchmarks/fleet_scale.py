@@ -4,9 +4,11 @@
   (binary COPY into the day-partitioned tables), `--ingest-s` seconds of the fleet in batches of 10 s.
 - day_rows: a day of the fleet at one row per device-minute (and one per workflow-minute), what the detectors read
   once 1 Hz samples are bucketed to minutes; generated inside PostgreSQL (`generate_series`), not timed.
-- rollup_hour_s: `analyzer.rollups.rollup` of the last hour (the hourly job).
+- rollup_hour_s: `analyzer.rollups.rollup` of the last hour (the hourly job): the hour's device and workflow
+  rollups and the telemetry detectors' summary of the hour (analyzer.telemetry.hour_summaries). The 23 hours before
+  it are rolled up first, untimed, as the hourly job would have done when each closed.
 - detect_day_s, detect_peak_rss_mib: `analyzer.telemetry.detect` over the day, in a process of its own (its peak
-  resident memory is the whole process's, imports included), against the anchor
+  resident memory is the whole process's, imports included): it combines the 24 kept hours; against the anchor
 - bare_fetch_day_s: a bare aggregate query over the same rows in the same run (per device, and per workflow and
   device: count, mean utilisation, peak memory), the least any set-based detector must pay to read the day.
 
@@ -186,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         bare_fetch(store, now - DAY, now)  # the same cache state for everything after
         bare = bare_fetch(store, now - DAY, now)
         log(f"bare fetch {bare:.1f} s")
+        # the hourly job has rolled up the day's hours as they closed (each keeps the detectors' summary of it)
+        t0 = time.perf_counter()
+        rollup(store, now - HOUR, since=now - DAY)
+        log(f"rolled up the 23 hours before the last in {time.perf_counter() - t0:.0f} s (not timed)")
         t0 = time.perf_counter()
         rollup(store, now, since=now - HOUR)
         rollup_s = time.perf_counter() - t0

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -291,6 +292,24 @@ class Rollup(Base):
     mem_peak: Mapped[int | None] = mapped_column(BigInteger)
     mem_total: Mapped[int | None] = mapped_column(BigInteger)
     computed_at: Mapped[float]
+
+
+class TelemetryHour(Base):
+    """What the telemetry detectors need of one closed hour, kept when the hour is rolled up, so judging a day
+    combines 24 of these instead of reading the day's samples (analyzer.telemetry.hour_summaries). Each part is an
+    Arrow IPC stream: per (workflow, device) statistics, their utilisation histograms, and the hour's idle and
+    orphaned-memory runs. `key` names the thresholds it was made under; a summary of other thresholds is not used."""
+
+    __tablename__ = "telemetry_hours"
+
+    hour: Mapped[float] = mapped_column(primary_key=True, autoincrement=False)  # epoch seconds, start of the hour
+    key: Mapped[str] = mapped_column(String(64))
+    computed_at: Mapped[float]
+    first_ts: Mapped[float | None]  # the hour's first sample, and the end of its last one (the span judged)
+    last_end: Mapped[float | None]
+    pairs: Mapped[bytes] = mapped_column(LargeBinary)
+    hist: Mapped[bytes] = mapped_column(LargeBinary)
+    runs: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Lane(Base):

@@ -17,12 +17,14 @@ from analyzer.telemetry import (
     zombie_memory,
 )
 from analyzer.telemetry.chunks import device_chunks
-from analyzer.telemetry.frame import TelemetryWindow, load_window, read_plan, read_rows
+from analyzer.telemetry.frame import TelemetryWindow, load_window, read_plan, read_registry, read_rows
+from analyzer.telemetry.hour_summaries import kept_hours, uncovered
+from analyzer.telemetry.summary import Piece, WindowSummary, combine, summarise
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds
 from store.db import Store
 from store.errors import InvalidInput
 from store.findings import FindingSpec, upsert_findings
-from store.models import Finding, Workflow
+from store.models import Finding
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +36,50 @@ DEFAULT_CHUNK_DEVICES = 400
 DETECTORS = (idle_holder, low_utilization, misleading_utilization, memory_overprovisioned, zombie_memory)
 RULES: tuple[str, ...] = tuple(d.RULE for d in DETECTORS)
 
-__all__ = ["DETECTORS", "RULES", "TelemetryWindow", "Thresholds", "detect", "find_all", "load_thresholds",
-           "load_window"]
+__all__ = ["DETECTORS", "RULES", "TelemetryWindow", "Thresholds", "WindowSummary", "detect", "find_all",
+           "load_thresholds", "load_window"]
 
 
-def find_all(window: TelemetryWindow, thresholds: Thresholds) -> list[FindingSpec]:
-    """Every detector over one window, without touching the store's findings."""
+def _pieces_from_samples(store: Store, ranges: list[tuple[float, float]], th: Thresholds,
+                         chunk_devices: int) -> list[Piece]:
+    """Pieces of these parts of the window made from their samples, a group of devices at a time when the fleet is
+    larger than `chunk_devices`; the next group's rows are fetched while this group is summarised."""
+    tasks: list[tuple[float, float, list[int] | None]] = []
+    for lo, hi in ranges:
+        groups: list[list[int] | None] = [None]
+        if chunk_devices > 0:
+            groups = device_chunks(store, lo, hi, chunk_devices) or [None]
+            if len(groups) == 1:
+                groups = [None]
+        tasks.extend((lo, hi, devices) for devices in groups)
+    if not tasks:
+        return []
+    plans = {(lo, hi): read_plan(store, lo, hi, th.common) for lo, hi in ranges}
+
+    def read(task: tuple[float, float, list[int] | None]):
+        lo, hi, devices = task
+        return read_rows(store, plans[(lo, hi)], th.common, devices)
+
+    pieces: list[Piece] = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetlens-read") as reader:
+        ahead = reader.submit(read, tasks[0])
+        for i, (lo, hi, devices) in enumerate(tasks):
+            rows = ahead.result()
+            if i + 1 < len(tasks):
+                ahead = reader.submit(read, tasks[i + 1])
+            window = load_window(store, lo, hi, th.common, devices, rows=rows)
+            del rows
+            pieces.append(summarise(window, th))
+            del window
+    return pieces
+
+
+def find_all(window: TelemetryWindow | WindowSummary, thresholds: Thresholds) -> list[FindingSpec]:
+    """Every detector over one window (its samples, or pieces already combined), without touching the store's
+    findings."""
+    if isinstance(window, TelemetryWindow):
+        window = combine([summarise(window, thresholds)], thresholds, start=window.start, end=window.end,
+                         devices=window.devices, workflows=window.workflows, store=window.store)
     specs: list[FindingSpec] = []
     for detector in DETECTORS:
         specs.extend(detector.find(window, thresholds))
@@ -57,44 +97,34 @@ def detect(
 ) -> list[Finding]:
     """Run all telemetry detectors over [now - window_s, now) and record what they find.
 
+    The whole hours of the window that the hourly rollup kept a summary of (under the same thresholds) are read
+    from those summaries; the rest of the window is read from its samples and summarised the same way
+    (analyzer.telemetry.summary says how the pieces combine).
+
     `workflows` limits the run to those workflows: only their findings are recorded or resolved, so one part
     of the fleet can be judged on other thresholds (the demo judges its minutes-old jobs on demo time).
 
     Idempotent: a finding found again updates its row (one per rule, workflow and device); a telemetry
     finding of these rules that is no longer found is resolved. Returns the findings found this run.
-    `chunk_devices` bounds memory: a fleet of more devices is judged in groups of at most that many (a workflow's
-    devices always together); 0 reads the whole fleet at once.
+    `chunk_devices` bounds memory: a fleet of more devices is read from its samples in groups of at most that many
+    (a workflow's devices always together); 0 reads the whole fleet at once.
     """
     th = thresholds or load_thresholds()
     now = time.time() if now is None else float(now)
     window_s = th.common.window_s if window_s is None else float(window_s)
     if window_s <= 0:
         raise InvalidInput(f"the detection window must be positive seconds, got {window_s}")
-    # a fleet larger than one chunk is read and judged a group of devices at a time (memory bounded)
-    groups: list[list[int] | None] = [None]
-    if chunk_devices > 0:
-        groups = device_chunks(store, now - window_s, now, chunk_devices) or [None]
-        if len(groups) == 1:
-            groups = [None]
-    specs: list[FindingSpec] = []
     start = now - window_s
-    plan = read_plan(store, start, now, th.common)
-    # the next group's rows are fetched while this group is judged: the database's work and ours overlap
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetlens-read") as reader:
-        ahead = reader.submit(read_rows, store, plan, th.common, groups[0])
-        for i, devices in enumerate(groups):
-            rows = ahead.result()
-            if i + 1 < len(groups):
-                ahead = reader.submit(read_rows, store, plan, th.common, groups[i + 1])
-            window = load_window(store, start, now, th.common, devices, rows=rows)
-            del rows
-            specs.extend(find_all(window, th))
-            del window
+    pieces = kept_hours(store, start, now, th)
+    pieces.extend(_pieces_from_samples(store, uncovered(start, now, pieces), th, chunk_devices))
+    devices, workflows_frame = read_registry(store)
+    window = combine(pieces, th, start=start, end=now, devices=devices, workflows=workflows_frame, store=store)
+    specs = find_all(window, th)
     if workflows is not None:
         scope = set(workflows)
         specs = [s for s in specs if s.workflow_id in scope]
     with store.session() as session:
-        known = set(session.scalars(select(Workflow.id).where(Workflow.id.in_({s.workflow_id for s in specs}))))
+        known = set(workflows_frame.index)
         unknown = sorted({s.workflow_id for s in specs} - known)
         if unknown:
             # findings reference workflows; samples of a workflow never registered cannot carry one

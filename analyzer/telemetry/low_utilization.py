@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from analyzer.telemetry.common import gib, held_stats, lane_gib, num
-from analyzer.telemetry.frame import TelemetryWindow, fmt_window
+from analyzer.telemetry.common import gib, lane_gib, num
+from analyzer.telemetry.frame import fmt_window
+from analyzer.telemetry.summary import WindowSummary
 from analyzer.telemetry.thresholds import Thresholds
 from store.finding_contract import LowUtilizationEvidence, TelemetryRule
 from store.findings import FindingSpec
@@ -11,14 +12,14 @@ from store.findings import FindingSpec
 RULE = TelemetryRule.LOW_UTILIZATION.value
 
 
-def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
+def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
     t = th.low_utilization
-    stats = held_stats(window)
+    stats = window.stats
     if stats.empty:
         return []
     hits = stats[(stats["held_s"] >= t.min_held_s) & stats["util_p95"].notna() & (stats["util_p95"] < t.util_p95_max)]
     specs = []
-    for (wf, dev), st in hits.iterrows():
+    for (wf, dev), st in hits.to_dict("index").items():
         total = st["mem_total"] if st["mem_total"] == st["mem_total"] else window.device_total(int(dev))
         mem_frac = float(st["mem_peak"]) / total if total and st["mem_peak"] == st["mem_peak"] else 0.0
         # packed with others it would need its p95 of the compute and its peak of the memory

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 
-from analyzer.telemetry.common import gib, held_stats, lane_gib, num
-from analyzer.telemetry.frame import TelemetryWindow, fmt_window
+from analyzer.telemetry.common import gib, lane_gib, num
+from analyzer.telemetry.frame import fmt_window
+from analyzer.telemetry.summary import WindowSummary
 from analyzer.telemetry.thresholds import GIB, Thresholds
 from store.finding_contract import MemoryOverprovisionedEvidence, TelemetryRule
 from store.findings import FindingSpec
@@ -17,13 +18,13 @@ from store.findings import FindingSpec
 RULE = TelemetryRule.MEMORY_OVERPROVISIONED.value
 
 
-def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
+def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
     t = th.memory_overprovisioned
-    stats = held_stats(window)
+    stats = window.stats
     if stats.empty:
         return []
     specs = []
-    for (wf, dev), st in stats[stats["held_s"] >= t.min_held_s].iterrows():
+    for (wf, dev), st in stats[stats["held_s"] >= t.min_held_s].to_dict("index").items():
         total = st["mem_total"] if st["mem_total"] == st["mem_total"] else window.device_total(int(dev))
         peak = st["mem_peak"]
         if not total or peak != peak or peak <= 0 or peak / total >= t.peak_fraction_max:

@@ -7,8 +7,9 @@ means tiny kernels keep the GPU "busy" while most of it sits idle.
 
 from __future__ import annotations
 
-from analyzer.telemetry.common import held_stats, num
-from analyzer.telemetry.frame import TelemetryWindow, fmt_window
+from analyzer.telemetry.common import num
+from analyzer.telemetry.frame import fmt_window
+from analyzer.telemetry.summary import WindowSummary
 from analyzer.telemetry.thresholds import Thresholds
 from store.finding_contract import TelemetryRule
 from store.findings import FindingSpec
@@ -16,9 +17,9 @@ from store.findings import FindingSpec
 RULE = TelemetryRule.MISLEADING_UTILIZATION.value
 
 
-def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
+def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
     t = th.misleading_utilization
-    stats = held_stats(window)
+    stats = window.stats
     if stats.empty:
         return []
     hits = stats[
@@ -26,7 +27,7 @@ def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
         & (stats["util_mean"] >= t.util_min) & (stats["sm_active_mean"] <= t.sm_active_max)
     ]
     specs = []
-    for (wf, dev), st in hits.iterrows():
+    for (wf, dev), st in hits.to_dict("index").items():
         # the time utilisation overstates: the GPU counted busy while its SMs were not
         overstated = max(0.0, float(st["util_mean"]) - float(st["sm_active_mean"]))
         per_day = window.per_day(float(st["gpu_s"]) * overstated)

@@ -11,39 +11,18 @@ from __future__ import annotations
 import pandas as pd
 from sqlalchemy import func, select
 
-from analyzer.telemetry.common import gib, num, runs
-from analyzer.telemetry.frame import TelemetryWindow, fmt_window
+from analyzer.telemetry.common import gib, num
+from analyzer.telemetry.frame import fmt_window
+from analyzer.telemetry.summary import WindowSummary, before_workflows
 from analyzer.telemetry.thresholds import Thresholds
 from store.finding_contract import TelemetryRule
 from store.findings import FindingSpec
-from store.models import Process, ProcessSample
+from store.models import Process
 
 RULE = TelemetryRule.ZOMBIE_MEMORY.value
 
 
-def _last_workflows(window: TelemetryWindow, device_id: int, before: float) -> list[tuple[str, float]]:
-    """The workflows last seen on the device before `before`, with when they were last seen."""
-    usage = window.usage
-    seen = usage[(usage["device_id"] == device_id) & (usage["ts"] < before)]
-    if not seen.empty:
-        last = seen["ts"].max()
-        return [(str(w), float(last)) for w in seen.loc[seen["ts"] == last, "workflow_id"].unique()]
-    if window.store is None:
-        return []
-    # nobody on it inside the window: look one window further back, no more (bounded query)
-    lookback = window.start - (window.end - window.start)
-    ps = ProcessSample
-    with window.store.session() as session:
-        last = session.scalar(
-            select(func.max(ps.ts)).where(ps.device_id == device_id, ps.ts < window.start, ps.ts >= lookback)
-        )
-        if last is None:
-            return []
-        rows = session.execute(select(ps.workflow_id).where(ps.device_id == device_id, ps.ts == last).distinct())
-        return [(str(r[0]), float(last)) for r in rows]
-
-
-def _ended_at(window: TelemetryWindow, workflow_id: str, host_id: str) -> float | None:
+def _ended_at(window: WindowSummary, workflow_id: str, host_id: str) -> float | None:
     """When the workflow's last process on the host ended; None if any is still running or none is known."""
     if window.store is None:
         return None
@@ -58,21 +37,17 @@ def _ended_at(window: TelemetryWindow, workflow_id: str, host_id: str) -> float 
     return float(last_end)
 
 
-def find(window: TelemetryWindow, th: Thresholds) -> list[FindingSpec]:
+def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
     t = th.zombie_memory
-    samples = window.samples
-    if samples.empty:
-        return []
-    orphan = (samples["n_workflows"] == 0) & samples["mem_used"].notna() & (samples["mem_used"] >= t.mem_min_bytes)
-    found = runs(samples, orphan, ["device_id"])
-    found = found[found["duration_s"] >= t.min_duration_s]
+    found = window.orphan_runs  # runs of memory in use with no workflow's process, at least t.min_duration_s long
     hits: dict[tuple[str, int], list[dict]] = {}
     for _, run in found.iterrows():
         dev = int(run["device_id"])
         if dev not in window.devices.index:
             continue
         host = str(window.devices.loc[dev, "host_id"])
-        for wf, last_seen in _last_workflows(window, dev, float(run["start"])):
+        # the workflows last seen on the device before the run: in the run's own piece, else earlier
+        for wf, last_seen in before_workflows(run) or window.last_workflows(dev, float(run["start"])):
             ended = _ended_at(window, wf, host)
             if ended is None or ended > float(run["end"]):
                 continue
