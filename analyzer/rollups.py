@@ -41,7 +41,7 @@ from analyzer.telemetry.summary import Piece, merged, summarise
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds
 from store.db import Store
 from store.errors import InvalidInput
-from store.models import DeviceSample, ProcessSample, Rollup
+from store.models import DeviceSample, ProcessSample, Rollup, TelemetryHour
 from store.partitions import SAMPLE_TABLES, Partition, drop_days_before
 
 HOUR = 3600.0
@@ -70,6 +70,7 @@ class RetentionResult:
     process_samples_deleted: int
     hours_kept: int  # (subject, hour) pairs older than the cutoff kept because they are not rolled up
     partitions_dropped: tuple[str, ...] = ()  # PostgreSQL: whole days dropped (their rows are in the counts)
+    summaries_deleted: int = 0  # kept hours of the detectors (telemetry_hours) older than the cutoff
 
 
 def hour_of(ts: float) -> float:
@@ -286,8 +287,12 @@ def apply_retention(store: Store, retention_days: float, now: float | None = Non
     by_table = {t: sum(n for name, n in dropped.items() if name.startswith(t + "_")) for t in SAMPLE_TABLES}
     dev_deleted, dev_kept = _retain(store, DeviceSample, DeviceSample.device_id, "device", cutoff, int)
     proc_deleted, proc_kept = _retain(store, ProcessSample, ProcessSample.workflow_id, "workflow", cutoff, str)
+    # the detectors' kept hours live as long as the samples they summarise: the table stays a week of hours
+    with store.session() as session:
+        summaries = session.execute(delete(TelemetryHour).where(TelemetryHour.hour < cutoff)).rowcount
     return RetentionResult(cutoff, dev_deleted + by_table["device_samples"],
-                           proc_deleted + by_table["process_samples"], dev_kept + proc_kept, tuple(sorted(dropped)))
+                           proc_deleted + by_table["process_samples"], dev_kept + proc_kept, tuple(sorted(dropped)),
+                           summaries)
 
 
 def _rolled_up_rows(conn, part: Partition) -> int | None:

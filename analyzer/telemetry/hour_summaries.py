@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import time
 
 import pandas as pd
 import pyarrow as pa
 from sqlalchemy import delete, insert, select
 
+from analyzer.telemetry.frame import fmt_ts
 from analyzer.telemetry.summary import HIST_COLUMNS, PAIR_COLUMNS, RUN_COLUMNS, Piece
 from analyzer.telemetry.thresholds import Thresholds
 from store.db import Store
 from store.models import TelemetryHour
+
+log = logging.getLogger(__name__)
 
 HOUR = 3600.0
 FORMAT = "1"  # bumped when a piece's columns or meaning change: older kept hours are then not used
@@ -75,8 +79,17 @@ def kept_hours(store: Store, start: float, end: float, th: Thresholds) -> list[P
             select(h.hour, h.first_ts, h.last_end, h.pairs, h.hist, h.runs)
             .where(h.hour >= first, h.hour < last, h.key == thresholds_key(th)).order_by(h.hour)
         ).all()
-    return [Piece(float(hour), float(hour) + HOUR, first_ts, last_end, _unpack(pairs), _unpack(hist), _unpack(runs))
-            for hour, first_ts, last_end, pairs, hist, runs in rows]
+    pieces = []
+    for hour, first_ts, last_end, pairs, hist, runs in rows:
+        try:
+            frames = [_unpack(pairs), _unpack(hist), _unpack(runs)]
+        except (pa.ArrowException, OSError) as exc:
+            # a kept hour that cannot be read is judged from its samples, as if it had not been kept
+            log.warning("the kept summary of hour %s cannot be read (%s); reading its samples instead",
+                        fmt_ts(hour), exc)
+            continue
+        pieces.append(Piece(float(hour), float(hour) + HOUR, first_ts, last_end, *frames))
+    return pieces
 
 
 def uncovered(start: float, end: float, kept: list[Piece]) -> list[tuple[float, float]]:

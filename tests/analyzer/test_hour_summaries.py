@@ -5,7 +5,7 @@ the kept hours are what is read (the samples can be gone), only under the thresh
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 
 from analyzer.rollups import rollup
 from analyzer.telemetry import detect, load_window
@@ -87,6 +87,17 @@ def test_a_window_across_kept_and_open_hours_reads_the_rest_from_samples(sqlite_
     assert [p.start for p in kept] == [T0 + 3600, T0 + 7200]  # whole hours inside the window only
     assert uncovered(start, end, kept) == [(start, T0 + 3600), (T0 + 3 * 3600, end)]
     assert described(detect(sqlite_store, now=end, window_s=end - start)) == from_samples
+
+
+def test_a_kept_hour_that_cannot_be_read_is_judged_from_its_samples(sqlite_store, caplog) -> None:
+    crossing_fleet(sqlite_store)
+    from_samples = described(detect(sqlite_store, now=NOW, window_s=HOURS * 3600))
+    rollup(sqlite_store, NOW, since=T0)
+    with sqlite_store.session() as session:
+        session.execute(update(TelemetryHour).where(TelemetryHour.hour == T0 + 3600).values(runs=b"not arrow"))
+    assert [p.start for p in kept_hours(sqlite_store, T0, NOW, load_thresholds())] == [T0, T0 + 7200, T0 + 10800]
+    assert "cannot be read" in caplog.text
+    assert described(detect(sqlite_store, now=NOW, window_s=HOURS * 3600)) == from_samples
 
 
 def test_hours_kept_under_other_thresholds_are_not_used(sqlite_store) -> None:

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from analyzer.rollups import apply_retention, rollup
 from store.errors import InvalidInput
-from store.models import DeviceSample, ProcessSample, Rollup
+from store.models import DeviceSample, ProcessSample, Rollup, TelemetryHour
 from tests.analyzer.telemetry_fleet import GIB, T0, Fleet
 
 HOUR = 3600.0
@@ -120,6 +120,10 @@ def test_retention_deletes_only_rolled_up_hours(any_store):
         assert s.scalar(select(func.min(DeviceSample.ts))) == T0 + 2 * HOUR
         assert s.scalar(select(func.min(ProcessSample.ts))) == T0 + 2 * HOUR
     assert len(_rows(any_store)) == 10  # rollups themselves are never deleted
+    # the detectors' kept hours go with their samples: none is kept from before the cutoff (T0 + 2 h)
+    assert (result.summaries_deleted, stale.summaries_deleted, done.summaries_deleted) == (1, 2, 1)
+    with any_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(TelemetryHour)) == 0
 
 
 def test_retention_rejects_a_bad_number(sqlite_store):
