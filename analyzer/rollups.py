@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,8 +144,8 @@ def rollup(
             if len(groups) == 1:
                 groups = [None]
             plan = planned.result()
-            done = list(pool.map(
-                lambda devices: _roll_group(store, chunk_start, chunk_end, th, plan, devices, computed_at), groups))
+            done = list(pool.map(partial(_roll_group, store, chunk_start, chunk_end, th, plan,
+                                         computed_at=computed_at), groups))
             done = [d for d in done if d is not None]
             if not done:
                 # a hole in the data (or a store idle for months): jump to the hour of the next sample
