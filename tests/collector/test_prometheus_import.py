@@ -7,6 +7,7 @@ running Slurm job 42 (dcgm-exporter's hpc_job label); and one series without any
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -295,3 +296,32 @@ def test_a_window_after_a_failed_one_is_not_kept_though_it_was_written_alongside
     # the second window's first row waits long enough for the third to be copied
     _drop_sessions_writing(pg_store, f"NEW.ts > {edge!r} AND NEW.ts <= {next_edge!r}", pause_s=2.0)
     _import_fails_keeping_nothing_after(pg_store, prom, edge, _settings(prometheus_window_s=1500))
+
+
+def test_the_cyclic_collector_is_off_while_importing_and_back_after(prom, store, monkeypatch):
+    """Decoding a window allocates hundreds of thousands of lists: the cyclic collector is paused meanwhile (it took
+    longer than the decoding), and is on again afterwards, after a failed import too; one paused by the caller
+    stays off."""
+    from collector.importers.prometheus_http import PrometheusClient
+
+    during = []
+    fetch = PrometheusClient.fetch
+
+    def watched(self, *args, **kwargs):
+        during.append(gc.isenabled())
+        return fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(PrometheusClient, "fetch", watched)
+    assert gc.isenabled()
+    _import(store, prom.url)
+    assert during and not any(during)
+    assert gc.isenabled()
+    with pytest.raises(UpstreamUnavailable):
+        _import(store, f"http://127.0.0.1:{free_port()}")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        _import(store, prom.url)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
