@@ -233,6 +233,9 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
     registry = _Registered()
     with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client, \
             ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=writers) as writer:
+        # only the metrics that have series in the range: most fleets export a few of dcgm-exporter's fields, and
+        # asking for each of the others every window was a fifth of the fetch
+        names = client.names_present(names, start, until)
         pending = ahead.submit(fetch, *windows[0])
         writing: list[Future] = []  # in window order
         last_turn: _Turn | None = None

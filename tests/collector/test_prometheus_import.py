@@ -325,3 +325,42 @@ def test_the_cyclic_collector_is_off_while_importing_and_back_after(prom, store,
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_only_metrics_with_series_in_the_range_are_queried(prom, store, monkeypatch):
+    """One label-values call says which of dcgm-exporter's fields the fleet exports; each window asks for those
+    alone, and a server that refuses that call is asked for every field."""
+    from collector.dcgm_names import FIELDS
+    from collector.importers.prometheus_http import PrometheusClient
+
+    exported = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_POWER_USAGE",
+                "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_XID_ERRORS"}
+    asked: list[str] = []
+    query_range = PrometheusClient.query_range
+
+    def recorded(self, query, *args):
+        asked.append(query.split("(", 1)[1].split("[", 1)[0])
+        return query_range(self, query, *args)
+
+    monkeypatch.setattr(PrometheusClient, "query_range", recorded)
+    with PrometheusClient(prom.url) as client:
+        assert client.names_present([f.name for f in FIELDS], T0, END) == [f.name for f in FIELDS
+                                                                           if f.name in exported]
+        assert client.names_present(["DCGM_FI_DEV_GPU_UTIL"], END + 86400, END + 2 * 86400) == []
+    summary = _import(store, prom.url, settings=_settings(prometheus_window_s=1500))
+    assert set(asked) == exported and len(asked) == 3 * len(exported)  # three windows of 25 minutes
+    assert summary.device_samples == 2 * N + (N - len(GAP))
+
+    # a server that refuses label values with match[]: every field is asked for, and the import is the same
+    def refused(self, path, params, *, refusal=None):
+        if path.startswith("/api/v1/label/"):
+            return refusal
+        return get(self, path, params)
+
+    get = PrometheusClient._get
+    monkeypatch.setattr(PrometheusClient, "_get", refused)
+    asked.clear()
+    with PrometheusClient(prom.url) as client:
+        assert client.names_present([f.name for f in FIELDS], T0, END) == [f.name for f in FIELDS]
+    again = _import(store, prom.url)
+    assert set(asked) == {f.name for f in FIELDS} and again.device_samples == 0
