@@ -41,9 +41,9 @@ from collector.dcgm_names import FIELDS, POD
 from collector.importers.dcgm_frames import (
     Parsed,
     counters,
-    device_rows,
+    device_batch,
     parse,
-    process_rows,
+    process_batch,
     processes,
     wide_columns,
 )
@@ -51,7 +51,7 @@ from collector.importers.dcgm_labels import SOURCE, synthetic_pid
 from collector.importers.prometheus_http import PrometheusClient
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
-from store.ingest import sample_errors, write_samples_on
+from store.ingest import sample_errors, write_sample_batches_on
 from store.models import Device, DeviceSample, Host, Process, Workflow
 from store.registry import DeviceSpec, add_hosts, register_devices_of_hosts
 from store.settings import Settings, get_settings
@@ -369,9 +369,9 @@ def _write_window(store: Store, url: str, w: _Window, until: float, step: float,
             device_ids = _add_new_devices(s, url, w.parsed, w.wide, w.keep, until, registry)
             turn.registered.set_result(None)
             dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in w.parsed.devices], dtype=np.int64)
-            n_dev, n_proc = write_samples_on(s.connection(), store.is_postgres,
-                                             device_rows(w.wide, w.keep, dev_ids),
-                                             process_rows(w.procs, w.wide, dev_ids, w.parsed))
+            n_dev, n_proc = write_sample_batches_on(s.connection(), store.is_postgres,
+                                                    device_batch(w.wide, w.keep, dev_ids),
+                                                    process_batch(w.procs, w.wide, dev_ids, w.parsed))
             _wait(turn.before_committed)
             _register(s, url, w.parsed, w.wide, w.keep, w.procs, until, step, seen)
         return n_dev, n_proc, hi
