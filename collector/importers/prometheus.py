@@ -231,7 +231,8 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
     # SQLite has one writer at a time: there the windows are written one after another
     writers = WRITERS if store.is_postgres else 1
     registry = _Registered()
-    with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client, \
+    with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s,
+                          compress=settings.prometheus_compress) as client, \
             ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=writers) as writer:
         # only the metrics that have series in the range: most fleets export a few of dcgm-exporter's fields, and
         # asking for each of the others every window was a fifth of the fetch

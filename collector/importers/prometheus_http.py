@@ -21,14 +21,17 @@ _RAISE = object()
 class PrometheusClient:
     """Prometheus's HTTP API: query_range, with every failure turned into a message that says what to do."""
 
-    def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 60.0, compress: bool = False) -> None:
         if not url.startswith(("http://", "https://")):
             raise InvalidInput(f"{url!r} is not a Prometheus URL; give one like http://prometheus:9090")
         self.url = url.rstrip("/")
         # certificates are loaded only for https (20-40 ms each time a client is made); a plain http URL never uses
         # TLS, as redirects (to https or anywhere) are not followed
+        # answers uncompressed unless asked (FLEETLENS_PROMETHEUS_COMPRESS): gzip took Prometheus two thirds of its
+        # CPU for the importer's queries and made the fetch 2.5x slower on the same machine
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, verify=self.url.startswith("https://"),
-                                  follow_redirects=False)
+                                  follow_redirects=False,
+                                  headers={"Accept-Encoding": "gzip" if compress else "identity"})
 
     def close(self) -> None:
         self._http.close()

@@ -364,3 +364,30 @@ def test_only_metrics_with_series_in_the_range_are_queried(prom, store, monkeypa
         assert client.names_present([f.name for f in FIELDS], T0, END) == [f.name for f in FIELDS]
     again = _import(store, prom.url)
     assert set(asked) == {f.name for f in FIELDS} and again.device_samples == 0
+
+
+def test_answers_come_uncompressed_unless_asked(prom, store, monkeypatch, tmp_path):
+    """Prometheus gzips an answer only when asked (FLEETLENS_PROMETHEUS_COMPRESS): compressing took it most of its
+    CPU for an import, which a fast link does not repay; a compressed import writes the same."""
+    from collector.importers.prometheus_http import PrometheusClient
+
+    encodings: list[str | None] = []
+    init = PrometheusClient.__init__
+
+    def watched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._http.event_hooks["response"].append(lambda r: encodings.append(r.headers.get("content-encoding")))
+
+    monkeypatch.setattr(PrometheusClient, "__init__", watched)
+    plain = _import(store, prom.url)
+    assert encodings and set(encodings) == {None}
+    encodings.clear()
+    other = Store(f"sqlite:///{tmp_path / 'gzip.db'}")
+    upgrade(other)
+    try:
+        packed = _import(other, prom.url, settings=_settings(prometheus_compress=True))
+        assert "gzip" in encodings
+        assert (packed.device_samples, packed.process_samples) == (plain.device_samples, plain.process_samples)
+        assert _counts(other) == _counts(store)
+    finally:
+        other.dispose()
