@@ -134,7 +134,7 @@ _gc_paused = [0, False]  # imports running in this process, and whether the coll
 
 
 @contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
+def cyclic_gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while an import runs (on again after the last one, if it was on).
 
     A window is hundreds of thousands of small lists and tuples (the decoded JSON, then the rows): every few hundred
@@ -172,7 +172,7 @@ def import_prometheus(
     never sits in memory at once; each window is written whole or not at all, and a failure in one leaves the
     windows before it, after which the next run resumes.
     """
-    with _cyclic_gc_paused():
+    with cyclic_gc_paused():
         return _import(store, url, since=since, until=until, step=step, settings=settings, now=now)
 
 
@@ -520,4 +520,5 @@ def import_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
             "series": summary.series, "skipped": summary.skipped, "devices": summary.devices}
 
 
-__all__ = ["ImportSummary", "PrometheusClient", "import_from_settings", "import_prometheus", "import_windows"]
+__all__ = ["ImportSummary", "PrometheusClient", "cyclic_gc_paused", "import_from_settings", "import_prometheus",
+           "import_windows"]
