@@ -81,7 +81,11 @@ def _arrow_batch(table: str, columns: tuple[str, ...], batch: pa.RecordBatch) ->
         kind = _ARROW[type(model.__table__.columns[name].type).__name__]
         if name in batch.schema.names:
             col = batch.column(name)
-            arrays.append(col if col.type == kind else col.cast(kind))
+            try:
+                arrays.append(col if col.type == kind else col.cast(kind))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                raise InvalidInput(f"the {table} batch's {name} ({col.type}) does not fit its {kind} column, "
+                                   f"nothing of it was written: {exc}") from None
         else:
             arrays.append(pa.nulls(batch.num_rows, kind))
     return pa.RecordBatch.from_arrays(arrays, names=list(columns))

@@ -123,6 +123,9 @@ def test_a_bad_column_batch_writes_nothing(any_store):
         odd = pa.RecordBatch.from_arrays([pa.array([dev]), pa.array([1.0]), pa.array([5.0])],
                                          names=["device_id", "ts", "temp"])
         write_sample_batches(any_store, odd)
+    with pytest.raises(InvalidInput, match="mem_used .* does not fit its int64 column, nothing of it was written"):
+        write_sample_batches(any_store, pa.RecordBatch.from_arrays(
+            [pa.array([dev]), pa.array([1.0]), pa.array([2.5])], names=["device_id", "ts", "mem_used"]))
     with any_store.session() as s:
         assert s.scalar(select(func.count()).select_from(DeviceSample)) == 0
         assert s.scalar(select(func.count()).select_from(ProcessSample)) == 0
