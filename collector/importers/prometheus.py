@@ -3,13 +3,15 @@
 Every dcgm-exporter series is one GPU (or MIG instance) of one host, perhaps labelled with the pod, namespace and
 container (or HPC job) using it. Its samples become device samples of that device, and, when a pod or job uses it,
 process samples of that workflow (one synthetic process per workflow and device: dcgm-exporter does not see pids),
-written through store.ingest.write_samples like an agent's.
+written through store.ingest (write_sample_batches_on: the same COPY as an agent's write_samples).
 
 Incremental and idempotent: a device's last sample in the store is where its series resumes; points at or before it
 are never written again, so importing the same range twice writes nothing the second time. The range is taken a
 window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline: the next window is fetched while this one is
-turned into rows and the ones before are written. A window is fetched and checked whole before any of it is
-written, then written in one transaction (its hosts, devices, workflows and processes with its samples). On
+turned into column batches and the ones before are written; only the fields that have series in the range are asked
+for, uncompressed (FLEETLENS_PROMETHEUS_COMPRESS), with Python's cyclic collector paused. A window is fetched and
+checked whole before any of it is written, then written in one transaction (its hosts, devices, workflows and
+processes with its samples). On
 PostgreSQL two windows are written at once on two connections (the database's COPY work is most of an import),
 and still committed in order: a window's samples are copied while the window before it commits, and its
 registration and commit wait for that commit, so a window is never in the store without every window before it.
@@ -137,8 +139,8 @@ _gc_paused = [0, False]  # imports running in this process, and whether the coll
 def cyclic_gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while an import runs (on again after the last one, if it was on).
 
-    A window is hundreds of thousands of small lists and tuples (the decoded JSON, then the rows): every few hundred
-    of them the collector walks the young objects, and often enough the whole heap; in a process that holds much
+    A window's decoded JSON is hundreds of thousands of small lists: every few hundred of them the collector walks
+    the young objects, and often enough the whole heap; in a process that holds much
     (the benchmark's recording, serve's state) that took more time than decoding itself (orjson.loads of a day: 14 ms
     without it, 264 ms with it). The importer makes no reference cycles; objects are freed by their counts as usual,
     and any cycles other threads make meanwhile are collected once the import ends."""
