@@ -229,7 +229,8 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
         written_to[0] = hi
 
     # fetching (Prometheus and JSON decoding), turning into rows (numpy) and writing (the database's COPY) overlap;
-    # one window fetched ahead and at most WRITERS written at once, so memory stays bounded by a few windows.
+    # one window fetched ahead, WRITERS written at once and one more queued to be written as soon as one of them is
+    # done (so the next window is planned meanwhile, not after), so memory stays bounded by a few windows.
     # SQLite has one writer at a time: there the windows are written one after another
     writers = WRITERS if store.is_postgres else 1
     registry = _Registered()
@@ -253,7 +254,7 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
                 pending = ahead.submit(fetch, *windows[i + 1])
             plan = _plan_window(series, settings, resume, summary, seen)
             del series
-            while len(writing) >= writers:
+            while len(writing) > writers:  # WRITERS being written and one waiting its turn in the writers' queue
                 written(writing.pop(0))
             if plan is not None:
                 turn = last_turn = _Turn(last_turn)
