@@ -1,5 +1,5 @@
 """The importer's arithmetic: fetched series into per-device column arrays, counters carried across resets and
-runs, and the sample rows store.ingest writes."""
+runs, and the sample batches store.ingest writes."""
 
 from __future__ import annotations
 
