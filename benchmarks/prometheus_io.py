@@ -5,8 +5,8 @@
    FLEETLENS_BENCH_PG_URL; SQLite when neither is set), against the anchor: a bare fetch of the same series in the
    same run (the importer's queries over the whole range, one per metric, one after another, each answer decoded
    from JSON, nothing else). Target: the import takes at most 1.5x the bare fetch. `importer_queries_fetch_s` is
-   the fetch alone as the importer makes it (its windows, so more and smaller queries for the same points), to
-   tell the fetch's share of the import from the writing's; the ratio stays against the whole-range fetch.
+   the fetch alone as the importer makes it (only the metrics with series, in its windows, uncompressed), to tell
+   the fetch's share of the import from the writing's; the ratio stays against the whole-range fetch.
 2. scrape: one GET of the agent's /metrics for 8 GPUs x 32 processes (tests/fakes/fake_pynvml behind the real nvml
    source; 256 sleeping children with FLEETLENS_WORKFLOW, so attribution is real), median of 50, against one
    sample of the same devices by the source (the anchor). Target: under 50 ms. The agent keeps a formatted answer
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.collector_overhead import N_GPUS, PROCS_PER_GPU, fake_fleet  # noqa: E402
 from collector.agent import Agent  # noqa: E402
 from collector.dcgm_names import FIELDS  # noqa: E402
-from collector.importers.prometheus import import_prometheus, import_windows  # noqa: E402
+from collector.importers.prometheus import cyclic_gc_paused, import_prometheus, import_windows  # noqa: E402
 from collector.importers.prometheus_http import PrometheusClient  # noqa: E402
 from collector.recordings.openmetrics_writer import write_openmetrics  # noqa: E402
 from collector.recordings.read import read_recording  # noqa: E402
@@ -70,18 +70,20 @@ def bare_fetch(url: str, start: float, end: float) -> tuple[float, int]:
     return time.perf_counter() - t0, points
 
 
-def importer_queries_fetch(url: str, start: float, end: float, settings: Settings) -> tuple[float, int]:
-    """The importer's own query set, fetched and decoded by its own client, nothing else: its windows
-    (FLEETLENS_PROMETHEUS_WINDOW_S), each window's metrics queried 4 at a time and decoded with orjson, one window
-    after another; (seconds, points). The anchor (bare_fetch) asks the same series at the same step in one query
-    per metric; this says how much of the import's time is the fetch as the importer makes it."""
-    names = [f.name for f in FIELDS]
-    points = 0
+def importer_queries_fetch(url: str, start: float, end: float, settings: Settings) -> tuple[float, int, int]:
+    """The importer's own query set, fetched and decoded by its own client, nothing else: the metrics that have
+    series in the range (one label-values call), then its windows (FLEETLENS_PROMETHEUS_WINDOW_S), each window's
+    metrics queried 4 at a time, uncompressed, and decoded with orjson with the cyclic collector paused, one window
+    after another; (seconds, points, query_range calls). The anchor (bare_fetch) asks every field over the whole
+    range in one query each; this says how much of the import's time is the fetch as the importer makes it."""
+    points = queries = 0
     t0 = time.perf_counter()
-    with PrometheusClient(url, timeout_s=300) as client:
+    with cyclic_gc_paused(), PrometheusClient(url, timeout_s=300, compress=settings.prometheus_compress) as client:
+        names = client.names_present([f.name for f in FIELDS], start, end)
         for lo, hi in import_windows(start, end, STEP, settings):
             points += sum(len(s["values"]) for s in client.fetch(names, lo, hi, STEP))
-    return time.perf_counter() - t0, points
+            queries += len(names)
+    return time.perf_counter() - t0, points, queries
 
 
 def pg_store() -> tuple[Store | None, object]:
@@ -126,8 +128,7 @@ def import_line(tmp: Path) -> dict:
             summary = import_prometheus(store, prom.url, since=rec.start, until=rec.end, step=STEP,
                                         settings=settings, now=rec.end + 60)
             again_s, _ = bare_fetch(prom.url, rec.start, rec.end)
-            own_s, own_points = importer_queries_fetch(prom.url, rec.start, rec.end, settings)
-            queries = len(import_windows(rec.start, rec.end, STEP, settings)) * len(FIELDS)
+            own_s, own_points, queries = importer_queries_fetch(prom.url, rec.start, rec.end, settings)
     finally:
         if drop is not None:
             drop()

@@ -1,7 +1,9 @@
 """Bulk ingestion of device and process samples: COPY on PostgreSQL, one executemany transaction on SQLite.
 
 Columns are written in the order of the sample rows (store.samples); a row may be a tuple in that order
-(a DeviceSampleRow, a plain tuple or list) or a mapping by column name.
+(a DeviceSampleRow, a plain tuple or list) or a mapping by column name. A writer that has its samples as columns
+(the Prometheus importer's numpy arrays) gives them as Arrow record batches instead (write_sample_batches_on): on
+PostgreSQL pgpq encodes a batch into COPY's binary format in one call, with no Python object per value.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import pyarrow as pa
+from pgpq import ArrowToPostgresBinaryEncoder
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
@@ -62,6 +66,46 @@ def _pg_types(table: str, columns: tuple[str, ...]) -> list[str]:
     return names
 
 
+_ARROW = {"BigInteger": pa.int64(), "Integer": pa.int32(), "Double": pa.float64(), "String": pa.string()}
+
+
+def _arrow_batch(table: str, columns: tuple[str, ...], batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` with the table's column types (int8, int4, float8, text), in `columns` order; a column it lacks is
+    NULL."""
+    model = DeviceSample if table == "device_samples" else ProcessSample
+    unknown = set(batch.schema.names) - set(columns)
+    if unknown:
+        raise ValueError(f"a {table} batch has columns the table has not: {sorted(unknown)}; expected {columns}")
+    arrays = []
+    for name in columns:
+        kind = _ARROW[type(model.__table__.columns[name].type).__name__]
+        if name in batch.schema.names:
+            col = batch.column(name)
+            try:
+                arrays.append(col if col.type == kind else col.cast(kind))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                raise InvalidInput(f"the {table} batch's {name} ({col.type}) does not fit its {kind} column, "
+                                   f"nothing of it was written: {exc}") from None
+        else:
+            arrays.append(pa.nulls(batch.num_rows, kind))
+    return pa.RecordBatch.from_arrays(arrays, names=list(columns))
+
+
+def _copy_batch(cursor, table: str, batch: pa.RecordBatch) -> int:
+    """The batch in one binary COPY, encoded by pgpq (the same bytes psycopg's write_row makes, row by row)."""
+    encoder = ArrowToPostgresBinaryEncoder(batch.schema)
+    with cursor.copy(f"COPY {table} ({', '.join(batch.schema.names)}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.write(encoder.write_header())
+        copy.write(encoder.write_batch(batch))
+        copy.write(encoder.finish())
+    return batch.num_rows
+
+
+def _executemany_batch(cursor, table: str, batch: pa.RecordBatch) -> int:
+    columns = tuple(batch.schema.names)
+    return _executemany(cursor, table, columns, zip(*(c.to_pylist() for c in batch.columns), strict=True))
+
+
 def _executemany(cursor, table: str, columns: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> int:
     # executemany pulls rows from the iterator as it goes, so a stream is never held in memory.
     sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
@@ -92,6 +136,32 @@ def write_samples_on(
     try:
         return (write(cursor, "device_samples", DEVICE_SAMPLE_COLUMNS, device),
                 write(cursor, "process_samples", PROCESS_SAMPLE_COLUMNS, process))
+    finally:
+        cursor.close()
+
+
+def write_sample_batches(
+    store: Store, device: pa.RecordBatch | None = None, process: pa.RecordBatch | None = None
+) -> tuple[int, int]:
+    """write_samples for samples held as columns (see write_sample_batches_on): all of both batches or nothing."""
+    with sample_errors(store), store.engine.begin() as conn:
+        return write_sample_batches_on(conn, store.is_postgres, device, process)
+
+
+def write_sample_batches_on(
+    conn: Connection, is_postgres: bool, device: pa.RecordBatch | None = None, process: pa.RecordBatch | None = None
+) -> tuple[int, int]:
+    """write_samples_on for samples held as columns: Arrow record batches named by the tables' columns (a column a
+    batch lacks is NULL; values are cast to the column's type, so integral floats may stand for BIGINT)."""
+    write = _copy_batch if is_postgres else _executemany_batch
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        counts = []
+        for table, columns, batch in (("device_samples", DEVICE_SAMPLE_COLUMNS, device),
+                                      ("process_samples", PROCESS_SAMPLE_COLUMNS, process)):
+            counts.append(0 if batch is None or not batch.num_rows else
+                          write(cursor, table, _arrow_batch(table, columns, batch)))
+        return counts[0], counts[1]
     finally:
         cursor.close()
 

@@ -1,13 +1,13 @@
 """The importer's arithmetic: fetched series into per-device column arrays, counters carried across resets and
-runs, and the sample rows store.ingest writes."""
+runs, and the sample batches store.ingest writes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from collector.dcgm_names import BY_NAME, FIELDS
 from collector.importers.dcgm_labels import DeviceKey, WorkflowKey, device_of, synthetic_pid, workflow_of
@@ -137,21 +137,16 @@ def counters(wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarra
     return resets
 
 
-def pylist(values: np.ndarray, integer: bool = False) -> list[Any]:
-    """A column as Python values with NaN as None (and whole numbers as int where the store wants BIGINT).
+def arrow(values: np.ndarray, integer: bool = False) -> pa.Array:
+    """A column as an Arrow array with NaN as NULL (and whole numbers as int64 where the store wants BIGINT).
 
-    Most columns of a window are either all present or all missing: those skip the per-value object array."""
+    Most columns of a window are either all present or all missing: those need no mask."""
     missing = np.isnan(values)
     if missing.all():
-        return [None] * len(values)
+        return pa.nulls(len(values), pa.int64() if integer else pa.float64())
     if integer:
         values = np.rint(np.where(missing, 0, values)).astype(np.int64)
-    if not missing.any():
-        return values.tolist()
-    out = values.astype(object)
-    out[missing] = None
-    return out.tolist()
-
+    return pa.array(values, mask=missing if missing.any() else None)
 
 
 def processes(parsed: Parsed, wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarray
@@ -167,35 +162,34 @@ def processes(parsed: Parsed, wide: dict[str, np.ndarray], offsets: np.ndarray, 
     return out
 
 
-def device_rows(wide: dict[str, np.ndarray], keep: np.ndarray, dev_ids: np.ndarray) -> Iterable[tuple[Any, ...]]:
+def device_batch(wide: dict[str, np.ndarray], keep: np.ndarray, dev_ids: np.ndarray) -> pa.RecordBatch:
+    """The new device samples (`keep`) as columns, for store.ingest.write_sample_batches_on."""
     if DEVICE_SAMPLE_COLUMNS != ("device_id", "ts", *SAMPLE_COLUMNS):
         raise RuntimeError("store.ingest's device sample columns changed; update the Prometheus importer")
-    cols = [dev_ids[wide["dev"][keep]].tolist(), wide["ts"][keep].tolist()]
-    cols += [pylist(wide[c][keep], c in INT_COLUMNS) for c in SAMPLE_COLUMNS]
-    return zip(*cols, strict=True)
+    arrays = [pa.array(dev_ids[wide["dev"][keep]]), pa.array(wide["ts"][keep])]
+    arrays += [arrow(wide[c][keep], c in INT_COLUMNS) for c in SAMPLE_COLUMNS]
+    return pa.RecordBatch.from_arrays(arrays, names=list(DEVICE_SAMPLE_COLUMNS))
 
 
-def process_rows(procs: dict[tuple[int, int], np.ndarray], wide: dict[str, np.ndarray], dev_ids: np.ndarray,
-                  parsed: Parsed) -> Iterable[tuple[Any, ...]]:
+def process_batch(procs: dict[tuple[int, int], np.ndarray], wide: dict[str, np.ndarray], dev_ids: np.ndarray,
+                  parsed: Parsed) -> pa.RecordBatch | None:
     """One process sample per new sample of a device a workflow uses: its memory and utilisation are the device's
-    (dcgm-exporter's pod series carry the GPU's readings)."""
-    if PROCESS_SAMPLE_COLUMNS != ("device_id", "workflow_id", "host_id", "pid", "ts", "mem_used", "sm_util",
-                                  "cpu_util"):
+    (dcgm-exporter's pod series carry the GPU's readings); no CPU reading (left NULL). None when there is none."""
+    if not {"device_id", "workflow_id", "host_id", "pid", "ts", "mem_used", "sm_util"} <= set(PROCESS_SAMPLE_COLUMNS):
         raise RuntimeError("store.ingest's process sample columns changed; update the Prometheus importer")
     if not procs:
-        return iter(())
+        return None
     keys = list(procs)
     rows = np.concatenate([procs[k] for k in keys])
-    sizes = [len(procs[k]) for k in keys]
+    of_key = pa.array(np.repeat(np.arange(len(keys)), [len(procs[k]) for k in keys]))  # each row's (dev, workflow)
 
-    def repeat(values: list[Any]) -> list[Any]:
-        return np.repeat(np.array(values, dtype=object), sizes).tolist()
+    def per_row(values: list[Any], kind: pa.DataType) -> pa.Array:
+        return pa.array(values, type=kind).take(of_key)
 
-    return zip(
-        repeat([int(dev_ids[d]) for d, _ in keys]), repeat([parsed.workflows[w].id for _, w in keys]),
-        repeat([parsed.devices[d].host for d, _ in keys]),
-        repeat([synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in keys]),
-        wide["ts"][rows].tolist(), pylist(wide["mem_used"][rows], True), pylist(wide["gpu_util"][rows]),
-        [None] * len(rows), strict=True)
-
-
+    return pa.RecordBatch.from_arrays([
+        per_row([int(dev_ids[d]) for d, _ in keys], pa.int64()),
+        per_row([parsed.workflows[w].id for _, w in keys], pa.string()),
+        per_row([parsed.devices[d].host for d, _ in keys], pa.string()),
+        per_row([synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in keys], pa.int32()),
+        pa.array(wide["ts"][rows]), arrow(wide["mem_used"][rows], True), arrow(wide["gpu_util"][rows]),
+    ], names=["device_id", "workflow_id", "host_id", "pid", "ts", "mem_used", "sm_util"])

@@ -3,13 +3,15 @@
 Every dcgm-exporter series is one GPU (or MIG instance) of one host, perhaps labelled with the pod, namespace and
 container (or HPC job) using it. Its samples become device samples of that device, and, when a pod or job uses it,
 process samples of that workflow (one synthetic process per workflow and device: dcgm-exporter does not see pids),
-written through store.ingest.write_samples like an agent's.
+written through store.ingest (write_sample_batches_on: the same COPY as an agent's write_samples).
 
 Incremental and idempotent: a device's last sample in the store is where its series resumes; points at or before it
 are never written again, so importing the same range twice writes nothing the second time. The range is taken a
 window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline: the next window is fetched while this one is
-turned into rows and the ones before are written. A window is fetched and checked whole before any of it is
-written, then written in one transaction (its hosts, devices, workflows and processes with its samples). On
+turned into column batches and the ones before are written; only the fields that have series in the range are asked
+for, uncompressed (FLEETLENS_PROMETHEUS_COMPRESS), with Python's cyclic collector paused. A window is fetched and
+checked whole before any of it is written, then written in one transaction (its hosts, devices, workflows and
+processes with its samples). On
 PostgreSQL two windows are written at once on two connections (the database's COPY work is most of an import),
 and still committed in order: a window's samples are copied while the window before it commits, and its
 registration and commit wait for that commit, so a window is never in the store without every window before it.
@@ -22,10 +24,14 @@ drops (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL after a driver reload) is read as a reset: 
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +43,9 @@ from collector.dcgm_names import FIELDS, POD
 from collector.importers.dcgm_frames import (
     Parsed,
     counters,
-    device_rows,
+    device_batch,
     parse,
-    process_rows,
+    process_batch,
     processes,
     wide_columns,
 )
@@ -47,7 +53,7 @@ from collector.importers.dcgm_labels import SOURCE, synthetic_pid
 from collector.importers.prometheus_http import PrometheusClient
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
-from store.ingest import sample_errors, write_samples_on
+from store.ingest import sample_errors, write_sample_batches_on
 from store.models import Device, DeviceSample, Host, Process, Workflow
 from store.registry import DeviceSpec, add_hosts, register_devices_of_hosts
 from store.settings import Settings, get_settings
@@ -125,6 +131,33 @@ def import_windows(since: float, until: float, step: float, settings: Settings) 
         lo = hi
 
 
+_gc_lock = threading.Lock()
+_gc_paused = [0, False]  # imports running in this process, and whether the collector ran before the first
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while an import runs (on again after the last one, if it was on).
+
+    A window's decoded JSON is hundreds of thousands of small lists: every few hundred of them the collector walks
+    the young objects, and often enough the whole heap; in a process that holds much
+    (the benchmark's recording, serve's state) that took more time than decoding itself (orjson.loads of a day: 14 ms
+    without it, 264 ms with it). The importer makes no reference cycles; objects are freed by their counts as usual,
+    and any cycles other threads make meanwhile are collected once the import ends."""
+    with _gc_lock:
+        if _gc_paused[0] == 0:
+            _gc_paused[1] = gc.isenabled()
+            gc.disable()
+        _gc_paused[0] += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_paused[0] -= 1
+            if _gc_paused[0] == 0 and _gc_paused[1]:
+                gc.enable()
+
+
 def import_prometheus(
     store: Store,
     url: str,
@@ -141,6 +174,12 @@ def import_prometheus(
     never sits in memory at once; each window is written whole or not at all, and a failure in one leaves the
     windows before it, after which the next run resumes.
     """
+    with cyclic_gc_paused():
+        return _import(store, url, since=since, until=until, step=step, settings=settings, now=now)
+
+
+def _import(store: Store, url: str, *, since: float | None, until: float | None, step: float | None,
+            settings: Settings | None, now: float | None) -> ImportSummary:
     settings = settings or get_settings()
     started = time.perf_counter()
     step = float(step or settings.prometheus_step_s)
@@ -190,12 +229,17 @@ def import_prometheus(
         written_to[0] = hi
 
     # fetching (Prometheus and JSON decoding), turning into rows (numpy) and writing (the database's COPY) overlap;
-    # one window fetched ahead and at most WRITERS written at once, so memory stays bounded by a few windows.
+    # one window fetched ahead, WRITERS written at once and one more queued to be written as soon as one of them is
+    # done (so the next window is planned meanwhile, not after), so memory stays bounded by a few windows.
     # SQLite has one writer at a time: there the windows are written one after another
     writers = WRITERS if store.is_postgres else 1
     registry = _Registered()
-    with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s) as client, \
+    with PrometheusClient(url, timeout_s=settings.prometheus_timeout_s,
+                          compress=settings.prometheus_compress) as client, \
             ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=writers) as writer:
+        # only the metrics that have series in the range: most fleets export a few of dcgm-exporter's fields, and
+        # asking for each of the others every window was a fifth of the fetch
+        names = client.names_present(names, start, until)
         pending = ahead.submit(fetch, *windows[0])
         writing: list[Future] = []  # in window order
         last_turn: _Turn | None = None
@@ -210,7 +254,7 @@ def import_prometheus(
                 pending = ahead.submit(fetch, *windows[i + 1])
             plan = _plan_window(series, settings, resume, summary, seen)
             del series
-            while len(writing) >= writers:
+            while len(writing) > writers:  # WRITERS being written and one waiting its turn in the writers' queue
                 written(writing.pop(0))
             if plan is not None:
                 turn = last_turn = _Turn(last_turn)
@@ -329,9 +373,9 @@ def _write_window(store: Store, url: str, w: _Window, until: float, step: float,
             device_ids = _add_new_devices(s, url, w.parsed, w.wide, w.keep, until, registry)
             turn.registered.set_result(None)
             dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in w.parsed.devices], dtype=np.int64)
-            n_dev, n_proc = write_samples_on(s.connection(), store.is_postgres,
-                                             device_rows(w.wide, w.keep, dev_ids),
-                                             process_rows(w.procs, w.wide, dev_ids, w.parsed))
+            n_dev, n_proc = write_sample_batches_on(s.connection(), store.is_postgres,
+                                                    device_batch(w.wide, w.keep, dev_ids),
+                                                    process_batch(w.procs, w.wide, dev_ids, w.parsed))
             _wait(turn.before_committed)
             _register(s, url, w.parsed, w.wide, w.keep, w.procs, until, step, seen)
         return n_dev, n_proc, hi
@@ -479,4 +523,5 @@ def import_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
             "series": summary.series, "skipped": summary.skipped, "devices": summary.devices}
 
 
-__all__ = ["ImportSummary", "PrometheusClient", "import_from_settings", "import_prometheus", "import_windows"]
+__all__ = ["ImportSummary", "PrometheusClient", "cyclic_gc_paused", "import_from_settings", "import_prometheus",
+           "import_windows"]

@@ -7,6 +7,7 @@ running Slurm job 42 (dcgm-exporter's hpc_job label); and one series without any
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -295,3 +296,98 @@ def test_a_window_after_a_failed_one_is_not_kept_though_it_was_written_alongside
     # the second window's first row waits long enough for the third to be copied
     _drop_sessions_writing(pg_store, f"NEW.ts > {edge!r} AND NEW.ts <= {next_edge!r}", pause_s=2.0)
     _import_fails_keeping_nothing_after(pg_store, prom, edge, _settings(prometheus_window_s=1500))
+
+
+def test_the_cyclic_collector_is_off_while_importing_and_back_after(prom, store, monkeypatch):
+    """Decoding a window allocates hundreds of thousands of lists: the cyclic collector is paused meanwhile (it took
+    longer than the decoding), and is on again afterwards, after a failed import too; one paused by the caller
+    stays off."""
+    from collector.importers.prometheus_http import PrometheusClient
+
+    during = []
+    fetch = PrometheusClient.fetch
+
+    def watched(self, *args, **kwargs):
+        during.append(gc.isenabled())
+        return fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(PrometheusClient, "fetch", watched)
+    assert gc.isenabled()
+    _import(store, prom.url)
+    assert during and not any(during)
+    assert gc.isenabled()
+    with pytest.raises(UpstreamUnavailable):
+        _import(store, f"http://127.0.0.1:{free_port()}")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        _import(store, prom.url)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_only_metrics_with_series_in_the_range_are_queried(prom, store, monkeypatch):
+    """One label-values call says which of dcgm-exporter's fields the fleet exports; each window asks for those
+    alone, and a server that refuses that call is asked for every field."""
+    from collector.dcgm_names import FIELDS
+    from collector.importers.prometheus_http import PrometheusClient
+
+    exported = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_POWER_USAGE",
+                "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_XID_ERRORS"}
+    asked: list[str] = []
+    query_range = PrometheusClient.query_range
+
+    def recorded(self, query, *args):
+        asked.append(query.split("(", 1)[1].split("[", 1)[0])
+        return query_range(self, query, *args)
+
+    monkeypatch.setattr(PrometheusClient, "query_range", recorded)
+    with PrometheusClient(prom.url) as client:
+        assert client.names_present([f.name for f in FIELDS], T0, END) == [f.name for f in FIELDS
+                                                                           if f.name in exported]
+        assert client.names_present(["DCGM_FI_DEV_GPU_UTIL"], END + 86400, END + 2 * 86400) == []
+    summary = _import(store, prom.url, settings=_settings(prometheus_window_s=1500))
+    assert set(asked) == exported and len(asked) == 3 * len(exported)  # three windows of 25 minutes
+    assert summary.device_samples == 2 * N + (N - len(GAP))
+
+    # a server that refuses label values with match[]: every field is asked for, and the import is the same
+    def refused(self, path, params, *, refusal=None):
+        if path.startswith("/api/v1/label/"):
+            return refusal
+        return get(self, path, params)
+
+    get = PrometheusClient._get
+    monkeypatch.setattr(PrometheusClient, "_get", refused)
+    asked.clear()
+    with PrometheusClient(prom.url) as client:
+        assert client.names_present([f.name for f in FIELDS], T0, END) == [f.name for f in FIELDS]
+    again = _import(store, prom.url)
+    assert set(asked) == {f.name for f in FIELDS} and again.device_samples == 0
+
+
+def test_answers_come_uncompressed_unless_asked(prom, store, monkeypatch, tmp_path):
+    """Prometheus gzips an answer only when asked (FLEETLENS_PROMETHEUS_COMPRESS): compressing took it most of its
+    CPU for an import, which a fast link does not repay; a compressed import writes the same."""
+    from collector.importers.prometheus_http import PrometheusClient
+
+    encodings: list[str | None] = []
+    init = PrometheusClient.__init__
+
+    def watched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._http.event_hooks["response"].append(lambda r: encodings.append(r.headers.get("content-encoding")))
+
+    monkeypatch.setattr(PrometheusClient, "__init__", watched)
+    plain = _import(store, prom.url)
+    assert encodings and set(encodings) == {None}
+    encodings.clear()
+    other = Store(f"sqlite:///{tmp_path / 'gzip.db'}")
+    upgrade(other)
+    try:
+        packed = _import(other, prom.url, settings=_settings(prometheus_compress=True))
+        assert "gzip" in encodings
+        assert (packed.device_samples, packed.process_samples) == (plain.device_samples, plain.process_samples)
+        assert _counts(other) == _counts(store)
+    finally:
+        other.dispose()

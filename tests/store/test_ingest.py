@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from sqlalchemy import func, select
 
 from store.errors import InvalidInput
-from store.ingest import write_samples
+from store.ingest import write_sample_batches, write_samples
 from store.models import DeviceSample, ProcessSample
 from store.registry import DeviceSpec, register_devices, register_host
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS, DeviceSampleRow, ProcessSampleRow
@@ -84,3 +86,46 @@ def test_list_rows_in_column_order_as_the_agent_sends_them(any_store):
     assert write_samples(any_store, rows) == (50, 0)
     with any_store.session() as s:
         assert s.scalar(select(func.sum(DeviceSample.gpu_util))) == pytest.approx(12.5)
+
+
+def test_column_batches_are_written_like_rows(any_store):
+    """Arrow batches (the Prometheus importer's columns): masked values and columns a batch lacks are NULL, integral
+    floats become BIGINT, text columns are text; the same rows as write_samples would write."""
+    dev = _device(any_store)
+    ts = np.arange(1000.0, 1010.0)
+    util = np.where(np.arange(10) % 3 == 0, np.nan, np.arange(10) / 10)
+    device = pa.RecordBatch.from_arrays(
+        [pa.array(np.full(10, dev)), pa.array(ts), pa.array(util, mask=np.isnan(util)),
+         pa.array(np.arange(10.0) * (1 << 20))], names=["device_id", "ts", "gpu_util", "mem_used"])
+    process = pa.RecordBatch.from_arrays(
+        [pa.array([dev] * 2), pa.array(["wf-a", "wf-b"]), pa.array(["h1", "h1"]), pa.array([42, 43]),
+         pa.array([1000.0, 1001.0]), pa.array([7, None], type=pa.int64())],
+        names=["device_id", "workflow_id", "host_id", "pid", "ts", "mem_used"])
+    assert write_sample_batches(any_store, device, process) == (10, 2)
+    with any_store.session() as s:
+        samples = s.execute(select(DeviceSample.gpu_util, DeviceSample.mem_used, DeviceSample.power_w)
+                            .order_by(DeviceSample.ts)).all()
+        procs = s.execute(select(ProcessSample.workflow_id, ProcessSample.pid, ProcessSample.mem_used,
+                                 ProcessSample.cpu_util).order_by(ProcessSample.ts)).all()
+    assert [u for u, _, _ in samples] == [None if np.isnan(u) else pytest.approx(u) for u in util]
+    assert [m for _, m, _ in samples] == [i << 20 for i in range(10)] and {p for _, _, p in samples} == {None}
+    assert procs == [("wf-a", 42, 7, None), ("wf-b", 43, None, None)]
+
+
+def test_a_bad_column_batch_writes_nothing(any_store):
+    dev = _device(any_store)
+    device = pa.RecordBatch.from_arrays([pa.array([dev] * 3), pa.array([1.0, None, 3.0])], names=["device_id", "ts"])
+    process = pa.RecordBatch.from_arrays([pa.array([dev]), pa.array(["wf"]), pa.array(["h1"]), pa.array([1]),
+                                          pa.array([1.0])], names=["device_id", "workflow_id", "host_id", "pid", "ts"])
+    with pytest.raises(InvalidInput, match="nothing of it was written"):
+        write_sample_batches(any_store, process=process, device=device)
+    with pytest.raises(ValueError, match="columns the table has not.*'temp'"):
+        odd = pa.RecordBatch.from_arrays([pa.array([dev]), pa.array([1.0]), pa.array([5.0])],
+                                         names=["device_id", "ts", "temp"])
+        write_sample_batches(any_store, odd)
+    with pytest.raises(InvalidInput, match="mem_used .* does not fit its int64 column, nothing of it was written"):
+        write_sample_batches(any_store, pa.RecordBatch.from_arrays(
+            [pa.array([dev]), pa.array([1.0]), pa.array([2.5])], names=["device_id", "ts", "mem_used"]))
+    with any_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(DeviceSample)) == 0
+        assert s.scalar(select(func.count()).select_from(ProcessSample)) == 0
