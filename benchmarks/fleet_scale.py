@@ -8,7 +8,9 @@
   rollups and the telemetry detectors' summary of the hour (analyzer.telemetry.hour_summaries). The 23 hours before
   it are rolled up first, untimed, as the hourly job would have done when each closed.
 - detect_day_s, detect_peak_rss_mib: `analyzer.telemetry.detect` over the day, in a process of its own (its peak
-  resident memory is the whole process's, imports included): it combines the 24 kept hours; against the anchor
+  resident memory, VmHWM, is the whole process's, imports included): it combines the 24 kept hours; against the anchor
+- detect_from_samples_s, detect_from_samples_rss_mib, findings_from_samples: the same detection with no kept hour
+  (a store whose hours are not rolled up yet, or thresholds other than the rollup's): every sample of the day read.
 - bare_fetch_day_s: a bare aggregate query over the same rows in the same run (per device, and per workflow and
   device: count, mean utilisation, peak memory), the least any set-based detector must pay to read the day.
 
@@ -126,6 +128,15 @@ def bare_fetch(store: Store, start: float, end: float) -> float:
     return time.perf_counter() - t0
 
 
+def _peak_rss_mib() -> float:
+    """This process's own peak resident memory (VmHWM). Not getrusage's ru_maxrss: Linux carries the maximum across
+    exec, so a child started by a large parent would report the parent's size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def detect_child(url: str, now: float) -> None:
     """In its own process: detect over the day ending `now`; prints seconds, findings and peak RSS."""
     from analyzer.telemetry import detect
@@ -134,7 +145,7 @@ def detect_child(url: str, now: float) -> None:
     t0 = time.perf_counter()
     found = detect(store, now=now, window_s=DAY)
     took = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    rss = _peak_rss_mib()
     print(json.dumps({"detect_s": took, "findings": len(found), "peak_rss_mib": rss,
                       "by_rule": {r: sum(f.rule == r for f in found) for r in {f.rule for f in found}}}), flush=True)
 
@@ -198,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"rollup of the last hour {rollup_s:.1f} s")
         det = run_detect(url, now)
         log(f"detect {det}")
+        # the same day judged from its samples alone, as before any hour is kept (a new store, another threshold)
+        with store.engine.begin() as conn:
+            conn.execute(text("DELETE FROM telemetry_hours"))
+        raw = run_detect(url, now)
+        log(f"detect from samples {raw}")
     finally:
         store.dispose()
         with admin.connect() as conn:
@@ -212,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         "bare_fetch_day_s": round(bare, 2),
         "detect_ratio": None if detect_s is None else round(detect_s / bare, 2),
         "findings": det["findings"], "detect_error": det.get("error"),
+        "detect_from_samples_s": None if raw["detect_s"] is None else round(raw["detect_s"], 1),
+        "detect_from_samples_rss_mib": None if raw["peak_rss_mib"] is None else round(raw["peak_rss_mib"]),
+        "findings_from_samples": raw["findings"],
         "load_avg_1_5_15": [round(x, 1) for x in os.getloadavg()],  # the machine's load when it finished
     }), flush=True)
     return 0
