@@ -167,8 +167,14 @@ def _runs(frame: pd.DataFrame, flag: pd.Series, keys: list[str], min_duration_s:
 def _with_before(orphans: pd.DataFrame, usage: pd.DataFrame) -> pd.DataFrame:
     """Each orphaned-memory run with the workflows last seen on its device before it started (in this piece)."""
     orphans = orphans.copy()
+    # one pass over the usage rows for the devices with orphaned memory, then each run looks at its device's rows
+    on_device = {int(d): rows for d, rows in usage[usage["device_id"].isin(orphans["device_id"].unique())]
+                 .groupby("device_id", sort=False)}
     for i, run in orphans.iterrows():
-        seen = usage[(usage["device_id"] == run["device_id"]) & (usage["ts"] < run["start"])]
+        rows = on_device.get(int(run["device_id"]))
+        if rows is None:
+            continue
+        seen = rows[rows["ts"] < run["start"]]
         if seen.empty:
             continue
         last = float(seen["ts"].max())
