@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -107,6 +107,18 @@ def _next_sample_ts(store: Store, after: float) -> float | None:
     return min(found) if found else None
 
 
+class _InThisThread(Executor):
+    """An executor that runs each task at once in the calling thread."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to whoever asks for the result, as a thread pool would
+            future.set_exception(exc)
+        return future
+
+
 def _roll_group(store: Store, start: float, end: float, th: Thresholds, plan: ReadPlan, devices: list[int] | None,
                 computed_at: float) -> tuple[list[dict], list[dict], list[Piece]] | None:
     """(device rollups, workflow rollups, each hour's detector summary) of [start, end) for these devices (None: all
@@ -135,7 +147,10 @@ def rollup(
     n_dev = n_wf = 0
     computed_at = time.time()
     chunk_start = since
-    with ThreadPoolExecutor(max_workers=GROUP_THREADS, thread_name_prefix="fleetlens-rollup") as pool:
+    # PostgreSQL serves several connections at once; SQLite (one host, one writer) does everything in this thread
+    parallel = store.is_postgres
+    with (ThreadPoolExecutor(max_workers=GROUP_THREADS, thread_name_prefix="fleetlens-rollup") if parallel
+          else _InThisThread()) as pool:
         while chunk_start < end:
             chunk_end = min(chunk_start + CHUNK_HOURS * HOUR, end)
             # how to read the chunk and how to split it are asked of the database at once
@@ -155,7 +170,7 @@ def rollup(
             dev_rows = [row for rows, _, _ in done for row in rows]
             wf_rows = [row for _, rows, _ in done for row in rows]
             # the rollups, and the detectors' summary of each hour (judging a day reads 24 of these instead of its
-            # samples), written at once on two connections
+            # samples), written at once on two connections (PostgreSQL)
             kept = pool.submit(keep_hours, store, [merged(list(same_hour)) for same_hour in
                                                    zip(*(pieces for _, _, pieces in done), strict=True)], th)
             _upsert(store, dev_rows + wf_rows)

@@ -8,7 +8,9 @@ import pytest
 from sqlalchemy import func, select
 
 from analyzer.rollups import apply_retention, rollup
+from store.db import Store
 from store.errors import InvalidInput
+from store.migrations import upgrade
 from store.models import DeviceSample, ProcessSample, Rollup, TelemetryHour
 from tests.analyzer.telemetry_fleet import GIB, T0, Fleet
 
@@ -147,3 +149,18 @@ def test_rollup_jumps_over_months_without_samples(sqlite_store):
     result = rollup(sqlite_store, now=T0 + 400 * 86400.0)  # more than a year of hours, nearly all empty
     assert (result.device_rows, result.workflow_rows) == (2, 2)
     assert set(_rows(sqlite_store)["hour"]) == {T0, T0 + 90 * 86400.0}
+
+
+def test_an_in_memory_sqlite_store_is_rolled_up_in_the_calling_thread():
+    """An in-memory SQLite database exists once per thread: a rollup that read it from a worker thread would see an
+    empty database and roll up nothing."""
+    store = Store("sqlite://")
+    try:
+        upgrade(store)
+        _three_hours(store)
+        result = rollup(store, now=T0 + 3 * HOUR)
+        assert (result.hours, result.device_rows) == (3, 6)
+        with store.session() as s:
+            assert s.scalar(select(func.count()).select_from(TelemetryHour)) == 3
+    finally:
+        store.dispose()
