@@ -148,8 +148,7 @@ def rollup(
     computed_at = time.time()
     chunk_start = since
     # PostgreSQL serves several connections at once; SQLite (one host, one writer) does everything in this thread
-    parallel = store.is_postgres
-    with (ThreadPoolExecutor(max_workers=GROUP_THREADS, thread_name_prefix="fleetlens-rollup") if parallel
+    with (ThreadPoolExecutor(max_workers=GROUP_THREADS, thread_name_prefix="fleetlens-rollup") if store.is_postgres
           else _InThisThread()) as pool:
         while chunk_start < end:
             chunk_end = min(chunk_start + CHUNK_HOURS * HOUR, end)

@@ -57,28 +57,28 @@ def _copy(cursor, table: str, columns: tuple[str, ...], rows: Iterable[tuple[Any
     return n
 
 
-def _pg_types(table: str, columns: tuple[str, ...]) -> list[str]:
+# each sample column's type as PostgreSQL's binary COPY and Arrow name it, by the model's SQLAlchemy type
+_TYPES = {"BigInteger": ("int8", pa.int64()), "Integer": ("int4", pa.int32()), "Double": ("float8", pa.float64()),
+          "String": ("text", pa.string())}
+
+
+def _column_types(table: str, columns: tuple[str, ...]) -> list[tuple[str, pa.DataType]]:
     model = DeviceSample if table == "device_samples" else ProcessSample
-    names = []
-    for name in columns:
-        kind = type(model.__table__.columns[name].type).__name__
-        names.append({"BigInteger": "int8", "Integer": "int4", "Double": "float8", "String": "text"}[kind])
-    return names
+    return [_TYPES[type(model.__table__.columns[name].type).__name__] for name in columns]
 
 
-_ARROW = {"BigInteger": pa.int64(), "Integer": pa.int32(), "Double": pa.float64(), "String": pa.string()}
+def _pg_types(table: str, columns: tuple[str, ...]) -> list[str]:
+    return [pg for pg, _ in _column_types(table, columns)]
 
 
 def _arrow_batch(table: str, columns: tuple[str, ...], batch: pa.RecordBatch) -> pa.RecordBatch:
     """`batch` with the table's column types (int8, int4, float8, text), in `columns` order; a column it lacks is
     NULL."""
-    model = DeviceSample if table == "device_samples" else ProcessSample
     unknown = set(batch.schema.names) - set(columns)
     if unknown:
         raise ValueError(f"a {table} batch has columns the table has not: {sorted(unknown)}; expected {columns}")
     arrays = []
-    for name in columns:
-        kind = _ARROW[type(model.__table__.columns[name].type).__name__]
+    for name, (_, kind) in zip(columns, _column_types(table, columns), strict=True):
         if name in batch.schema.names:
             col = batch.column(name)
             try:

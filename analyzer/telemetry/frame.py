@@ -41,7 +41,8 @@ from store.models import Device, DeviceSample, ProcessSample, Workflow
 DEFAULT_INTERVAL_S = 60.0
 SLICE_S = 3600.0  # the read plan decides buckets or raw samples slice by slice
 PROBE_ROWS, PROBE_DEVICES = 256, 16
-TEXT_PARTS = 64  # strings a PostgreSQL read is fetched in (see _copy_frame)
+ReadPlan = list[tuple[float, float, bool]]  # (lo, hi, bucketed) ranges, see read_plan
+TEXT_PARTS = 64  # strings a PostgreSQL read is fetched in (see _csv_frame)
 
 
 @dataclass
@@ -97,7 +98,7 @@ def _read_window(store: Store, table: str, columns: tuple[str, ...], start: floa
     return _fetch(store, f"SELECT {cols} FROM {table} WHERE {{where}}", table, start, end, columns, devices)
 
 
-def _copy_frame(store: Store, sql: str, columns: tuple[str, ...]) -> pd.DataFrame:
+def _csv_frame(store: Store, sql: str, columns: tuple[str, ...]) -> pd.DataFrame:
     """The rows of a PostgreSQL query (it has a device_id column) as a frame: the database writes them as CSV text,
     in TEXT_PARTS strings (devices spread over them by id), and pyarrow parses it in C. A day of a fleet is millions
     of rows; fetched as tuples or by COPY (one protocol message, so one Python call, per row) the client's per-row
@@ -144,14 +145,15 @@ def _mean_interval(store: Store, start: float, end: float, probe_s: float) -> fl
     return (float(last) - float(first)) / (per_device - 1) if per_device > 1 else float(end - lo)
 
 
-def _read_plan(store: Store, start: float, end: float, bucket_s: float) -> list[tuple[float, float, bool]]:
-    """[start, end) cut into ranges read as recorded or in buckets: (lo, hi, bucketed).
+def read_plan(store: Store, start: float, end: float, common: Common) -> ReadPlan:
+    """How [start, end) is read: ranges (lo, hi, bucketed), each read as recorded or in buckets.
 
     Each slice of about an hour (whole buckets) is read in buckets when its samples come faster than one per half
     bucket, as recorded otherwise: the database's bucket aggregation costs many times a plain read, so data already
     as coarse as a bucket (a fleet's older minutes) is not aggregated again beside the last hour's 1 Hz samples. The
     rate is probed on a few devices seen last (one indexed query); a slice they have no samples in reads as its
     neighbour does."""
+    bucket_s = common.bucket_s
     if bucket_s <= 0:
         return [(start, end, False)]
     interval = _mean_interval(store, start, end, probe_s=4 * bucket_s)
@@ -174,7 +176,7 @@ def _read_plan(store: Store, start: float, end: float, bucket_s: float) -> list[
         mean = (float(last_ts) - float(first)) / (per_device - 1) if per_device > 1 else hi - lo
         fast[int(k)] = mean < bucket_s / 2
     first_k, last_k = int(start // slice_s), int(math.ceil(end / slice_s)) - 1
-    plan: list[tuple[float, float, bool]] = []
+    plan: ReadPlan = []
     decided = interval < bucket_s / 2  # the window's own probe decides slices the probe devices are absent from
     for k in range(last_k, first_k - 1, -1):  # from the end: an undecided slice reads as the later one
         decided = fast.get(k, decided)
@@ -225,10 +227,10 @@ def _read_bucketed_processes(store: Store, start: float, end: float, bucket_s: f
 def _fetch(store: Store, sql: str, table: str, start: float, end: float, columns: tuple[str, ...],
            devices: Sequence[int] | None = None) -> pd.DataFrame:
     """The rows of `sql`, a query over `table`'s [start, end) (its `{where}`), as a frame of `columns`; fetched
-    past the ORM (PostgreSQL: COPY, see _copy_frame; SQLite: its own cursor's tuples)."""
+    past the ORM (PostgreSQL: CSV text built by the database, see _csv_frame; SQLite: its own cursor's tuples)."""
     if store.is_postgres:
         where = f"ts >= {float(start)!r} AND ts < {float(end)!r}" + _device_filter(devices)
-        return _copy_frame(store, sql.format(where=where), columns)
+        return _csv_frame(store, sql.format(where=where), columns)
     dtypes = _dtypes(columns)
     with store.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
@@ -270,14 +272,6 @@ def _sample_intervals(samples: pd.DataFrame, max_gap_factor: float) -> pd.Series
     fallback = float(gap.median()) if gap.notna().any() else DEFAULT_INTERVAL_S
     median = median.fillna(fallback)
     return gap.fillna(median).clip(upper=median * max_gap_factor).clip(lower=0.0)
-
-
-ReadPlan = list[tuple[float, float, bool]]
-
-
-def read_plan(store: Store, start: float, end: float, common: Common) -> ReadPlan:
-    """How [start, end) is read: ranges (lo, hi, bucketed), see _read_plan."""
-    return _read_plan(store, start, end, common.bucket_s)
 
 
 def read_rows(store: Store, plan: ReadPlan, common: Common,

@@ -25,13 +25,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import func, select
 
 from analyzer.telemetry.common import KEYS, runs
 from analyzer.telemetry.frame import TelemetryWindow
 from analyzer.telemetry.thresholds import Thresholds
 from store.db import Store
-from store.models import ProcessSample
 
 HIST_BINS = 1000  # bin k holds utilisation in ((k - 1) / 1000, k / 1000], read back as k / 1000
 RUN_SLACK_S = 1.0  # as analyzer.telemetry.common.runs: a run continues when the next sample is at most this late
@@ -230,26 +228,6 @@ class WindowSummary:
             return None if pd.isna(total) else float(total)
         return None
 
-    def last_workflows(self, device_id: int, before: float) -> list[tuple[str, float]]:
-        """The workflows last seen on the device before `before` (an earlier piece of the window, else the stored
-        process samples of as long again before the window), with when they were last seen."""
-        seen = self.seen[(self.seen["device_id"] == device_id) & (self.seen["piece_end"] <= before)]
-        if not seen.empty:
-            last = seen["seen_last_ts"].max()
-            return [(str(w), float(last)) for w in seen.loc[seen["seen_last_ts"] == last, "workflow_id"].unique()]
-        if self.store is None:
-            return []
-        lookback = self.start - (self.end - self.start)
-        ps = ProcessSample
-        with self.store.session() as session:
-            last = session.scalar(
-                select(func.max(ps.ts)).where(ps.device_id == device_id, ps.ts < self.start, ps.ts >= lookback)
-            )
-            if last is None:
-                return []
-            rows = session.execute(select(ps.workflow_id).where(ps.device_id == device_id, ps.ts == last).distinct())
-            return [(str(r[0]), float(last)) for r in rows]
-
 
 def combine(pieces: list[Piece], th: Thresholds, *, start: float, end: float, devices: pd.DataFrame,
             workflows: pd.DataFrame, store: Store | None = None) -> WindowSummary:
@@ -297,16 +275,14 @@ def _stats(pairs: pd.DataFrame, hist: pd.DataFrame) -> pd.DataFrame:
 
 def _hist_quantile(hist: pd.DataFrame, pairs: pd.MultiIndex, q: float) -> np.ndarray:
     """The q-quantile (linear between order statistics, as pandas) of each pair's binned utilisation."""
-    h = hist.copy()
-    h["device_id"] = h["device_id"].astype("int64")
-    h = h.groupby([*KEYS, "bin"], sort=True)["count"].sum().reset_index()
-    h = h.set_index(KEYS).loc[h.set_index(KEYS).index.isin(pairs)].reset_index()
-    values = np.full(len(pairs), np.nan)
+    h = hist.astype({"device_id": "int64"}).groupby([*KEYS, "bin"], sort=True)["count"].sum().reset_index()
+    key = pd.MultiIndex.from_frame(h[KEYS])
+    wanted = key.isin(pairs)
+    h, key = h[wanted], key[wanted]
     if h.empty:
-        return values
+        return np.full(len(pairs), np.nan)
     counts = h["count"].to_numpy()
     cum = np.cumsum(counts)
-    key = pd.MultiIndex.from_frame(h[KEYS])
     codes, uniques = pd.factorize(key)
     totals = np.bincount(codes, weights=counts)
     offsets = np.concatenate([[0.0], np.cumsum(totals)[:-1]])

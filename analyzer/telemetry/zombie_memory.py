@@ -17,9 +17,30 @@ from analyzer.telemetry.summary import WindowSummary, before_workflows
 from analyzer.telemetry.thresholds import Thresholds
 from store.finding_contract import TelemetryRule
 from store.findings import FindingSpec
-from store.models import Process
+from store.models import Process, ProcessSample
 
 RULE = TelemetryRule.ZOMBIE_MEMORY.value
+
+
+def _last_workflows(window: WindowSummary, device_id: int, before: float) -> list[tuple[str, float]]:
+    """The workflows last seen on the device before `before` (an earlier piece of the window, else the stored
+    process samples of as long again before the window), with when they were last seen."""
+    seen = window.seen[(window.seen["device_id"] == device_id) & (window.seen["piece_end"] <= before)]
+    if not seen.empty:
+        last = seen["seen_last_ts"].max()
+        return [(str(w), float(last)) for w in seen.loc[seen["seen_last_ts"] == last, "workflow_id"].unique()]
+    if window.store is None:
+        return []
+    lookback = window.start - (window.end - window.start)
+    ps = ProcessSample
+    with window.store.session() as session:
+        last = session.scalar(
+            select(func.max(ps.ts)).where(ps.device_id == device_id, ps.ts < window.start, ps.ts >= lookback)
+        )
+        if last is None:
+            return []
+        rows = session.execute(select(ps.workflow_id).where(ps.device_id == device_id, ps.ts == last).distinct())
+        return [(str(r[0]), float(last)) for r in rows]
 
 
 def _ended_at(window: WindowSummary, workflow_id: str, host_id: str) -> float | None:
@@ -47,7 +68,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
             continue
         host = str(window.devices.loc[dev, "host_id"])
         # the workflows last seen on the device before the run: in the run's own piece, else earlier
-        for wf, last_seen in before_workflows(run) or window.last_workflows(dev, float(run["start"])):
+        for wf, last_seen in before_workflows(run) or _last_workflows(window, dev, float(run["start"])):
             ended = _ended_at(window, wf, host)
             if ended is None or ended > float(run["end"]):
                 continue

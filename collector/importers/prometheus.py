@@ -11,10 +11,10 @@ window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline: the next w
 turned into column batches and the ones before are written; only the fields that have series in the range are asked
 for, uncompressed (FLEETLENS_PROMETHEUS_COMPRESS), with Python's cyclic collector paused. A window is fetched and
 checked whole before any of it is written, then written in one transaction (its hosts, devices, workflows and
-processes with its samples). On
-PostgreSQL two windows are written at once on two connections (the database's COPY work is most of an import),
-and still committed in order: a window's samples are copied while the window before it commits, and its
-registration and commit wait for that commit, so a window is never in the store without every window before it.
+processes with its samples). On PostgreSQL two windows are written at once on two connections (the database's COPY
+work is most of an import), and still committed in order: a window's samples are copied while the window before
+it commits, and its registration and commit wait for that commit, so a window is never in the store without every
+window before it.
 Prometheus down, a wrong URL or an answer that is not Prometheus's raises
 UpstreamUnavailable / InvalidInput naming what was imported before (nothing, when the first window fails), and the
 next run resumes after it. Series without a GPU label (gpu or UUID) or a host label (Hostname or instance) are
@@ -113,6 +113,7 @@ def _resume_points(store: Store, cursors: dict[tuple[str, int], tuple[int, float
             .where(tuple_(DeviceSample.device_id, DeviceSample.ts).in_(list(wanted)))
         ).all()
     return {wanted[(d, t)]: (float(t), e, x) for d, t, e, x in rows}
+
 
 def import_windows(since: float, until: float, step: float, settings: Settings) -> list[tuple[float, float]]:
     """The [start, end] windows an import of [since, until] fetches and writes one at a time, in order.
@@ -369,15 +370,16 @@ def _write_window(store: Store, url: str, w: _Window, until: float, step: float,
     error: BaseException | None = None
     try:
         with sample_errors(store), store.session() as s:
+            mem_total = _memory_totals(w.wide, w.keep)
             _wait(turn.before_registered)
-            device_ids = _add_new_devices(s, url, w.parsed, w.wide, w.keep, until, registry)
+            device_ids = _add_new_devices(s, url, w.parsed, mem_total, until, registry)
             turn.registered.set_result(None)
             dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in w.parsed.devices], dtype=np.int64)
             n_dev, n_proc = write_sample_batches_on(s.connection(), store.is_postgres,
                                                     device_batch(w.wide, w.keep, dev_ids),
                                                     process_batch(w.procs, w.wide, dev_ids, w.parsed))
             _wait(turn.before_committed)
-            _register(s, url, w.parsed, w.wide, w.keep, w.procs, until, step, seen)
+            _register(s, url, w.parsed, mem_total, w.wide, w.procs, until, step, seen)
         return n_dev, n_proc, hi
     except BaseException as exc:
         error = exc
@@ -398,14 +400,13 @@ def _memory_totals(wide: dict[str, np.ndarray], keep: np.ndarray) -> dict[int, i
     return mem_total
 
 
-def _add_new_devices(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
-                     until: float, registry: _Registered) -> dict[tuple[str, int], int]:
+def _add_new_devices(s: Session, url: str, parsed: Parsed, mem_total: dict[int, int | None], until: float,
+                     registry: _Registered) -> dict[tuple[str, int], int]:
     """Insert the hosts and devices with new samples that neither the store nor an earlier window of this
     import has, in the caller's transaction; {(host, index): device id} of every device with new samples.
 
     Only inserts: rows the store has are left to _register, which runs after the window before has committed and
-    so never waits on its locks."""
-    mem_total = _memory_totals(wide, keep)
+    so never waits on its locks. `mem_total`: _memory_totals of the window."""
     wanted = {(parsed.devices[d].host, parsed.devices[d].index): d for d in mem_total}
     ids = {key: registry.devices[key] for key in wanted if key in registry.devices}
     hosts = sorted({h for h, _ in wanted if h not in registry.hosts})
@@ -431,18 +432,15 @@ def _add_new_devices(s: Session, url: str, parsed: Parsed, wide: dict[str, np.nd
     return ids
 
 
-def _register(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray], keep: np.ndarray,
-              procs: dict[tuple[int, int], np.ndarray], until: float, step: float, seen: dict[str, Any]
-              ) -> dict[tuple[str, int], int]:
+def _register(s: Session, url: str, parsed: Parsed, mem_total: dict[int, int | None], wide: dict[str, np.ndarray],
+              procs: dict[tuple[int, int], np.ndarray], until: float, step: float, seen: dict[str, Any]) -> None:
     """Devices seen again (their last sighting, or a new UUID at the same place), workflows and their synthetic
-    processes, in the caller's transaction, after _add_new_devices; {(host, index): device id}."""
-    mem_total = _memory_totals(wide, keep)
+    processes, in the caller's transaction, after _add_new_devices (`mem_total`: _memory_totals of the window)."""
     used = sorted(mem_total)
     ts = wide["ts"]
     span = {key: (float(ts[rows[0]]), float(ts[rows[-1]])) for key, rows in procs.items()}
     # a workflow whose series stopped before the imported range ends is over (two steps of slack for scrapes)
     ended_before = until - 2 * step
-    device_ids: dict[tuple[str, int], int] = {}
     hosts = sorted({parsed.devices[d].host for d in used})
     known_devices = {(h, i): (d, u) for h, i, d, u in s.execute(
         select(Device.host_id, Device.index, Device.id, Device.uuid).where(Device.host_id.in_(hosts))).tuples()}
@@ -452,14 +450,13 @@ def _register(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray],
         key = parsed.devices[d]
         known = known_devices.get((key.host, key.index))
         if known is not None and known[1] == key.uuid:  # imported before: only its last sighting moves on
-            device_ids[(key.host, key.index)] = known[0]
             refresh.append({"id": known[0], "last_seen": until, "state": "ok"})
             continue
         by_host.setdefault(key.host, []).append(DeviceSpec(index=key.index, uuid=key.uuid, name=key.name,
                                                            memory_total=mem_total[d]))
     if refresh:
         s.execute(update(Device), refresh)
-    device_ids.update(register_devices_of_hosts(s, by_host, source=SOURCE, now=until))
+    register_devices_of_hosts(s, by_host, source=SOURCE, now=until)
     seen_wf: dict[int, tuple[float, float]] = {}
     for (_d, w), (first, last) in span.items():
         lo, hi = seen_wf.get(w, (first, last))
@@ -511,7 +508,6 @@ def _register(s: Session, url: str, parsed: Parsed, wide: dict[str, np.ndarray],
     seen["hosts"].update(hosts)
     seen["devices"].update((parsed.devices[d].host, parsed.devices[d].index) for d in used)
     seen["workflows"].update(parsed.workflows[w].id for w in seen_wf)
-    return device_ids
 
 
 def import_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
