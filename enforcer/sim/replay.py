@@ -20,12 +20,9 @@ from enforcer.consolidate import (
     JobDemand,
     Packing,
     Size,
-    lane_bytes,
     plan_consolidation,
     size_job,
-    size_jobs,
 )
-from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR
 from enforcer.sim.readers.demand import DemandJob, DemandTrace
 from store.errors import InvalidInput
 
@@ -260,82 +257,3 @@ def _arrive(pk: Packing, lv: _Live, p: ConsolidateParams, now: float) -> str:
         size = Size(job.id, 0, 1.0, False, "no_samples")
     i, why = pk.place_new(size)
     return why if i is None else ""
-
-
-def lower_bound(trace: DemandTrace, capacity: int, step_s: float = 60.0) -> tuple[float, int]:
-    """Per telemetry step, max(ceil(sum mem / capacity), ceil(sum util)): its mean and peak (hindsight bound)."""
-    stamps = np.unique(np.concatenate([j.times for j in trace.jobs if len(j.times)]))
-    if not len(stamps):
-        return 0.0, 0
-    mem = np.zeros(len(stamps))
-    util = np.zeros(len(stamps))
-    for j in trace.jobs:
-        if not len(j.times):
-            continue
-        k = np.searchsorted(stamps, j.times)
-        np.add.at(mem, k, j.mem)
-        np.add.at(util, k, j.util)
-    bound = np.maximum(np.ceil(mem / capacity), np.ceil(util - 1e-9))
-    return float(bound.mean()), int(bound.max())
-
-
-def repack_every_cycle(trace: DemandTrace, devices: list[tuple[int, int]], params: ConsolidateParams | None = None,
-                       interval_s: float = 900.0, *, headroom: bool = True) -> float:
-    """Mean devices held if every cycle re-packed every job from scratch with the planner's own sizing (telemetry
-    up to that cycle only, Salus's lanes, the compute cap) and moves cost nothing: what this sizing allows
-    without any move cap. Jobs that may not share hold a device each; the others go largest lane first to the
-    best-fitting device in use (Packing.place_new). Each cycle's count holds until the next. `headroom=False`:
-    each lane is exactly the job's recent peak (Salus's 1.1 x 1.05 taken off), the least a job's share can be."""
-    p = params or ConsolidateParams()
-    jobs = [j for j in trace.jobs if j.departure is not None]
-    if not jobs:
-        raise InvalidInput(f"the {trace.kind} trace has no job with a departure to re-pack")
-    t0, t_end = min(j.arrival for j in jobs), max(j.departure for j in jobs)
-    cap = max(c for _, c in devices)
-    held_s = 0.0
-    for t in np.arange(t0, t_end, interval_s):
-        alive = [j for j in jobs if j.arrival <= t < j.departure]
-        demands = []
-        for j in alive:
-            n = int(np.searchsorted(j.times, t, side="right"))
-            demands.append(JobDemand(j.id, None, j.times[:n], j.mem[:n], j.util[:n], j.declared_mem,
-                                     j.declared_util))
-        sizes = size_jobs(demands, float(t), p)
-        pk = Packing(devices, p.util_cap)
-        whole = sum(j.gpus for j in alive if j.gpus > 1)
-        for size in sorted(sizes.values(), key=lambda s: (s.shareable, -lane_bytes(s, cap), s.job_id)):
-            if size.why == "no_samples":
-                size = Size(size.job_id, 0, 1.0, False, size.why)
-            elif not headroom and size.shareable:
-                size = Size(size.job_id, int(size.mem / (PERSISTENT_FACTOR * LANE_FACTOR)), size.util, True, size.why)
-            pk.place_new(size)
-        held_s += (whole + int((pk.n_jobs > 0).sum())) * (min(t + interval_s, t_end) - t)
-    return held_s / (t_end - t0)
-
-
-def static_ffd(trace: DemandTrace, capacity: int, quantile: float = 0.95) -> int:
-    """Devices for one first-fit-decreasing packing on each job's whole-life peak memory and p95 utilisation."""
-    items = sorted(((float(j.mem.max()), float(np.quantile(j.util, quantile))) for j in trace.jobs if len(j.mem)),
-                   reverse=True)
-    bins: list[list[float]] = []
-    for m, u in items:
-        for b in bins:
-            if b[0] + m <= capacity and b[1] + u <= 1.0 + 1e-9:
-                b[0] += m
-                b[1] += u
-                break
-        else:
-            bins.append([m, u])
-    return len(bins)
-
-
-def fractional_device_hours(trace: DemandTrace) -> tuple[float, float]:
-    """(exclusive, fractional) device-hours: whole devices per pod, and the sum of shares over time."""
-    excl = frac = 0.0
-    for j in trace.jobs:
-        if j.departure is None:
-            continue
-        d = (j.departure - j.arrival) / 3600.0
-        excl += j.gpus * d
-        frac += (j.gpus if j.gpus > 1 else (j.declared_util or 1.0)) * d
-    return excl, frac

@@ -11,7 +11,7 @@ import pytest
 from enforcer.consolidate import ConsolidateParams
 from enforcer.sim.model import ReadReport
 from enforcer.sim.readers.demand import DemandJob, DemandTrace, read_alibaba_demand, read_openb_demand
-from enforcer.sim.replay import repack_every_cycle, replay
+from enforcer.sim.replay import replay
 from store.errors import InvalidInput
 from ui.cli import run
 
@@ -44,21 +44,6 @@ def test_two_steady_jobs_share_a_device_after_the_first_cycle():
     assert r.moves_per_job_day == pytest.approx(1 / (2 * 3600 / 86400))
     # without consolidation they stay apart
     assert replay(tr, devices(3), P, interval_s=900.0, consolidate=False).mean_devices == pytest.approx(2.0)
-
-
-def test_repack_every_cycle_uses_the_planners_sizing_without_move_caps():
-    # a and b fit one device once seen for min_history (cycle at 900 s); c's 50 GiB lane fits beside neither
-    tr = trace(series_job("a", [20] * 60), series_job("b", [20] * 60), series_job("c", [50] * 60))
-    assert repack_every_cycle(tr, devices(3), P, 900.0) == pytest.approx((3 * 900 + 2 * 2700) / 3600)
-    # the compute cap keeps two busy jobs apart; without it they share
-    busy = trace(series_job("a", [20] * 60, util=0.7), series_job("b", [20] * 60, util=0.7))
-    assert repack_every_cycle(busy, devices(2), P, 900.0) == pytest.approx(2.0)
-    free = ConsolidateParams(window_s=3600.0, min_history_s=600.0, util_cap=float("inf"))
-    assert repack_every_cycle(busy, devices(2), free, 900.0) == pytest.approx((2 * 900 + 2700) / 3600)
-    # 37 + 37 GiB: Salus's headroom keeps them apart on 80 GiB; shares of exactly their peaks fit together
-    big = trace(series_job("a", [37] * 60), series_job("b", [37] * 60))
-    assert repack_every_cycle(big, devices(2), P, 900.0) == pytest.approx(2.0)
-    assert repack_every_cycle(big, devices(2), P, 900.0, headroom=False) == pytest.approx((2 * 900 + 2700) / 3600)
 
 
 def test_growth_after_co_location_is_counted_as_overcommit_then_guarded():
