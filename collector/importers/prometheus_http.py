@@ -43,7 +43,8 @@ class PrometheusClient:
         self.close()
 
     def _get(self, path: str, params: dict[str, str], *, refusal: Any = _RAISE) -> Any:
-        """The `data` of Prometheus's answer to GET `path`; `refusal` instead of InvalidInput when it refuses."""
+        """The `data` of Prometheus's answer to GET `path`; `refusal` instead of InvalidInput when it refuses, or
+        answers without Prometheus's JSON (a compatible store or proxy without that endpoint: its 404 page)."""
         try:
             resp = self._http.get(path, params=params)
         except httpx.TimeoutException:
@@ -57,6 +58,8 @@ class PrometheusClient:
         except orjson.JSONDecodeError:
             body = None
         if not isinstance(body, dict) or "status" not in body:
+            if refusal is not _RAISE:
+                return refusal
             raise InvalidInput(f"{self.url} answered HTTP {resp.status_code} without Prometheus's JSON to "
                                f"{path}; is this the Prometheus server's base URL?")
         if body["status"] != "success":
@@ -79,8 +82,8 @@ class PrometheusClient:
         in the order given; one label-values call, so that a window queries only metrics the fleet exports (three of
         dcgm-exporter's sixteen fields by default) instead of asking for each of the others every window.
 
-        A server that refuses the call (a Prometheus-compatible store without match[] on label values) gets every
-        name."""
+        A server that refuses the call (a Prometheus-compatible store without match[] on label values, or a proxy
+        that answers it with a page of its own) gets every name; a wrong URL is then told by the first query."""
         names = list(names)
         data = self._get("/api/v1/label/__name__/values", {
             "match[]": "{__name__=~\"" + "|".join(re.escape(n) for n in names) + "\"}",
