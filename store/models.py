@@ -135,13 +135,13 @@ class Process(Base):
 
 # The sample tables have no key in the database: no surrogate id, no primary-key constraint. Each row is one
 # reading, written once by COPY (store/ingest.py) and read by device or workflow over a time range through the
-# indexes below; nothing looks a sample up by itself. A key index would be one more index for COPY to keep up
-# per row: with the id and its primary key, `fleetlens import-prometheus` took 1.4-1.55x a bare query_range fetch
-# of the same series, without them 1.05-1.2x (benchmarks/prometheus_io.py). The ORM still wants a primary key
-# for its mapper: `__mapper_args__` names one that is unique per reading as the agent and the importers write
-# them (a device is read once per tick; a pid once per device per tick, the Prometheus importer's synthetic pid
-# once per workflow and device), an identity for the ORM only, which the database does not enforce (a recording
-# loaded twice with `replace=False` holds its readings twice).
+# indexes below; nothing looks a sample up by itself. A key index would be one more index for COPY to keep up per
+# row: with the id and its primary key, `fleetlens import-prometheus` took 1.36-1.76x a bare query_range fetch of
+# the same series, without them 1.04-1.44x (benchmarks/prometheus_io.py, README). The ORM still wants a primary key
+# for its mapper: `__mapper_args__` names one that is unique per reading as the agent and the importers write them
+# (a device is read once per tick; a pid once per device per tick, the Prometheus importer's synthetic pid once per
+# workflow and device), an identity for the ORM only, which the database does not enforce (a recording loaded twice
+# with `replace=False` holds its readings twice).
 
 
 class DeviceSample(Base):
