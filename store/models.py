@@ -133,11 +133,21 @@ class Process(Base):
     ended_at: Mapped[float | None]
 
 
+# The sample tables have no key in the database: no surrogate id, no primary-key constraint. Each row is one
+# reading, written once by COPY (store/ingest.py) and read by device or workflow over a time range through the
+# indexes below; nothing looks a sample up by itself. A key index would be one more index for COPY to keep up per
+# row: with the id and its primary key, `fleetlens import-prometheus` took 1.36-1.76x a bare query_range fetch of
+# the same series, without them 1.04-1.44x (benchmarks/prometheus_io.py, README). The ORM still wants a primary key
+# for its mapper: `__mapper_args__` names one that is unique per reading as the agent and the importers write them
+# (a device is read once per tick; a pid once per device per tick, the Prometheus importer's synthetic pid once per
+# workflow and device), an identity for the ORM only, which the database does not enforce (a recording loaded twice
+# with `replace=False` holds its readings twice).
+
+
 class DeviceSample(Base):
     __tablename__ = "device_samples"
     __table_args__ = (Index("ix_device_samples_device_ts", "device_id", "ts"), Index("ix_device_samples_ts", "ts"))
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True)
     # No foreign key on the sample tables: PostgreSQL checks one per COPY row, which costs 2-3x the
     # ingestion rate (benchmarks/ingest.py); devices are never deleted while their samples are kept.
     device_id: Mapped[int] = mapped_column(BigInteger)
@@ -156,6 +166,8 @@ class DeviceSample(Base):
     sm_occupancy: Mapped[float | None]
     tensor_active: Mapped[float | None]
 
+    __mapper_args__ = {"primary_key": ["device_id", "ts"]}  # the ORM's identity only, see above
+
 
 class ProcessSample(Base):
     __tablename__ = "process_samples"
@@ -164,7 +176,6 @@ class ProcessSample(Base):
         Index("ix_process_samples_device_ts", "device_id", "ts"),
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True)
     device_id: Mapped[int] = mapped_column(BigInteger)  # no foreign keys here either, see DeviceSample
     workflow_id: Mapped[str] = mapped_column(String(512))
     host_id: Mapped[str] = mapped_column(String(255))
@@ -173,6 +184,8 @@ class ProcessSample(Base):
     mem_used: Mapped[int | None] = mapped_column(BigInteger)
     sm_util: Mapped[float | None]
     cpu_util: Mapped[float | None]  # cpu source: fraction of the device's cores
+
+    __mapper_args__ = {"primary_key": ["device_id", "pid", "ts"]}  # the ORM's identity only, see DeviceSample
 
 
 class StepStat(Base):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from collector.recordings.alibaba import ALIBABA_MEMORY_TOTAL, DEFAULT_TEAMS
@@ -18,7 +18,7 @@ from collector.recordings.read import read_recording
 from collector.recordings.recording import Recording
 from store.db import Store
 from store.errors import InvalidInput
-from store.ingest import write_samples
+from store.ingest import sample_errors, write_samples_on
 from store.models import Device, DeviceSample, Process, ProcessSample
 from store.registry import DeviceSpec, register_devices, register_host
 from store.samples import DEVICE_SAMPLE_COLUMNS, INT_METRICS, PROCESS_SAMPLE_COLUMNS
@@ -73,8 +73,9 @@ def load_into_store(
     Times are shifted so the recording ends at `end_at` (default: now); `speedup` > 1 compresses it
     (store time = end_at + (recorded time - recorded end) / speedup). With `replace`, the samples and
     processes an earlier load left on the recording's devices and hosts are replaced, so loading again never
-    doubles them; the old samples go only after the new ones are written. Hosts, devices and workflows are
-    committed before the samples: a load that fails half-way is repaired by loading again.
+    doubles them; the old samples go in the transaction that writes the new ones, so a load whose samples fail
+    leaves the old ones in place. Hosts, devices and workflows are committed before the samples: a load that fails
+    half-way is repaired by loading again.
     `host_prefix` renames the recording's hosts (and device uuids), e.g. to load an export beside its origin.
     """
     t0 = time.perf_counter()
@@ -94,7 +95,7 @@ def load_into_store(
         return f"{host_prefix}{host_id}"
 
     try:
-        device_ids, last_dev, last_proc = _register(store, rec, hid, shift, end_at, replace, host_prefix)
+        device_ids = _register(store, rec, hid, shift, end_at, replace, host_prefix)
     except IntegrityError as exc:
         raise InvalidInput(
             f"the recording's devices clash with devices already in the store ({exc.orig}); load it under "
@@ -107,14 +108,12 @@ def load_into_store(
                            columns=DEVICE_SAMPLE_COLUMNS, integers=INT_METRICS)
     proc_rows = _frame_rows(proc, device_ids, hid, shift_ts=lambda s: end_at + (s - rec_end) / speedup,
                             columns=PROCESS_SAMPLE_COLUMNS, integers=("mem_used", "pid"))
-    n_dev, n_proc = write_samples(store, dev_rows, proc_rows)
-    if replace and device_ids:
-        ids = list(device_ids.values())
-        with store.session() as session:
-            session.execute(delete(DeviceSample).where(DeviceSample.device_id.in_(ids), DeviceSample.id <= last_dev))
-            session.execute(
-                delete(ProcessSample).where(ProcessSample.device_id.in_(ids), ProcessSample.id <= last_proc)
-            )
+    with sample_errors(store), store.engine.begin() as conn:
+        if replace and device_ids:
+            ids = list(device_ids.values())
+            conn.execute(delete(DeviceSample).where(DeviceSample.device_id.in_(ids)))
+            conn.execute(delete(ProcessSample).where(ProcessSample.device_id.in_(ids)))
+        n_dev, n_proc = write_samples_on(conn, store.is_postgres, dev_rows, proc_rows)
     skipped = sum(rec.skipped.values())
     return LoadSummary(
         kind=rec.kind, hosts=len(rec.hosts), devices=len(device_ids), workflows=len(rec.workflows),
@@ -127,8 +126,8 @@ def load_into_store(
 def _register(
     store: Store, rec: Recording, hid: Callable[[str], str], shift: Callable[[float | None], float | None],
     end_at: float, replace: bool, uuid_prefix: str,
-) -> tuple[dict[tuple[str, int], int], int, int]:
-    """Hosts, devices, workflows and processes of a recording, in one transaction; ({key: device id}, max ids)."""
+) -> dict[tuple[str, int], int]:
+    """Hosts, devices, workflows and processes of a recording, in one transaction; {key: device id}."""
     with store.session() as session:
         for h in rec.hosts:
             register_host(session, hid(h["id"]), hostname=h.get("hostname") or hid(h["id"]), source="replay",
@@ -150,10 +149,6 @@ def _register(
             wf.created_at = shift(w.get("created_at")) or end_at
             wf.last_seen = shift(w.get("last_seen")) or end_at
         host_ids = sorted({hid(h["id"]) for h in rec.hosts})
-        # the earlier load's samples are deleted only once the new ones are written (below): a failed load
-        # leaves the store as it was, never without samples; rows up to these ids are the earlier load's
-        last_dev = session.scalar(select(func.max(DeviceSample.id))) or 0
-        last_proc = session.scalar(select(func.max(ProcessSample.id))) or 0
         if replace:
             session.execute(delete(Process).where(Process.host_id.in_(host_ids)))
             existing: set[tuple[str, int, float]] = set()
@@ -171,7 +166,7 @@ def _register(
         rows = [r for r in rows if (r["host_id"], r["pid"], r["start_time"]) not in existing]
         if rows:
             session.execute(insert(Process), rows)
-    return device_ids, last_dev, last_proc
+    return device_ids
 
 
 def _frame_rows(

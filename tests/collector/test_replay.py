@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from collector.recordings import load as load_module
 from collector.recordings.alibaba import ALIBABA_DUTY_FILE, ALIBABA_MEMORY_FILE, ALIBABA_MEMORY_TOTAL
 from collector.recordings.load import load_into_store
 from collector.recordings.read import read_recording
@@ -63,6 +64,24 @@ def test_loading_again_replaces_instead_of_doubling(any_store) -> None:
         lo, hi = s.execute(select(func.min(DeviceSample.ts), func.max(DeviceSample.ts))).one()
     assert hi == END + 600
     assert hi - lo == pytest.approx((first.end - first.start) / 2.0)  # speed-up 2 halves the span
+
+
+def test_a_load_whose_samples_fail_leaves_the_earlier_samples(any_store, monkeypatch) -> None:
+    """The earlier load's samples go in the transaction that writes the new ones: all of it or none."""
+    first = load_into_store(any_store, "alibaba", containers=3, end_at=END)
+    real_write = load_module.write_samples_on
+
+    def write_then_fail(*args, **kwargs):
+        real_write(*args, **kwargs)
+        raise InvalidInput("refused half-way")
+
+    monkeypatch.setattr(load_module, "write_samples_on", write_then_fail)
+    with pytest.raises(InvalidInput, match="half-way"):
+        load_into_store(any_store, "alibaba", containers=3, end_at=END + 600)
+    assert _count(any_store, DeviceSample) == first.device_samples
+    assert _count(any_store, ProcessSample) == first.process_samples
+    with any_store.session() as s:
+        assert s.scalar(select(func.max(DeviceSample.ts))) == END  # the first load's, not the failed one's
 
 
 def test_appending_with_replace_off_keeps_both_loads(sqlite_store) -> None:

@@ -142,9 +142,9 @@ def test_the_demo_runs_end_to_end_on_the_gpu(tmp_path: Path) -> None:
             for wf in jobs:
                 assert s.scalar(select(StepStat.id).where(StepStat.workflow_id == wf).limit(1)), wf
                 # the job held memory on a GPU: its CUDA context at least, seen by NVML
-                on_gpu = s.scalar(select(ProcessSample.id).where(
+                on_gpu = s.scalar(select(ProcessSample.ts).where(
                     ProcessSample.workflow_id == wf, ProcessSample.device_id.in_(gpus),
                     ProcessSample.mem_used > 0).limit(1))
-                assert on_gpu, f"{wf} never showed on a GPU"
+                assert on_gpu is not None, f"{wf} never showed on a GPU"
     finally:
         store.dispose()

@@ -1,18 +1,24 @@
-"""`alembic upgrade head` builds exactly the models' schema on SQLite and PostgreSQL; `downgrade base` empties it."""
+"""`alembic upgrade head` builds exactly the models' schema on SQLite and PostgreSQL; `downgrade base` empties it;
+0006 takes the sample tables' ids away and its downgrade gives them back, every row kept both ways."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections import Counter
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
 
 from store.db import Store
+from store.ingest import write_samples
 from store.migrations import PROJECT_ROOT, current_revision, downgrade, head_revision, upgrade
 from store.models import Base
-from store.partitions import is_partition
+from store.partitions import DAY, SAMPLE_TABLES, adopt_early_rows, day_of, is_partition, partition_name, partitions
+from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 
 
 def _diff(store: Store) -> list:
@@ -57,3 +63,106 @@ def test_sqlite_connections_use_wal_busy_timeout_and_foreign_keys(sqlite_store):
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+COLUMNS = {"device_samples": DEVICE_SAMPLE_COLUMNS, "process_samples": PROCESS_SAMPLE_COLUMNS}
+
+
+def _samples(store: Store, with_id: bool = False) -> dict[str, Counter]:
+    """Every sample row of both tables, as a multiset of value tuples (without the id unless asked)."""
+    out = {}
+    with store.engine.connect() as conn:
+        for table, columns in COLUMNS.items():
+            names = ("id", *columns) if with_id else columns
+            out[table] = Counter(conn.execute(text(f"SELECT {', '.join(names)} FROM {table}")).tuples())
+    return out
+
+
+def _sample_schema(store: Store) -> dict:
+    """The sample tables' columns (name, type, nullable, default), primary key and indexes."""
+    with store.engine.connect() as conn:
+        found = inspect(conn)
+        return {table: (sorted((c["name"], str(c["type"]), c["nullable"], c["default"])
+                               for c in found.get_columns(table)),
+                        (found.get_pk_constraint(table)["name"], found.get_pk_constraint(table)["constrained_columns"]),
+                        sorted((i["name"], tuple(i["column_names"])) for i in found.get_indexes(table)))
+                for table in SAMPLE_TABLES}
+
+
+def _write(store: Store, times: list[float], pid: int = 7) -> None:
+    write_samples(store, [{"device_id": 1 + k % 2, "ts": t, "gpu_util": k / 10, "mem_used": k << 20}
+                          for k, t in enumerate(times)],
+                  [{"device_id": 1 + k % 2, "workflow_id": f"wf{k % 3}", "host_id": "h1", "pid": pid, "ts": t,
+                    "mem_used": k << 20, "sm_util": 0.5} for k, t in enumerate(times)])
+
+
+def _ids_dropped_and_restored(store: Store) -> None:
+    """0005 -> 0006 -> 0005 on a database holding samples (on PostgreSQL in day partitions and in the default one):
+    every row is kept both ways, the ids go and come back (unique, a sequence going on after them), the schema
+    is 0005's again, and day partitions made at 0006 come out without ids and come back with them."""
+    postgres = store.is_postgres
+    assert upgrade(store, "0005") == "0005"
+    schema_0005 = _sample_schema(store)
+    now = time.time()
+    times = [now - 3 * DAY, now - 3 * DAY, now - 60.0, now - 60.0, now, now + 10 * DAY]  # ten days ahead: default
+    _write(store, times)
+    rows = _samples(store)
+    assert sum(rows["device_samples"].values()) == len(times) == sum(rows["process_samples"].values())
+
+    assert upgrade(store) == head_revision() == "0006"
+    assert _diff(store) == []
+    assert _samples(store) == rows
+    with store.engine.connect() as conn:
+        for table in SAMPLE_TABLES:
+            assert "id" not in {c["name"] for c in inspect(conn).get_columns(table)}
+            assert inspect(conn).get_pk_constraint(table)["constrained_columns"] == []
+            if postgres:
+                assert conn.execute(text("SELECT to_regclass(:s)"), {"s": f"{table}_id_seq"}).scalar() is None
+    if postgres:  # days made now, filled from the default partition, have the parent's columns: no id
+        ahead, before = day_of(now + 10 * DAY), day_of(now - 3 * DAY)
+        assert set(adopt_early_rows(store)) == {partition_name(t, d) for t in SAMPLE_TABLES for d in (ahead, before)}
+        with store.engine.connect() as conn:
+            assert conn.execute(text(f"SELECT count(*) FROM {partition_name('device_samples', ahead)}")).scalar() == 1
+            assert "id" not in {c["name"] for c in inspect(conn).get_columns(partition_name("device_samples", ahead))}
+    _write(store, [now + 1.0], pid=8)  # written at 0006: no id given, none made
+    rows = _samples(store)
+
+    downgrade(store, "0005")
+    assert current_revision(store) == "0005"
+    assert _sample_schema(store) == schema_0005
+    back = _samples(store, with_id=True)
+    for table in SAMPLE_TABLES:
+        assert Counter({row[1:]: n for row, n in back[table].items()}) == rows[table]  # every row, no other
+        ids = [row[0] for row in back[table].elements()]
+        assert len(set(ids)) == len(ids) == sum(rows[table].values()) and None not in ids
+    _write(store, [now + 2.0], pid=9)  # the restored sequence carries on past every id it gave
+    newer = _samples(store, with_id=True)
+    for table in SAMPLE_TABLES:
+        old_ids = {row[0] for row in back[table]}
+        new_ids = {row[0] for row in newer[table]} - old_ids
+        assert len(new_ids) == 1 and min(new_ids) > max(old_ids)
+    if postgres:  # every day partition, the one made at 0006 too, has its primary key back
+        with store.engine.connect() as conn:
+            for table in SAMPLE_TABLES:
+                names = {p.name for p in partitions(conn, table)}
+                keyed = set(conn.execute(text(
+                    "SELECT conrelid::regclass::text FROM pg_constraint WHERE contype = 'p' "
+                    "AND conrelid::regclass::text = ANY(:names)"), {"names": sorted(names)}).scalars())
+                assert keyed == names and partition_name(table, day_of(now + 10 * DAY)) in names
+
+
+def test_0006_drops_the_sample_ids_and_its_downgrade_restores_them_on_sqlite(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'ids.db'}")
+    try:
+        _ids_dropped_and_restored(store)
+    finally:
+        store.dispose()
+
+
+@pytest.mark.pg
+def test_0006_drops_the_sample_ids_and_its_downgrade_restores_them_on_postgresql(pg_url):
+    store = Store(pg_url)
+    try:
+        _ids_dropped_and_restored(store)
+    finally:
+        store.dispose()

@@ -126,7 +126,8 @@ def test_retention_drops_a_whole_day_only_when_every_hour_of_it_is_rolled_up(pg_
 
 
 @pytest.mark.pg
-def test_upgrading_from_0001_keeps_every_row_and_its_id(pg_url: str) -> None:
+def test_upgrading_from_0001_keeps_every_row(pg_url: str) -> None:
+    """0002 partitions the tables, ids kept and their sequence going on; 0006 then drops the ids, rows kept."""
     store = Store(pg_url)
     try:
         upgrade(store, "0001")
@@ -143,7 +144,7 @@ def test_upgrading_from_0001_keeps_every_row_and_its_id(pg_url: str) -> None:
         write_samples(store, *rows(device, [now - 3 * DAY, now - 60, now]))
         with store.engine.connect() as conn:
             before = conn.execute(text("SELECT id, ts FROM device_samples ORDER BY id")).all()
-        assert upgrade(store) == head_revision()
+        assert upgrade(store, "0005") == "0005"
         with store.engine.connect() as conn:
             after = conn.execute(text("SELECT id, ts FROM device_samples ORDER BY id")).all()
             assert conn.execute(text("SELECT count(*) FROM process_samples")).scalar() == 3
@@ -152,6 +153,11 @@ def test_upgrading_from_0001_keeps_every_row_and_its_id(pg_url: str) -> None:
         write_samples(store, *rows(device, [now + 1]))  # the id sequence carries on
         with store.engine.connect() as conn:
             assert conn.execute(text("SELECT max(id) FROM device_samples")).scalar() > before[-1][0]
+        assert upgrade(store) == head_revision()
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT ts FROM device_samples ORDER BY ts")).scalars().all() == sorted(
+                [ts for _, ts in before] + [now + 1])
+        assert count(store, "process_samples") == 4
     finally:
         store.dispose()
 

@@ -93,7 +93,7 @@ def store_state(store: Store) -> dict[str, int]:
         def count(model: Any) -> int:
             return int(session.scalar(select(func.count()).select_from(model)) or 0)
 
-        has_samples = session.scalar(select(DeviceSample.id).limit(1)) is not None
+        has_samples = session.scalar(select(DeviceSample.ts).limit(1)) is not None
         has_rollups = session.scalar(select(Rollup.id).limit(1)) is not None
         newest_hour = session.scalar(select(func.max(Rollup.hour)).where(Rollup.scope == "device"))
         return {
