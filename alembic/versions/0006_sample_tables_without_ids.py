@@ -25,6 +25,7 @@ down_revision: str | None = '0005'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+
 def upgrade() -> None:
     postgres = op.get_bind().dialect.name == "postgresql"
     for table in SAMPLE_TABLES:
