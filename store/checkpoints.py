@@ -1,5 +1,5 @@
 """Checkpoints as facts in the store: where a job's checkpoints live (a URL read through fsspec), what each one
-the agent saw written holds (step, size, sha256), and which hosts say they can read which locations.
+the agent saw written holds (step, size, sha256), and which hosts say they can read (and write) which locations.
 
 A workflow's checkpoint location is `<checkpoint url>/<workflow>` when the fleet (FLEETLENS_CHECKPOINT_URL) or
 the job (`fleetlens run --checkpoint-url`) names one: a local or shared folder, or an object store whose fsspec
@@ -25,6 +25,7 @@ from store.models import Checkpoint, HostStorage, Workflow
 from store.paths import path_component
 
 LOCAL_PROTOCOLS = ("file", "local")
+WRITE_FAILURE = "cannot be written here"  # how a probe that could read a location but not write it says so
 _CHUNK = 1 << 20
 
 
@@ -74,8 +75,10 @@ def digest(url: str) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def probe(url: str) -> str | None:
-    """None when this host can list the location `url`, else why not."""
+def probe(url: str, *, write_as: str | None = None) -> str | None:
+    """None when this host can list the location `url` and, given `write_as` (the host's name), write a small file
+    there, read it back and delete it; else why not. A job moved to a host that can read its checkpoints but not
+    write them would resume there and then fail at its next checkpoint, so a target must be able to do both."""
     try:
         fs, path = fsspec.core.url_to_fs(url)
         if not fs.isdir(path):
@@ -85,6 +88,23 @@ def probe(url: str) -> str | None:
         return f"no fsspec backend for {url} on this host ({exc})"
     except (OSError, ValueError) as exc:
         return f"{url} cannot be read here: {exc}"
+    return None if write_as is None else _write_probe(fs, path, url, write_as)
+
+
+def _write_probe(fs: fsspec.AbstractFileSystem, path: str, url: str, host: str) -> str | None:
+    """Write, read back and delete `.fleetlens-probe-<host>` in the folder (a dot file: a job's own listing of its
+    checkpoints skips it, and each host writes its own, so probes of several hosts never meet)."""
+    target = f"{path.rstrip('/')}/.fleetlens-probe-{path_component(host)}"
+    payload = f"{host} {time.time()!r}".encode()
+    try:
+        fs.pipe_file(target, payload)
+        try:
+            if fs.cat_file(target) != payload:
+                return f"{url} {WRITE_FAILURE}: it did not give back what this host wrote to it"
+        finally:
+            fs.rm_file(target)
+    except (OSError, ValueError) as exc:
+        return f"{url} {WRITE_FAILURE}: {exc}"
     return None
 
 
@@ -146,7 +166,8 @@ def locations_to_probe(session: Session, fleet_url: str | None) -> list[str]:
 
 def record_probes(session: Session, host_id: str, results: Iterable[tuple[str, str | None]], *,
                   now: float | None = None) -> None:
-    """Write this host's probe results: (url, None when readable else the reason)."""
+    """Write this host's probe results: (url, None when it can read it, and write it where the probe tried, else the
+    reason); `readable` says whether the host may take a job whose checkpoints live there."""
     now = time.time() if now is None else now
     for url, error in results:
         row = session.get(HostStorage, (host_id, url))
@@ -192,7 +213,8 @@ def unreadable_reason(session: Session, workflow: Workflow, source_host: str | N
     if row is None:
         return f"host {target_host} has not said whether it can read {workflow.checkpoint_url} (is its agent running?)"
     if not row.readable:
-        return f"host {target_host} cannot read {workflow.checkpoint_url}: {row.error}"
+        verb = "write" if WRITE_FAILURE in (row.error or "") else "read"
+        return f"host {target_host} cannot {verb} {workflow.checkpoint_url}: {row.error}"
     if now - row.checked_at > max_age_s:
         return (f"host {target_host} last said it can read {workflow.checkpoint_url} {now - row.checked_at:.0f} s ago "
                 f"(more than {max_age_s:.0f} s: is its agent running?)")

@@ -448,7 +448,8 @@ class Checkpoint(Base):
 
 
 class HostStorage(Base):
-    """What a host's agent last found when it probed a checkpoint location: whether it can read it."""
+    """What a host's agent last found when it probed a checkpoint location: whether it can read it and write there
+    (`readable`: both, so that a job moved to the host can resume and checkpoint again), or `error`, why not."""
 
     __tablename__ = "host_storage"
 

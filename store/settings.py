@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     # where managed jobs checkpoint, as an fsspec URL (a shared folder, s3://... where s3fs is installed); unset:
     # each host's FLEETLENS_HOME/checkpoints, which only that host reads, so jobs move between its devices only
     checkpoint_url: str | None = None
-    storage_probe_s: float = Field(30.0, gt=0)  # agents say this often which checkpoint locations they can read
+    storage_probe_s: float = Field(30.0, gt=0)  # how often agents probe checkpoint locations (read and write)
     storage_probe_max_age_s: float = Field(120.0, gt=0)  # an older probe does not count when planning a move
     enforce_drive_s: float = Field(120.0, ge=0)  # one enforcement cycle drives migrations this long (0: one step)
     # a job whose memory nobody declared runs alone on a device until its memory was seen for this many steps

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
+from collector.migration_handlers import probe_storage
 from enforcer.managed import register_managed
 from store.checkpoints import (
     check_location,
@@ -141,3 +143,64 @@ def test_a_plan_keeps_no_move_the_target_host_cannot_make_safely(fleet: Store, t
     assert [r["workflow_id"] for r in result.refused] == [local.id]
     assert "own FLEETLENS_HOME" in result.refused[0]["reason"]
     assert result.summary()["refused"] == result.refused
+
+
+class GuardedMemory(MemoryFileSystem):
+    """fsspec's in-memory filesystem (its store shared with memory://) that counts writes and can refuse them, as
+    a read-only mount or a bucket without write permission does."""
+
+    protocol = "guardedmem"
+    writes = 0
+    read_only = False
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.replace("guardedmem://", "memory://", 1))
+
+    def pipe_file(self, path, value, **kwargs):
+        if GuardedMemory.read_only:
+            raise PermissionError(30, "Read-only file system", path)
+        GuardedMemory.writes += 1
+        return super().pipe_file(path, value, **kwargs)
+
+
+@pytest.fixture
+def guarded(monkeypatch):
+    fsspec.register_implementation(GuardedMemory.protocol, GuardedMemory, clobber=True)
+    monkeypatch.setattr(GuardedMemory, "writes", 0)
+    monkeypatch.setattr(GuardedMemory, "read_only", False)
+    return GuardedMemory
+
+
+def test_the_probe_writes_reads_back_and_deletes_where_it_is_asked_to(guarded, tmp_path: Path) -> None:
+    fsspec.open("memory://probe-bucket/ckpt/w/step-1.pt", "wb").open().write(b"abc")
+    listing = sorted(fsspec.filesystem("memory").ls("/probe-bucket/ckpt/w", detail=False))
+    assert probe("guardedmem://probe-bucket/ckpt/w", write_as="host/1") is None and guarded.writes == 1
+    assert sorted(fsspec.filesystem("memory").ls("/probe-bucket/ckpt/w", detail=False)) == listing  # nothing left
+    assert probe(str(tmp_path), write_as="host-1") is None and list(tmp_path.iterdir()) == []
+    guarded.read_only = True  # readable, not writable
+    assert probe("guardedmem://probe-bucket/ckpt/w") is None  # listing alone does not see it
+    assert "cannot be written here" in probe("guardedmem://probe-bucket/ckpt/w", write_as="host-1")
+
+
+def test_an_agent_writes_once_at_the_fleet_root_and_its_jobs_folders_take_the_roots_answer(
+        fleet: Store, guarded) -> None:
+    root = "guardedmem://probe-fleet"
+    jobs = [_register(fleet, checkpoint_url=root) for _ in range(2)]
+    own = _register(fleet, checkpoint_url="guardedmem://elsewhere")  # a job's own location, outside the root
+    for wf in (*jobs, own):
+        fsspec.open(f"{wf.checkpoint_url}/step-1.pt", "wb").open().write(b"abc")
+    settings = get_settings(fresh=True).model_copy(update={"host_id": "b", "checkpoint_url": root})
+    agent = type("Agent", (), {"store": fleet, "settings": settings, "host_id": "b"})()
+    guarded.writes = 0  # registering checked that each location can be written
+    results = probe_storage(agent)
+    assert results == {root: None, jobs[0].checkpoint_url: None, jobs[1].checkpoint_url: None,
+                       own.checkpoint_url: None}
+    assert guarded.writes == 2  # the root and the location outside it; not each job's folder under the root
+    guarded.read_only = True
+    results = probe_storage(agent)
+    assert all("cannot be written here" in results[url] for url in results), results
+    with fleet.session() as s:
+        # host b no longer says it can take these jobs: a move there is refused with the reason
+        reason = unreadable_reason(s, jobs[0], "a", "b", max_age_s=60)
+        assert reason.startswith(f"host b cannot write {jobs[0].checkpoint_url}: {root} cannot be written here"), reason
