@@ -216,23 +216,11 @@ def ran_out_of_memory(log_path: Path, tail_bytes: int = 64 * 1024) -> bool:
 
 def probe_storage(agent: Any) -> dict[str, str | None]:
     """Say in the store which checkpoint locations this host can read and write ({url: None, or why not}): the
-    planner moves a job to this host only when its checkpoint location is among them.
-
-    Every location is listed. Writing is tried once per round at the fleet's root (FLEETLENS_CHECKPOINT_URL),
-    which stands for the jobs' folders under it, so a round writes one small file per host rather than one per
-    job; a location elsewhere (a job's own --checkpoint-url) is written to itself."""
+    planner moves a job to this host only when its checkpoint location, or the fleet's root above it, is among
+    them. One listing and one small write per location (store.checkpoints.locations_to_probe says which)."""
     with agent.store.session() as session:
         urls = locations_to_probe(session, agent.settings.checkpoint_url)
-    root = (agent.settings.checkpoint_url or "").rstrip("/")
-    results: dict[str, str | None] = {}
-    if root in urls:
-        results[root] = probe(root, write_as=agent.host_id)
-    for url in urls:
-        if url in results:
-            continue
-        under_root = bool(root) and url.startswith(root + "/")
-        results[url] = probe(url, write_as=None if under_root else agent.host_id) or (
-            results.get(root) if under_root else None)
+    results = {url: probe(url, write_as=agent.host_id) for url in urls}
     if results:
         with agent.store.session() as session:
             record_probes(session, agent.host_id, results.items())

@@ -154,14 +154,27 @@ def _fact(row: Checkpoint) -> CheckpointFact:
 # ---- which hosts can read which locations ------------------------------------------------------------------
 
 def locations_to_probe(session: Session, fleet_url: str | None) -> list[str]:
-    """The shared checkpoint locations an agent should say it can read: the fleet's root and every location of a
-    managed job that is running or being moved."""
+    """The checkpoint locations an agent should say it can read and write: the fleet's root, which stands for every
+    job's folder under it (so a round costs one listing and one small write per host, however many jobs run), and
+    the location of each managed job, running or being moved, that lies elsewhere (its own --checkpoint-url)."""
+    root = fleet_url.rstrip("/") if fleet_url else None
     urls = set(session.scalars(select(Workflow.checkpoint_url).where(
         Workflow.managed.is_(True), Workflow.checkpoint_url.is_not(None),
         Workflow.state.in_(("running", "moving")))))
-    if fleet_url:
-        urls.add(fleet_url.rstrip("/"))
+    if root:
+        urls = {u for u in urls if not u.startswith(root + "/")} | {root}
     return sorted(u for u in urls if u)
+
+
+def probed_for(url: str) -> list[str]:
+    """The locations whose probe speaks for `url`, nearest first: itself, then each folder above it (a probe of the
+    fleet's root speaks for the jobs' folders under it)."""
+    found = [url]
+    while "/" in url.rstrip("/"):
+        url = url.rstrip("/").rpartition("/")[0]
+        if url and not url.rstrip("/").endswith(":"):  # not a bare scheme ("s3://")
+            found.append(url)
+    return found
 
 
 def record_probes(session: Session, host_id: str, results: Iterable[tuple[str, str | None]], *,
@@ -178,25 +191,26 @@ def record_probes(session: Session, host_id: str, results: Iterable[tuple[str, s
     session.flush()
 
 
-def hosts_reading(session: Session, *, max_age_s: float, now: float | None = None) -> dict[str, frozenset[str]]:
-    """{checkpoint location: the hosts that said, within `max_age_s`, that they can read it} (one query, for the
-    planner: the same test as `unreadable_reason`, for every location at once)."""
-    now = time.time() if now is None else now
-    readers: dict[str, set[str]] = {}
-    for host_id, url in session.execute(select(HostStorage.host_id, HostStorage.url).where(
-            HostStorage.readable.is_(True), HostStorage.checked_at >= now - max_age_s)):
-        readers.setdefault(url, set()).add(host_id)
-    return {url: frozenset(hosts) for url, hosts in readers.items()}
-
-
 def readable_hosts_by_workflow(session: Session, workflows: Iterable[Workflow], *, max_age_s: float,
                                now: float | None = None) -> dict[str, frozenset[str]]:
-    """{workflow id: the hosts that said, within `max_age_s`, that they can read its checkpoint location}: where a
-    planner may move it besides its own host. A job checkpointing into its host's own FLEETLENS_HOME (no location)
-    gets no host: it moves within its host only. The planner and consolidation both take these facts as data."""
-    readers = hosts_reading(session, max_age_s=max_age_s, now=now)
-    return {wf.id: readers.get(wf.checkpoint_url, frozenset()) if wf.checkpoint_url else frozenset()
-            for wf in workflows}
+    """{workflow id: the hosts that said, within `max_age_s`, that they can read and write its checkpoint location}
+    (one query, the same test as `unreadable_reason` for every job at once): where a planner may move it besides
+    its own host. For each host, the nearest probe of the location or of a folder above it decides. A job
+    checkpointing into its host's own FLEETLENS_HOME (no location) gets no host: it moves within its host only. The
+    planner and consolidation both take these facts as data."""
+    now = time.time() if now is None else now
+    said: dict[str, dict[str, bool]] = {}  # url -> {host: usable}
+    for host_id, url, readable in session.execute(select(HostStorage.host_id, HostStorage.url, HostStorage.readable)
+                                                  .where(HostStorage.checked_at >= now - max_age_s)):
+        said.setdefault(url, {})[host_id] = bool(readable)
+    out: dict[str, frozenset[str]] = {}
+    for wf in workflows:
+        decided: dict[str, bool] = {}
+        for url in probed_for(wf.checkpoint_url) if wf.checkpoint_url else ():
+            for host, usable in said.get(url, {}).items():
+                decided.setdefault(host, usable)
+        out[wf.id] = frozenset(host for host, usable in decided.items() if usable)
+    return out
 
 
 def unreadable_reason(session: Session, workflow: Workflow, source_host: str | None, target_host: str, *,
@@ -209,7 +223,15 @@ def unreadable_reason(session: Session, workflow: Workflow, source_host: str | N
                 "read; give the fleet shared or object storage (FLEETLENS_CHECKPOINT_URL or --checkpoint-url) to "
                 "move it between hosts")
     now = time.time() if now is None else now
-    row = session.get(HostStorage, (target_host, workflow.checkpoint_url))
+    nearest = probed_for(workflow.checkpoint_url)
+    rows = {r.url: r for r in session.scalars(select(HostStorage).where(
+        HostStorage.host_id == target_host, HostStorage.url.in_(nearest),
+        HostStorage.checked_at >= now - max_age_s))}
+    row = next((rows[url] for url in nearest if url in rows), None)
+    if row is None:  # none recent: the newest, to say how old it is
+        row = session.scalars(select(HostStorage).where(HostStorage.host_id == target_host,
+                                                        HostStorage.url.in_(nearest))
+                              .order_by(HostStorage.checked_at.desc()).limit(1)).first()
     if row is None:
         return f"host {target_host} has not said whether it can read {workflow.checkpoint_url} (is its agent running?)"
     if not row.readable:

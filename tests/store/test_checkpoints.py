@@ -21,6 +21,8 @@ from store.checkpoints import (
     location_for,
     locations_to_probe,
     probe,
+    probed_for,
+    readable_hosts_by_workflow,
     record_checkpoint,
     record_probes,
     unreadable_reason,
@@ -183,7 +185,7 @@ def test_the_probe_writes_reads_back_and_deletes_where_it_is_asked_to(guarded, t
     assert "cannot be written here" in probe("guardedmem://probe-bucket/ckpt/w", write_as="host-1")
 
 
-def test_an_agent_writes_once_at_the_fleet_root_and_its_jobs_folders_take_the_roots_answer(
+def test_an_agent_probes_the_fleet_root_for_the_jobs_under_it_and_each_location_elsewhere(
         fleet: Store, guarded) -> None:
     root = "guardedmem://probe-fleet"
     jobs = [_register(fleet, checkpoint_url=root) for _ in range(2)]
@@ -193,14 +195,38 @@ def test_an_agent_writes_once_at_the_fleet_root_and_its_jobs_folders_take_the_ro
     settings = get_settings(fresh=True).model_copy(update={"host_id": "b", "checkpoint_url": root})
     agent = type("Agent", (), {"store": fleet, "settings": settings, "host_id": "b"})()
     guarded.writes = 0  # registering checked that each location can be written
-    results = probe_storage(agent)
-    assert results == {root: None, jobs[0].checkpoint_url: None, jobs[1].checkpoint_url: None,
-                       own.checkpoint_url: None}
-    assert guarded.writes == 2  # the root and the location outside it; not each job's folder under the root
+    # one listing and one write at the root for both jobs under it, and the same at the location outside it
+    assert probe_storage(agent) == {root: None, own.checkpoint_url: None}
+    assert guarded.writes == 2
+    with fleet.session() as s:
+        assert readable_hosts_by_workflow(s, [*jobs, own], max_age_s=60) == {
+            wf.id: frozenset({"b"}) for wf in (*jobs, own)}
+        assert unreadable_reason(s, jobs[0], "a", "b", max_age_s=60) is None  # the root's probe speaks for it
     guarded.read_only = True
     results = probe_storage(agent)
-    assert all("cannot be written here" in results[url] for url in results), results
+    assert all("cannot be written here" in error for error in results.values()), results
     with fleet.session() as s:
         # host b no longer says it can take these jobs: a move there is refused with the reason
+        assert readable_hosts_by_workflow(s, [*jobs, own], max_age_s=60) == {wf.id: frozenset() for wf in (*jobs, own)}
         reason = unreadable_reason(s, jobs[0], "a", "b", max_age_s=60)
         assert reason.startswith(f"host b cannot write {jobs[0].checkpoint_url}: {root} cannot be written here"), reason
+
+
+def test_the_nearest_probe_above_a_location_decides_for_each_host(fleet: Store, tmp_path: Path) -> None:
+    root = str(tmp_path / "fleet")
+    wf = _register(fleet, checkpoint_url=root)
+    assert probed_for(wf.checkpoint_url)[:2] == [wf.checkpoint_url, root]
+    assert probed_for("s3://bucket/ckpt/w") == ["s3://bucket/ckpt/w", "s3://bucket/ckpt", "s3://bucket"]
+    with fleet.session() as s:
+        assert locations_to_probe(s, root + "/") == [root]  # the job's folder lies under the root
+        register_host(s, "c", hostname="c", source="cpu")
+        record_probes(s, "b", [(root, None)], now=100.0)
+        record_probes(s, "c", [(root, None), (wf.checkpoint_url, "permission denied")], now=100.0)
+    with fleet.session() as s:
+        # c said it cannot read the job's own folder: that is nearer than its root's answer
+        assert readable_hosts_by_workflow(s, [wf], max_age_s=60, now=101.0) == {wf.id: frozenset({"b"})}
+        assert unreadable_reason(s, wf, "a", "b", max_age_s=60, now=101.0) is None
+        assert "permission denied" in unreadable_reason(s, wf, "a", "c", max_age_s=60, now=101.0)
+        # an answer older than max_age_s no longer counts, and the reason says how old it is
+        assert readable_hosts_by_workflow(s, [wf], max_age_s=60, now=200.0) == {wf.id: frozenset()}
+        assert "100 s ago" in unreadable_reason(s, wf, "a", "b", max_age_s=60, now=200.0)
