@@ -35,8 +35,8 @@ import pandas as pd
 from sqlalchemy import Integer, cast, delete, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from analyzer.telemetry.chunks import device_chunks
-from analyzer.telemetry.frame import ReadPlan, TelemetryWindow, load_window, read_plan, read_rows
+from analyzer.telemetry.chunks import device_groups
+from analyzer.telemetry.frame import ReadPlan, TelemetryWindow, load_window, read_plan, read_registry, read_rows
 from analyzer.telemetry.hour_summaries import keep_hours
 from analyzer.telemetry.summary import Piece, merged, summarise
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds
@@ -120,10 +120,12 @@ class _InThisThread(Executor):
 
 
 def _roll_group(store: Store, start: float, end: float, th: Thresholds, plan: ReadPlan, devices: list[int] | None,
-                computed_at: float) -> tuple[list[dict], list[dict], list[Piece]] | None:
+                computed_at: float, registry: tuple[pd.DataFrame, pd.DataFrame]
+                ) -> tuple[list[dict], list[dict], list[Piece]] | None:
     """(device rollups, workflow rollups, each hour's detector summary) of [start, end) for these devices (None: all
-    of them); None when they have no samples then."""
-    window = load_window(store, start, end, th.common, devices, rows=read_rows(store, plan, th.common, devices))
+    of them); None when they have no samples then. `registry`: read_registry's devices and workflows."""
+    window = load_window(store, start, end, th.common, devices, rows=read_rows(store, plan, th.common, devices),
+                         registry=registry)
     if window.samples.empty and window.processes.empty:
         return None
     pieces = [summarise(window, th, h, h + HOUR) for h in np.arange(start, end, HOUR)]
@@ -146,6 +148,7 @@ def rollup(
         return RollupResult(0, 0, 0, None, None)
     n_dev = n_wf = 0
     computed_at = time.time()
+    registry = read_registry(store)  # devices and workflows, read once for every chunk and group
     chunk_start = since
     # PostgreSQL serves several connections at once; SQLite (one host, one writer) does everything in this thread
     with (ThreadPoolExecutor(max_workers=GROUP_THREADS, thread_name_prefix="fleetlens-rollup") if store.is_postgres
@@ -154,12 +157,10 @@ def rollup(
             chunk_end = min(chunk_start + CHUNK_HOURS * HOUR, end)
             # how to read the chunk and how to split it are asked of the database at once
             planned = pool.submit(read_plan, store, chunk_start, chunk_end, th.common)
-            groups: list[list[int] | None] = device_chunks(store, chunk_start, chunk_end, GROUP_DEVICES) or [None]
-            if len(groups) == 1:
-                groups = [None]
+            groups = device_groups(store, chunk_start, chunk_end, GROUP_DEVICES)
             plan = planned.result()
             done = list(pool.map(partial(_roll_group, store, chunk_start, chunk_end, th, plan,
-                                         computed_at=computed_at), groups))
+                                         computed_at=computed_at, registry=registry), groups))
             done = [d for d in done if d is not None]
             if not done:
                 # a hole in the data (or a store idle for months): jump to the hour of the next sample

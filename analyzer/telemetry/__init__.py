@@ -7,6 +7,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pandas as pd
 from sqlalchemy import select
 
 from analyzer.telemetry import (
@@ -16,7 +17,7 @@ from analyzer.telemetry import (
     misleading_utilization,
     zombie_memory,
 )
-from analyzer.telemetry.chunks import device_chunks
+from analyzer.telemetry.chunks import device_groups
 from analyzer.telemetry.frame import TelemetryWindow, load_window, read_plan, read_registry, read_rows
 from analyzer.telemetry.hour_summaries import kept_hours, uncovered
 from analyzer.telemetry.summary import Piece, WindowSummary, combine, summarise
@@ -41,18 +42,12 @@ __all__ = ["DETECTORS", "RULES", "TelemetryWindow", "Thresholds", "WindowSummary
            "load_thresholds", "load_window"]
 
 
-def _pieces_from_samples(store: Store, ranges: list[tuple[float, float]], th: Thresholds,
-                         chunk_devices: int) -> list[Piece]:
+def _pieces_from_samples(store: Store, ranges: list[tuple[float, float]], th: Thresholds, chunk_devices: int,
+                         registry: tuple[pd.DataFrame, pd.DataFrame]) -> list[Piece]:
     """Pieces of these parts of the window made from their samples, a group of devices at a time when the fleet is
-    larger than `chunk_devices`; the next group's rows are fetched while this group is summarised."""
-    tasks: list[tuple[float, float, list[int] | None]] = []
-    for lo, hi in ranges:
-        groups: list[list[int] | None] = [None]
-        if chunk_devices > 0:
-            groups = device_chunks(store, lo, hi, chunk_devices) or [None]
-            if len(groups) == 1:
-                groups = [None]
-        tasks.extend((lo, hi, devices) for devices in groups)
+    larger than `chunk_devices`; the next group's rows are fetched while this group is summarised. `registry`:
+    read_registry's devices and workflows, read once for every group."""
+    tasks = [(lo, hi, devices) for lo, hi in ranges for devices in device_groups(store, lo, hi, chunk_devices)]
     if not tasks:
         return []
     plans = {(lo, hi): read_plan(store, lo, hi, th.common) for lo, hi in ranges}
@@ -68,7 +63,7 @@ def _pieces_from_samples(store: Store, ranges: list[tuple[float, float]], th: Th
             rows = ahead.result()
             if i + 1 < len(tasks):
                 ahead = reader.submit(read, tasks[i + 1])
-            window = load_window(store, lo, hi, th.common, devices, rows=rows)
+            window = load_window(store, lo, hi, th.common, devices, rows=rows, registry=registry)
             del rows
             pieces.append(summarise(window, th))
             del window
@@ -116,9 +111,10 @@ def detect(
     if window_s <= 0:
         raise InvalidInput(f"the detection window must be positive seconds, got {window_s}")
     start = now - window_s
-    pieces = kept_hours(store, start, now, th)
-    pieces.extend(_pieces_from_samples(store, uncovered(start, now, pieces), th, chunk_devices))
     devices, workflows_frame = read_registry(store)
+    pieces = kept_hours(store, start, now, th)
+    pieces.extend(_pieces_from_samples(store, uncovered(start, now, pieces), th, chunk_devices,
+                                       (devices, workflows_frame)))
     window = combine(pieces, th, start=start, end=now, devices=devices, workflows=workflows_frame, store=store)
     specs = find_all(window, th)
     if workflows is not None:

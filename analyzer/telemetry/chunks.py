@@ -49,3 +49,10 @@ def device_chunks(store: Store, start: float, end: float, max_devices: int) -> l
     if current:
         chunks.append(current)
     return chunks
+
+
+def device_groups(store: Store, start: float, end: float, max_devices: int) -> list[list[int] | None]:
+    """device_chunks for a reader: [None] (the whole fleet, read at once) when `max_devices` is 0 or the fleet fits
+    one group."""
+    groups: list[list[int] | None] = list(device_chunks(store, start, end, max_devices)) if max_devices > 0 else []
+    return groups if len(groups) > 1 else [None]

@@ -307,13 +307,15 @@ def read_registry(store: Store) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def load_window(store: Store, start: float, end: float, common: Common,
                 devices: Sequence[int] | None = None,
-                rows: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> TelemetryWindow:
+                rows: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+                registry: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> TelemetryWindow:
     """Read device and process samples of [start, end) and attribute each device sample to workflows; with
     `devices`, only those devices' samples (a chunk of the fleet, see analyzer.telemetry.chunks); with `rows`,
-    those already read by read_rows."""
+    those already read by read_rows; with `registry`, the devices and workflows already read by read_registry (a
+    reader of many groups reads them once)."""
     samples, procs = rows if rows is not None else read_rows(store, read_plan(store, start, end, common), common,
                                                              devices)
-    devices, workflows = read_registry(store)
+    devices, workflows = registry if registry is not None else read_registry(store)
 
     samples["device_id"] = samples["device_id"].astype("int64")
     samples = samples.sort_values(["device_id", "ts"], kind="stable").reset_index(drop=True)
