@@ -352,6 +352,8 @@ class Agent:
             if reading.index in self._lost:
                 self._lost.discard(reading.index)
                 found.add(reading.index)
+            elif self._registered and reading.index not in self._device_ids:
+                found.add(reading.index)  # a device the source opened since (a MIG instance made): register it
             device_rows.append(_device_row(reading))
             for p in reading.processes:
                 proc = self._proc(p, now)

@@ -10,7 +10,7 @@ import logging
 
 from collector.sources.base import DeviceInfo, DeviceReading, DeviceSource, ProcessReading, SourceUnavailable
 from collector.sources.cpu import CpuSource
-from collector.sources.nvml import NvmlSource
+from collector.sources.nvml import GpusUnreadable, NvmlSource
 from collector.sources.replay import ReplaySource
 from store.errors import ConfigError
 from store.settings import Settings, get_settings
@@ -47,7 +47,9 @@ def open_source(settings: Settings | None = None) -> DeviceSource:
         try:
             source = _nvml()
         except SourceUnavailable as exc:
-            log.info("no NVIDIA GPU usable here (%s); sampling CPU cores instead", exc.__cause__ or exc)
+            # a driver that started yet could not list its GPUs is a broken GPU host, not a CPU host: said loudly
+            level = logging.WARNING if isinstance(exc, GpusUnreadable) else logging.INFO
+            log.log(level, "no NVIDIA GPU usable here (%s); sampling CPU cores instead", exc.__cause__ or exc)
             return _cpu(settings)
         if not source.devices():  # a driver without GPUs (a GPU node with all of them lost, a container)
             source.close()

@@ -24,6 +24,8 @@ class DeviceInfo:
     name: str
     memory_total: int | None
     cpu_cores: tuple[int, ...] | None = None  # cpu source only
+    parent_uuid: str | None = None  # a MIG device: the GPU it is a slice of (nvml source)
+    slice_weight: float | None = None  # a MIG device: its share of that GPU, 0..1 (what its held hours weigh)
 
 
 @dataclass

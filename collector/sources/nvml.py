@@ -2,13 +2,32 @@
 
 Modelled on nvitop's `api/device.py`: each NVML call that fails for one metric (not supported, no permission,
 an old driver without the function) gives None for that metric and the sample goes on; a metric that says
-"not supported" once is not asked again. A GPU that fell off the bus (NVMLError_GpuIsLost) gives a reading
-with `lost=True`; the other GPUs are sampled as usual.
+"not supported" once is not asked again (until the devices change, see MIG below). A GPU that fell off the bus
+(NVMLError_GpuIsLost) gives a reading with `lost=True`; the other GPUs are sampled as usual. A GPU whose handle
+cannot even be had at start-up is listed all the same (as `nvml-index-<i>`), its readings `lost`, and said in
+the log: one bad GPU never turns the whole host into a `cpu` host.
 
 Per device: utilisation, memory utilisation, memory used/total, power, temperature, SM clock, clock-event
 (throttle) reasons, uncorrected volatile ECC errors, and XID critical errors counted from an NVML event set
 since the source opened. With GPM (Hopper and later): SM active, SM occupancy and tensor-pipe activity over
 the interval between two samples. Per process: used memory and SM utilisation. All fractions are 0..1.
+
+Versions. Memory is read with `nvmlDeviceGetMemoryInfo_v2` where the driver has it: v1's `used` counts the
+memory the driver reserves for itself (about 0.9 GB on an idle A100 against a few MB by v2), which would make
+every empty GPU look held. A driver without v2 gets v1; `memory_api` says which each device used. Running
+processes are read with the newest of `nvmlDeviceGetComputeRunningProcesses_v3` / `_v2` the driver has: with
+nvidia-ml-py 12+ the unversioned call needs v3 and raises NVMLLibraryMismatchError (not an NVMLError) on an
+older driver, so that error, like FunctionNotFound, only moves the source down to the next version.
+
+MIG. A GPU in MIG mode is not one device: each of its MIG devices (compute instances) is listed as a device of
+its own, with its `MIG-` UUID, its memory, its parent's UUID and its `slice_weight` (its share of the parent's
+SMs; of its memory where the SM count is unreadable), and the parent is not listed. Device utilisation is not
+supported on MIG, so a MIG device's `gpu_util` is GPM's graphics-engine activity for its GPU instance (the
+DCGM_FI_PROF_GR_ENGINE_ACTIVE equivalent) where GPM runs. A MIG device's index on the host is
+`MIG_INDEX_BASE * (parent index + 1) + its MIG index`, so it never collides with a whole GPU's. MIG handles go
+stale when instances are created or destroyed (and after a reset): the source enumerates again every
+`refresh_s` and at once after an invalid-handle answer, and starts afresh (handles, GPM samples, what was
+"not supported") whenever the list changed.
 
 Tests replace the module attribute `pynvml` (or pass `nvml=`) with tests/fakes/fake_pynvml.
 """
@@ -18,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
@@ -27,7 +47,17 @@ from collector.sources.base import DeviceInfo, DeviceReading, ProcessReading, So
 log = logging.getLogger(__name__)
 
 # errors that say the metric will never be readable on this device: stop asking
-_PERMANENT = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
+_PERMANENT = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch")
+# answers that say a handle no longer names a device (a MIG instance destroyed, a GPU reset): enumerate again
+_STALE = ("NVMLError_InvalidArgument", "NVMLError_NotFound")
+MIG_INDEX_BASE = 1000
+# newest first; the unversioned name is tried last: in nvidia-ml-py 12+ it is v3 behind a version check
+_PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+                  "nvmlDeviceGetComputeRunningProcesses")
+
+
+class GpusUnreadable(SourceUnavailable):
+    """NVML started (the driver is there) but could not list the GPUs: said as a warning, not a quiet fallback."""
 
 
 class _Lost(Exception):
@@ -40,14 +70,41 @@ def _fraction(percent: float | None) -> float | None:
     return min(max(float(percent) / 100.0, 0.0), 1.0)
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class _Dev:
+    """One device the source samples: a whole GPU, or one MIG device of a GPU in MIG mode."""
+
+    index: int
+    handle: Any  # None: no handle could be had (sampled as lost)
+    physical: int  # the NVML index of the GPU it is (or is a slice of)
+    parent: Any = None  # the parent GPU's handle, for a MIG device
+    gpu_instance: int | None = None  # MIG: the GPU instance id (GPM reads per GPU instance)
+    info: DeviceInfo | None = None
+    unsupported: set[str] = field(default_factory=set)
+    proc_ts: int = 0  # last process-utilisation timestamp seen (µs)
+    gpm: list[Any] | None = None
+    xids: int | None = None
+    memory_api: str | None = None  # "v2" | "v1", once known
+    process_call: str | None = None  # the running-processes call this driver answers
+
+
 class NvmlSource:
-    """A DeviceSource over every GPU NVML reports; raises SourceUnavailable when NVML cannot start."""
+    """A DeviceSource over every GPU (and MIG device) NVML reports; raises SourceUnavailable when NVML cannot
+    start."""
 
     name = "nvml"
 
-    def __init__(self, *, nvml: Any = None, gpm: bool = True, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, nvml: Any = None, gpm: bool = True, clock: Callable[[], float] = time.time,
+                 refresh_s: float = 30.0) -> None:
         self.nvml = nvml if nvml is not None else pynvml
         self._clock = clock
+        self._use_gpm = gpm
+        self.refresh_s = refresh_s
+        self.refreshes = 0  # how often the device list changed since the source opened
         nv = self.nvml
         try:
             nv.nvmlInit()
@@ -56,46 +113,113 @@ class NvmlSource:
                 f"NVML cannot start ({exc}): no NVIDIA driver here; use FLEETLENS_SOURCE=cpu or replay"
             ) from exc
         self._open = True
+        self._events: Any = None
+        self._devs: list[_Dev] = []
         try:
-            count = nv.nvmlDeviceGetCount()
-            self._handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._devs = self._enumerate(warn=True)
         except nv.NVMLError as exc:
             self.close()
-            raise SourceUnavailable(f"NVML started but cannot list GPUs ({exc})") from exc
-        self._unsupported: list[set[str]] = [set() for _ in self._handles]
-        self._infos = [self._info(i, h) for i, h in enumerate(self._handles)]
-        self._proc_ts = [0 for _ in self._handles]  # last process-utilisation timestamp seen (µs)
-        self._gpm: list[list[Any] | None] = [self._gpm_open(h) if gpm else None for h in self._handles]
-        self._xid_counts: list[int | None] = [None for _ in self._handles]
-        self._events = self._events_open()
+            raise GpusUnreadable(f"NVML started but cannot list GPUs ({exc})") from exc
+        self._setup()
+        self._stale = False
+        self._next_refresh = time.monotonic() + refresh_s
 
     # ------------------------------------------------------------------------------------------- setup
 
-    def _info(self, index: int, handle: Any) -> DeviceInfo:
+    def _enumerate(self, *, warn: bool) -> list[_Dev]:
+        """The devices as NVML has them now (raises NVMLError only when it cannot count the GPUs)."""
         nv = self.nvml
+        devs: list[_Dev] = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(i)
+            except nv.NVMLError as exc:
+                if warn:
+                    log.warning("NVML cannot open GPU %d (%s): listed as lost; the other GPUs are sampled", i, exc)
+                devs.append(_Dev(index=i, handle=None, physical=i))
+                continue
+            migs = self._mig_devices(i, handle)
+            devs.extend(migs or [_Dev(index=i, handle=handle, physical=i)])
+        return devs
 
-        def text(value: Any) -> str:
-            return value.decode() if isinstance(value, bytes) else str(value)
+    def _mig_devices(self, i: int, handle: Any) -> list[_Dev]:
+        nv = self.nvml
+        try:
+            if int(nv.nvmlDeviceGetMigMode(handle)[0]) != nv.NVML_DEVICE_MIG_ENABLE:
+                return []
+            count = int(nv.nvmlDeviceGetMaxMigDeviceCount(handle))
+        except (nv.NVMLError, AttributeError):
+            return []  # no MIG on this GPU (or a driver without the calls)
+        found = []
+        for k in range(count):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+            except nv.NVMLError:
+                continue  # no compute instance at this MIG index
+            try:
+                gi = int(nv.nvmlDeviceGetGpuInstanceId(mig))
+            except nv.NVMLError:
+                gi = None
+            found.append(_Dev(index=MIG_INDEX_BASE * (i + 1) + k, handle=mig, physical=i, parent=handle,
+                              gpu_instance=gi))
+        return found
 
-        try:
-            uuid = text(nv.nvmlDeviceGetUUID(handle))
-        except nv.NVMLError:
-            uuid = f"nvml-index-{index}"  # a lost GPU at start still gets a row, marked lost by its first sample
-        try:
-            name = text(nv.nvmlDeviceGetName(handle))
-        except nv.NVMLError:
-            name = "NVIDIA GPU"
-        try:
-            total = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
-        except nv.NVMLError:
-            total = None
-        return DeviceInfo(index=index, uuid=uuid, name=name, memory_total=total)
+    def _setup(self) -> None:
+        for dev in self._devs:
+            dev.info = self._info(dev)
+            dev.gpm = self._gpm_open(dev) if self._use_gpm and dev.handle is not None else None
+        self._events = self._events_open()
 
-    def _gpm_open(self, handle: Any) -> list[Any] | None:
+    def _info(self, dev: _Dev) -> DeviceInfo:
+        nv = self.nvml
+        uuid, name, total = f"nvml-index-{dev.index}", "NVIDIA GPU", None
+        if dev.handle is None:
+            return DeviceInfo(index=dev.index, uuid=uuid, name=name, memory_total=None)
+        try:
+            uuid = _text(nv.nvmlDeviceGetUUID(dev.handle))
+        except nv.NVMLError:
+            pass  # a lost GPU at start still gets a row, marked lost by its first sample
+        try:
+            name = _text(nv.nvmlDeviceGetName(dev.handle))
+        except nv.NVMLError:
+            pass
+        try:
+            mem = self._memory(dev)
+        except _Lost:
+            mem = None
+        total = None if mem is None else int(mem.total)
+        parent_uuid = weight = None
+        if dev.parent is not None:
+            try:
+                parent_uuid = _text(nv.nvmlDeviceGetUUID(dev.parent))
+            except nv.NVMLError:
+                pass
+            weight = self._slice_weight(dev, total)
+        return DeviceInfo(index=dev.index, uuid=uuid, name=name, memory_total=total, parent_uuid=parent_uuid,
+                          slice_weight=weight)
+
+    def _slice_weight(self, dev: _Dev, total: int | None) -> float | None:
+        """A MIG device's share of its parent: of the SMs where NVML tells them, else of the memory."""
+        nv = self.nvml
+        try:
+            mine = int(nv.nvmlDeviceGetAttributes(dev.handle).multiprocessorCount)
+            whole = int(nv.nvmlDeviceGetAttributes(dev.parent).multiprocessorCount)
+            if mine > 0 and whole >= mine:
+                return mine / whole
+        except (nv.NVMLError, AttributeError):
+            pass
+        try:
+            parent_total = int(nv.nvmlDeviceGetMemoryInfo(dev.parent).total)
+        except nv.NVMLError:
+            return None
+        return None if not total or not parent_total else min(1.0, total / parent_total)
+
+    def _gpm_open(self, dev: _Dev) -> list[Any] | None:
         """[previous sample, current sample, previous taken?(, request)] when the GPU supports GPM, else None."""
         nv = self.nvml
         try:
-            if not nv.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+            if not nv.nvmlGpmQueryDeviceSupport(dev.parent if dev.parent is not None else dev.handle
+                                                ).isSupportedDevice:
                 return None
             return [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc(), False]
         except (nv.NVMLError, AttributeError):
@@ -107,95 +231,181 @@ class NvmlSource:
             events = nv.nvmlEventSetCreate()
         except (nv.NVMLError, AttributeError):
             return None
-        for i, handle in enumerate(self._handles):
-            try:
-                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, events)
-                self._xid_counts[i] = 0
-            except nv.NVMLError:
-                pass  # XIDs stay unknown (None) on this GPU
+        registered: set[int] = set()
+        for dev in self._devs:
+            target = dev.parent if dev.parent is not None else dev.handle
+            if target is None:
+                continue
+            if dev.physical not in registered:
+                try:
+                    nv.nvmlDeviceRegisterEvents(target, nv.nvmlEventTypeXidCriticalError, events)
+                    registered.add(dev.physical)
+                except nv.NVMLError:
+                    continue  # XIDs stay unknown (None) on this GPU
+            dev.xids = 0
         return events
+
+    def _teardown(self) -> None:
+        """Free what the devices hold in NVML (GPM samples, the event set)."""
+        nv = self.nvml
+        for dev in self._devs:
+            for sample in (dev.gpm or [])[:2]:
+                try:
+                    nv.nvmlGpmSampleFree(sample)
+                except nv.NVMLError:
+                    pass
+            dev.gpm = None
+        if self._events is not None:
+            try:
+                nv.nvmlEventSetFree(self._events)
+            except nv.NVMLError:
+                pass
+            self._events = None
+
+    def refresh(self) -> bool:
+        """Enumerate the devices again; when the list changed (MIG instances made or destroyed, a GPU back after
+        a reset), start afresh with the new one. True when it changed."""
+        self._stale = False
+        self._next_refresh = time.monotonic() + self.refresh_s
+        try:
+            devs = self._enumerate(warn=False)
+        except self.nvml.NVMLError as exc:
+            log.warning("NVML could not list the GPUs again (%s); keeping the devices it had", exc)
+            return False
+        before = [(d.index, d.physical, d.gpu_instance, d.handle is None) for d in self._devs]
+        if [(d.index, d.physical, d.gpu_instance, d.handle is None) for d in devs] == before:
+            if devs:  # same devices: new handles all the same (NVML may reuse a MIG handle for another instance)
+                for old, new in zip(self._devs, devs, strict=True):
+                    old.handle, old.parent = new.handle, new.parent
+            return False
+        self._teardown()
+        self._devs = devs
+        self._setup()
+        self.refreshes += 1
+        log.info("NVML devices changed (MIG reconfigured or a GPU reset): now %s",
+                 ", ".join(f"{d.index}={d.info.uuid if d.info else '?'}" for d in self._devs))
+        return True
 
     # ------------------------------------------------------------------------------------------- reading
 
-    def _call(self, i: int, fn_name: str, *args: Any) -> Any:
-        """One NVML call for device i; None when that metric is unavailable, _Lost when the GPU is gone."""
-        if fn_name in self._unsupported[i]:
+    def _call(self, dev: _Dev, fn_name: str, *args: Any) -> Any:
+        """One NVML call for a device; None when that metric is unavailable, _Lost when the GPU is gone."""
+        if fn_name in dev.unsupported:
             return None
         nv = self.nvml
         fn = getattr(nv, fn_name, None)
         if fn is None:
-            self._unsupported[i].add(fn_name)
+            dev.unsupported.add(fn_name)
             return None
         try:
-            return fn(self._handles[i], *args)
+            return fn(dev.handle, *args)
         except nv.NVMLError_GpuIsLost:
             raise _Lost from None
+        except nv.NVMLLibraryMismatchError:
+            dev.unsupported.add(fn_name)  # the binding wants a newer driver for this name: never again
+            return None
         except nv.NVMLError as exc:
-            if type(exc).__name__ in _PERMANENT:
-                self._unsupported[i].add(fn_name)
+            kind = type(exc).__name__
+            if kind in _PERMANENT:
+                dev.unsupported.add(fn_name)
+            elif kind in _STALE:
+                self._stale = True
             return None
 
+    def _memory(self, dev: _Dev) -> Any:
+        """Memory info, v2 where the driver has it (and says which was used), else v1."""
+        nv = self.nvml
+        if dev.memory_api != "v1":
+            try:
+                mem = nv.nvmlDeviceGetMemoryInfo(dev.handle, version=nv.nvmlMemory_v2)
+            except nv.NVMLError_GpuIsLost:
+                raise _Lost from None
+            except (nv.NVMLError, nv.NVMLLibraryMismatchError, AttributeError, TypeError) as exc:
+                if type(exc).__name__ not in (*_PERMANENT, "NVMLLibraryMismatchError", "AttributeError", "TypeError"):
+                    return None  # a passing failure: no figure this time, v2 tried again next time
+                dev.memory_api = "v1"
+                log.info("GPU %d: this driver has no nvmlDeviceGetMemoryInfo_v2 (%s); memory used is read with v1, "
+                         "which counts the driver's reserved memory as used", dev.index, exc)
+            else:
+                if dev.memory_api is None:
+                    dev.memory_api = "v2"
+                return mem
+        return self._call(dev, "nvmlDeviceGetMemoryInfo")
+
+    @property
+    def memory_api(self) -> dict[int, str | None]:
+        """{device index: "v2" | "v1" | None (not read yet)}: which memory call each device's figures come from."""
+        return {d.index: d.memory_api for d in self._devs}
+
     def devices(self) -> list[DeviceInfo]:
-        return list(self._infos)
+        return [d.info for d in self._devs if d.info is not None]
 
     def sample(self) -> list[DeviceReading]:
+        if self._stale or time.monotonic() >= self._next_refresh:
+            self.refresh()
         self._drain_xid_events()
         readings = []
-        for i in range(len(self._handles)):
-            reading = DeviceReading(index=i, ts=self._clock())
+        for dev in self._devs:
+            reading = DeviceReading(index=dev.index, ts=self._clock())
             try:
-                self._read_device(i, reading)
+                if dev.handle is None:
+                    raise _Lost
+                self._read_device(dev, reading)
             except _Lost:
                 reading.lost = True
                 reading.processes = []
             readings.append(reading)
         return readings
 
-    def _read_device(self, i: int, r: DeviceReading) -> None:
+    def _read_device(self, dev: _Dev, r: DeviceReading) -> None:
         nv = self.nvml
-        util = self._call(i, "nvmlDeviceGetUtilizationRates")
+        util = None if dev.parent is not None else self._call(dev, "nvmlDeviceGetUtilizationRates")
         if util is not None:
             r.gpu_util, r.mem_util = _fraction(util.gpu), _fraction(util.memory)
-        mem = self._call(i, "nvmlDeviceGetMemoryInfo")
+        mem = self._memory(dev)
         if mem is not None:
             r.mem_used, r.mem_total = int(mem.used), int(mem.total)
         else:
-            r.mem_total = self._infos[i].memory_total
-        power = self._call(i, "nvmlDeviceGetPowerUsage")
+            r.mem_total = dev.info.memory_total if dev.info else None
+        power = self._call(dev, "nvmlDeviceGetPowerUsage")
         r.power_w = None if power is None else power / 1000.0
-        temp = self._call(i, "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU)
+        temp = self._call(dev, "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU)
         r.temperature_c = None if temp is None else float(temp)
-        clock = self._call(i, "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM)
+        clock = self._call(dev, "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM)
         r.sm_clock_mhz = None if clock is None else float(clock)
-        reasons = self._call(i, "nvmlDeviceGetCurrentClocksEventReasons")
+        reasons = self._call(dev, "nvmlDeviceGetCurrentClocksEventReasons")
         if reasons is None:  # drivers before 535 only know the old name
-            reasons = self._call(i, "nvmlDeviceGetCurrentClocksThrottleReasons")
+            reasons = self._call(dev, "nvmlDeviceGetCurrentClocksThrottleReasons")
         r.throttle_reasons = None if reasons is None else int(reasons)
-        ecc = self._call(i, "nvmlDeviceGetTotalEccErrors", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        ecc = self._call(dev, "nvmlDeviceGetTotalEccErrors", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                          nv.NVML_VOLATILE_ECC)
         r.ecc_errors = None if ecc is None else int(ecc)
-        r.xid_errors = self._xid_counts[i]
-        self._read_gpm(i, r)
-        r.processes = self._read_processes(i)
+        r.xid_errors = dev.xids
+        self._read_gpm(dev, r)
+        r.processes = self._read_processes(dev)
 
-    def _read_gpm(self, i: int, r: DeviceReading) -> None:
-        state = self._gpm[i]
+    def _read_gpm(self, dev: _Dev, r: DeviceReading) -> None:
+        state = dev.gpm
         if state is None:
             return
         nv = self.nvml
         prev, cur, have_prev = state[:3]
         try:
-            nv.nvmlGpmSampleGet(self._handles[i], cur)
+            if dev.parent is not None:  # a MIG device: GPM reads its GPU instance through the parent
+                nv.nvmlGpmMigSampleGet(dev.parent, dev.gpu_instance, cur)
+            else:
+                nv.nvmlGpmSampleGet(dev.handle, cur)
         except nv.NVMLError_GpuIsLost:
             raise _Lost from None
         except nv.NVMLError as exc:
             if type(exc).__name__ in _PERMANENT:
-                self._gpm[i] = None
+                dev.gpm = None
             return
         state[0], state[1], state[2] = cur, prev, True
         if not have_prev:
             return  # GPM metrics are rates between two samples: the first sample only starts the clock
-        wanted = (nv.NVML_GPM_METRIC_SM_UTIL, nv.NVML_GPM_METRIC_SM_OCCUPANCY, nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL)
+        wanted = (nv.NVML_GPM_METRIC_SM_UTIL, nv.NVML_GPM_METRIC_SM_OCCUPANCY, nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+                  nv.NVML_GPM_METRIC_GRAPHICS_UTIL)
         if len(state) < 4:  # one request structure per GPU, reused: it holds room for every GPM metric
             state.append(nv.c_nvmlGpmMetricsGet_t())
         md = state[3]
@@ -215,30 +425,45 @@ class NvmlSource:
             _fraction(md.metrics[k].value) if md.metrics[k].nvmlReturn == nv.NVML_SUCCESS else None
             for k in range(len(wanted))
         ]
-        r.sm_active, r.sm_occupancy, r.tensor_active = values
+        r.sm_active, r.sm_occupancy, r.tensor_active = values[:3]
+        if dev.parent is not None and r.gpu_util is None:
+            r.gpu_util = values[3]  # graphics-engine activity of the GPU instance: MIG's utilisation
 
-    def _read_processes(self, i: int) -> list[ProcessReading]:
+    def _running(self, dev: _Dev) -> list[Any] | None:
+        """The running compute processes through the newest call this driver answers (None: unavailable)."""
+        calls = (dev.process_call,) if dev.process_call else _PROCESS_CALLS
+        for name in calls:
+            if name in dev.unsupported:
+                continue
+            running = self._call(dev, name)
+            if running is not None:
+                dev.process_call = name
+                return running
+            if name not in dev.unsupported:
+                return None  # a passing failure of a call that exists: no list this time
+        return None
+
+    def _read_processes(self, dev: _Dev) -> list[ProcessReading]:
         procs: dict[int, ProcessReading] = {}
-        running = self._call(i, "nvmlDeviceGetComputeRunningProcesses")
-        for p in running or ():
+        for p in self._running(dev) or ():
             pid, used = int(p.pid), getattr(p, "usedGpuMemory", None)
             procs[pid] = ProcessReading(pid=pid, mem_used=None if used is None else int(used))
         nv = self.nvml
-        if "nvmlDeviceGetProcessUtilization" in self._unsupported[i]:
+        if "nvmlDeviceGetProcessUtilization" in dev.unsupported:
             return list(procs.values())
         try:
-            samples = nv.nvmlDeviceGetProcessUtilization(self._handles[i], self._proc_ts[i])
+            samples = nv.nvmlDeviceGetProcessUtilization(dev.handle, dev.proc_ts)
         except nv.NVMLError_GpuIsLost:
             raise _Lost from None
         except nv.NVMLError_NotFound:
             samples = []  # no process ran a kernel since the last call: a normal answer
         except nv.NVMLError as exc:
             if type(exc).__name__ in _PERMANENT:
-                self._unsupported[i].add("nvmlDeviceGetProcessUtilization")
+                dev.unsupported.add("nvmlDeviceGetProcessUtilization")
             return list(procs.values())  # SM utilisation unknown this time: missing, not 0
         # each field read once: pynvml structures make every attribute access a Python call
         latest: dict[int, tuple[int, int]] = {}
-        newest = self._proc_ts[i]
+        newest = dev.proc_ts
         for s in samples:
             pid, stamp, sm = s.pid, s.timeStamp, s.smUtil
             if stamp > newest:
@@ -246,7 +471,7 @@ class NvmlSource:
             seen = latest.get(pid)
             if seen is None or stamp > seen[0]:
                 latest[pid] = (stamp, sm)
-        self._proc_ts[i] = newest
+        dev.proc_ts = newest
         for reading in procs.values():
             seen = latest.get(reading.pid)
             # NVML answered for the interval: a process without a sample in it ran no kernel
@@ -266,30 +491,23 @@ class NvmlSource:
                 index = int(nv.nvmlDeviceGetIndex(data.device))
             except nv.NVMLError:
                 continue
-            if 0 <= index < len(self._xid_counts) and self._xid_counts[index] is not None:
-                self._xid_counts[index] += 1
-                log.warning("GPU %d reported XID %d", index, int(data.eventData))
+            gi = getattr(data, "gpuInstanceId", None)
+            for dev in self._devs:
+                # a MIG device counts the XIDs of its own GPU instance, and those NVML gives no instance for
+                mine = dev.gpu_instance is None or gi in (None, 0xFFFFFFFF) or gi == dev.gpu_instance
+                if dev.physical == index and dev.xids is not None and mine:
+                    dev.xids += 1
+            log.warning("GPU %d reported XID %d", index, int(data.eventData))
 
     def close(self) -> None:
         if not getattr(self, "_open", False):
             return
-        nv = self.nvml
-        for state in getattr(self, "_gpm", []) or []:
-            for sample in (state or [])[:2]:
-                try:
-                    nv.nvmlGpmSampleFree(sample)
-                except nv.NVMLError:
-                    pass
-        if getattr(self, "_events", None) is not None:
-            try:
-                nv.nvmlEventSetFree(self._events)
-            except nv.NVMLError:
-                pass
+        self._teardown()
         try:
-            nv.nvmlShutdown()
-        except nv.NVMLError:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError:
             pass
         self._open = False
 
 
-__all__ = ["NvmlSource"]
+__all__ = ["MIG_INDEX_BASE", "GpusUnreadable", "NvmlSource"]

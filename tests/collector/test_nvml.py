@@ -123,7 +123,7 @@ def test_old_driver_without_functions_gives_missing_metrics(monkeypatch) -> None
     assert NvmlSource().sample()[0].throttle_reasons == 4
     # a function this fake (like an old driver) lacks raises FunctionNotFound, the way pynvml does
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        fake.nvmlDeviceGetMigMode(None)
+        fake.nvmlDeviceGetBAR1MemoryInfo(None)
 
 
 @pytest.mark.parametrize("kw", [{"library_missing": True}, {"driver_missing": True}])

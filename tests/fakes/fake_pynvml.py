@@ -12,6 +12,18 @@ Configure per GPU: metric values (NVML's own units: percent, mW, MHz, bytes), `u
 that raise NotSupported), `denied` (NoPermission), `lost` (every call raises GpuIsLost), `gpm` (metric id ->
 percent; None = the GPU has no GPM), pending `xid_events`. `FakeNVML(library_missing=True)` fails nvmlInit the
 way a machine without a driver does. `calls` counts every function called (for benchmarks).
+
+Driver generations and odd hardware, as NVML's documentation describes them:
+- memory: `memory_used` is what processes allocated, `memory_reserved` what the driver keeps for itself. v1
+  (`nvmlDeviceGetMemoryInfo`) reports used = both (nvmlMemory_t: "Sum of Reserved and Allocated"); v2
+  (`version=nvmlMemory_v2`) reports them apart. `FakeNVML(memory_v2=False)` is a driver without the v2 call.
+- running processes: `FakeNVML(process_api=2)` is a driver without `_v3`; nvidia-ml-py's unversioned call then
+  raises NVMLLibraryMismatchError (not an NVMLError), as the real binding's version check does.
+- `handle_error` (an NVML error code): nvmlDeviceGetHandleByIndex fails for that GPU (a GPU broken at start-up).
+- MIG: `mig=[FakeGPU(...), ...]` turns MIG mode on and makes each entry a MIG device (its own uuid, memory,
+  processes, `gpu_instance_id`, `sm_count`, `gpm` activity for its GPU instance). Device and process utilisation
+  are not supported on MIG handles, as on the driver. Changing `mig` and calling `reconfigure()` makes every MIG
+  handle handed out so far stale (NVML_ERROR_INVALID_ARGUMENT), as destroying instances does.
 """
 
 from __future__ import annotations
@@ -54,6 +66,11 @@ class FakeGPU:
     lost: bool = False
     xid_events: list[int] = field(default_factory=list)  # XID codes waiting in the event set
     util_timestamp: int = 1_000_000  # µs; process utilisation samples carry it, bumped on each read
+    memory_reserved: int = 0  # driver/firmware reservation: in v1's `used`, apart in v2
+    handle_error: int | None = None  # nvmlDeviceGetHandleByIndex raises NVMLError(this code)
+    mig: list[FakeGPU] | None = None  # MIG mode on, with these MIG devices
+    gpu_instance_id: int = 0  # a MIG device's GPU instance
+    sm_count: int = 108  # multiprocessorCount (nvmlDeviceGetAttributes)
 
 
 class _Handle:
@@ -61,6 +78,13 @@ class _Handle:
 
     def __init__(self, index: int) -> None:
         self.index = index
+
+
+class _MigHandle:
+    __slots__ = ("index", "mig", "generation")
+
+    def __init__(self, index: int, mig: int, generation: int) -> None:
+        self.index, self.mig, self.generation = index, mig, generation
 
 
 class FakeNVML:
@@ -72,6 +96,8 @@ class FakeNVML:
         *,
         library_missing: bool = False,
         driver_missing: bool = False,
+        memory_v2: bool = True,
+        process_api: int = 3,
     ) -> None:
         self.gpus = list(gpus or [])
         for i, gpu in enumerate(self.gpus):
@@ -79,10 +105,14 @@ class FakeNVML:
                 gpu.uuid = f"GPU-fake-{i:04d}"
         self.library_missing = library_missing
         self.driver_missing = driver_missing
+        self.memory_v2 = memory_v2
+        self.process_api = process_api
+        self.generation = 0  # bumped by reconfigure(): MIG handles of an older generation are stale
         self.initialized = 0
         self.calls: Counter[str] = Counter()
         self._handles = [_Handle(i) for i in range(len(self.gpus))]
-        self._gpm_samples: dict[int, tuple[int, Any]] = {}  # sample address -> (gpu index, struct kept alive)
+        # sample address -> (gpu index, or (gpu index, MIG index); -1 before any read, struct kept alive)
+        self._gpm_samples: dict[int, tuple[Any, Any]] = {}
         self._registered: set[int] = set()
 
     # everything that is not a function is the real pynvml's (errors, constants, structures)
@@ -96,13 +126,27 @@ class FakeNVML:
 
     # ------------------------------------------------------------------------------------ helpers
 
+    def reconfigure(self) -> None:
+        """MIG instances were created or destroyed: every MIG handle handed out so far names nothing now."""
+        self.generation += 1
+
     def _gpu(self, fn: str, handle: Any) -> FakeGPU:
         self.calls[fn] += 1
         if not self.initialized:
             raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
-        if not isinstance(handle, _Handle):
+        if isinstance(handle, _MigHandle):
+            parent = self.gpus[handle.index]
+            if handle.generation != self.generation or not parent.mig or handle.mig >= len(parent.mig):
+                raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+            if parent.lost:
+                raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
+            if fn in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetProcessUtilization"):
+                raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)  # "not currently supported" on MIG
+            gpu = parent.mig[handle.mig]
+        elif isinstance(handle, _Handle):
+            gpu = self.gpus[handle.index]
+        else:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        gpu = self.gpus[handle.index]
         if gpu.lost:
             raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
         if fn in gpu.unsupported:
@@ -140,6 +184,8 @@ class FakeNVML:
         self.calls["nvmlDeviceGetHandleByIndex"] += 1
         if not 0 <= index < len(self.gpus):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if self.gpus[index].handle_error is not None:
+            raise _real.NVMLError(self.gpus[index].handle_error)
         return self._handles[index]
 
     def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
@@ -155,10 +201,52 @@ class FakeNVML:
         return self._gpu("nvmlDeviceGetName", handle).name
 
     def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: Any = None) -> Any:
-        gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
-        mem = _real.c_nvmlMemory_t()
-        mem.total, mem.used, mem.free = gpu.memory_total, gpu.memory_used, gpu.memory_total - gpu.memory_used
+        if not version:
+            gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
+            mem = _real.c_nvmlMemory_t()
+            used = gpu.memory_used + gpu.memory_reserved  # v1: reserved counts as used
+            mem.total, mem.used, mem.free = gpu.memory_total, used, gpu.memory_total - used
+            return mem
+        gpu = self._gpu("nvmlDeviceGetMemoryInfo_v2", handle)
+        if not self.memory_v2:
+            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)  # the driver has no such symbol
+        if version != _real.nvmlMemory_v2:
+            raise _real.NVMLError(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        mem = _real.c_nvmlMemory_v2_t()
+        mem.version, mem.total, mem.reserved = version, gpu.memory_total, gpu.memory_reserved
+        mem.used, mem.free = gpu.memory_used, gpu.memory_total - gpu.memory_used - gpu.memory_reserved
         return mem
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> Any:
+        gpu = self._gpu("nvmlDeviceGetAttributes", handle)
+        attrs = _real.c_nvmlDeviceAttributes()
+        attrs.multiprocessorCount = gpu.sm_count
+        return attrs
+
+    # ------------------------------------------------------------------------------------ MIG
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
+        gpu = self._gpu("nvmlDeviceGetMigMode", handle)
+        mode = _real.NVML_DEVICE_MIG_ENABLE if gpu.mig is not None else _real.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
+        gpu = self._gpu("nvmlDeviceGetMaxMigDeviceCount", handle)
+        return 0 if gpu.mig is None else 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _MigHandle:
+        gpu = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if not gpu.mig or not 0 <= index < len(gpu.mig):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+        return _MigHandle(handle.index, index, self.generation)
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> int:
+        return int(isinstance(handle, _MigHandle))
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        if not isinstance(handle, _MigHandle):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return self._gpu("nvmlDeviceGetGpuInstanceId", handle).gpu_instance_id
 
     def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> Any:
         gpu = self._gpu("nvmlDeviceGetUtilizationRates", handle)
@@ -193,7 +281,26 @@ class FakeNVML:
     # ------------------------------------------------------------------------------------ processes
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
-        gpu = self._gpu("nvmlDeviceGetComputeRunningProcesses", handle)
+        self.calls["nvmlDeviceGetComputeRunningProcesses"] += 1
+        if self.process_api < 3:  # nvidia-ml-py 12+: the unversioned name is v3 behind a version check
+            raise _real.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not "
+                                                 "match the NVML lib version")
+        return self._processes("nvmlDeviceGetComputeRunningProcesses", handle)
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: _Handle) -> list[Any]:
+        if self.process_api < 3:
+            self.calls["nvmlDeviceGetComputeRunningProcesses_v3"] += 1
+            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: _Handle) -> list[Any]:
+        if self.process_api < 2:
+            self.calls["nvmlDeviceGetComputeRunningProcesses_v2"] += 1
+            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._processes("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+
+    def _processes(self, fn: str, handle: _Handle) -> list[Any]:
+        gpu = self._gpu(fn, handle)
         return [
             SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_memory, gpuInstanceId=0xFFFFFFFF,
                             computeInstanceId=0xFFFFFFFF)
@@ -216,6 +323,19 @@ class FakeNVML:
         return samples
 
     # ------------------------------------------------------------------------------------ GPM
+
+    def nvmlGpmMigSampleGet(self, handle: _Handle, gpu_instance_id: int, sample: Any) -> Any:
+        gpu = self._gpu("nvmlGpmMigSampleGet", handle)
+        if gpu.gpm is None:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        k = next((k for k, m in enumerate(gpu.mig or []) if m.gpu_instance_id == gpu_instance_id), None)
+        if k is None:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        address = ctypes.cast(sample, ctypes.c_void_p).value or 0
+        if address not in self._gpm_samples:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        self._gpm_samples[address] = ((handle.index, k), self._gpm_samples[address][1])
+        return sample
 
     def nvmlGpmQueryDeviceSupport(self, handle: _Handle) -> Any:
         gpu = self._gpu("nvmlGpmQueryDeviceSupport", handle)
@@ -251,9 +371,12 @@ class FakeNVML:
             raise _real.NVMLError(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         first = self._gpm_samples.get(ctypes.cast(metrics_get.sample1, ctypes.c_void_p).value or 0)
         second = self._gpm_samples.get(ctypes.cast(metrics_get.sample2, ctypes.c_void_p).value or 0)
-        if first is None or second is None or first[0] < 0 or first[0] != second[0]:
+        if first is None or second is None or first[0] == -1 or first[0] != second[0]:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        gpu = self.gpus[first[0]]
+        key = first[0]
+        gpu = self.gpus[key[0]].mig[key[1]] if isinstance(key, tuple) else self.gpus[key]  # type: ignore[index]
+        if isinstance(key, tuple) and self.gpus[key[0]].lost:
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
         if gpu.lost:
             raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
         for k in range(metrics_get.numMetrics):
