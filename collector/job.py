@@ -13,12 +13,15 @@ runs between steps). Without an agent the loop runs exactly the same and the SDK
 every `sdk_retry_s`. Nothing the SDK does may stop training: agent errors are logged at debug level.
 
 In a lane a step's turn ends when the step's GPU work is done, not when the loop body returns (CUDA runs
-asynchronously): the SDK records a CUDA event at the end of the step and hands the turn on once it has completed.
+asynchronously): the SDK records a CUDA event at the end of the step and hands the turn on once it has completed,
+renewing the turn's lease while the event is pending (collector.turns), and releasing the step's cached memory
+(`torch.cuda.empty_cache()`) before it does. A loop left mid-step (`break`, an exception) gives its turn up at once.
 On a CPU device (no torch, or no CUDA) there is nothing to wait for and nothing extra is done. `step_done=` gives
 a waiter of the job's own instead (a job that runs its work on streams of its own, say).
 
 Environment (through store.settings): FLEETLENS_WORKFLOW names the workflow; FLEETLENS_RESUME_FROM (and
-FLEETLENS_RESUME_STEP) say where to resume; FLEETLENS_MEMORY_FRACTION caps this process's CUDA memory;
+FLEETLENS_RESUME_STEP) say where to resume; FLEETLENS_MEMORY_FRACTION caps this process's CUDA memory (in a lane:
+during its turn, and FLEETLENS_IDLE_MEMORY_FRACTION outside it);
 FLEETLENS_LANE turns on the per-step lane gate; RANK (or FLEETLENS_RANK) is the trace's rank.
 """
 
@@ -42,6 +45,7 @@ from typing import Any
 
 from collector import attribution
 from collector import protocol as p
+from collector.turns import CudaStepWaiter, RenewingWait, TurnMemory
 from store.errors import ConfigError, InvalidInput
 from store.paths import path_component, trace_dir_for
 from store.settings import Settings, get_settings
@@ -75,13 +79,7 @@ def job(
 def cuda_step_waiter(torch: Any) -> StepDoneFn:
     """A step-done waiter for CUDA: record an event on the current stream after the step's last kernel was queued,
     then block (without spinning: a blocking event) until the device has run it."""
-    event = torch.cuda.Event(blocking=True)
-
-    def wait() -> None:
-        event.record()
-        event.synchronize()
-
-    return wait
+    return CudaStepWaiter(torch)
 
 
 def default_workflow_id(settings: Settings) -> tuple[str, str]:
@@ -136,6 +134,11 @@ class Job:
         # in a lane, the turn passes on only once this returns (the step's GPU work is done); None: at once
         self.step_waiter: StepDoneFn | None = step_done
         self.step_wait_s = 0.0  # seconds spent in the waiter, all steps together
+        self.renewals = 0  # lease renewals sent while waiting for steps' device work
+        self._renew_every_s = 20.0  # a third of the gate's lease, once the gate said it
+        self._holding: int | None = None  # the step whose lane turn this job holds now
+        self._waits = RenewingWait()
+        self._turn_memory: TurnMemory | None = None
         self.checkpoints: list[dict[str, Any]] = []  # what this job saved on request: path, step, request_id
         self.traces: list[str] = []  # trace files this job wrote
         self._step = 0
@@ -180,6 +183,12 @@ class Job:
         if self.settings.memory_fraction is not None:
             self._apply_memory_fraction(self.settings.memory_fraction)
         self._cuda = bool(self._torch is not None and self._torch.cuda.is_available())
+        if self._cuda and self.lane is not None:
+            turn = self.memory_fraction_applied
+            idle = self.settings.idle_memory_fraction if turn is not None else None
+            self._turn_memory = TurnMemory(self._torch, turn or 1.0, idle)
+            if idle is not None:
+                self._torch.cuda.set_per_process_memory_fraction(idle)  # outside a turn: the persistent share
         if self.step_waiter is None and self._cuda and self.lane is not None:
             self.step_waiter = cuda_step_waiter(self._torch)  # CPU devices get none: nothing to wait for
         self._step = self.start_step
@@ -193,6 +202,8 @@ class Job:
             return
         self._closed = True
         try:
+            if self._holding is not None:  # left its loop holding the turn (an exception, a kept generator)
+                self._release_turn(self._holding, again=False)
             if self._capture is not None:
                 self._capture.finish()
                 self._capture = None
@@ -205,6 +216,7 @@ class Job:
         except Exception:
             log.debug("fleetlens job close failed", exc_info=True)
         finally:
+            self._waits.close()
             self._conn.close()
 
     # ---- the training loop -----------------------------------------------------------------------------
@@ -243,10 +255,16 @@ class Job:
                 return
             if in_lane:
                 self.gate()
-            yield self._step if indices else item
+            try:
+                yield self._step if indices else item
+            except GeneratorExit:  # the loop was left mid-step (`break`): its turn passes on now, not at the lease
+                if in_lane and self._holding is not None:
+                    self._release_turn(self._holding, again=False)
+                raise
             if in_lane and waiter is not None:
                 waited = clock()
-                waiter()
+                self.renewals += self._waits.wait(waiter, lambda: self._gate_request("renew", self._step),
+                                                  self._renew_every_s)
                 self.step_wait_s += clock() - waited
             now = clock()
             times.append(now - last)
@@ -255,7 +273,7 @@ class Job:
             if cuda:
                 self._cuda_end()
             if in_lane:
-                self._gate_request("end", self._step - 1)
+                self._end_turn(self._step - 1, again=True)
             if self._capture is not None:
                 self._capture_step()
             if now >= self._next_flush or len(times) >= flush_steps:
@@ -266,6 +284,28 @@ class Job:
         """The per-step lane gate: outside a lane a no-op; in one, wait until the agent says it is our turn."""
         if self.lane is not None:
             self._gate_request("begin", self._step)
+            self._holding = self._step
+            if self._turn_memory is not None:
+                self._turn_memory.begin()
+
+    def _end_turn(self, step: int, *, again: bool) -> None:
+        """The step's device work is done: release its cached memory, then hand the turn on."""
+        if self._turn_memory is not None:
+            self._turn_memory.end()
+        self._holding = None
+        self._gate_request("end", step, again=again)
+
+    def _release_turn(self, step: int, *, again: bool) -> None:
+        """Give the turn up from outside the loop's normal path: wait for what the step queued, then end it."""
+        try:
+            if self.step_waiter is not None:
+                self.step_waiter()
+        except Exception:
+            log.debug("waiting for the abandoned step's device work failed", exc_info=True)
+        try:
+            self._end_turn(step, again=again)
+        except Exception:
+            log.debug("releasing the lane turn failed", exc_info=True)
 
     # ---- resume and memory -----------------------------------------------------------------------------
 
@@ -300,7 +340,8 @@ class Job:
             self._mem_persistent = allocated
 
     def _cuda_end(self) -> None:
-        peak = self._torch.cuda.max_memory_allocated()
+        # reserved, not allocated: the memory cap counts reserved segments, fragmentation included
+        peak = self._torch.cuda.max_memory_reserved()
         if self._mem_peak is None or peak > self._mem_peak:
             self._mem_peak = peak
 
@@ -399,13 +440,16 @@ class Job:
         if isinstance(reply.get("profile"), dict):
             self._start_capture(reply["profile"])
 
-    def _gate_request(self, phase: str, step: int) -> None:
+    def _gate_request(self, phase: str, step: int, *, again: bool = True) -> None:
         if not self._link_ready():
             return  # no agent: a job never waits for a gate nobody keeps
-        reply = self._send(self._msg(p.GATE, lane=self.lane, step=step, phase=phase),
+        extra = {} if again else {"again": False}
+        reply = self._send(self._msg(p.GATE, lane=self.lane, step=step, phase=phase, **extra),
                            wait_forever=phase == "begin")
         if reply is not None and not reply.get("ok"):
             self._note_once("gate", "lane gate refused (%s); running ungated", reply.get("error"))
+        elif reply is not None and isinstance(reply.get("lease_s"), int | float) and reply["lease_s"] > 0:
+            self._renew_every_s = float(reply["lease_s"]) / 3.0
 
     # ---- checkpoints -----------------------------------------------------------------------------------
 

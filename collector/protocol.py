@@ -15,8 +15,10 @@ Requests and what their replies carry:
 - `profile_failed` {request_id, error}.
 - `checkpoint_done`   {request_id, path, step}: the job saved a checkpoint; `step` is the next step to run.
 - `checkpoint_failed` {request_id, error}.
-- `gate`   {lane, step, phase: "begin"|"end"}: the per-step lane gate; the agent answers `begin` when it is
-  this job's turn (`granted: true`). Outside a lane the job never sends it.
+- `gate`   {lane, step, phase: "begin"|"end"|"renew", again}: the per-step lane gate; the agent answers `begin`
+  when it is this job's turn (`granted: true`, and the gate's `lease_s`). `renew` keeps a long step's turn while
+  its kernels run; `end` with `again: false` gives the turn up for good (the job left its loop). Outside a lane
+  the job never sends it.
 - `bye`    {outcome: "finished"|"failed"|"stopped", last_step}: the job is leaving.
 
 A StepBatch is {first_step, last_step, n_steps, ts_start, ts_end, mean_s, p50_s, p95_s, max_s,

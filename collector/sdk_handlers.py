@@ -376,8 +376,8 @@ class SdkHandlers:
                                              "error": str(msg["error"])})
 
     def _on_gate(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if msg["phase"] not in ("begin", "end"):
-            return p.error_reply(f"gate phase must be begin or end, not {msg['phase']!r}")
+        if msg["phase"] not in ("begin", "end", "renew"):
+            return p.error_reply(f"gate phase must be begin, end or renew, not {msg['phase']!r}")
         gate = self.gate
         if gate is None:  # no lanes on this host: every step may run
             return {"ok": True, "granted": True}

@@ -10,7 +10,12 @@ it is done, PACK alternates step by step, FAIR takes the least attained step tim
 The next holder is chosen at `end`, with the releasing job as a candidate that asks now, so the outcome does not
 depend on which thread wins a race. A releasing job that keeps the turn has `reserve_s` to ask again (it may be
 done, or busy between steps) before the turn passes on. A holder that neither ends its step nor asks again within
-`lease_s` (it died mid-step) loses the turn, so a crashed job never blocks its lane for good.
+its lease (it died mid-step) loses the turn, so a crashed job never blocks its lane for good.
+
+A long step must not lose its turn while its kernels still run, or its lane-mate's would run beside them. So the
+lease is never shorter than `LEASE_STEPS` times the holder's longest step so far (at least `lease_s`), and a holder
+renews it (`renew`, which the SDK sends while it waits for its step's CUDA event) as often as it likes. A job that
+leaves the loop mid-step sends `end` with `again` false: the turn passes on at once.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from enforcer.discipline import Turn, kind_of, next_turn
 from enforcer.policies import Policy, get_policy
 
 Key = tuple[str, int, int]  # (workflow, pid, rank)
+LEASE_STEPS = 3.0  # a holder's lease is at least this many of its longest step so far
 
 
 @dataclass
@@ -33,6 +39,7 @@ class _JobStats:
     attained_s: float = 0.0
     steps: int = 0
     mean_step_s: float | None = None
+    longest_s: float = 0.0  # its longest step so far: the lease never runs out before a step that long ends
     step: int = 0
     total_steps: int | None = None
     arrival: float = 0.0  # when it first asked (job order)
@@ -43,6 +50,7 @@ class _LaneState:
     cond: threading.Condition = field(default_factory=threading.Condition)
     holder: Key | None = None
     granted_at: float = 0.0
+    renewed_at: float = 0.0  # the holder's last renewal (its lease runs from the later of this and granted_at)
     reserved_until: float | None = None  # the holder kept the turn at the end of its step and has not asked yet
     waiting: dict[Key, Turn] = field(default_factory=dict)
     turns: int = 0
@@ -78,11 +86,13 @@ class LaneGate:
         step = int(msg.get("step") or 0)
         if phase == "begin":
             waited = self.begin(lane, key, step)
-            return {"ok": True, "granted": True, "waited_s": waited}
+            return {"ok": True, "granted": True, "waited_s": waited, "lease_s": self.lease_s}
         if phase == "end":
-            self.end(lane, key)
+            self.end(lane, key, again=msg.get("again", True) is not False)
             return {"ok": True}
-        return {"ok": False, "error": f"gate phase must be begin or end, not {phase!r}"}
+        if phase == "renew":
+            return {"ok": True, "holder": self.renew(lane, key)}
+        return {"ok": False, "error": f"gate phase must be begin, end or renew, not {phase!r}"}
 
     # ---- turn taking -------------------------------------------------------------------------------------
 
@@ -104,7 +114,8 @@ class LaneGate:
                 if key not in state.waiting:  # released meanwhile, yet still asking: it is alive after all
                     state.waiting[key] = self._turn(key, stats)
                 reserve_over = state.reserved_until is not None and now > state.reserved_until
-                if state.holder is None or reserve_over or now - state.granted_at > self.lease_s:
+                lease_end = self._lease_end(state)
+                if state.holder is None or reserve_over or now > lease_end:
                     # free, a kept turn not taken up, or the holder's lease ran out (it died mid-step): hand on
                     self._grant(state, self._pick(state))
                     if state.holder == key:
@@ -114,7 +125,7 @@ class LaneGate:
                 if timeout is not None and now - start > timeout:
                     state.waiting.pop(key, None)
                     raise TimeoutError(f"lane {lane}: no turn for {key} within {timeout} s")
-                deadline = state.granted_at + self.lease_s
+                deadline = lease_end
                 if state.reserved_until is not None:
                     deadline = min(deadline, state.reserved_until)
                 state.cond.wait(min(1.0, max(deadline - now, 0.0) + 1e-3))
@@ -136,6 +147,7 @@ class LaneGate:
                 stats.steps += 1
                 stats.step += 1
                 stats.mean_step_s = held if stats.mean_step_s is None else 0.8 * stats.mean_step_s + 0.2 * held
+                stats.longest_s = max(stats.longest_s, held)
                 if stats.total_steps is not None and stats.step >= stats.total_steps:
                     again = False
             state.holder = None
@@ -148,6 +160,16 @@ class LaneGate:
                 return
             self._grant(state, chosen)
             state.cond.notify_all()
+
+    def renew(self, lane: str, key: Key) -> bool:
+        """`key`, holding `lane`'s turn, is still at its step (waiting for its kernels): its lease starts again.
+        False when it does not hold the turn (it lost it, or never had it)."""
+        state = self._lane(lane)
+        with state.cond:
+            if state.holder != key or state.reserved_until is not None:
+                return False
+            state.renewed_at = time.monotonic()
+            return True
 
     def leave(self, key: Key) -> None:
         """A job left (bye, or it died): drop it from every lane, releasing a turn it held."""
@@ -196,6 +218,13 @@ class LaneGate:
         return {} if s is None else {"attained_s": s.attained_s, "steps": s.steps, "mean_step_s": s.mean_step_s}
 
     # ---- helpers (call with the lane's condition held) ---------------------------------------------------
+
+    def _lease_end(self, state: _LaneState) -> float:
+        """When the holder's lease runs out: lease_s, or LEASE_STEPS of its longest step, after its grant or its
+        last renewal."""
+        stats = self._stats.get(state.holder) if state.holder is not None else None
+        lease = max(self.lease_s, LEASE_STEPS * stats.longest_s) if stats is not None else self.lease_s
+        return max(state.granted_at, state.renewed_at) + lease
 
     def _grant(self, state: _LaneState, key: Key) -> None:
         state.holder, state.granted_at, state.reserved_until = key, time.monotonic(), None

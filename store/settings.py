@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     rank: int = Field(0, validation_alias=AliasChoices("FLEETLENS_RANK", "RANK"))  # torchrun sets RANK
     lane: str | None = None  # FLEETLENS_LANE: set by `fleetlens run` for a job placed in a lane
     memory_fraction: float | None = Field(None, gt=0, le=1)  # applied with set_per_process_memory_fraction
+    # a lane job outside its turn: its persistent share (FLEETLENS_MEMORY_FRACTION holds during its turn)
+    idle_memory_fraction: float | None = Field(None, gt=0, le=1)
     resume_from: Path | None = None  # FLEETLENS_RESUME_FROM: checkpoint to restore before the first step
     resume_step: int | None = Field(None, ge=0)  # the step to resume at when the restore callback cannot say
     sdk_flush_interval_s: float = 1.0  # step summaries go to the agent at most this often...

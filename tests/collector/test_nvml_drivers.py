@@ -11,11 +11,12 @@ import pytest
 
 import collector.sources as sources
 import collector.sources.nvml as nvml_mod
-from collector.sources.nvml import MIG_INDEX_BASE, NvmlSource
+from collector.sources.nvml import NvmlSource
 from store.settings import Settings
 from tests.fakes.fake_pynvml import FakeGPU, FakeNVML, FakeProcess, GiB
 
 MiB = 1 << 20
+MIG_INDEX_BASE = 1000  # a MIG device's index: 1000 x (its GPU's index + 1) + its MIG index
 IDLE_A100 = dict(memory_total=80 * GiB, memory_used=8 * MiB, memory_reserved=900 * MiB)  # v1: ~0.9 GB, v2: 8 MB
 
 
