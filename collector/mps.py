@@ -8,9 +8,13 @@ GPUs hold a job (store.registry.busy_gpu_lanes) and:
   (`control` in the pipe folder). The daemon runs in the foreground (`-f`) as the agent's child rather than
   daemonised (`-d`), so the agent sees at once when it dies;
 - sets each lane's active thread percentage: a job in a lane gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its lane's
-  share, collector.launch) and CUDA_MPS_PIPE_DIRECTORY (to reach this daemon) in its environment, and the daemon's
-  default (`set_default_active_thread_percentage`, for a client that lost its environment) is the smallest lane's,
-  so no client can take more than any lane was given;
+  share, collector.launch) and CUDA_MPS_PIPE_DIRECTORY (to reach this daemon) in its environment. NVIDIA's rule
+  (MPS documentation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): a client's variable "will only further constrain" the
+  daemon's setting, so a client gets min(its variable, the daemon's default). The daemon's default
+  (`set_default_active_thread_percentage`) is therefore the largest lane's: every lane's jobs get exactly their own
+  share, and a client that lost its environment gets no more than the largest lane was given. (The smallest lane's
+  default would hold every lane to the smallest share: a 70 % lane beside a 30 % one would get 30 %.)
+  `effective_percentage` is that rule;
 - restarts the daemon when it died, and stops it (`quit`) when no lane needs it any more.
 
 Control commands go the way MPS takes them: one `nvidia-cuda-mps-control` client per command, the command on its
@@ -50,6 +54,18 @@ def thread_percentage(share: float) -> tuple[int, bool]:
     exact = share * 100.0
     percent = max(MIN_PERCENT, min(MAX_PERCENT, round(exact)))
     return percent, exact < MIN_PERCENT or exact > MAX_PERCENT
+
+
+def effective_percentage(client: int | None, daemon_default: int | None) -> int:
+    """The active thread percentage an MPS client gets: its own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can only lower
+    the control daemon's default (100 when the daemon was never told one)."""
+    default = MAX_PERCENT if daemon_default is None else daemon_default
+    return default if client is None else min(client, default)
+
+
+def daemon_default(percentages: Mapping[int, int]) -> int:
+    """The daemon's default for these lanes' percentages: the largest, so that no lane's own is cut."""
+    return max(percentages.values(), default=MAX_PERCENT)
 
 
 def mps_env(pipe_dir: Path, log_dir: Path) -> dict[str, str]:
@@ -113,9 +129,12 @@ class MpsSupervisor:
         elif self.proc is None:
             self._start(restarted=False)
         if self.proc is not None and self._control.exists():
-            default = min(self.percentages.values())
+            default = daemon_default(self.percentages)
             if default != self._default and self._command(f"set_default_active_thread_percentage {default}"):
                 self._default = default
+                # the default reaches only servers spawned after it: a running server is told its own
+                for pid in self._servers():
+                    self._command(f"set_active_thread_percentage {pid} {default}")
 
     def _start(self, *, restarted: bool) -> None:
         path = self._path = shutil.which(self.binary, path=self._base_env.get("PATH"))
@@ -177,19 +196,25 @@ class MpsSupervisor:
                 proc.wait()
         self._say("info", f"MPS control daemon stopped: {why}", pid=proc.pid)
 
-    def _command(self, command: str) -> bool:
-        """Send one control command through a control client; False (and said) when it did not take it."""
+    def _servers(self) -> list[int]:
+        """The pids of the MPS servers the daemon runs now (`get_server_list`)."""
+        out = self._command("get_server_list", output=True)
+        return [int(word) for word in (out or "").split() if word.isdigit()]
+
+    def _command(self, command: str, *, output: bool = False) -> Any:
+        """Send one control command through a control client; False (and said) when it did not take it (with
+        `output`: what it printed, None when it failed)."""
         try:
             done = subprocess.run([self._path or self.binary], input=command + "\n", env=self._env(),
                                   capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
             self._say("warning", f"MPS control command {command!r} failed: {exc}", command=command)
-            return False
+            return None if output else False
         if done.returncode != 0:
             self._say("warning", f"MPS control command {command!r} failed (exit status {done.returncode}): "
                                  f"{(done.stderr or done.stdout).strip()[:200]}", command=command)
-            return False
-        return True
+            return None if output else False
+        return done.stdout if output else True
 
     def _env(self) -> dict[str, str]:
         return {**self._base_env, **mps_env(self.pipe_dir, self.log_dir)}

@@ -80,7 +80,8 @@ class StandIn:
         return [r for r in rows if kind is None or r["event"] == kind]
 
     def commands(self) -> list[str]:
-        return [r["line"] for r in self.events("command")]
+        """What the daemon was told, less the server-list queries that follow a new default."""
+        return [r["line"] for r in self.events("command") if r["line"] != "get_server_list"]
 
 
 def _daemons_of(pipe_dir: Path) -> list[psutil.Process]:
@@ -133,12 +134,13 @@ def test_starts_under_home_sets_the_lanes_percentages_and_stops_when_no_lane_nee
     assert daemon["pipe"] == str(fleet_home / "mps" / "pipe") and daemon["log"] == str(fleet_home / "mps" / "log")
     assert daemon["pid"] == sup.proc.pid and sup.state == "running"
     assert sup.percentages == {1: 50, 2: 25}
-    # the daemon's default is the smallest lane's: a client without its lane's variable gets no more than any lane
-    assert standin.commands() == ["set_default_active_thread_percentage 25"]
+    # the daemon's default is the largest lane's: a client's own percentage can only lower it (NVIDIA's rule), so
+    # each lane gets its own share, and a client without its lane's variable no more than the largest lane
+    assert standin.commands() == ["set_default_active_thread_percentage 50"]
     sup.check({1: 0.5, 2: 0.25})
-    assert standin.commands() == ["set_default_active_thread_percentage 25"]  # nothing changed: nothing sent
-    sup.check({1: 0.5})
-    assert standin.commands()[-1] == "set_default_active_thread_percentage 50" and sup.percentages == {1: 50}
+    assert standin.commands() == ["set_default_active_thread_percentage 50"]  # nothing changed: nothing sent
+    sup.check({2: 0.25})
+    assert standin.commands()[-1] == "set_default_active_thread_percentage 25" and sup.percentages == {2: 25}
     proc = sup.proc
     sup.check({})
     assert standin.commands()[-1] == "quit" and proc.poll() is not None and sup.proc is None
@@ -199,7 +201,7 @@ def test_a_share_smaller_than_mps_can_express_is_clamped_and_said(standin, host_
     sup.check({6: 0.004, 7: 0.6})
     sup.check({6: 0.004, 7: 0.6})
     assert sup.percentages == {6: 1, 7: 60}
-    assert standin.commands() == ["set_default_active_thread_percentage 1"]
+    assert standin.commands() == ["set_default_active_thread_percentage 60"]
     warnings = [m for level, m in _host_events(host_store) if level == "warning"]
     assert warnings == ["lane 6's compute share 0.40% is outside what MPS can express (1-100 % of the SMs); its "
                         "jobs get 1 %"]
