@@ -6,12 +6,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The CPU build of torch lies on this machine's disk; any other torch spec would download gigabytes.
 WHEELS := $(wildcard /opt/wheels)
-PIP_FLAGS := -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS))
+# torch's exact build (constraints-torch.txt: the CPU wheel above). A host with a torch of its own (a CUDA build on a
+# GPU host) keeps it: `make test TORCH_CONSTRAINTS= VENV_FLAGS=--system-site-packages PYTHON=python3.12` builds the
+# venv on the system's site-packages, pins everything but torch, and pip finds `torch>=2.4` already satisfied.
+TORCH_CONSTRAINTS ?= constraints-torch.txt
+VENV_FLAGS ?=
+PIP_FLAGS := -q -c constraints.txt $(if $(TORCH_CONSTRAINTS),-c $(TORCH_CONSTRAINTS)) $(if $(WHEELS),--find-links $(WHEELS))
 
-.PHONY: demo test bench lint chromium prometheus migration clean
+.PHONY: demo test bench lint chromium prometheus migration clean gpu-check
 
-$(STAMP): pyproject.toml constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(STAMP): pyproject.toml constraints.txt $(TORCH_CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(BIN)/python -m pip install $(PIP_FLAGS) -e '.[all,dev]'
 	touch $(STAMP)
 
@@ -56,6 +61,15 @@ chromium:
 prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
+
+# On a machine with one NVIDIA GPU (and its driver; MPS tools for the MPS part): the `gpu` tests, the nvml source idle
+# and busy, the two-job lane test under PACK and a two-lane MPS test (70 %/30 %), within GPU_CHECK_TIMEOUT_S; one
+# JSON summary on stdout (and in $(GPU_CHECK_OUT)). No network beyond what the host already has. Keep the host's
+# CUDA torch with TORCH_CONSTRAINTS= (see above). Exit status 0 only when every part that could run passed.
+GPU_CHECK_TIMEOUT_S ?= 450
+GPU_CHECK_OUT ?= gpu-check.json
+gpu-check: $(STAMP)
+	$(BIN)/python -m tests.gpu.check --timeout $(GPU_CHECK_TIMEOUT_S) --out $(GPU_CHECK_OUT)
 
 # Write the next migration from the models' difference to the migrations so far: make migration MSG="what changed".
 migration: $(STAMP)
