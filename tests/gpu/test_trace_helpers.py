@@ -71,3 +71,36 @@ def test_the_lane_job_writes_a_trace_the_helpers_read(fleet_home, tmp_path) -> N
     assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 3
     starts, ends = kernel_spans(trace)
     assert len(starts) == 0 and overlap_us((starts, ends), (starts, ends)) == 0.0  # no GPU, no kernels
+
+
+def test_the_lane_job_says_it_reached_the_agent_while_its_job_is_open(fleet_home, tmp_path) -> None:
+    # the summary is written inside the `with job(...)` block: read after it, `connected` would always be false
+    from collector.sdk_handlers import SdkHandlers
+    from collector.socket_server import SocketServer
+    from enforcer.gate import LaneGate
+    from store.db import Store
+    from store.migrations import upgrade
+    from store.settings import get_settings
+
+    settings = get_settings(fresh=True)
+    settings.ensure_home()
+    store = Store.from_settings(settings)
+    upgrade(store)
+    handlers = SdkHandlers(store, "cpu-host", settings, sync_interval_s=0.2)
+    handlers.gate = LaneGate("pack")
+    server = SocketServer(settings.socket_path, handlers).start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+        env.update(PYTHONPATH=str(PROJECT_ROOT), FLEETLENS_HOME=str(fleet_home), FLEETLENS_WORKFLOW="cpu-mate",
+                   FLEETLENS_LANE="1")
+        proc = subprocess.run([sys.executable, "-m", "tests.gpu.lane_job", "--trace", str(tmp_path / "t.json"),
+                               "--device", "cpu", "--steps", "3", "--size", "64", "--matmuls", "2"], env=env,
+                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        server.stop()
+        handlers.close()
+        store.dispose()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["connected"] is True and summary["lane"] == "1" and summary["steps"] == 3
+    assert handlers.gate.snapshot()["1"]["turns"] >= 3  # each step took its turn at the gate
