@@ -6,10 +6,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The CPU build of torch lies on this machine's disk; any other torch spec would download gigabytes.
 WHEELS := $(wildcard /opt/wheels)
-# torch's exact build (constraints-torch.txt: the CPU wheel above). A host with a torch of its own (a CUDA build on a
-# GPU host) keeps it: `make test TORCH_CONSTRAINTS= VENV_FLAGS=--system-site-packages PYTHON=python3.12` builds the
-# venv on the system's site-packages, pins everything but torch, and pip finds `torch>=2.4` already satisfied.
-TORCH_CONSTRAINTS ?= constraints-torch.txt
+# torch's exact build (constraints-torch.txt: the CPU wheel above), used where that wheel is on disk. A host with a
+# torch of its own (a CUDA build on a GPU host) keeps it: `make test TORCH_CONSTRAINTS= VENV_FLAGS=--system-site-packages
+# PYTHON=python3.12` builds the venv on the system's site-packages, pins everything but torch, and pip finds
+# `torch>=2.4` already satisfied. Without the wheel folder torch is left unpinned by default.
+TORCH_CONSTRAINTS ?= $(if $(WHEELS),constraints-torch.txt)
 VENV_FLAGS ?=
 PIP_FLAGS := -q -c constraints.txt $(if $(TORCH_CONSTRAINTS),-c $(TORCH_CONSTRAINTS)) $(if $(WHEELS),--find-links $(WHEELS))
 
