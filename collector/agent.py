@@ -183,7 +183,7 @@ class Agent:
         self.mps: MpsSupervisor | None = None
         if settings.mps:
             self.mps = MpsSupervisor(settings.mps_binary, settings.mps_pipe_dir, settings.mps_log_dir,
-                                     store=store, host_id=self.host_id)
+                                     store=store, host_id=self.host_id, exclusive=settings.mps_exclusive)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 

@@ -15,6 +15,10 @@ GPUs hold a job (store.registry.busy_gpu_lanes) and:
   share, and a client that lost its environment gets no more than the largest lane was given. (The smallest lane's
   default would hold every lane to the smallest share: a 70 % lane beside a 30 % one would get 30 %.)
   `effective_percentage` is that rule;
+- puts the lanes' GPUs in EXCLUSIVE_PROCESS compute mode before it starts the daemon (FLEETLENS_MPS_EXCLUSIVE, on
+  by default), as NVIDIA's MPS documentation advises: only the MPS server then opens a context there, so a process
+  outside MPS cannot share the GPU beside the lanes; the modes the GPUs had are put back when the daemon stops.
+  Setting a compute mode needs root: without it, that is said and the lanes run all the same;
 - restarts the daemon when it died, and stops it (`quit`) when no lane needs it any more.
 
 Control commands go the way MPS takes them: one `nvidia-cuda-mps-control` client per command, the command on its
@@ -38,7 +42,7 @@ from typing import Any
 
 from store.db import Store
 from store.errors import DatabaseUnavailable
-from store.registry import busy_gpu_lanes, record_host_event
+from store.registry import busy_gpu_lane_devices, busy_gpu_lanes, record_host_event
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +82,8 @@ class MpsSupervisor:
     round; `run(...)` calls it on a thread with the lanes read from the store."""
 
     def __init__(self, binary: str, pipe_dir: Path, log_dir: Path, *, store: Store | None = None,
-                 host_id: str | None = None, base_env: Mapping[str, str] | None = None) -> None:
+                 host_id: str | None = None, base_env: Mapping[str, str] | None = None, exclusive: bool = False,
+                 nvml: Any = None) -> None:
         self.binary, self.pipe_dir, self.log_dir = binary, Path(pipe_dir), Path(log_dir)
         self.store, self.host_id = store, host_id
         self._base_env = dict(os.environ if base_env is None else base_env)
@@ -92,12 +97,20 @@ class MpsSupervisor:
         self._pending: list[tuple[str, str, dict[str, Any]]] = []  # events the database could not take yet
         self._lock = threading.Lock()
         self._last_lanes: dict[int, float] = {}
+        self.exclusive = exclusive
+        self._nvml = nvml  # pynvml, or a stand-in (tests); imported on first use
+        self.devices: dict[int, str] = {}  # lane id -> its GPU's UUID, for the compute mode
+        self.modes: dict[str, int] = {}  # GPU UUID -> the compute mode it had before we set EXCLUSIVE_PROCESS
+        self._mode_said: set[str] = set()
 
     # ---- one round -------------------------------------------------------------------------------------
 
-    def check(self, lanes: Mapping[int, float]) -> None:
-        """Bring the daemon in line with these lanes ({lane id: compute share}): start, restart, re-set, stop."""
+    def check(self, lanes: Mapping[int, float], devices: Mapping[int, str] | None = None) -> None:
+        """Bring the daemon in line with these lanes ({lane id: compute share}; `devices` {lane id: GPU UUID}):
+        start, restart, re-set, stop."""
         with self._lock:
+            if devices is not None:
+                self.devices = dict(devices)
             self._check(dict(lanes))
             self._flush_events()
 
@@ -128,6 +141,8 @@ class MpsSupervisor:
             self._start(restarted=True)
         elif self.proc is None:
             self._start(restarted=False)
+        if self.proc is not None and self.exclusive:
+            self._exclusive({self.devices[lane] for lane in lanes if lane in self.devices})
         if self.proc is not None and self._control.exists():
             default = daemon_default(self.percentages)
             if default != self._default and self._command(f"set_default_active_thread_percentage {default}"):
@@ -145,6 +160,8 @@ class MpsSupervisor:
                                    "compute shares are not held on the GPU. Install the NVIDIA driver's MPS tools "
                                    "on the agent's PATH, or set FLEETLENS_MPS=false", binary=self.binary)
             return
+        if self.exclusive:  # before the daemon: its server must be the only context on these GPUs
+            self._exclusive({uuid for uuid in self.devices.values()})
         try:
             self.pipe_dir.mkdir(parents=True, exist_ok=True)
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -182,10 +199,74 @@ class MpsSupervisor:
             time.sleep(0.02)
         return False
 
+    def _nvml_lib(self) -> Any:
+        if self._nvml is None:
+            import pynvml
+
+            self._nvml = pynvml
+        return self._nvml
+
+    def _exclusive(self, uuids: set[str]) -> None:
+        """EXCLUSIVE_PROCESS on these GPUs (the mode each had is kept to put back); said once per GPU when it
+        cannot be set."""
+        todo = sorted(uuids - set(self.modes) - self._mode_said)
+        if not todo:
+            return
+        nv = self._nvml_lib()
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            self._mode_said.update(todo)
+            self._say("warning", f"cannot put GPUs {', '.join(todo)} in EXCLUSIVE_PROCESS mode: NVML does not start "
+                                 f"({exc}); processes outside MPS may open contexts beside the lanes", gpus=todo)
+            return
+        try:
+            for uuid in todo:
+                try:
+                    handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+                    before = int(nv.nvmlDeviceGetComputeMode(handle))
+                    if before != nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
+                        nv.nvmlDeviceSetComputeMode(handle, nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+                    self.modes[uuid] = before
+                except nv.NVMLError as exc:
+                    self._mode_said.add(uuid)
+                    self._say("warning", f"cannot put GPU {uuid} in EXCLUSIVE_PROCESS mode ({exc}): processes "
+                                         "outside MPS may open contexts beside its lanes; run the agent as root, or "
+                                         f"set it once with `nvidia-smi -i {uuid} -c EXCLUSIVE_PROCESS`", gpu=uuid)
+        finally:
+            try:
+                nv.nvmlShutdown()
+            except nv.NVMLError:
+                pass
+
+    def _restore_modes(self) -> None:
+        """Put back the compute modes the GPUs had before the daemon ran."""
+        modes, self.modes, self._mode_said = self.modes, {}, set()
+        if not modes:
+            return
+        nv = self._nvml_lib()
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError:
+            return
+        try:
+            for uuid, mode in modes.items():
+                try:
+                    if mode != nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
+                        nv.nvmlDeviceSetComputeMode(nv.nvmlDeviceGetHandleByUUID(uuid), mode)
+                except nv.NVMLError as exc:
+                    self._say("warning", f"cannot put GPU {uuid}'s compute mode back to {mode} ({exc})", gpu=uuid)
+        finally:
+            try:
+                nv.nvmlShutdown()
+            except nv.NVMLError:
+                pass
+
     def _stop(self, why: str) -> None:
         proc, self.proc = self.proc, None
         self.state, self._default = "stopped", None
         if proc is None:
+            self._restore_modes()
             return
         if proc.poll() is None:
             self._command("quit")
@@ -194,6 +275,7 @@ class MpsSupervisor:
             except subprocess.TimeoutExpired:  # a daemon that ignores quit still has to go
                 proc.kill()
                 proc.wait()
+        self._restore_modes()
         self._say("info", f"MPS control daemon stopped: {why}", pid=proc.pid)
 
     def _servers(self) -> list[int]:
@@ -247,6 +329,7 @@ class MpsSupervisor:
         try:
             with self.store.session() as session:
                 self._last_lanes = busy_gpu_lanes(session, self.host_id)
+                self.devices = busy_gpu_lane_devices(session, self.host_id)
         except DatabaseUnavailable:
             pass
         return self._last_lanes

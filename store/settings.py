@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     mps: bool = False
     mps_binary: str = "nvidia-cuda-mps-control"  # looked up on PATH
     mps_check_interval_s: float = Field(5.0, gt=0)  # how often the agent checks the daemon and the lanes
+    # put the lanes' GPUs in EXCLUSIVE_PROCESS compute mode while the daemon runs (only MPS may open a context there)
+    mps_exclusive: bool = True
     workflow: str | None = None  # FLEETLENS_WORKFLOW: set in a job's environment to name its workflow
     replay_path: str | None = None  # source=replay: "alibaba", an Alibaba folder, or a `fleetlens export` file
     replay_speedup: float = 60.0  # source=replay: recorded seconds played per wall-clock second

@@ -1,7 +1,8 @@
 """MPS as NVIDIA documents it, against a stand-in nvidia-cuda-mps-control and stand-in CUDA clients started the way
 the agent starts lane jobs: each client's effective active thread percentage, by NVIDIA's rule (its own
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "can only further constrain" the daemon's default), is its lane's share; no job
-starts before the daemon's control pipe exists; a job names its GPU by UUID and gets a pinned memory limit."""
+starts before the daemon's control pipe exists; a job names its GPU by UUID and gets a pinned memory limit; the
+lanes' GPUs are EXCLUSIVE_PROCESS while the daemon runs (through the fake NVML), and put back."""
 
 from __future__ import annotations
 
@@ -13,15 +14,19 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
+from sqlalchemy import select
 
 from collector.launch import job_env, spawn_job
 from collector.mps import MpsSupervisor
 from store.db import Store
 from store.errors import InvalidInput
+from store.models import HostEvent
 from store.registry import busy_gpu_lanes, register_host
 from store.settings import Settings
 from tests.collector.test_mps import HOST, _daemons_of, _gpu_lane
+from tests.fakes.fake_pynvml import FakeGPU, FakeNVML
 
 # `-f`: the daemon; it opens `control` in its pipe folder after STANDIN_READY_DELAY_S (a slow start). Without
 # arguments: a control client; it keeps the default it is told in the pipe folder (as the daemon would hold it).
@@ -146,3 +151,35 @@ def test_a_launch_with_no_daemon_to_reach_is_refused_and_nothing_starts(daemon_b
     with pytest.raises(InvalidInput, match="runs outside MPS"):
         _launch(host_store, wf, device, lane, out, mps_wait_s=0.5)
     assert not out.exists()
+
+
+def test_the_lanes_gpus_are_exclusive_to_mps_while_it_runs_and_put_back(daemon_bin, host_store) -> None:
+    # NVIDIA advises EXCLUSIVE_PROCESS under MPS: only the MPS server opens a context, so nothing runs beside the lanes
+    fake = FakeNVML([FakeGPU(uuid="GPU-mps-3"),
+                     FakeGPU(uuid="GPU-other", compute_mode=pynvml.NVML_COMPUTEMODE_PROHIBITED)])
+    settings = Settings()
+    sup = MpsSupervisor(settings.mps_binary, settings.mps_pipe_dir, settings.mps_log_dir, store=host_store,
+                        host_id=HOST, exclusive=True, nvml=fake)
+    sup.check({1: 0.7}, devices={1: "GPU-mps-3"})
+    assert sup.state == "running"
+    assert [g.compute_mode for g in fake.gpus] == [pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+                                                   pynvml.NVML_COMPUTEMODE_PROHIBITED]  # only the lane's GPU
+    sup.check({})
+    assert sup.proc is None and fake.gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT  # put back
+    assert fake.initialized == 0
+
+
+def test_without_root_the_mode_is_said_once_and_the_lanes_run(daemon_bin, host_store) -> None:
+    fake = FakeNVML([FakeGPU(uuid="GPU-mps-3", denied={"nvmlDeviceSetComputeMode"})])
+    settings = Settings()
+    sup = MpsSupervisor(settings.mps_binary, settings.mps_pipe_dir, settings.mps_log_dir, store=host_store,
+                        host_id=HOST, exclusive=True, nvml=fake)
+    try:
+        sup.check({1: 0.7}, devices={1: "GPU-mps-3"})
+        sup.check({1: 0.7}, devices={1: "GPU-mps-3"})
+        assert sup.state == "running" and fake.gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
+    finally:
+        sup.close()
+    with host_store.session() as session:
+        said = [e.message for e in session.scalars(select(HostEvent)) if "EXCLUSIVE_PROCESS" in e.message]
+    assert len(said) == 1 and "nvidia-smi -i GPU-mps-3 -c EXCLUSIVE_PROCESS" in said[0]

@@ -71,6 +71,7 @@ class FakeGPU:
     mig: list[FakeGPU] | None = None  # MIG mode on, with these MIG devices
     gpu_instance_id: int = 0  # a MIG device's GPU instance
     sm_count: int = 108  # multiprocessorCount (nvmlDeviceGetAttributes)
+    compute_mode: int = 0  # NVML_COMPUTEMODE_DEFAULT; nvmlDeviceSetComputeMode changes it (`denied`: no root)
 
 
 class _Handle:
@@ -187,6 +188,26 @@ class FakeNVML:
         if self.gpus[index].handle_error is not None:
             raise _real.NVMLError(self.gpus[index].handle_error)
         return self._handles[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
+        self.calls["nvmlDeviceGetHandleByUUID"] += 1
+        if not self.initialized:
+            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for handle, gpu in zip(self._handles, self.gpus, strict=True):
+            if gpu.uuid == wanted:
+                return handle
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetComputeMode(self, handle: _Handle) -> int:
+        return self._gpu("nvmlDeviceGetComputeMode", handle).compute_mode
+
+    def nvmlDeviceSetComputeMode(self, handle: _Handle, mode: int) -> None:
+        gpu = self._gpu("nvmlDeviceSetComputeMode", handle)
+        if mode not in (_real.NVML_COMPUTEMODE_DEFAULT, _real.NVML_COMPUTEMODE_PROHIBITED,
+                        _real.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.compute_mode = mode
 
     def nvmlDeviceGetIndex(self, handle: _Handle) -> int:
         self._gpu("nvmlDeviceGetIndex", handle)
