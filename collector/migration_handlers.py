@@ -28,6 +28,7 @@ from sqlalchemy import select
 
 from collector.command_runner import CommandContext, register_handler
 from collector.launch import find_job_processes, find_managed_processes, job_env, spawn_job
+from collector.oom import oom_cause
 from enforcer.gate import LaneGate
 from store.checkpoints import (
     digest,
@@ -196,22 +197,17 @@ class _Reaper:
 
 REAPER = _Reaper()
 
-# what PyTorch's CUDA allocator (and CUDA itself) print when a process runs out of its memory cap
-OUT_OF_MEMORY_MARKERS = ("CUDA out of memory", "torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError",
-                         "CUDA error: out of memory")
-
-
-def ran_out_of_memory(log_path: Path, tail_bytes: int = 64 * 1024) -> bool:
+def ran_out_of_memory(log_path: Path, tail_bytes: int = 64 * 1024) -> str | None:
     """Whether the end of a job's log, since its last start, shows it died out of GPU memory (with or without the
-    job SDK: the markers are what PyTorch and CUDA print)."""
+    job SDK: the markers are what PyTorch and CUDA print), and why (collector.oom): "share" (its cap), "device" (the
+    GPU was full while it was within its cap), None (not out of memory)."""
     try:
         with open(log_path, "rb") as f:
             f.seek(max(0, f.seek(0, 2) - tail_bytes))
             tail = f.read().decode(errors="replace")
     except OSError:
-        return False
-    tail = tail.rsplit(START_MARK, 1)[-1]  # an earlier run's failure is not this one's
-    return any(marker in tail for marker in OUT_OF_MEMORY_MARKERS)
+        return None
+    return oom_cause(tail.rsplit(START_MARK, 1)[-1])  # an earlier run's failure is not this one's
 
 
 def probe_storage(agent: Any) -> dict[str, str | None]:

@@ -25,12 +25,13 @@ FAILURE_LABEL = "failure"  # workflows.labels: why the workflow's job failed, wh
 
 
 def end_placements(store: Store, workflow_id: str, pid: int | None, outcome: str, *, now: float | None = None,
-                   out_of_memory: bool = False) -> int:
+                   out_of_memory: bool | str | None = False) -> int:
     """The job's process `pid` ended: its active placements end and empty lanes close; returns how many ended.
 
     `out_of_memory`: it died for want of memory, so the workflow fails with "exceeded its memory share of N bytes"
-    (its admitted P' + E in its lane, or its whole device) in its labels. A workflow being moved is left to the
-    migration (it ends the old placement itself)."""
+    (its admitted P' + E in its lane, or its whole device) in its labels; "device" when it was within its share and
+    the GPU itself was full (a neighbour, or memory outside every share): then that is what the label says. A
+    workflow being moved is left to the migration (it ends the old placement itself)."""
     now = time.time() if now is None else now
     with store.session() as session:
         wf = session.get(Workflow, workflow_id)
@@ -46,7 +47,9 @@ def end_placements(store: Store, workflow_id: str, pid: int | None, outcome: str
         if out_of_memory and outcome != "finished":
             shares = [memory_share(session, p) for p in rows]
             share = f"its memory share of {max(shares)} bytes" if shares and all(shares) else "its memory"
-            wf.labels = {**(wf.labels or {}), FAILURE_LABEL: f"exceeded {share} (out of memory)"}
+            why = (f"ran out of GPU memory within {share}: the GPU was full (a neighbour over its share, or memory "
+                   "outside the shares)" if out_of_memory == "device" else f"exceeded {share} (out of memory)")
+            wf.labels = {**(wf.labels or {}), FAILURE_LABEL: why}
         if wf.state == "running":
             wf.state = "finished" if outcome == "finished" else "failed"
         return len(rows)

@@ -1,0 +1,49 @@
+"""Why a job ran out of GPU memory, from what PyTorch printed: its own cap, or a full GPU while within its cap.
+
+With a per-process memory fraction set, PyTorch's out-of-memory message says how much the process was allowed
+("<size> allowed;"), what it held ("Of the allocated memory <size> is allocated by PyTorch, ... and <size> is
+reserved by PyTorch but unallocated"), what it asked for ("Tried to allocate <size>") and what the GPU had free
+("of which <size> is free"). When what it reserved plus what it asked for fits in what it was allowed, the cap did
+not stop it: the GPU itself was full (a lane-mate over its share, a job outside fleetlens, CUDA contexts and
+workspaces outside every share), and the job must not be reported as having exceeded its share.
+
+`oom_cause(text)`: "share" (its cap, or no way to tell otherwise), "device" (within its cap, the GPU was full),
+None (no out-of-memory error in the text).
+"""
+
+from __future__ import annotations
+
+import re
+
+# what PyTorch's CUDA allocator (and CUDA itself) print when a process runs out of GPU memory
+OUT_OF_MEMORY_MARKERS = ("CUDA out of memory", "torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError",
+                         "CUDA error: out of memory")
+
+_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB)"
+_UNITS = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_TRIED = re.compile(r"Tried to allocate\s+" + _SIZE)
+_ALLOWED = re.compile(_SIZE + r"\s+allowed;")
+_ALLOCATED = re.compile(r"Of the allocated memory\s+" + _SIZE + r"\s+is allocated by PyTorch")
+_UNALLOCATED = re.compile(_SIZE + r"\s+is reserved by PyTorch but unallocated")
+_FREE = re.compile(r"of which\s+" + _SIZE + r"\s+is free")
+
+
+def _bytes(match: re.Match[str] | None) -> float | None:
+    return None if match is None else float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def oom_cause(text: str) -> str | None:
+    """"share", "device" or None for the last out-of-memory error in `text` (see the module's docstring)."""
+    at = max((text.rfind(marker) for marker in OUT_OF_MEMORY_MARKERS), default=-1)
+    if at < 0:
+        return None
+    message = text[at:at + 4096]
+    tried, allowed = _bytes(_TRIED.search(message)), _bytes(_ALLOWED.search(message))
+    allocated = _bytes(_ALLOCATED.search(message))
+    if tried is None or allowed is None or allocated is None:
+        return "share"  # no cap in force, or a message of another form: nothing says the GPU was at fault
+    reserved = allocated + (_bytes(_UNALLOCATED.search(message)) or 0.0)
+    free = _bytes(_FREE.search(message))
+    if reserved + tried <= allowed and (free is None or free < tried):
+        return "device"
+    return "share"
