@@ -4,7 +4,8 @@ LaneGate, against a bare echo round trip on the same socket and connection in th
 Prints one JSON line: median and p95 microseconds of the gate's begin round trip, of a whole step's gate traffic
 (begin + end), and of the echo; their ratio; and the 200 µs target.
 
-On a GPU host also: two lane-mates (threads, each on its own CUDA stream, as two processes would be) take turns
+On a GPU host also (and the cost per step of giving a turn's cached memory back, against keeping it): two
+lane-mates (threads, each on its own CUDA stream, as two processes would be) take turns
 through a LaneGate, each ending its turn with the job SDK's CUDA step waiter; from CUDA timing events around every
 step's kernels, the fraction of the lane-mates' kernel time that overlaps (target 0), and the per-step cost of
 waiting on the event (microseconds spent in the waiter beyond the step's own kernel time), against the same steps
@@ -48,7 +49,7 @@ def gpu_figures() -> dict[str, Any]:
     from collector.job import cuda_step_waiter
 
     if not torch.cuda.is_available():
-        return {"kernel_overlap_fraction": None, "event_wait_us_per_step": None,
+        return {"kernel_overlap_fraction": None, "event_wait_us_per_step": None, "turn_release_us_per_step": None,
                 "gpu_reason": "no CUDA device here (torch.cuda.is_available() is False)"}
     import threading
 
@@ -113,8 +114,32 @@ def gpu_figures() -> dict[str, Any]:
         "kernel_overlap_fraction": round(overlap / total, 6) if total else None,
         "event_wait_us_per_step": round(max(0.0, statistics.mean(waited_us) - kernel_us), 1),
         "event_wait_us_per_step_incl_kernels": round(statistics.mean(waited_us), 1),
-        "kernel_us_per_step_alone": round(kernel_us, 1), "gpu_reason": None,
+        "kernel_us_per_step_alone": round(kernel_us, 1), **release_cost(torch), "gpu_reason": None,
     }
+
+
+def release_cost(torch: Any) -> dict[str, Any]:
+    """What giving a turn's memory back costs per step (collector.turns.TurnMemory: empty_cache at each turn's end,
+    so the next step allocates its ephemeral memory from the driver again), against the same steps keeping PyTorch's
+    cache (the anchor): median microseconds per step of both."""
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def run(release: bool) -> float:
+        times = []
+        for _ in range(GPU_STEPS):
+            t0 = time.perf_counter()
+            scratch = [a @ a for _ in range(4)]  # the step's ephemeral memory: 4 x 16 MiB
+            del scratch
+            torch.cuda.synchronize()
+            if release:
+                torch.cuda.empty_cache()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+
+    run(False)  # warm up
+    kept, released = run(False), run(True)
+    return {"step_us_keeping_cache": round(kept, 1), "step_us_releasing_cache": round(released, 1),
+            "turn_release_us_per_step": round(released - kept, 1)}
 
 
 class EchoOrSdk:

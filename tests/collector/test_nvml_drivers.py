@@ -93,10 +93,12 @@ def test_a_driver_that_cannot_list_its_gpus_is_said_as_a_warning(monkeypatch, ca
 def _mig_gpu() -> FakeGPU:
     gr = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
     return FakeGPU(name="NVIDIA A100-SXM4-40GB", memory_total=40 * GiB, sm_count=98, gpm={}, mig=[
-        FakeGPU(uuid="MIG-aaaa", memory_total=20 * GiB, memory_used=5 * GiB, gpu_instance_id=1, sm_count=42,
+        FakeGPU(uuid="MIG-aaaa", name="NVIDIA A100-SXM4-40GB MIG 3g.20gb", memory_total=20 * GiB,
+                memory_used=5 * GiB, gpu_instance_id=1, sm_count=42,
                 gpm={gr: 75.0, pynvml.NVML_GPM_METRIC_SM_UTIL: 60.0},
                 processes=[FakeProcess(pid=901, used_memory=5 * GiB)]),
-        FakeGPU(uuid="MIG-bbbb", memory_total=5 * GiB, gpu_instance_id=9, sm_count=14, gpm={gr: 0.0}),
+        FakeGPU(uuid="MIG-bbbb", name="NVIDIA A100-SXM4-40GB MIG 1g.5gb", memory_total=5 * GiB,
+                gpu_instance_id=9, sm_count=14, gpm={gr: 0.0}),
     ])
 
 
@@ -109,6 +111,8 @@ def test_mig_devices_are_devices_of_their_own_with_their_weight_and_activity(mon
         (MIG_INDEX_BASE + 1, "MIG-bbbb", "GPU-fake-0000", 5 * GiB),
         (1, "GPU-fake-0001", None, 80 * GiB),
     ]
+    # NVML's own MIG device names (model and profile), which the analyzer weighs held hours by
+    assert [d.name for d in infos[:2]] == ["NVIDIA A100-SXM4-40GB MIG 3g.20gb", "NVIDIA A100-SXM4-40GB MIG 1g.5gb"]
     assert infos[0].slice_weight == pytest.approx(42 / 98) and infos[1].slice_weight == pytest.approx(14 / 98)
     assert infos[2].slice_weight is None
     src.sample()  # GPM: the first sample starts the clock

@@ -1,8 +1,9 @@
 """`make gpu-check`: on a machine with one NVIDIA GPU, run the `gpu` tests (the nvml source idle and busy, the
 two-job lane test under PACK with its no-wait control, the memory caps, the two-lane MPS test at 70 %/30 %, the
-demo) within a time limit, and print one JSON summary: the host, each test's outcome, and the figures the tests
-measured. Nothing is fetched from the network. Exit status 0 when every test that could run passed, 1 when one
-failed or the time ran out, 2 when this machine cannot run them (the summary says why).
+demo), then the lane gate benchmark, within a time limit, and print one JSON summary: the host, each test's
+outcome, the figures the tests measured and the benchmark's line. Nothing is fetched from the network. Exit
+status 0 when every test that could run passed, 1 when one failed or the time ran out, 2 when this machine cannot
+run them (the summary says why).
 
     python -m tests.gpu.check --timeout 450 --out gpu-check.json
 """
@@ -77,6 +78,19 @@ def _outcomes(junit: Path) -> dict[str, dict[str, Any]]:
     return tests
 
 
+def _benchmarks(left_s: float) -> dict[str, Any]:
+    """The lane gate benchmark's JSON line (its GPU part: kernel overlap, the event wait's and the memory release's
+    cost per step), in the time left; what went wrong otherwise."""
+    if left_s < 30:
+        return {"lane_gate": f"not run: {left_s:.0f} s left of the time limit"}
+    try:
+        done = subprocess.run([sys.executable, "benchmarks/lane_gate.py"], cwd=PROJECT_ROOT, capture_output=True,
+                              text=True, timeout=left_s)
+        return {"lane_gate": json.loads(done.stdout.strip().splitlines()[-1])}
+    except (subprocess.TimeoutExpired, IndexError, json.JSONDecodeError) as exc:
+        return {"lane_gate": f"failed: {type(exc).__name__}: {exc}"}
+
+
 def run(timeout_s: float, extra: list[str]) -> tuple[dict[str, Any], int]:
     started = time.monotonic()
     summary: dict[str, Any] = {"check": "fleetlens gpu-check", "host": host_facts()}
@@ -102,6 +116,7 @@ def run(timeout_s: float, extra: list[str]) -> tuple[dict[str, Any], int]:
             output, _ = proc.communicate()
         tests = _outcomes(junit)
         figures = {p.stem: json.loads(p.read_text()) for p in sorted(figures_dir.glob("*.json"))}
+    summary["benchmarks"] = _benchmarks(timeout_s - (time.monotonic() - started))
     ran = [t for t in tests.values() if t["outcome"] != "skipped"]
     failed = [name for name, t in tests.items() if t["outcome"] in ("failed", "error")]
     ok = not timed_out and proc.returncode == 0 and bool(ran) and not failed
