@@ -234,8 +234,9 @@ class Job:
         """Yield the items of `iterable` (or the step indices) one step at a time, up to `total_steps`.
 
         A step is timed from asking `iterable` for its item to the loop body handing control back, so data
-        loading counts. In a lane the step also lasts until its device work is done (the step waiter), and only
-        then is the lane's turn handed on, so lane-mates' kernels never run at the same time. Counting starts at
+        loading counts. In a lane the turn is taken before the item is asked for (a batch the loader moves to the
+        GPU is within the turn's memory cap), the step lasts until its device work is done (the step waiter), and
+        only then is the lane's turn handed on, so lane-mates' kernels never run at the same time. Counting starts at
         the resume step; call `steps()` again for the next epoch.
         """
         if not self._started:
@@ -249,17 +250,20 @@ class Job:
         while limit is None or self._step < limit:
             if cuda:
                 self._cuda_begin()
+            if in_lane:  # the turn covers data loading too: a batch the loader puts on the GPU is within its cap
+                self.gate()
             try:
                 item = next(source)
-            except StopIteration:
+            except StopIteration:  # the data ran out: the turn taken for it passes on now
+                self._leave_turn()
                 return
-            if in_lane:
-                self.gate()
+            except BaseException:
+                self._leave_turn()
+                raise
             try:
                 yield self._step if indices else item
             except GeneratorExit:  # the loop was left mid-step (`break`): its turn passes on now, not at the lease
-                if in_lane and self._holding is not None:
-                    self._release_turn(self._holding, again=False)
+                self._leave_turn()
                 raise
             if in_lane and waiter is not None:
                 waited = clock()
@@ -294,6 +298,11 @@ class Job:
             self._turn_memory.end()
         self._holding = None
         self._gate_request("end", step, again=again)
+
+    def _leave_turn(self) -> None:
+        """The loop stops (data ran out, `break`, an error) while holding a turn: give it up for good."""
+        if self._holding is not None:
+            self._release_turn(self._holding, again=False)
 
     def _release_turn(self, step: int, *, again: bool) -> None:
         """Give the turn up from outside the loop's normal path: wait for what the step queued, then end it."""

@@ -85,3 +85,31 @@ def test_a_loop_left_with_break_gives_its_turn_up_at_once(served: Served) -> Non
         t.join(timeout=60)
     assert "first" in granted
     assert granted["first"] < 3.0, f"the lane-mate waited {granted['first']:.1f} s for a turn nobody used"
+
+
+def test_the_turn_taken_for_data_that_ran_out_passes_on_at_once(served: Served) -> None:
+    # in a lane the turn is taken before the loader is asked (a batch it puts on the GPU is within the turn's cap):
+    # when the data has run out, that turn must not stay with a job that has gone on to evaluate
+    served.handlers.gate = LaneGate("pack", lease_s=10.0)
+    lane = served.settings.model_copy(update={"lane": "5"})
+    done_epoch, granted = threading.Event(), {}
+
+    def epoch() -> None:
+        with job("epoch", workflow="epoch", settings=lane) as j:
+            assert list(j.steps(["a", "b", "c"])) == ["a", "b", "c"]
+            done_epoch.set()
+            time.sleep(6.0)  # evaluation after the epoch: no steps, still connected
+
+    def mate() -> None:
+        done_epoch.wait(30)
+        asked = time.monotonic()
+        with job("mate", total_steps=2, workflow="mate", settings=lane) as j:
+            for _ in j.steps():
+                granted.setdefault("first", time.monotonic() - asked)
+
+    threads = [threading.Thread(target=epoch), threading.Thread(target=mate)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert granted.get("first", 99.0) < 3.0, granted
