@@ -45,7 +45,7 @@ from typing import Any
 
 from collector import attribution
 from collector import protocol as p
-from collector.turns import CudaStepWaiter, RenewingWait, TurnMemory
+from collector.turns import CudaStepWaiter, LeaseKeeper, TurnMemory
 from store.errors import ConfigError, InvalidInput
 from store.paths import path_component, trace_dir_for
 from store.settings import Settings, get_settings
@@ -134,10 +134,11 @@ class Job:
         # in a lane, the turn passes on only once this returns (the step's GPU work is done); None: at once
         self.step_waiter: StepDoneFn | None = step_done
         self.step_wait_s = 0.0  # seconds spent in the waiter, all steps together
-        self.renewals = 0  # lease renewals sent while waiting for steps' device work
         self._renew_every_s = 20.0  # a third of the gate's lease, once the gate said it
         self._holding: int | None = None  # the step whose lane turn this job holds now
-        self._waits = RenewingWait()
+        # renewals go over a connection of their own, from the keeper's thread, while this one waits on the step
+        self._renew_conn = p.AgentConnection(self.settings.socket_path, self.settings.sdk_timeout_s)
+        self._lease = LeaseKeeper(self._renew)
         self._turn_memory: TurnMemory | None = None
         self.checkpoints: list[dict[str, Any]] = []  # what this job saved on request: path, step, request_id
         self.traces: list[str] = []  # trace files this job wrote
@@ -216,7 +217,8 @@ class Job:
         except Exception:
             log.debug("fleetlens job close failed", exc_info=True)
         finally:
-            self._waits.close()
+            self._lease.close()
+            self._renew_conn.close()
             self._conn.close()
 
     # ---- the training loop -----------------------------------------------------------------------------
@@ -229,6 +231,16 @@ class Job:
     @property
     def connected(self) -> bool:
         return self._conn.connected
+
+    @property
+    def renewals(self) -> int:
+        """Lease renewals sent while waiting for steps' device work."""
+        return self._lease.renewals
+
+    def _renew(self) -> None:
+        """From the lease keeper's thread: the step whose turn we hold is still running on the device."""
+        if self._holding is not None and self._conn.connected:
+            self._renew_conn.request(self._msg(p.GATE, lane=self.lane, step=self._holding, phase="renew"))
 
     def steps(self, iterable: Iterable[Any] | None = None) -> Iterator[Any]:
         """Yield the items of `iterable` (or the step indices) one step at a time, up to `total_steps`.
@@ -267,8 +279,7 @@ class Job:
                 raise
             if in_lane and waiter is not None:
                 waited = clock()
-                self.renewals += self._waits.wait(waiter, lambda: self._gate_request("renew", self._step),
-                                                  self._renew_every_s)
+                self._lease.wait(waiter, self._renew_every_s)
                 self.step_wait_s += clock() - waited
             now = clock()
             times.append(now - last)

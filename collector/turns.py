@@ -1,20 +1,19 @@
 """The job side of a lane turn's end: wait for the step's device work while keeping the turn's lease, then give
 the turn's memory back before the turn passes on.
 
-A step's kernels may run long after the Python step returned. `RenewingWait.wait` blocks on the step's waiter (the
-CUDA event's synchronize) on a helper thread and, every `every_s` it is still pending, calls `renew` from the
-calling thread (the one that owns the agent socket), so the gate never hands the turn on under running kernels.
+A step's kernels may run long after the Python step returned. `LeaseKeeper.wait` runs the step's waiter (the CUDA
+event's synchronize) on the calling thread and, every `every_s` it is still pending, renews the turn's lease from a
+helper thread (over a connection of its own), so the gate never hands the turn on under running kernels.
 
-`CudaStepWaiter` records its event on the calling thread (the current stream is per thread) and synchronizes
-wherever it is called. `TurnMemory` is the lane's memory rule on the job's side: outside its turn a job is capped
-at its persistent share, during its turn at persistent + ephemeral; at the turn's end PyTorch's cached blocks are
-released (`torch.cuda.empty_cache()`), so lane-mates together never hold more than the lane (ΣP' + max E), which
-per-job caps of P' + E each would not ensure.
+`CudaStepWaiter` records its event on the current stream and blocks until it has completed. `TurnMemory` is the
+lane's memory rule on the job's side: outside its turn a job is capped at its persistent share, during its turn at
+persistent + ephemeral; at the turn's end PyTorch's cached blocks are released (`torch.cuda.empty_cache()`), so
+lane-mates together never hold more than the lane (ΣP' + max E), which per-job caps of P' + E each would not
+ensure.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -38,52 +37,60 @@ class CudaStepWaiter:
         self.synchronize()
 
 
-class RenewingWait:
-    """Runs step waiters on one helper thread (started on first use) while the caller renews its turn."""
+class LeaseKeeper:
+    """Renews a turn's lease from a helper thread (started on first use) while the calling thread waits for the
+    step's device work, so the waiter runs where it always did: on the thread whose CUDA streams the step used.
+    `renew` must not share the caller's socket (the SDK gives it a connection of its own)."""
 
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+    def __init__(self, renew: Callable[[], None]) -> None:
+        self._renew = renew
+        self._cond = threading.Condition()
+        self._waiting = False  # a wait is under way
+        self._generation = 0  # bumped by each wait, so a renewal is only ever for the wait it was timed for
+        self._every_s = 20.0
+        self._closed = False
         self._thread: threading.Thread | None = None
+        self.renewals = 0
 
-    def wait(self, waiter: Callable[[], None], renew: Callable[[], None], every_s: float) -> int:
-        """Block until `waiter` returned (its exception re-raised here); `renew()` every `every_s` meanwhile.
-        Returns how many renewals were sent."""
-        record = getattr(waiter, "record", None)
-        if record is not None:
-            record()  # on this thread: the step's kernels were queued on this thread's current stream
-            waiter = waiter.synchronize  # type: ignore[attr-defined]
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="fleetlens-step-waiter", daemon=True)
-            self._thread.start()
-        self._jobs.put(waiter)
-        renewals = 0
-        while True:
-            try:
-                error = self._done.get(timeout=every_s)
-            except queue.Empty:
-                renew()
-                renewals += 1
-                continue
-            if error is not None:
-                raise error
-            return renewals
+    def wait(self, waiter: Callable[[], None], every_s: float) -> None:
+        """Run `waiter` here; every `every_s` it is still running, renew from the helper thread."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fleetlens-lease-keeper", daemon=True)
+                self._thread.start()
+            self._every_s, self._waiting = every_s, True
+            self._generation += 1
+            self._cond.notify_all()
+        try:
+            waiter()
+        finally:
+            with self._cond:
+                self._waiting = False
+                self._cond.notify_all()
 
     def _run(self) -> None:
-        while True:
-            waiter = self._jobs.get()
-            if waiter is None:
-                return
-            try:
-                waiter()
-            except BaseException as exc:  # handed to the waiting caller
-                self._done.put(exc)
-            else:
-                self._done.put(None)
+        with self._cond:
+            while not self._closed:
+                if not self._waiting:
+                    self._cond.wait()
+                    continue
+                generation = self._generation
+                self._cond.wait(timeout=self._every_s)
+                if self._waiting and self._generation == generation and not self._closed:  # still the same wait
+                    self._cond.release()
+                    try:
+                        self._renew()
+                        self.renewals += 1
+                    except Exception:  # a renewal lost is one of many: the next one, or the gate's lease, covers it
+                        pass
+                    finally:
+                        self._cond.acquire()
 
     def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
         if self._thread is not None:
-            self._jobs.put(None)
             self._thread.join(timeout=5)
             self._thread = None
 
