@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matmuls", type=int, default=8)
     ap.add_argument("--device", default="cuda", help="cpu runs the same loop without kernels (a check of the script)")
     ap.add_argument("--no-wait", action="store_true", help="hand the turn on without waiting for the step's kernels")
+    ap.add_argument("--start-at", type=float, default=0.0,
+                    help="epoch seconds to start stepping at (lane-mates started together, whatever their start-up)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.synchronize()
     step_done = (lambda: None) if args.no_wait else None
+    time.sleep(max(0.0, args.start_at - time.time()))  # CUDA is up and the matrices made: now step together
     started = time.perf_counter()
     with profile(activities=activities) as prof:
         with job("gpu-lane-mate", total_steps=args.steps, step_done=step_done) as j:

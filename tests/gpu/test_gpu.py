@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,7 +117,9 @@ def test_the_nvml_source_reads_a_real_device_idle_and_busy() -> None:
 def _lane_mates(settings: Settings, tmp_path: Path, *extra: str) -> tuple[float, dict[str, dict[str, Any]]]:
     """Two lane_jobs in one lane at once: (kernel overlap fraction, each one's summary)."""
     traces = {name: tmp_path / f"{name}{'-'.join(extra)}.json" for name in ("mate-a", "mate-b")}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "tests.gpu.lane_job", "--trace", str(path), *extra],
+    start_at = str(time.time() + 20)  # both step from the same moment, whichever started CUDA faster
+    procs = {name: subprocess.Popen([sys.executable, "-m", "tests.gpu.lane_job", "--trace", str(path),
+                                     "--start-at", start_at, *extra],
                                     env=_job_env(FLEETLENS_HOME=str(settings.home), FLEETLENS_LANE="1",
                                                  FLEETLENS_WORKFLOW=name),
                                     cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -183,11 +186,12 @@ def test_a_lane_jobs_memory_falls_to_its_persistent_cap_between_turns(gate_serve
     assert r["beyond_idle_refused"] is True, r  # outside its turn, the persistent cap holds
 
 
-def test_two_mps_lanes_get_seventy_and_thirty_percent(tmp_path: Path) -> None:
+def test_two_mps_lanes_get_seventy_and_thirty_percent() -> None:
     binary = shutil.which("nvidia-cuda-mps-control")
     if binary is None:
         pytest.skip("nvidia-cuda-mps-control is not on PATH (the driver's MPS tools are not installed)")
-    pipe, log = tmp_path / "mps-pipe", tmp_path / "mps-log"
+    short = Path(tempfile.mkdtemp(prefix="flmps-", dir="/tmp"))  # MPS's pipes want a short folder name
+    pipe, log = short / "pipe", short / "log"
     sup = MpsSupervisor(binary, pipe, log)
     try:
         sup.check({1: 0.7, 2: 0.3})
@@ -205,6 +209,7 @@ def test_two_mps_lanes_get_seventy_and_thirty_percent(tmp_path: Path) -> None:
             results[pct] = json.loads(out.strip().splitlines()[-1])
     finally:
         sup.close()
+        shutil.rmtree(short, ignore_errors=True)
     ratio = results[70]["matmuls_per_s"] / results[30]["matmuls_per_s"]
     _report("mps", {"matmuls_per_s": {str(k): v["matmuls_per_s"] for k, v in results.items()},
                     "sms": {str(k): v["sms"] for k, v in results.items()}, "ratio_70_to_30": ratio})
