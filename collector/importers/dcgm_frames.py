@@ -81,9 +81,11 @@ def parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, s
             both_ts, first = np.unique(np.concatenate([have[1], ts]), return_index=True)
             out.columns[d][f.column] = (prio, both_ts, np.concatenate([have[2], values])[first])
         _add_user(out, wf_index, d, workflow_of(labels, settings), ts)
+    at = {(key.host, key.index): d for key, d in dev_index.items()}  # the users series carry no model name
     for dev, labels, ts in users:
-        if dev in dev_index:  # a device without readings has no samples to attribute
-            _add_user(out, wf_index, dev_index[dev], workflow_of(labels, settings), ts)
+        d = at.get((dev.host, dev.index))
+        if d is not None:  # a device without readings has no samples to attribute
+            _add_user(out, wf_index, d, workflow_of(labels, settings), ts)
     return out
 
 
