@@ -15,7 +15,7 @@ from collector.importers.dcgm_labels import (
     WorkflowKey,
     as_written,
     device_of,
-    relabelled,
+    renamed_labels,
     synthetic_pid,
     target_of,
     workflow_of,
@@ -47,7 +47,12 @@ def parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, s
     wf_index: dict[WorkflowKey, int] = {}
     # scrape targets whose pod labels Prometheus renamed (kube-prometheus): on each of their series, pod, namespace
     # and container are the target's, even where dcgm-exporter wrote none (a GPU no workload uses)
-    renamed = {target_of(s["metric"]) for s in series if relabelled(s["metric"])}
+    renamed: dict[tuple[str, str], frozenset[str]] = {}
+    for s in series:
+        names = renamed_labels(s["metric"])
+        if names:
+            target = target_of(s["metric"])
+            renamed[target] = renamed.get(target, frozenset()) | names
     users: list[tuple[DeviceKey, dict[str, str], np.ndarray]] = []  # an agent's fleetlens_device_workflow series
     for s in series:
         name = s["metric"].get("__name__", "")
@@ -55,7 +60,7 @@ def parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, s
         points = s["values"]
         if (f is None and name != DEVICE_WORKFLOW) or not points:
             continue
-        labels = as_written(s["metric"], target_of(s["metric"]) in renamed)
+        labels = as_written(s["metric"], renamed.get(target_of(s["metric"]), frozenset()))
         dev = device_of(labels)
         if isinstance(dev, str):
             skipped.setdefault(dev, set()).add(tuple(sorted(labels.items())))

@@ -42,7 +42,8 @@ MIG_INDEX_BASE = 1000  # a MIG instance's device index: (gpu + 1) * 1000 + GPU_I
 K8S_LABELS = (POD, NAMESPACE, CONTAINER)
 # the pod of dcgm-exporter itself (gpu-operator's nvidia-dcgm-exporter-xxxxx, the Helm chart's dcgm-exporter-xxxxx):
 # a series labelled with it is a GPU no workload uses, labelled by Prometheus with its scrape target's pod
-EXPORTER_POD = re.compile(r"dcgm-exporter")
+# (and fleetlens's own agent, deploy/kubernetes)
+EXPORTER_POD = re.compile(r"dcgm-exporter|fleetlens-agent")
 
 
 def target_of(labels: dict[str, str]) -> tuple[str, str]:
@@ -50,25 +51,27 @@ def target_of(labels: dict[str, str]) -> tuple[str, str]:
     return labels.get("job", ""), labels.get("instance", "")
 
 
-def relabelled(labels: dict[str, str]) -> bool:
-    """Whether Prometheus renamed this series's pod, namespace or container to exported_* (honor_labels: false)."""
-    return any(EXPORTED_PREFIX + k in labels for k in K8S_LABELS)
+def renamed_labels(labels: dict[str, str]) -> frozenset[str]:
+    """Which of pod, namespace and container Prometheus renamed to exported_* on this series (honor_labels: false):
+    the scrape target has a label of that name."""
+    return frozenset(k for k in K8S_LABELS if EXPORTED_PREFIX + k in labels)
 
 
-def as_written(labels: dict[str, str], target_relabelled: bool = False) -> dict[str, str]:
-    """The labels as dcgm-exporter wrote them (see the module's doc). `target_relabelled`: another series of the same
-    scrape target carries exported_* labels, so this one's pod, namespace and container are the target's own."""
+def as_written(labels: dict[str, str], target_labels: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The labels as dcgm-exporter wrote them (see the module's doc). `target_labels`: those of pod, namespace and
+    container the scrape target has (renamed_labels of any of its series): on a series without exported_<name>,
+    <name> is then the target's own, not the workload's."""
     out = dict(labels)
     for old, new in ((OLD_HOSTNAME, HOSTNAME), (OLD_UUID, UUID), (OLD_POD, POD), (OLD_NAMESPACE, NAMESPACE),
                      (OLD_CONTAINER, CONTAINER)):
         if not out.get(new) and out.get(old):
             out[new] = out[old]
-    here = relabelled(labels)
+    target_labels = target_labels | renamed_labels(labels)
     for name in K8S_LABELS:
         written = labels.get(EXPORTED_PREFIX + name)
         if written:
             out[name] = written
-        elif here or target_relabelled:
+        elif name in target_labels:
             out.pop(name, None)  # the scrape target's, not the workload's
     if EXPORTER_POD.search(out.get(POD) or "") or EXPORTER_POD.search(out.get(CONTAINER) or ""):
         for name in K8S_LABELS:

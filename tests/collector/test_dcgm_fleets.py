@@ -241,3 +241,19 @@ def test_kube_prometheus_relabelling_keeps_the_workloads_not_the_exporter(tmp_pa
     assert (wfs["k8s-vision/detr-0"].team, wfs["k8s-vision/detr-0"].labels["container"]) == ("vision", "trainer")
     assert users == {(0, "k8s-vision/detr-0")}  # the idle GPU has no user
     assert hosts == {"gpu-node-3"}
+
+
+def test_only_the_labels_prometheus_renamed_on_a_target_are_the_targets():
+    """A target that renamed namespace only (its pod and container labels dropped by the ServiceMonitor's
+    relabelings, as deploy/kubernetes does for fleetlens's agent) keeps the pod its series wrote."""
+    from collector.importers.dcgm_labels import as_written, renamed_labels
+
+    user = {"gpu": "0", "workflow": "wf", "pod": "train-0", "exported_namespace": "vision", "namespace": "fleetlens"}
+    device = {"gpu": "0", "namespace": "fleetlens"}
+    target = renamed_labels(user)
+    assert target == {"namespace"}
+    assert as_written(user, target) == {"gpu": "0", "workflow": "wf", "pod": "train-0", "namespace": "vision",
+                                        "exported_namespace": "vision"}
+    assert as_written(device, target) == {"gpu": "0"}
+    # the exporter's own pod, with nothing renamed (honorLabels: true): no workload
+    assert "pod" not in as_written({"gpu": "1", "pod": "nvidia-dcgm-exporter-x7k2p", "namespace": "gpu-operator"})
