@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS))
 
-.PHONY: demo test bench lint chromium prometheus migration clean
+.PHONY: demo test bench lint chromium prometheus systemd migration clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 2
 PG_TEST_URL := postgresql+psycopg://postgres@127.0.0.1:5432/test
 PG_PROBE := import psycopg; psycopg.connect('postgresql://postgres@127.0.0.1:5432/test', connect_timeout=3).close()
-test: $(STAMP) chromium prometheus
+test: $(STAMP) chromium prometheus systemd
 	$(BIN)/lint-imports --no-cache
 	@if [ -z "$$FLEETLENS_TEST_PG_URL" ]; then \
 	  if $(BIN)/python -c "$(PG_PROBE)" 2>/dev/null; then \
@@ -56,6 +56,10 @@ chromium:
 prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
+
+# deploy/systemd's units are checked by systemd-analyze verify (Debian's systemd package; no systemd needs to run).
+systemd:
+	@command -v systemd-analyze >/dev/null || { apt-get update -qq && apt-get install -y -qq systemd >/dev/null; }
 
 # Write the next migration from the models' difference to the migrations so far: make migration MSG="what changed".
 migration: $(STAMP)
