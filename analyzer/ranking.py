@@ -16,9 +16,10 @@ import time
 import pandas as pd
 from sqlalchemy import select
 
+from analyzer.period_rows import period_rows
 from analyzer.waste import Waste, held_from_rollups, waste
 from store.db import Store
-from store.models import Finding, Rollup, Workflow
+from store.models import Finding, Workflow
 
 NO_TEAM = "(no team)"
 WORKFLOW_COLUMNS = [
@@ -99,12 +100,12 @@ def recoverable_by_workflow(findings: pd.DataFrame, w: Waste) -> pd.DataFrame:
 
 
 def _rollup_sums(store: Store, start: float, end: float) -> pd.DataFrame:
-    r = Rollup
-    frame = _read(
-        store,
-        select(r.subject.label("workflow_id"), r.team, r.gpu_hours_held, r.gpu_hours_active, r.util_mean, r.samples)
-        .where(r.scope == "workflow", r.hour >= start, r.hour < end),
-    )
+    """Per workflow: held and active GPU-hours and mean utilisation of [start, end), from its rollups or, for hours
+    not rolled up yet, the rollup of its raw samples (analyzer.period_rows), so `rank` says the same either way."""
+    rows = period_rows(store, start, end)
+    frame = rows[rows["scope"] == "workflow"].rename(columns={"subject": "workflow_id"})[
+        ["workflow_id", "team", "gpu_hours_held", "gpu_hours_active", "util_mean", "samples"]]
+    frame = frame.astype({"gpu_hours_held": "float64", "gpu_hours_active": "float64", "util_mean": "float64"})
     if frame.empty:
         return pd.DataFrame(columns=["gpu_hours_held", "gpu_hours_active", "util_mean"],
                             index=pd.Index([], name="workflow_id"))
