@@ -23,8 +23,7 @@ from store.db import Store
 from store.models import Rollup
 
 COLUMNS = ["scope", "subject", "team", "hour", "gpu_hours_held", "gpu_hours_active", "util_mean", "samples"]
-BASIS = "GPU-hours per day averaged over the period's closed hours (rollups, or the rollup of raw samples where an " \
-        "hour is not rolled up yet)"
+PER_DAY = "averaged over the closed hours of the period"  # what "GPU-hours per day" means wherever it is shown
 
 
 def closed_hours(start: float, end: float) -> tuple[float, float]:

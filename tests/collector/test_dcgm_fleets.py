@@ -257,3 +257,83 @@ def test_only_the_labels_prometheus_renamed_on_a_target_are_the_targets():
     assert as_written(device, target) == {"gpu": "0"}
     # the exporter's own pod, with nothing renamed (honorLabels: true): no workload
     assert "pod" not in as_written({"gpu": "1", "pod": "nvidia-dcgm-exporter-x7k2p", "namespace": "gpu-operator"})
+
+
+# ---- one basis for GPU-hours, MIG slices at their share: the README's commands, before and after a rollup ---------
+
+H0 = 1_700_002_800.0  # on the hour
+HOURS = 2
+IDLE = f'gpu="0",UUID="GPU-idle",device="nvidia0",{H100},hostname="node-a",namespace="ml",pod="idle-0"'
+BUSY = f'gpu="1",UUID="GPU-busy",device="nvidia1",{H100},hostname="node-a",namespace="ml",pod="busy-0"'
+SLICE = f'gpu="0",UUID="GPU-slices",device="nvidia0",{A100},hostname="node-m"'
+SLICE_A = f'{SLICE},GPU_I_ID="2",GPU_I_PROFILE="1g.10gb",namespace="ml",pod="mig-idle"'
+SLICE_B = f'{SLICE},GPU_I_ID="3",GPU_I_PROFILE="1g.10gb",namespace="ml",pod="mig-idle"'
+SLICE_C = f'{SLICE},GPU_I_ID="1",GPU_I_PROFILE="3g.40gb",namespace="ml",pod="mig-busy"'
+
+
+@pytest.fixture(scope="module")
+def two_hours(tmp_path_factory) -> Iterator[PrometheusServer]:
+    """Two hours of a fleet: a whole GPU held idle, one busy, two 1g.10gb slices held idle by one pod, and a busy
+    3g.40gb slice; every 60 s."""
+    folder = tmp_path_factory.mktemp("two_hours")
+    lines: list[str] = []
+    n = HOURS * 60
+
+    def family(name: str, rows: list[tuple[str, float]]) -> None:
+        lines.append(f"# TYPE {name} gauge")
+        for i in range(n):
+            lines.extend(f"{name}{{{labels}}} {value!r} {H0 + i * 60.0!r}" for labels, value in rows)
+
+    family("DCGM_FI_DEV_GPU_UTIL", [(IDLE, 0.0), (BUSY, 95.0)])
+    family("DCGM_FI_PROF_GR_ENGINE_ACTIVE", [(SLICE_A, 0.0), (SLICE_B, 0.0), (SLICE_C, 0.9)])
+    family("DCGM_FI_DEV_FB_USED", [(IDLE, 40000.0), (BUSY, 70000.0), (SLICE_A, 8000.0), (SLICE_B, 8000.0),
+                                   (SLICE_C, 30000.0)])
+    family("DCGM_FI_DEV_FB_FREE", [(IDLE, 41559.0), (BUSY, 11559.0), (SLICE_A, 1728.0), (SLICE_B, 1728.0),
+                                   (SLICE_C, 10192.0)])
+    lines.append("# EOF")
+    (folder / "series.om").write_text("\n".join(lines) + "\n")
+    backfill(folder / "series.om", folder / "data")
+    with prometheus(folder, data_dir=folder / "data") as server:
+        yield server
+
+
+def _rank(capsys, now: float) -> dict:
+    import json
+
+    capsys.readouterr()
+    assert cli(["rank", "--json", "--now", repr(now), "--limit", "50"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_rank_says_the_same_before_and_after_a_rollup_with_slices_at_their_share(two_hours, fleet_home, capsys):
+    end = H0 + HOURS * 3600
+    assert cli(["init"]) == 0
+    assert cli(["import-prometheus", two_hours.url, "--since", repr(H0), "--until", repr(end - 60),
+                "--step", "60s"]) == 0
+    assert cli(["detect", "--now", repr(end), "--window-hours", str(HOURS)]) == 0
+    before = _rank(capsys, end)  # a day of 24 closed hours, the last two of them imported
+    assert cli(["rollup", "--now", repr(end), "--keep-raw"]) == 0
+    after = _rank(capsys, end)
+    # one figure, one basis, named
+    assert before["per_day"] == after["per_day"] and "averaged over the closed hours" in after["per_day"]
+    for key in ("recoverable_gpu_hours_per_day", "held_gpu_hours_per_day"):
+        assert before[key] == pytest.approx(after[key], abs=1e-3), key
+    rows = {when: {r["workflow_id"]: r for r in ranked["workflows"]} for when, ranked in (("b", before), ("a", after))}
+    assert set(rows["b"]) == set(rows["a"]) == {"k8s-ml/idle-0", "k8s-ml/busy-0", "k8s-ml/mig-idle",
+                                                "k8s-ml/mig-busy"}
+    for wf, row in rows["a"].items():
+        first = rows["b"][wf]
+        for key in ("recoverable_gpu_hours_per_day", "held_gpu_hours_per_day", "gpu_hours_held", "util_mean"):
+            assert first[key] == pytest.approx(row[key], abs=1e-3), (wf, key)
+        assert row["util_mean"] is not None
+    # held per day, averaged over a day whose two first hours were observed: a whole GPU 2 h, two 1g.10gb slices of
+    # an A100 (1/7 each) 2 x 2 h / 7, a 3g.40gb slice 2 h x 3/7
+    held = {wf: r["held_gpu_hours_per_day"] for wf, r in rows["a"].items()}
+    assert held == pytest.approx({wf: r["gpu_hours_held"] for wf, r in rows["a"].items()})
+    assert held == pytest.approx({"k8s-ml/idle-0": 2.0, "k8s-ml/busy-0": 2.0, "k8s-ml/mig-idle": 4 / 7,
+                                  "k8s-ml/mig-busy": 6 / 7}, rel=0.02)
+    recoverable = {wf: r["recoverable_gpu_hours_per_day"] for wf, r in rows["a"].items()}
+    # what the idle holders give back is bounded by what they held: the two slices never count as two whole GPUs
+    assert 0 < recoverable["k8s-ml/mig-idle"] <= 4 / 7 + 1e-6
+    assert recoverable["k8s-ml/idle-0"] > 3 * recoverable["k8s-ml/mig-idle"]
+    assert after["held_gpu_hours_per_day"] == pytest.approx(2.0 + 2.0 + 4 / 7 + 6 / 7, rel=0.02)
