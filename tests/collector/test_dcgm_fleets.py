@@ -22,8 +22,8 @@ from collector.importers.dcgm_labels import MIG_INDEX_BASE
 from collector.importers.prometheus import NoDcgmSeries, import_prometheus
 from store.db import Store
 from store.migrations import upgrade
-from store.models import Device, DeviceSample, Host, ProcessSample, Workflow
-from store.settings import Settings
+from store.models import Device, DeviceSample, Finding, Host, ProcessSample, Workflow
+from store.settings import Settings, get_settings
 from tests.prometheus_server import PrometheusServer, backfill, free_port, prometheus
 from ui.cli import run as cli
 
@@ -269,12 +269,13 @@ SLICE = f'gpu="0",UUID="GPU-slices",device="nvidia0",{A100},hostname="node-m"'
 SLICE_A = f'{SLICE},GPU_I_ID="2",GPU_I_PROFILE="1g.10gb",namespace="ml",pod="mig-idle"'
 SLICE_B = f'{SLICE},GPU_I_ID="3",GPU_I_PROFILE="1g.10gb",namespace="ml",pod="mig-idle"'
 SLICE_C = f'{SLICE},GPU_I_ID="1",GPU_I_PROFILE="3g.40gb",namespace="ml",pod="mig-busy"'
+NOMEM = f'gpu="0",UUID="GPU-nomem",device="nvidia0",{H100},hostname="node-b",namespace="ml",pod="nomem-0"'
 
 
 @pytest.fixture(scope="module")
 def two_hours(tmp_path_factory) -> Iterator[PrometheusServer]:
-    """Two hours of a fleet: a whole GPU held idle, one busy, two 1g.10gb slices held idle by one pod, and a busy
-    3g.40gb slice; every 60 s."""
+    """Two hours of a fleet: a whole GPU held idle, one busy, two 1g.10gb slices held idle by one pod, a busy
+    3g.40gb slice, and an idle GPU whose memory series are not exported; every 60 s."""
     folder = tmp_path_factory.mktemp("two_hours")
     lines: list[str] = []
     n = HOURS * 60
@@ -284,7 +285,7 @@ def two_hours(tmp_path_factory) -> Iterator[PrometheusServer]:
         for i in range(n):
             lines.extend(f"{name}{{{labels}}} {value!r} {H0 + i * 60.0!r}" for labels, value in rows)
 
-    family("DCGM_FI_DEV_GPU_UTIL", [(IDLE, 0.0), (BUSY, 95.0)])
+    family("DCGM_FI_DEV_GPU_UTIL", [(IDLE, 0.0), (BUSY, 95.0), (NOMEM, 0.0)])
     family("DCGM_FI_PROF_GR_ENGINE_ACTIVE", [(SLICE_A, 0.0), (SLICE_B, 0.0), (SLICE_C, 0.9)])
     family("DCGM_FI_DEV_FB_USED", [(IDLE, 40000.0), (BUSY, 70000.0), (SLICE_A, 8000.0), (SLICE_B, 8000.0),
                                    (SLICE_C, 30000.0)])
@@ -320,7 +321,7 @@ def test_rank_says_the_same_before_and_after_a_rollup_with_slices_at_their_share
         assert before[key] == pytest.approx(after[key], abs=1e-3), key
     rows = {when: {r["workflow_id"]: r for r in ranked["workflows"]} for when, ranked in (("b", before), ("a", after))}
     assert set(rows["b"]) == set(rows["a"]) == {"k8s-ml/idle-0", "k8s-ml/busy-0", "k8s-ml/mig-idle",
-                                                "k8s-ml/mig-busy"}
+                                                "k8s-ml/mig-busy", "k8s-ml/nomem-0"}
     for wf, row in rows["a"].items():
         first = rows["b"][wf]
         for key in ("recoverable_gpu_hours_per_day", "held_gpu_hours_per_day", "gpu_hours_held", "util_mean"):
@@ -331,9 +332,18 @@ def test_rank_says_the_same_before_and_after_a_rollup_with_slices_at_their_share
     held = {wf: r["held_gpu_hours_per_day"] for wf, r in rows["a"].items()}
     assert held == pytest.approx({wf: r["gpu_hours_held"] for wf, r in rows["a"].items()})
     assert held == pytest.approx({"k8s-ml/idle-0": 2.0, "k8s-ml/busy-0": 2.0, "k8s-ml/mig-idle": 4 / 7,
-                                  "k8s-ml/mig-busy": 6 / 7}, rel=0.02)
+                                  "k8s-ml/mig-busy": 6 / 7, "k8s-ml/nomem-0": 2.0}, rel=0.02)
     recoverable = {wf: r["recoverable_gpu_hours_per_day"] for wf, r in rows["a"].items()}
     # what the idle holders give back is bounded by what they held: the two slices never count as two whole GPUs
     assert 0 < recoverable["k8s-ml/mig-idle"] <= 4 / 7 + 1e-6
     assert recoverable["k8s-ml/idle-0"] > 3 * recoverable["k8s-ml/mig-idle"]
-    assert after["held_gpu_hours_per_day"] == pytest.approx(2.0 + 2.0 + 4 / 7 + 6 / 7, rel=0.02)
+    assert after["held_gpu_hours_per_day"] == pytest.approx(2.0 + 2.0 + 4 / 7 + 6 / 7 + 2.0, rel=0.02)
+    # a GPU without memory series: judged on its utilisation, and its findings say what is not known
+    st = Store(get_settings().resolved_db_url)
+    try:
+        with st.session() as s:
+            titles = list(s.scalars(select(Finding.title).where(Finding.workflow_id == "k8s-ml/nomem-0")))
+    finally:
+        st.dispose()
+    assert titles and all("?" not in t for t in titles)
+    assert any(t.startswith("holds node-b") and "memory it holds is not known" in t for t in titles), titles
