@@ -175,7 +175,8 @@ def rank(
                     "problems": w.problems, "assumptions": w.assumptions})
         return
     if frame.empty:
-        console.print("nothing to rank yet: run `fleetlens rollup` and `fleetlens detect`")
+        console.print("nothing to rank yet: no samples in the period and no open findings (import or run agents, "
+                      "then `fleetlens detect`)")
         return
     first = "team" if teams else "workflow"
     table = Table(title=f"{first}s by recoverable GPU-hours per day ({PER_DAY}, the last {period_hours:g} h): "
