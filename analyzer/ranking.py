@@ -99,10 +99,11 @@ def recoverable_by_workflow(findings: pd.DataFrame, w: Waste) -> pd.DataFrame:
     return out.rename_axis("workflow_id")[cols]
 
 
-def _rollup_sums(store: Store, start: float, end: float) -> pd.DataFrame:
+def _rollup_sums(store: Store, start: float, end: float, rows: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per workflow: held and active GPU-hours and mean utilisation of [start, end), from its rollups or, for hours
-    not rolled up yet, the rollup of its raw samples (analyzer.period_rows), so `rank` says the same either way."""
-    rows = period_rows(store, start, end)
+    not rolled up yet, the rollup of its raw samples (analyzer.period_rows, or `rows` read from it already), so
+    `rank` says the same either way."""
+    rows = period_rows(store, start, end) if rows is None else rows
     frame = rows[rows["scope"] == "workflow"].rename(columns={"subject": "workflow_id"})[
         ["workflow_id", "team", "gpu_hours_held", "gpu_hours_active", "util_mean", "samples"]]
     frame = frame.astype({"gpu_hours_held": "float64", "gpu_hours_active": "float64", "util_mean": "float64"})
@@ -146,9 +147,10 @@ def rank_with_waste(
     """rank_workflows, and the waste function's result its figures come from (fleet totals, problems)."""
     now = time.time() if now is None else float(now)
     findings = findings_frame(store, team=team)
-    w = waste(findings, held_from_rollups(store, now, period_s, team=team))
+    rows = period_rows(store, now - period_s, now)  # read once for the waste function's held hours and the sums
+    w = waste(findings, held_from_rollups(store, now, period_s, team=team, rows=rows))
     rec = recoverable_by_workflow(findings, w)
-    cur = _rollup_sums(store, now - period_s, now)
+    cur = _rollup_sums(store, now - period_s, now, rows)
     prev = _rollup_sums(store, now - 2 * period_s, now - period_s)
     ids = rec.index.union(cur.index).union(prev.index)
     teams = _read(store, select(Workflow.id.label("workflow_id"), Workflow.team)).set_index("workflow_id")["team"]

@@ -286,7 +286,7 @@ def _gpus_of(wf: str, held: Held) -> int | None:
 
 
 def held_from_rollups(store: Store, now: float | None = None, period_s: float = DAY,
-                      team: str | None = None) -> Held:
+                      team: str | None = None, rows: pd.DataFrame | None = None) -> Held:
     """GPU-hours per day each workflow and device held over [now - period_s, now), from the hourly rollups (and, for
     the hours not rolled up yet, the rollup of their raw samples: analyzer.period_rows), MIG slices at their share.
 
@@ -300,7 +300,7 @@ def held_from_rollups(store: Store, now: float | None = None, period_s: float = 
     workflows: dict[str, float] = {}
     devices: dict[int, float] = {}
     # the hours not rolled up yet count as the rollup would count them (analyzer.period_rows): one basis either way
-    rows = period_rows(store, now - period_s, now)
+    rows = period_rows(store, now - period_s, now) if rows is None else rows  # `rows`: the caller read them already
     for scope, subject, wf_team, hours in zip(rows["scope"], rows["subject"], rows["team"], rows["gpu_hours_held"],
                                               strict=True):
         if scope == "workflow":
