@@ -14,7 +14,7 @@ TORCH_CONSTRAINTS ?= $(if $(WHEELS),constraints-torch.txt)
 VENV_FLAGS ?=
 PIP_FLAGS := -q -c constraints.txt $(if $(TORCH_CONSTRAINTS),-c $(TORCH_CONSTRAINTS)) $(if $(WHEELS),--find-links $(WHEELS))
 
-.PHONY: demo test bench lint chromium prometheus migration clean gpu-check
+.PHONY: demo test bench lint chromium prometheus systemd migration clean gpu-check
 
 $(STAMP): pyproject.toml constraints.txt $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -33,7 +33,7 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 2
 PG_TEST_URL := postgresql+psycopg://postgres@127.0.0.1:5432/test
 PG_PROBE := import psycopg; psycopg.connect('postgresql://postgres@127.0.0.1:5432/test', connect_timeout=3).close()
-test: $(STAMP) chromium prometheus
+test: $(STAMP) chromium prometheus systemd
 	$(BIN)/lint-imports --no-cache
 	@if [ -z "$$FLEETLENS_TEST_PG_URL" ]; then \
 	  if $(BIN)/python -c "$(PG_PROBE)" 2>/dev/null; then \
@@ -71,6 +71,10 @@ GPU_CHECK_TIMEOUT_S ?= 450
 GPU_CHECK_OUT ?= gpu-check.json
 gpu-check: $(STAMP)
 	$(BIN)/python -m tests.gpu.check --timeout $(GPU_CHECK_TIMEOUT_S) --out $(GPU_CHECK_OUT)
+
+# deploy/systemd's units are checked by systemd-analyze verify (Debian's systemd package; no systemd needs to run).
+systemd:
+	@command -v systemd-analyze >/dev/null || { apt-get update -qq && apt-get install -y -qq systemd >/dev/null; }
 
 # Write the next migration from the models' difference to the migrations so far: make migration MSG="what changed".
 migration: $(STAMP)

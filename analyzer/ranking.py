@@ -16,9 +16,10 @@ import time
 import pandas as pd
 from sqlalchemy import select
 
+from analyzer.period_rows import period_rows
 from analyzer.waste import Waste, held_from_rollups, waste
 from store.db import Store
-from store.models import Finding, Rollup, Workflow
+from store.models import Finding, Workflow
 
 NO_TEAM = "(no team)"
 WORKFLOW_COLUMNS = [
@@ -98,13 +99,14 @@ def recoverable_by_workflow(findings: pd.DataFrame, w: Waste) -> pd.DataFrame:
     return out.rename_axis("workflow_id")[cols]
 
 
-def _rollup_sums(store: Store, start: float, end: float) -> pd.DataFrame:
-    r = Rollup
-    frame = _read(
-        store,
-        select(r.subject.label("workflow_id"), r.team, r.gpu_hours_held, r.gpu_hours_active, r.util_mean, r.samples)
-        .where(r.scope == "workflow", r.hour >= start, r.hour < end),
-    )
+def _rollup_sums(store: Store, start: float, end: float, rows: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per workflow: held and active GPU-hours and mean utilisation of [start, end), from its rollups or, for hours
+    not rolled up yet, the rollup of its raw samples (analyzer.period_rows, or `rows` read from it already), so
+    `rank` says the same either way."""
+    rows = period_rows(store, start, end) if rows is None else rows
+    frame = rows[rows["scope"] == "workflow"].rename(columns={"subject": "workflow_id"})[
+        ["workflow_id", "team", "gpu_hours_held", "gpu_hours_active", "util_mean", "samples"]]
+    frame = frame.astype({"gpu_hours_held": "float64", "gpu_hours_active": "float64", "util_mean": "float64"})
     if frame.empty:
         return pd.DataFrame(columns=["gpu_hours_held", "gpu_hours_active", "util_mean"],
                             index=pd.Index([], name="workflow_id"))
@@ -145,9 +147,10 @@ def rank_with_waste(
     """rank_workflows, and the waste function's result its figures come from (fleet totals, problems)."""
     now = time.time() if now is None else float(now)
     findings = findings_frame(store, team=team)
-    w = waste(findings, held_from_rollups(store, now, period_s, team=team))
+    rows = period_rows(store, now - period_s, now)  # read once for the waste function's held hours and the sums
+    w = waste(findings, held_from_rollups(store, now, period_s, team=team, rows=rows))
     rec = recoverable_by_workflow(findings, w)
-    cur = _rollup_sums(store, now - period_s, now)
+    cur = _rollup_sums(store, now - period_s, now, rows)
     prev = _rollup_sums(store, now - 2 * period_s, now - period_s)
     ids = rec.index.union(cur.index).union(prev.index)
     teams = _read(store, select(Workflow.id.label("workflow_id"), Workflow.team)).set_index("workflow_id")["team"]

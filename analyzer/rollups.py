@@ -4,7 +4,8 @@ Definitions (a sample stands for `dt` seconds, see analyzer.telemetry.frame):
 
 - held, per device: a workflow held the device during the sample (below), or, with no workflow's
   process on it, at least `held_min_gib` of its memory was in use. gpu_hours_held = sum of dt over held
-  samples / 3600.
+  samples / 3600, times the device's share of a whole GPU (analyzer.device_share: 1 for a GPU, 1/7 for an
+  A100's 1g.10gb MIG slice), so that GPU-hours of MIG slices and of whole GPUs add up; active likewise.
 - held, per workflow: the workflow's processes held the device during the sample (same rule, for its
   own processes); a device shared by n workflows at that sample counts 1/n for each, so workflow
   GPU-hours add up to device GPU-hours.
@@ -35,6 +36,7 @@ import pandas as pd
 from sqlalchemy import Integer, cast, delete, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from analyzer.device_share import share_of
 from analyzer.telemetry.chunks import device_groups
 from analyzer.telemetry.frame import ReadPlan, TelemetryWindow, load_window, read_plan, read_registry, read_rows
 from analyzer.telemetry.hour_summaries import keep_hours
@@ -188,13 +190,24 @@ def _int(x) -> int | None:
     return None if x is None or pd.isna(x) else int(x)
 
 
+def _shares(window: TelemetryWindow, device_ids: pd.Series) -> np.ndarray:
+    """Each row's device's share of a whole GPU (analyzer.device_share)."""
+    devices = window.devices
+    if devices is None or devices.empty or "name" not in devices:
+        return np.ones(len(device_ids))
+    mem = devices["memory_total"] if "memory_total" in devices else pd.Series(index=devices.index, dtype="float64")
+    share = pd.Series([share_of(n, m if pd.notna(m) else None) for n, m in zip(devices["name"], mem, strict=True)],
+                      index=devices.index, dtype="float64")
+    return device_ids.map(share).fillna(1.0).to_numpy(dtype="float64")
+
+
 def device_rollups(window: TelemetryWindow, computed_at: float) -> list[dict]:
     """One row per (device, hour) of the window's device samples."""
     s = window.samples
     if s.empty:
         return []
     s = s.assign(hour=np.floor(s["ts"] / HOUR) * HOUR)
-    s["held_s"] = s["dt"].where(s["held"], 0.0)
+    s["held_s"] = s["dt"].where(s["held"], 0.0) * _shares(window, s["device_id"])
     s["active_s"] = (s["held_s"] * s["gpu_util"].fillna(0.0).clip(0.0, 1.0))
     g = s.groupby(["device_id", "hour"], sort=False)
     out = g.agg(
@@ -224,7 +237,7 @@ def workflow_rollups(window: TelemetryWindow, computed_at: float) -> list[dict]:
     u = window.usage
     u = u.assign(hour=np.floor(u["ts"] / HOUR) * HOUR)
     held = u["held"]
-    u["held_s"] = (u["dt"] * u["share"]).where(held, 0.0)
+    u["held_s"] = (u["dt"] * u["share"] * _shares(window, u["device_id"])).where(held, 0.0)
     own = u["sm_util"].where(u["sm_util"].notna(), u["gpu_util"] * u["share"])
     u["active_s"] = np.minimum(u["dt"] * own.fillna(0.0).clip(lower=0.0), u["held_s"])
     # utilisation and memory statistics describe the samples where the workflow held a device

@@ -18,6 +18,8 @@ from `waste()`. What it holds to:
   recoverable = T + F x (held - T).
 - A finding whose evidence lacks what this needs, and a workflow with no held time, are reported in
   `problems` and counted as nothing: never a made-up number.
+- A MIG slice is its share of a whole GPU (analyzer.device_share, `Held.shares`): it can hold at most 24 x share
+  GPU-hours a day, and a detector window's held hours on it count at that share (the rollups are weighted already).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from typing import Any
 import pandas as pd
 from sqlalchemy import select
 
+from analyzer.device_share import share_of
+from analyzer.period_rows import period_rows
 from store.db import Store
-from store.models import Rollup, Workflow
+from store.models import Device, Workflow
 
 DAY = 86400.0
 HOUR = 3600.0
@@ -54,6 +58,7 @@ class Held:
     devices: dict[int, float] = field(default_factory=dict)
     period_s: float = DAY
     gpus: dict[str, int] = field(default_factory=dict)  # workflow -> its declared GPU count (for projections)
+    shares: dict[int, float] = field(default_factory=dict)  # device -> its share of a GPU, where less than 1 (MIG)
 
 
 @dataclass
@@ -160,7 +165,7 @@ def waste(findings: pd.DataFrame, held: Held) -> Waste:
             prev = place_cap.get((wf, dev))
             place_cap[(wf, dev)] = (cap, basis) if prev is None or cap < prev[0] else prev
             # the claim is a rate over the detector's window; as a share of what was held in that same window
-            window = _window_held(ev)
+            window = _window_held(ev)  # unweighted, as the claim: the share is the same either way
             base = window if window else cap
             tele.setdefault((wf, dev), []).append((i, min(claim / base, 1.0) if base > 0 else 0.0))
             row.update(basis=basis, counted=True)
@@ -267,11 +272,12 @@ def _subject_of(rec: dict[str, Any]) -> str:
 def _cap(held: Held, wf: str, dev: int, ev: dict[str, Any]) -> tuple[float | None, str]:
     """Most GPU-hours per day one workflow can have wasted on one device, and where that bound comes from."""
     dev_held, wf_held = held.devices.get(dev), held.workflows.get(wf)
+    share = held.shares.get(dev, 1.0)
     if dev_held is not None or wf_held is not None:
         known = [x for x in (dev_held, wf_held) if x is not None]
-        return min(*known, HOURS_PER_DAY), "rollups"
+        return min(*known, HOURS_PER_DAY * share), "rollups"
     window = _window_held(ev)
-    return (window, "detector window") if window is not None else (None, "none")
+    return (window * share, "detector window") if window is not None else (None, "none")
 
 
 def _gpus_of(wf: str, held: Held) -> int | None:
@@ -280,8 +286,9 @@ def _gpus_of(wf: str, held: Held) -> int | None:
 
 
 def held_from_rollups(store: Store, now: float | None = None, period_s: float = DAY,
-                      team: str | None = None) -> Held:
-    """GPU-hours per day each workflow and device held over [now - period_s, now), from the hourly rollups.
+                      team: str | None = None, rows: pd.DataFrame | None = None) -> Held:
+    """GPU-hours per day each workflow and device held over [now - period_s, now), from the hourly rollups (and, for
+    the hours not rolled up yet, the rollup of their raw samples: analyzer.period_rows), MIG slices at their share.
 
     Per day of the closed hours in the period: the hour still running has no rollup yet, so it neither counts
     as held time nor stretches the period.
@@ -290,16 +297,19 @@ def held_from_rollups(store: Store, now: float | None = None, period_s: float = 
     first, closed_end = math.ceil((now - period_s) / HOUR) * HOUR, math.floor(now / HOUR) * HOUR
     hours = (closed_end - first) / HOUR
     days = hours / HOURS_PER_DAY if hours >= 1 else period_s / DAY
-    r = Rollup
-    query = select(r.scope, r.subject, r.team, r.gpu_hours_held).where(r.hour >= now - period_s, r.hour < now)
     workflows: dict[str, float] = {}
     devices: dict[int, float] = {}
+    # the hours not rolled up yet count as the rollup would count them (analyzer.period_rows): one basis either way
+    rows = period_rows(store, now - period_s, now) if rows is None else rows  # `rows`: the caller read them already
+    for scope, subject, wf_team, hours in zip(rows["scope"], rows["subject"], rows["team"], rows["gpu_hours_held"],
+                                              strict=True):
+        if scope == "workflow":
+            if team is None or wf_team == team:
+                workflows[subject] = workflows.get(subject, 0.0) + float(hours) / days
+        elif scope == "device":
+            devices[int(subject)] = devices.get(int(subject), 0.0) + float(hours) / days
     with store.session() as session:
-        for scope, subject, wf_team, hours in session.execute(query):
-            if scope == "workflow":
-                if team is None or wf_team == team:
-                    workflows[subject] = workflows.get(subject, 0.0) + float(hours) / days
-            elif scope == "device":
-                devices[int(subject)] = devices.get(int(subject), 0.0) + float(hours) / days
         gpus = {wid: int(n or 0) for wid, n in session.execute(select(Workflow.id, Workflow.gpus))}
-    return Held(workflows=workflows, devices=devices, period_s=period_s, gpus=gpus)
+        shares = {d: share for d, name, mem in session.execute(select(Device.id, Device.name, Device.memory_total))
+                  if (share := share_of(name, mem)) < 1.0}
+    return Held(workflows=workflows, devices=devices, period_s=period_s, gpus=gpus, shares=shares)

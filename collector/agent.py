@@ -196,7 +196,8 @@ class Agent:
             self._start_socket()
         self._install_enforcer_hooks()
         if self.settings.metrics_port is not None:
-            self._metrics_server, _ = serve_agent_metrics(self, self.settings.metrics_port)
+            self._metrics_server, _ = serve_agent_metrics(self, self.settings.metrics_port,
+                                                          addr=self.settings.metrics_host)
             self.metrics_port = self._metrics_server.server_address[1]
             log.info("agent %s serves /metrics on port %d", self.host_id, self.metrics_port)
         loops: list[tuple[str, Callable[[], None]]] = [

@@ -2,9 +2,10 @@
 
 NVIDIA's dcgm-exporter publishes DCGM fields as Prometheus gauges named after the field (DCGM_FI_DEV_GPU_UTIL...),
 in the field's own unit (percent, MiB, W, MHz, or a 0..1 ratio for the DCGM_FI_PROF_* fields), labelled with the
-GPU (gpu, UUID, device, modelName, Hostname), a MIG instance (GPU_I_ID, GPU_I_PROFILE) and, with the Kubernetes or
-HPC job mapping on, the pod, namespace, container or job using it. The importer reads these names, and the agent's
-/metrics writes them, so a Grafana board built for dcgm-exporter shows fleetlens's readings unchanged.
+GPU (gpu, UUID, device, modelName, hostname; Hostname before the 2026 rename), a MIG instance (GPU_I_ID,
+GPU_I_PROFILE) and, with the Kubernetes or HPC job mapping on, the pod, namespace, container or job using it. The
+importer reads these names, and the agent's /metrics writes them, so a Grafana board built for dcgm-exporter shows
+fleetlens's readings unchanged.
 """
 
 from __future__ import annotations
@@ -47,13 +48,31 @@ FIELDS: tuple[Field, ...] = (
     # dcgm-exporter's XID field is the code of the last XID error, not a count: the importer counts the changes
     # to a non-zero code (the store's xid_errors is a count of events)
     Field("DCGM_FI_DEV_XID_ERRORS", "xid_code", 1.0, "Value of the last XID error encountered."),
+    # dcgm-exporter 1.x (NVIDIA/gpu-monitoring-tools) wrote lower-case names, still scraped by older fleets; read
+    # after the current names, so a fleet half-way through an upgrade keeps its current series
+    Field("dcgm_gpu_utilization", "gpu_util", 0.01, "GPU utilization (in %)."),
+    Field("dcgm_mem_copy_utilization", "mem_util", 0.01, "Memory utilization (in %)."),
+    Field("dcgm_fb_used", "mem_used", float(MIB), "Framebuffer memory used (in MiB)."),
+    Field("dcgm_fb_free", "mem_free", float(MIB), "Framebuffer memory free (in MiB)."),
+    Field("dcgm_power_usage", "power_w", 1.0, "Power draw (in W)."),
+    Field("dcgm_gpu_temp", "temperature_c", 1.0, "GPU temperature (in C)."),
+    Field("dcgm_sm_clock", "sm_clock_mhz", 1.0, "SM clock frequency (in MHz)."),
 )
+LEGACY = frozenset(f.name for f in FIELDS if f.name.islower())
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 
 # labels
-HOSTNAME, GPU, UUID, MODEL, DEVICE = "Hostname", "gpu", "UUID", "modelName", "device"
+# dcgm-exporter writes the host as `hostname` since its 2026 rename (NVIDIA/dcgm-exporter#655), `Hostname` before
+HOSTNAME, OLD_HOSTNAME, GPU, UUID, MODEL, DEVICE = "hostname", "Hostname", "gpu", "UUID", "modelName", "device"
+OLD_UUID = "uuid"  # dcgm-exporter 1.x
 MIG_INSTANCE, MIG_PROFILE = "GPU_I_ID", "GPU_I_PROFILE"
 POD, NAMESPACE, CONTAINER = "pod", "namespace", "container"
+OLD_POD, OLD_NAMESPACE, OLD_CONTAINER = "pod_name", "pod_namespace", "container_name"  # dcgm-exporter 1.x
+# Prometheus with honor_labels: false (kube-prometheus-stack's ServiceMonitor default) keeps the scrape target's own
+# pod, namespace and container (the dcgm-exporter pod's) and renames those dcgm-exporter wrote to exported_*
+EXPORTED_PREFIX = "exported_"
 WORKFLOW = "workflow"  # fleetlens's agent labels its series with the workflow (and team) it attributed
+# the agent's /metrics: 1 per (device, workflow using it), apart from the device's own DCGM series (one each)
+DEVICE_WORKFLOW = "fleetlens_device_workflow"
 # dcgm-exporter's HPC job mapping labels a GPU with `hpc_job`; some fleets relabel it for Slurm
 SLURM_JOB_LABELS = ("hpc_job", "slurm_job_id", "slurm_job")

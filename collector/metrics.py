@@ -1,8 +1,9 @@
 """The agent's /metrics (prometheus_client): its latest readings under dcgm-exporter's names, plus fleetlens's own.
 
-Per device, the DCGM_FI_* gauges in dcgm-exporter's units and labels (gpu, UUID, device, modelName, Hostname), so a
-Grafana board made for dcgm-exporter works on fleetlens hosts; like dcgm-exporter with its pod mapping, a device used
-by several workflows has one series per workflow, labelled workflow, team, pod and namespace. Per process, the
+Per device, one series of each DCGM_FI_* gauge in dcgm-exporter's units and labels (gpu, UUID, device, modelName,
+hostname; and fleetlens's host), so a Grafana board made for dcgm-exporter works on fleetlens hosts. Which workflows
+use a device is apart: fleetlens_device_workflow, 1 per (device, workflow), labelled workflow, team, pod and
+namespace (join on host and gpu), so a device's readings are never repeated once per workflow. Per process, the
 fleetlens_process_* gauges (dcgm-exporter has no per-process readings). And what only fleetlens knows: lane
 membership, the lane gate's waiting jobs and turns, the spool's depth, migrations touching this host by state.
 
@@ -35,7 +36,12 @@ from store.models import Action, Device, Lane, Placement, Workflow
 
 log = logging.getLogger(__name__)
 
-DEVICE_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "host", "workflow", "team", "pod", "namespace"]
+# dcgm-exporter's own label names, kept so that its Grafana boards and recording rules read fleetlens hosts unchanged:
+# `promtool check metrics` asks for snake_case and flags `modelName`, which is dcgm-exporter's name for the model (every
+# board built for it groups by modelName); `hostname` is its name since its 2026 rename (Hostname before)
+DEVICE_LABELS = ["gpu", "UUID", "device", "modelName", "hostname", "host"]
+OWN_DEVICE_LABELS = ["gpu", "UUID", "device", "hostname", "host"]  # fleetlens's own device series: snake_case
+USER_LABELS = ["gpu", "UUID", "hostname", "host", "workflow", "team", "pod", "namespace"]
 PROCESS_LABELS = ["gpu", "UUID", "host", "pid", "workflow", "team", "pod", "namespace"]  # fleetlens's own names
 # sample field -> (dcgm-exporter name, factor from the store's unit to dcgm-exporter's)
 EXPORTED: tuple[tuple[str, str, float], ...] = (
@@ -130,11 +136,13 @@ class AgentMetrics(Collector):
         ecc = GaugeMetricFamily("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", BY_NAME["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"].help,
                                 labels=DEVICE_LABELS)
         xid = CounterMetricFamily("fleetlens_xid_errors", "XID error events seen since the agent started.",
-                                  labels=DEVICE_LABELS)
+                                  labels=OWN_DEVICE_LABELS)
         p_mem = GaugeMetricFamily("fleetlens_process_gpu_memory_used_bytes", "GPU memory a process uses (bytes).",
                                   labels=PROCESS_LABELS)
         p_sm = GaugeMetricFamily("fleetlens_process_sm_util_ratio", "Fraction of time a process ran kernels (0..1).",
                                  labels=PROCESS_LABELS)
+        used_by = GaugeMetricFamily("fleetlens_device_workflow", "1 for each workflow using a device (join the "
+                                    "device's DCGM_FI_* series on host and gpu).", labels=USER_LABELS)
         for r in readings:
             info = self._info(r.index)
             uuid, model = (info.uuid, info.name) if info is not None else ("", "")
@@ -150,20 +158,23 @@ class AgentMetrics(Collector):
                     p_mem.add_metric(plabels, float(p.mem_used))
                 if p.sm_util is not None:
                     p_sm.add_metric(plabels, float(p.sm_util))
-            for wf, (team, pod, ns) in (users or {"": ("", "", "")}).items():
-                labels = [gpu, uuid, f"nvidia{r.index}", model, host, host, wf, team, pod, ns]
-                for field, name, scale in EXPORTED:
-                    value = getattr(r, field)
-                    if value is not None:
-                        device[name].add_metric(labels, float(value) * scale)
-                if r.mem_used is not None and r.mem_total is not None:
-                    free.add_metric(labels, (r.mem_total - r.mem_used) / MIB)
-                if r.ecc_errors is not None:
-                    ecc.add_metric(labels, float(r.ecc_errors))
-                if r.xid_errors is not None:
-                    xid.add_metric(labels, float(r.xid_errors))
+            for wf, (team, pod, ns) in users.items():
+                if not wf:  # a process no workflow was found for
+                    continue
+                used_by.add_metric([gpu, uuid, host, host, wf, team, pod, ns], 1.0)
+            labels = [gpu, uuid, f"nvidia{r.index}", model, host, host]
+            for field, name, scale in EXPORTED:
+                value = getattr(r, field)
+                if value is not None:
+                    device[name].add_metric(labels, float(value) * scale)
+            if r.mem_used is not None and r.mem_total is not None:
+                free.add_metric(labels, (r.mem_total - r.mem_used) / MIB)
+            if r.ecc_errors is not None:
+                ecc.add_metric(labels, float(r.ecc_errors))
+            if r.xid_errors is not None:
+                xid.add_metric([gpu, uuid, f"nvidia{r.index}", host, host], float(r.xid_errors))
         yield from device.values()
-        yield from (free, ecc, xid, p_mem, p_sm)
+        yield from (free, ecc, xid, used_by, p_mem, p_sm)
         yield from self._own(host)
 
     def _own(self, host: str) -> Iterator[Metric]:
@@ -249,8 +260,9 @@ class _QuietHandler(WSGIRequestHandler):
         """Scrapes are not worth a log line each."""
 
 
-def serve_agent_metrics(agent: Any, port: int, *, addr: str = "0.0.0.0") -> tuple[Any, CollectorRegistry]:
-    """Serve the agent's /metrics on `port` in a daemon thread; returns (server, registry); server.shutdown() stops."""
+def serve_agent_metrics(agent: Any, port: int, *, addr: str = "") -> tuple[Any, CollectorRegistry]:
+    """Serve the agent's /metrics on `addr`:`port` ("": every interface, as dcgm-exporter's :9400) in a daemon thread;
+    returns (server, registry); server.shutdown() stops."""
     registry = CollectorRegistry(auto_describe=False)
     collector = AgentMetrics(agent)
     registry.register(collector)

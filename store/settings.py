@@ -50,6 +50,7 @@ class Settings(BaseSettings):
 
     # agent: serve /metrics (dcgm-exporter names plus fleetlens's own) on this port; None: do not serve
     metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_host: str = ""  # the address it listens on ("": every interface, as dcgm-exporter's default :9400)
 
     # importing an existing Prometheus's dcgm-exporter telemetry (`fleetlens import-prometheus`, serve, the DAG)
     prometheus_url: str | None = None  # None: serve and the DAG import nothing
@@ -121,6 +122,7 @@ class Settings(BaseSettings):
     ui_operators: str = ""  # "name:pbkdf2_sha256$iterations$salt$hash,..."
     # `fleetlens metrics-serve`: the fleet's findings and plans as Prometheus metrics
     metrics_serve_port: int = Field(9108, ge=0, le=65535)
+    metrics_serve_host: str = ""  # the address it listens on ("": every interface)
     metrics_serve_refresh_s: float = Field(30.0, gt=0)  # re-read the store at most this often
 
     @property

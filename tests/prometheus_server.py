@@ -85,12 +85,13 @@ class PrometheusServer:
 
 @contextmanager
 def prometheus(folder: Path, *, targets: list[str] | None = None, data_dir: Path | None = None,
-               scrape_interval_s: float = 1.0) -> Iterator[PrometheusServer]:
-    """A running Prometheus with its config and data in `folder` (or `data_dir`), stopped on the way out."""
+               scrape_interval_s: float = 1.0, config_text: str | None = None) -> Iterator[PrometheusServer]:
+    """A running Prometheus with its config and data in `folder` (or `data_dir`), stopped on the way out;
+    `config_text`: a whole prometheus.yml of the test's own instead of one scraping `targets`."""
     need_prometheus()
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "prometheus.yml"
-    config.write_text(scrape_config(targets or [], scrape_interval_s))
+    config.write_text(config_text if config_text is not None else scrape_config(targets or [], scrape_interval_s))
     data_dir = data_dir or folder / "data"
     port, token = free_port(), uuid.uuid4().hex
     log = open(folder / "prometheus.log", "w")

@@ -36,8 +36,11 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         held_s = idle_s if pd.isna(r["held_s"]) else float(r["held_s"])
         specs.append(FindingSpec(
             rule=RULE, workflow_id=str(wf), source="telemetry", severity=th.severity(per_day),
-            title=(f"holds {gib(mem) or '?'} GiB on {window.device_short(int(dev))} while idle "
-                   f"{idle_s / 3600:.1f} h ({idle_s / max(held_s, 1.0):.0%} of the time it held it)"),
+            # without memory readings (no DCGM_FI_DEV_FB_USED imported) it is judged on utilisation alone, and
+            # says so rather than print a size it does not know
+            title=(f"holds {f'{gib(mem)} GiB on ' if mem is not None else ''}{window.device_short(int(dev))} while "
+                   f"idle {idle_s / 3600:.1f} h ({idle_s / max(held_s, 1.0):.0%} of the time it held it)"
+                   + ("" if mem is not None else "; how much memory it holds is not known (no memory readings)")),
             evidence=IdleHolderEvidence(
                 idle_hours=num(idle_s / 3600), idle_runs=int(r["runs"]),
                 longest_idle_hours=num(float(r["longest_duration_s"]) / 3600),

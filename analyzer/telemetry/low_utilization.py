@@ -26,10 +26,12 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         need = min(1.0, max(float(st["util_p95"]), mem_frac))
         per_day = window.per_day(float(st["gpu_s"]) * (1.0 - need))
         lane = lane_gib(st["mem_peak"], th.memory_overprovisioned.lane_headroom) if mem_frac else None
+        # no memory readings: the share it needs is judged on utilisation alone, and the title says so
+        unknown = "" if st["mem_peak"] == st["mem_peak"] else "; its memory is not known (no memory readings)"
         specs.append(FindingSpec(
             rule=RULE, workflow_id=str(wf), source="telemetry", severity=th.severity(per_day),
             title=(f"p95 utilisation {st['util_p95']:.0%} (mean {st['util_mean']:.0%}) on "
-                   f"{window.device_short(int(dev))} over {st['held_s'] / 3600:.1f} h"),
+                   f"{window.device_short(int(dev))} over {st['held_s'] / 3600:.1f} h{unknown}"),
             evidence=LowUtilizationEvidence(
                 util_p95=num(st["util_p95"], 4), util_mean=num(st["util_mean"], 4),
                 util_p95_threshold=t.util_p95_max, held_hours=num(st["held_s"] / 3600),

@@ -9,8 +9,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from collector.dcgm_names import BY_NAME, FIELDS
-from collector.importers.dcgm_labels import DeviceKey, WorkflowKey, device_of, synthetic_pid, workflow_of
+from collector.dcgm_names import BY_NAME, DEVICE_WORKFLOW, FIELDS
+from collector.importers.dcgm_labels import (
+    DeviceKey,
+    WorkflowKey,
+    as_written,
+    device_of,
+    renamed_labels,
+    synthetic_pid,
+    target_of,
+    workflow_of,
+)
 from store.ingest import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 from store.settings import Settings
 
@@ -36,16 +45,28 @@ def parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, s
     out = Parsed()
     dev_index: dict[DeviceKey, int] = {}
     wf_index: dict[WorkflowKey, int] = {}
+    # scrape targets whose pod labels Prometheus renamed (kube-prometheus): on each of their series, pod, namespace
+    # and container are the target's, even where dcgm-exporter wrote none (a GPU no workload uses)
+    renamed: dict[tuple[str, str], frozenset[str]] = {}
     for s in series:
-        labels = s["metric"]
-        name = labels.get("__name__", "")
+        names = renamed_labels(s["metric"])
+        if names:
+            target = target_of(s["metric"])
+            renamed[target] = renamed.get(target, frozenset()) | names
+    users: list[tuple[DeviceKey, dict[str, str], np.ndarray]] = []  # an agent's fleetlens_device_workflow series
+    for s in series:
+        name = s["metric"].get("__name__", "")
         f = BY_NAME.get(name)
         points = s["values"]
-        if f is None or not points:
+        if (f is None and name != DEVICE_WORKFLOW) or not points:
             continue
+        labels = as_written(s["metric"], renamed.get(target_of(s["metric"]), frozenset()))
         dev = device_of(labels)
         if isinstance(dev, str):
             skipped.setdefault(dev, set()).add(tuple(sorted(labels.items())))
+            continue
+        if f is None:  # which workflow uses the device, apart from its readings
+            users.append((dev, labels, np.fromiter((p[0] for p in points), float, len(points))))
             continue
         d = dev_index.get(dev)
         if d is None:
@@ -64,14 +85,23 @@ def parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, s
         elif prio == have[0]:  # one GPU's series per pod using it: the same readings, maybe at other times
             both_ts, first = np.unique(np.concatenate([have[1], ts]), return_index=True)
             out.columns[d][f.column] = (prio, both_ts, np.concatenate([have[2], values])[first])
-        wf = workflow_of(labels, settings)
-        if wf is not None:
-            w = wf_index.get(wf)
-            if w is None:
-                w = wf_index[wf] = len(out.workflows)
-                out.workflows.append(wf)
-            out.users.setdefault((d, w), []).append(ts)
+        _add_user(out, wf_index, d, workflow_of(labels, settings), ts)
+    at = {(key.host, key.index): d for key, d in dev_index.items()}  # the users series carry no model name
+    for dev, labels, ts in users:
+        d = at.get((dev.host, dev.index))
+        if d is not None:  # a device without readings has no samples to attribute
+            _add_user(out, wf_index, d, workflow_of(labels, settings), ts)
     return out
+
+
+def _add_user(out: Parsed, wf_index: dict[WorkflowKey, int], d: int, wf: WorkflowKey | None, ts: np.ndarray) -> None:
+    if wf is None:
+        return
+    w = wf_index.get(wf)
+    if w is None:
+        w = wf_index[wf] = len(out.workflows)
+        out.workflows.append(wf)
+    out.users.setdefault((d, w), []).append(ts)
 
 
 def wide_columns(parsed: Parsed) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -1,19 +1,34 @@
-"""dcgm-exporter's labels read as fleetlens's hosts, devices and workflows."""
+"""dcgm-exporter's labels read as fleetlens's hosts, devices and workflows.
+
+The labels are first put back as dcgm-exporter wrote them (`as_written`): the host in `hostname` (today) or
+`Hostname` (before dcgm-exporter's 2026 rename); under kube-prometheus-stack (a ServiceMonitor without honorLabels,
+so Prometheus's honor_labels: false) the workload's pod, namespace and container in `exported_pod`,
+`exported_namespace` and `exported_container`, while `pod`, `namespace` and `container` are the dcgm-exporter pod's
+own; and dcgm-exporter 1.x's `uuid`, `pod_name`, `pod_namespace` and `container_name`. A series whose pod is the
+exporter's own (a GPU no workload uses, scraped through kube-prometheus) has no workflow.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 
 from collector.dcgm_names import (
     CONTAINER,
     DEVICE,
+    EXPORTED_PREFIX,
     GPU,
     HOSTNAME,
     MIG_INSTANCE,
     MIG_PROFILE,
     MODEL,
     NAMESPACE,
+    OLD_CONTAINER,
+    OLD_HOSTNAME,
+    OLD_NAMESPACE,
+    OLD_POD,
+    OLD_UUID,
     POD,
     SLURM_JOB_LABELS,
     UUID,
@@ -24,6 +39,44 @@ from store.settings import Settings
 SOURCE = "prometheus"  # the source of imported hosts and devices, and the id source of a workflow an agent named
 PID_BASE = 1 << 30  # synthetic pids (dcgm-exporter sees no processes), above any real pid_max
 MIG_INDEX_BASE = 1000  # a MIG instance's device index: (gpu + 1) * 1000 + GPU_I_ID, apart from whole GPUs
+K8S_LABELS = (POD, NAMESPACE, CONTAINER)
+# the pod of dcgm-exporter itself (gpu-operator's nvidia-dcgm-exporter-xxxxx, the Helm chart's dcgm-exporter-xxxxx):
+# a series labelled with it is a GPU no workload uses, labelled by Prometheus with its scrape target's pod
+# (and fleetlens's own agent, deploy/kubernetes)
+EXPORTER_POD = re.compile(r"dcgm-exporter|fleetlens-agent")
+
+
+def target_of(labels: dict[str, str]) -> tuple[str, str]:
+    """The scrape target a series came from."""
+    return labels.get("job", ""), labels.get("instance", "")
+
+
+def renamed_labels(labels: dict[str, str]) -> frozenset[str]:
+    """Which of pod, namespace and container Prometheus renamed to exported_* on this series (honor_labels: false):
+    the scrape target has a label of that name."""
+    return frozenset(k for k in K8S_LABELS if EXPORTED_PREFIX + k in labels)
+
+
+def as_written(labels: dict[str, str], target_labels: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The labels as dcgm-exporter wrote them (see the module's doc). `target_labels`: those of pod, namespace and
+    container the scrape target has (renamed_labels of any of its series): on a series without exported_<name>,
+    <name> is then the target's own, not the workload's."""
+    out = dict(labels)
+    for old, new in ((OLD_HOSTNAME, HOSTNAME), (OLD_UUID, UUID), (OLD_POD, POD), (OLD_NAMESPACE, NAMESPACE),
+                     (OLD_CONTAINER, CONTAINER)):
+        if not out.get(new) and out.get(old):
+            out[new] = out[old]
+    target_labels = target_labels | renamed_labels(labels)
+    for name in K8S_LABELS:
+        written = labels.get(EXPORTED_PREFIX + name)
+        if written:
+            out[name] = written
+        elif name in target_labels:
+            out.pop(name, None)  # the scrape target's, not the workload's
+    if EXPORTER_POD.search(out.get(POD) or "") or EXPORTER_POD.search(out.get(CONTAINER) or ""):
+        for name in K8S_LABELS:
+            out.pop(name, None)
+    return out
 
 
 @dataclass(frozen=True)
@@ -43,10 +96,10 @@ class WorkflowKey:
 
 
 def device_of(labels: dict[str, str]) -> DeviceKey | str:
-    """The device a series belongs to, or why it has none."""
+    """The device a series belongs to (labels as_written), or why it has none."""
     host = labels.get(HOSTNAME) or (labels.get("instance") or "").rsplit(":", 1)[0]
     if not host:
-        return "without a Hostname or instance label"
+        return "without a hostname, Hostname or instance label"
     gpu, uuid = labels.get(GPU), labels.get(UUID)
     if gpu is None and not uuid:
         return "without a gpu or UUID label"
@@ -68,8 +121,8 @@ def device_of(labels: dict[str, str]) -> DeviceKey | str:
 
 
 def workflow_of(labels: dict[str, str], settings: Settings) -> WorkflowKey | None:
-    """The workflow using the device in this series: the workflow a fleetlens agent named, else its HPC (Slurm) job,
-    else its Kubernetes pod, else none."""
+    """The workflow using the device in this series (labels as_written): the workflow a fleetlens agent named, else
+    its HPC (Slurm) job, else its Kubernetes pod, else none."""
     team_value = labels.get(settings.prometheus_team_label) or None
     team = settings.prometheus_teams.get(team_value, team_value) if team_value else None
     if labels.get(WORKFLOW):  # a fleetlens agent's /metrics: its own name and team

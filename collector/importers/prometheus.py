@@ -17,7 +17,10 @@ it commits, and its registration and commit wait for that commit, so a window is
 window before it.
 Prometheus down, a wrong URL or an answer that is not Prometheus's raises
 UpstreamUnavailable / InvalidInput naming what was imported before (nothing, when the first window fails), and the
-next run resumes after it. Series without a GPU label (gpu or UUID) or a host label (Hostname or instance) are
+next run resumes after it. A Prometheus with none of the names in the range (no dcgm-exporter, or one that writes
+names this importer does not know) raises NoDcgmSeries naming the DCGM-like metrics it has instead. Labels are read
+as dcgm-exporter wrote them (collector.importers.dcgm_labels: today's and older host labels, kube-prometheus's
+exported_* renaming). Series without a GPU label (gpu or UUID) or a host label (hostname, Hostname or instance) are
 skipped and counted. Gaps stay gaps: each point is the last scrape in its step, never an older one. A counter that
 drops (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL after a driver reload) is read as a reset: the stored count keeps rising.
 """
@@ -39,7 +42,7 @@ import numpy as np
 from sqlalchemy import func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from collector.dcgm_names import FIELDS, POD
+from collector.dcgm_names import DEVICE_WORKFLOW, FIELDS, LEGACY, POD
 from collector.importers.dcgm_frames import (
     Parsed,
     counters,
@@ -59,6 +62,24 @@ from store.registry import DeviceSpec, add_hosts, register_devices_of_hosts
 from store.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+
+
+class NoDcgmSeries(InvalidInput):
+    """The Prometheus asked has no series under any dcgm-exporter name fleetlens reads, in the range asked."""
+
+
+def _nothing_to_import(client: PrometheusClient, start: float, until: float) -> NoDcgmSeries:
+    """What to say when no dcgm-exporter name has series: the DCGM-like names there are, if any."""
+    like = client.names_like("(?i).*dcgm.*", start, until)
+    where = f"Prometheus at {client.url} has no dcgm-exporter series between {start:.0f} and {until:.0f}"
+    known = ("fleetlens reads dcgm-exporter's DCGM_FI_* names (and dcgm-exporter 1.x's dcgm_gpu_utilization, "
+             "dcgm_fb_used, ...)")
+    if like:
+        shown = ", ".join(like[:12]) + (f" and {len(like) - 12} more" if len(like) > 12 else "")
+        return NoDcgmSeries(f"{where}; its DCGM-like metrics are {shown}, none of which {known[:-1]}. "
+                            "Relabel them to dcgm-exporter's names, or widen --since if they are older")
+    return NoDcgmSeries(f"{where}, nor any metric named like DCGM: is dcgm-exporter scraped by this Prometheus "
+                        f"(and is the range right: --since/--until)? {known}")
 
 
 @dataclass
@@ -201,7 +222,7 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
     start = windows[0][0]
     summary = ImportSummary(url=url, since=start, until=until, step=step)
     seen: dict[str, Any] = {"hosts": set(), "devices": set(), "workflows": set(), "series": set(), "skipped": {}}
-    names = [f.name for f in FIELDS]
+    names = [f.name for f in FIELDS] + [DEVICE_WORKFLOW]
     # where each device resumes, read once: later windows resume where the window before them ends
     resume = _resume_points(store, cursors)
     written_to = [start]  # the start of the first window not written yet
@@ -241,6 +262,11 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
         # only the metrics that have series in the range: most fleets export a few of dcgm-exporter's fields, and
         # asking for each of the others every window was a fifth of the fetch
         names = client.names_present(names, start, until)
+        if not any(n in FIELD_NAMES for n in names):
+            raise _nothing_to_import(client, start, until)
+        if any(n in LEGACY for n in names):
+            log.warning("prometheus %s: reading dcgm-exporter 1.x's names (%s)", url,
+                        ", ".join(n for n in names if n in LEGACY))
         pending = ahead.submit(fetch, *windows[0])
         writing: list[Future] = []  # in window order
         last_turn: _Turn | None = None
@@ -317,6 +343,7 @@ def _scalar(value: float) -> int | None:
     return None if not np.isfinite(value) else int(round(float(value)))
 
 
+FIELD_NAMES = frozenset(f.name for f in FIELDS)
 WRITERS = 2  # windows written at once on PostgreSQL, each on its own connection
 
 
@@ -458,12 +485,14 @@ def _register(s: Session, url: str, parsed: Parsed, mem_total: dict[int, int | N
         s.execute(update(Device), refresh)
     register_devices_of_hosts(s, by_host, source=SOURCE, now=until)
     seen_wf: dict[int, tuple[float, float]] = {}
-    for (_d, w), (first, last) in span.items():
+    devices_of: dict[int, set[int]] = {}  # a job on two MIG slices holds two devices, not one
+    for (d, w), (first, last) in span.items():
         lo, hi = seen_wf.get(w, (first, last))
         seen_wf[w] = (min(lo, first), max(hi, last))
+        devices_of.setdefault(w, set()).add(d)
     ids = [parsed.workflows[w].id for w in seen_wf]
     existing = {row.id: row for row in s.execute(
-        select(Workflow.id, Workflow.team, Workflow.labels, Workflow.created_at, Workflow.last_seen)
+        select(Workflow.id, Workflow.team, Workflow.labels, Workflow.created_at, Workflow.last_seen, Workflow.gpus)
         .where(Workflow.id.in_(ids)))}
     new_wf, changed_wf = [], []  # written in two statements (executemany), not one per workflow
     for w, (first, last) in seen_wf.items():
@@ -473,11 +502,12 @@ def _register(s: Session, url: str, parsed: Parsed, mem_total: dict[int, int | N
         if row is None:
             new_wf.append({"id": wk.id, "id_source": wk.id_source, "name": dict(wk.labels).get(POD) or wk.id,
                            "team": wk.team, "labels": {**dict(wk.labels), "imported_from": url},
-                           "created_at": first, "last_seen": last, "state": state})
+                           "created_at": first, "last_seen": last, "state": state, "gpus": len(devices_of[w])})
             continue
         # a workflow an agent registered keeps how it was found and its team
         change = {"id": wk.id, "labels": {**(row.labels or {}), **dict(wk.labels), "imported_from": url},
-                  "team": wk.team if row.team is None else row.team, "created_at": min(row.created_at, first)}
+                  "team": wk.team if row.team is None else row.team, "created_at": min(row.created_at, first),
+                  "gpus": max(row.gpus or 0, len(devices_of[w]))}
         if last >= row.last_seen:
             change.update(last_seen=last, state=state)
         changed_wf.append(change)
@@ -519,5 +549,5 @@ def import_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
             "series": summary.series, "skipped": summary.skipped, "devices": summary.devices}
 
 
-__all__ = ["ImportSummary", "PrometheusClient", "cyclic_gc_paused", "import_from_settings", "import_prometheus",
-           "import_windows"]
+__all__ = ["ImportSummary", "NoDcgmSeries", "PrometheusClient", "cyclic_gc_paused", "import_from_settings",
+           "import_prometheus", "import_windows"]

@@ -93,6 +93,14 @@ class PrometheusClient:
         present = set(data)
         return [n for n in names if n in present]
 
+    def names_like(self, pattern: str, start: float, end: float) -> list[str]:
+        """The metric names matching the regular expression `pattern` with series in [start, end], sorted ([] when
+        the server refuses the call)."""
+        data = self._get("/api/v1/label/__name__/values", {
+            "match[]": "{__name__=~\"" + pattern + "\"}", "start": repr(float(start)), "end": repr(float(end))},
+            refusal=None)
+        return sorted(data) if isinstance(data, list) else []
+
     def fetch(self, names: Iterable[str], start: float, end: float, step: float) -> list[dict[str, Any]]:
         """Every series of the metrics `names` over [start, end], in as many query_range calls as Prometheus's
         per-series point limit asks for; the chunks of one series are joined.

@@ -91,10 +91,15 @@ def test_metrics_page_speaks_dcgm_exporter(agent: Agent) -> None:
     while not agent.latest and time.monotonic() < deadline:
         time.sleep(0.05)
     text = httpx.get(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10).text
-    line = next(x for x in text.splitlines() if x.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'gpu="0"' in x)
-    assert 'UUID="GPU-metrics-0"' in line and 'workflow="wf-train"' in line and 'team="vision"' in line
-    assert 'pod="train-0"' in line and 'namespace="vision"' in line and 'Hostname="gpu-host-1"' in line
+    lines = [x for x in text.splitlines() if x.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+    assert len(lines) == 2  # one series per GPU, however many workflows use it (GPU 1 has two)
+    line = next(x for x in lines if 'gpu="0"' in x)
+    assert 'UUID="GPU-metrics-0"' in line and 'hostname="gpu-host-1"' in line and "workflow=" not in line
     assert line.endswith(" 40.0")  # percent, as dcgm-exporter
+    users = [x for x in text.splitlines() if x.startswith("fleetlens_device_workflow{")]
+    train = next(x for x in users if 'workflow="wf-train"' in x)
+    assert len(users) == 3 and 'gpu="0"' in train and 'team="vision"' in train
+    assert 'pod="train-0"' in train and 'namespace="vision"' in train and 'hostname="gpu-host-1"' in train
     assert 'DCGM_FI_DEV_FB_USED{' in text and "fleetlens_spool_batches{host=\"gpu-host-1\"} 0.0" in text
 
 
@@ -127,16 +132,18 @@ def test_prometheus_scrapes_the_agent_and_import_reads_it_back(agent: Agent, tmp
         deadline = time.monotonic() + 180
         series: list[dict] = []
         while time.monotonic() < deadline:
-            series = prom.query("DCGM_FI_DEV_GPU_UTIL")
+            # each workflow's utilisation: its device's series joined with the device's users
+            series = prom.query("DCGM_FI_DEV_GPU_UTIL * on (host, gpu) group_right fleetlens_device_workflow")
             if len({s["metric"].get("workflow") for s in series}) == 3:
                 break
             time.sleep(0.5)
         by_wf = {s["metric"]["workflow"]: s for s in series}
         assert set(by_wf) == set(JOBS)
         train = by_wf["wf-train"]["metric"]
-        assert (train["gpu"], train["UUID"], train["team"], train["pod"], train["namespace"], train["Hostname"]) == (
+        assert (train["gpu"], train["UUID"], train["team"], train["pod"], train["namespace"], train["hostname"]) == (
             "0", "GPU-metrics-0", "vision", "train-0", "vision", "gpu-host-1")
         assert float(by_wf["wf-train"]["value"][1]) == 40.0
+        assert len(prom.query("DCGM_FI_DEV_GPU_UTIL")) == 2
         others = [by_wf[w]["metric"] for w in ("wf-serve", "wf-eval")]
         # Prometheus drops empty labels: wf-eval has no team
         assert {(m["workflow"], m["gpu"], m.get("team", "")) for m in others} == {("wf-serve", "1", "search"),

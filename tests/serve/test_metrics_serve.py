@@ -31,7 +31,7 @@ from store.models import Action, Plan, ProcessSample
 from store.settings import Settings
 from tests.conftest import FLEET, PROJECT_ROOT
 from tests.fakes.fake_pynvml import FakeGPU, FakeNVML, FakeProcess, GiB
-from tests.prometheus_server import free_port, prometheus
+from tests.prometheus_server import PROMTOOL, free_port, prometheus
 from ui.serve.processes import fleetlens_command, processes_of
 
 MARK = "FLEETLENS_TEST_METRICS_SERVE"
@@ -59,7 +59,8 @@ def exporter(fleet, fleet_home: Path) -> Iterator[int]:
     port, token = free_port(), uuid.uuid4().hex
     env = {**os.environ, "FLEETLENS_METRICS_SERVE_REFRESH_S": "1", MARK: token}
     log = open(fleet_home / "metrics.log", "wb")
-    proc = subprocess.Popen(fleetlens_command("metrics-serve", "--port", str(port), "--duration", "120"),
+    proc = subprocess.Popen(fleetlens_command("metrics-serve", "--listen-address", f"127.0.0.1:{port}",
+                                              "--duration", "120"),
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 180
@@ -71,6 +72,9 @@ def exporter(fleet, fleet_home: Path) -> Iterator[int]:
             except httpx.HTTPError:
                 assert time.monotonic() < deadline, "metrics-serve did not start"
                 time.sleep(0.2)
+        # it listens where --listen-address says, not on every interface
+        listening = {c.laddr for c in psutil.Process(proc.pid).net_connections("inet") if c.status == "LISTEN"}
+        assert listening == {("127.0.0.1", port)}, listening
         yield port
     finally:
         proc.terminate()
@@ -91,14 +95,15 @@ def test_prometheus_scrapes_the_fleet_exporter(fleet, exporter: int, tmp_path: P
     store, now = fleet
     with prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{exporter}"]) as prom:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not prom.query("fleetlens_workflow_recoverable_gpu_hours_per_day"):
+        while time.monotonic() < deadline and not prom.query("fleetlens_workflow_recoverable_gpus"):
             time.sleep(0.5)
-        per_wf = {s["metric"]["workflow"]: float(s["value"][1])
-                  for s in prom.query("fleetlens_workflow_recoverable_gpu_hours_per_day")}
-        per_team = {s["metric"]["team"]: float(s["value"][1])
-                    for s in prom.query("fleetlens_team_recoverable_gpu_hours_per_day")}
-        per_rule = {(s["metric"]["workflow"], s["metric"]["rule"]): float(s["value"][1])
-                    for s in prom.query("fleetlens_recoverable_gpu_hours_per_day")}
+        # GPUs (GPU-seconds per second): 24 times that is the ranking's GPU-hours per day
+        per_wf = {s["metric"]["workflow"]: 24 * float(s["value"][1])
+                  for s in prom.query("fleetlens_workflow_recoverable_gpus")}
+        per_team = {s["metric"]["team"]: 24 * float(s["value"][1])
+                    for s in prom.query("fleetlens_team_recoverable_gpus")}
+        per_rule = {(s["metric"]["workflow"], s["metric"]["rule"]): 24 * float(s["value"][1])
+                    for s in prom.query("fleetlens_recoverable_gpus")}
         severity = {(s["metric"]["severity"], s["metric"]["rule"]): float(s["value"][1])
                     for s in prom.query("fleetlens_open_findings")}
         devices = {s["metric"]["state"]: float(s["value"][1]) for s in prom.query("fleetlens_devices")}
@@ -106,14 +111,14 @@ def test_prometheus_scrapes_the_fleet_exporter(fleet, exporter: int, tmp_path: P
     ranked = rank_workflows(store, now=now)
     ranked = ranked[ranked["open_findings"] > 0]
     assert per_wf == pytest.approx(dict(zip(ranked["workflow_id"], ranked["recoverable_gpu_hours_per_day"],
-                                            strict=True)), abs=1e-9)
+                                            strict=True)), abs=1e-6)
     teams = rank_teams(store, now=now)
     assert per_team == pytest.approx(dict(zip(teams["team"], teams["recoverable_gpu_hours_per_day"], strict=True)),
-                                     abs=1e-9)
+                                     abs=1e-6)
     findings = findings_frame(store)
     cost = costed(findings, rank_with_waste(store, now=now)[1])  # each finding's cost from the one waste function
     assert per_rule == pytest.approx(cost.groupby(["workflow_id", "rule"])["gpu_hours_per_day"].sum().to_dict(),
-                                     abs=1e-9)
+                                     abs=1e-6)
     assert severity == findings.groupby(["severity", "rule"]).size().astype(float).to_dict()
     with store.session() as s:
         last = [t for (t,) in s.execute(select(func.max(ProcessSample.ts)).group_by(ProcessSample.device_id))]
@@ -137,7 +142,8 @@ def agent(fleet, fleet_home: Path) -> Iterator[Agent]:
     fake = FakeNVML([FakeGPU(uuid="GPU-board-0", gpu_util=35, memory_used=20 * GiB,
                              processes=[FakeProcess(pid=os.getpid(), used_memory=20 * GiB, sm_util=35)]),
                      FakeGPU(uuid="GPU-board-1")])
-    settings = Settings(home=fleet_home, secret="t", host_id="board-host", metrics_port=free_port())
+    settings = Settings(home=fleet_home, secret="t", host_id="board-host", metrics_port=free_port(),
+                        metrics_host="127.0.0.1")
     a = Agent(store, settings, NvmlSource(nvml=fake), sample_interval_s=0.2, flush_interval_s=1.0,
               serve_socket=False, attribute=lambda pid: (workflow, "env"))
     a.start()
@@ -197,3 +203,42 @@ def test_serve_starts_the_fleet_exporter_and_stops_it(tmp_path: Path) -> None:
     assert "fleetlens_store_up 1.0" in exported and "# TYPE fleetlens_devices gauge" in exported, out
     assert f"fleet metrics at http://127.0.0.1:{port}/metrics" in out
     assert list(processes_of(home)) == []  # the exporter stopped with serve
+
+
+@pytest.mark.slow
+def test_promtool_finds_both_expositions_clean(agent: Agent, exporter: int) -> None:
+    """`promtool check metrics` on metrics-serve's and the agent's /metrics: nothing to say of the first; of the
+    second only dcgm-exporter's own `modelName` label (kept on purpose: boards built for dcgm-exporter group by it).
+    Each device's DCGM series appears once; the workflows on it are series of their own."""
+    deadline = time.monotonic() + 60
+    while True:
+        text = httpx.get(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10).text
+        if "fleetlens_device_workflow{" in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert agent._metrics_server.server_address[0] == "127.0.0.1"  # FLEETLENS_METRICS_HOST, not every interface
+    fleet = httpx.get(f"http://127.0.0.1:{exporter}/metrics", timeout=10).text
+    assert "fleetlens_team_recoverable_gpus{" in fleet
+    checked = subprocess.run([PROMTOOL, "check", "metrics"], input=fleet, capture_output=True, text=True, timeout=60)
+    assert (checked.returncode, checked.stdout + checked.stderr) == (0, "")
+    checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    problems = [line for line in (checked.stdout + checked.stderr).splitlines() if line.strip()]
+    allowed = "label names should be written in 'snake_case' not 'camelCase'"
+    assert problems and [p for p in problems if not (p.startswith("DCGM_FI_") and p.endswith(allowed))] == []
+    assert ' modelName="' not in text and 'modelName="' in text
+    util = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+    assert len(util) == 2 and not [line for line in util if "workflow=" in line]  # one per GPU, no workflow
+    users = [line for line in text.splitlines() if line.startswith("fleetlens_device_workflow{")]
+    assert len(users) == 1 and 'UUID="GPU-board-0"' in users[0] and 'hostname="board-host"' in users[0]
+
+
+def test_listen_addresses_are_read_as_dcgm_exporter_writes_them(fleet_home: Path) -> None:
+    from store.errors import InvalidInput
+    from ui.cli.prometheus import parse_listen_address
+
+    assert parse_listen_address(":9400") == ("", 9400)
+    assert parse_listen_address("127.0.0.1:9108") == ("127.0.0.1", 9108)
+    assert parse_listen_address("[::1]:9400") == ("::1", 9400)
+    for bad in ("9400", "host:", "a:b:9400", ":70000"):
+        with pytest.raises(InvalidInput, match="not \\[HOST\\]:PORT"):
+            parse_listen_address(bad)

@@ -10,6 +10,7 @@ from collector.agent import Agent
 from collector.sources import open_source
 from store.errors import ConfigError
 from ui.cli.app import app, console, open_store, settings
+from ui.cli.prometheus import LISTEN_HELP, parse_listen_address
 
 
 @app.command()
@@ -24,6 +25,8 @@ def agent(
     duration: float = typer.Option(None, "--duration", help="Stop cleanly after this many seconds."),
     no_socket: bool = typer.Option(False, "--no-socket", help="Do not serve the job SDK socket."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every flush and command."),
+    listen_address: str = typer.Option(None, "--listen-address", help=LISTEN_HELP.format(port=9400) +
+                                       " (FLEETLENS_METRICS_HOST and _PORT; default: /metrics not served)"),
 ) -> None:
     """Run the per-host agent until SIGTERM or Ctrl-C; the last batch is written (or spooled) on the way out."""
     logging.basicConfig(
@@ -40,6 +43,8 @@ def agent(
         }.items()
         if v is not None
     }
+    if listen_address is not None:
+        overrides["metrics_host"], overrides["metrics_port"] = parse_listen_address(listen_address)
     s = settings().model_copy(update=overrides)
     s.ensure_home()
     store = open_store()

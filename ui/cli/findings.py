@@ -9,6 +9,7 @@ import pandas as pd
 import typer
 from rich.table import Table
 
+from analyzer.period_rows import PER_DAY
 from analyzer.ranking import costed, findings_frame, rank_with_waste, teams_of
 from analyzer.rollups import apply_retention, rollup
 from analyzer.telemetry import detect as detect_findings
@@ -169,15 +170,18 @@ def rank(
     if as_json:
         _echo_json({"recoverable_gpu_hours_per_day": round(w.recoverable_gpu_hours_per_day, 3),
                     "held_gpu_hours_per_day": round(w.held_gpu_hours_per_day, 3),
+                    "per_day": f"{PER_DAY}, the last {period_hours:g} h",
                     "teams" if teams else "workflows": _records(frame),
                     "problems": w.problems, "assumptions": w.assumptions})
         return
     if frame.empty:
-        console.print("nothing to rank yet: run `fleetlens rollup` and `fleetlens detect`")
+        console.print("nothing to rank yet: no samples in the period and no open findings (import or run agents, "
+                      "then `fleetlens detect`)")
         return
     first = "team" if teams else "workflow"
-    table = Table(title=f"{first}s by recoverable GPU-hours per day; GPU-hours of the last {period_hours:g} h, "
-                        "trend of the wasted ones vs the period before")
+    table = Table(title=f"{first}s by recoverable GPU-hours per day ({PER_DAY}, the last {period_hours:g} h): "
+                        f"{_fmt(w.recoverable_gpu_hours_per_day)} of {_fmt(w.held_gpu_hours_per_day)} held; "
+                        f"GPU-hours of the last {period_hours:g} h, trend of the wasted ones vs the period before")
     table.add_column(first, overflow="fold")
     table.add_column("wfs" if teams else "team", justify="right" if teams else "left")
     for col in ("GPU-h/d", "held", "active", "waste", "trend"):

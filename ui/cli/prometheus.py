@@ -15,6 +15,19 @@ from ui.cli.export import parse_time
 from ui.serve.metrics import serve_fleet_metrics
 
 _STEP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+_LISTEN = re.compile(r"^(?:\[([0-9A-Fa-f:.]+)\]|([^:\[\]]*)):(\d{1,5})$")
+LISTEN_HELP = ("[HOST]:PORT to serve /metrics on, as dcgm-exporter's --address (its default :9400: every interface); "
+               "e.g. 127.0.0.1:{port} for this host only")
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """(host, port) of a listen address like :9400, 0.0.0.0:9400, 127.0.0.1:9108 or [::1]:9108 (host "": every
+    interface)."""
+    match = _LISTEN.match(text.strip())
+    port = int(match.group(3)) if match else -1
+    if not match or not 0 <= port <= 65535:
+        raise InvalidInput(f"listen address {text!r} is not [HOST]:PORT, e.g. :9400 or 127.0.0.1:9400")
+    return match.group(1) or match.group(2) or "", port
 
 
 def parse_step(text: str) -> float:
@@ -45,10 +58,14 @@ def import_prometheus_command(
 @app.command("metrics-serve")
 def metrics_serve(
     port: int = typer.Option(None, "--port", help="Port to serve /metrics on (FLEETLENS_METRICS_SERVE_PORT)."),
+    listen_address: str = typer.Option(None, "--listen-address", help=LISTEN_HELP.format(port=9108) +
+                                       " (FLEETLENS_METRICS_SERVE_HOST and _PORT; default :9108)"),
     duration: float = typer.Option(None, "--duration", help="Stop after this many seconds (default: until Ctrl-C)."),
 ) -> None:
-    """Serve the fleet's recoverable GPU-hours, open findings and plans as Prometheus metrics until Ctrl-C."""
+    """Serve the fleet's recoverable GPUs, open findings and plans as Prometheus metrics until Ctrl-C."""
     s = settings()
-    port = s.metrics_serve_port if port is None else port
-    console.print(f"fleet metrics at http://0.0.0.0:{port}/metrics")
-    serve_fleet_metrics(open_store(), s, port=port, duration=duration)
+    host, port = s.metrics_serve_host, s.metrics_serve_port if port is None else port
+    if listen_address is not None:
+        host, port = parse_listen_address(listen_address)
+    console.print(f"fleet metrics at http://{host or '0.0.0.0'}:{port}/metrics")
+    serve_fleet_metrics(open_store(), s, port=port, duration=duration, addr=host)

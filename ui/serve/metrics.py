@@ -1,7 +1,8 @@
 """The fleet-level Prometheus exporter (`fleetlens metrics-serve`): what the analyzer and the enforcer know.
 
-Recoverable GPU-hours per day per workflow, team and rule (open findings; a workflow's overlapping findings on one
-device counted once, as the ranking does), open findings by severity and rule, and the devices the fleet holds,
+Recoverable GPUs per workflow, team and rule (open findings; a workflow's overlapping findings on one device counted
+once, as the ranking does): GPU-seconds per second, the base unit `promtool check metrics` asks for; times 24 it is
+the GPU-hours per day `fleetlens rank` shows, open findings by severity and rule, and the devices the fleet holds,
 the devices the last plan says it needs, and the devices that plan frees. The store is re-read at most every
 `refresh_s` per scrape; a store that is away leaves the last values (and fleetlens_store_up 0).
 """
@@ -26,6 +27,7 @@ from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
+HOURS_PER_DAY = 24.0
 HELD_WINDOW_S = 900.0  # a device is held when some workflow had a process sample on it this recently
 
 
@@ -57,15 +59,15 @@ class FleetMetrics(Collector):
         ranked, w = rank_with_waste(self.store, now=self.clock())
         findings = findings_frame(self.store)
         open_ = findings[findings["status"] == "open"] if not findings.empty else findings
-        by_rule = GaugeMetricFamily("fleetlens_recoverable_gpu_hours_per_day",
-                                    "GPU-hours per day open findings could give back, per workflow, team and rule "
-                                    "(each finding's cost from the waste function; rules of one device overlap).",
-                                    labels=["workflow", "team", "rule"])
-        by_wf = GaugeMetricFamily("fleetlens_workflow_recoverable_gpu_hours_per_day",
-                                  "GPU-hours per day a workflow could give back (overlapping findings counted once).",
-                                  labels=["workflow", "team"])
-        by_team = GaugeMetricFamily("fleetlens_team_recoverable_gpu_hours_per_day",
-                                    "GPU-hours per day a team could give back.", labels=["team"])
+        by_rule = GaugeMetricFamily("fleetlens_recoverable_gpus",
+                                    "GPUs open findings could give back (GPU-seconds per second; x 24: GPU-hours per "
+                                    "day), per workflow, team and rule (each finding's cost from the waste function; "
+                                    "rules of one device overlap).", labels=["workflow", "team", "rule"])
+        by_wf = GaugeMetricFamily("fleetlens_workflow_recoverable_gpus",
+                                  "GPUs a workflow could give back (GPU-seconds per second; overlapping findings "
+                                  "counted once).", labels=["workflow", "team"])
+        by_team = GaugeMetricFamily("fleetlens_team_recoverable_gpus",
+                                    "GPUs a team could give back (GPU-seconds per second).", labels=["team"])
         severity = GaugeMetricFamily("fleetlens_open_findings", "Open findings, by severity and rule.",
                                      labels=["severity", "rule"])
         if not open_.empty:
@@ -73,14 +75,15 @@ class FleetMetrics(Collector):
             f = f[f["status"] == "open"].assign(team=lambda x: x["team"].fillna(""))
             sums = f.groupby(["workflow_id", "team", "rule"])["gpu_hours_per_day"].sum()
             for (wf, team, rule), hours in sums.items():
-                by_rule.add_metric([wf, team, rule], float(hours))
+                by_rule.add_metric([wf, team, rule], float(hours) / HOURS_PER_DAY)
             for (sev, rule), n in f.groupby(["severity", "rule"]).size().items():
                 severity.add_metric([sev, rule], float(n))
         flagged = ranked[ranked["open_findings"] > 0].assign(team=lambda x: x["team"].fillna(""))
         for _, row in flagged.iterrows():
-            by_wf.add_metric([str(row["workflow_id"]), str(row["team"])], float(row["recoverable_gpu_hours_per_day"]))
+            by_wf.add_metric([str(row["workflow_id"]), str(row["team"])],
+                             float(row["recoverable_gpu_hours_per_day"]) / HOURS_PER_DAY)
         for _, row in teams_of(ranked).iterrows():
-            by_team.add_metric([str(row["team"])], float(row["recoverable_gpu_hours_per_day"]))
+            by_team.add_metric([str(row["team"])], float(row["recoverable_gpu_hours_per_day"]) / HOURS_PER_DAY)
         devices = GaugeMetricFamily("fleetlens_devices", "Devices the fleet holds, needs after the last plan's moves, "
                                     "and frees with them.", labels=["state"])
         plan_ts = GaugeMetricFamily("fleetlens_last_plan_timestamp_seconds", "When the last plan was made.")
@@ -109,9 +112,10 @@ def fleet_registry(store: Store, settings: Settings) -> CollectorRegistry:
     return registry
 
 
-def serve_fleet_metrics(store: Store, settings: Settings, *, port: int, duration: float | None = None) -> None:
-    """Serve /metrics on `port` until Ctrl-C / SIGTERM (or `duration` seconds)."""
-    server, _ = start_http_server(port, registry=fleet_registry(store, settings))
+def serve_fleet_metrics(store: Store, settings: Settings, *, port: int, duration: float | None = None,
+                        addr: str = "") -> None:
+    """Serve /metrics on `addr`:`port` ("": every interface) until Ctrl-C / SIGTERM (or `duration` seconds)."""
+    server, _ = start_http_server(port, addr=addr or "0.0.0.0", registry=fleet_registry(store, settings))
     try:
         deadline = None if duration is None else time.monotonic() + duration
         while deadline is None or time.monotonic() < deadline:
