@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS))
 
-.PHONY: demo test bench lint chromium prometheus migration clean
+.PHONY: demo test bench lint chromium prometheus slurm migration clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 2
 PG_TEST_URL := postgresql+psycopg://postgres@127.0.0.1:5432/test
 PG_PROBE := import psycopg; psycopg.connect('postgresql://postgres@127.0.0.1:5432/test', connect_timeout=3).close()
-test: $(STAMP) chromium prometheus
+test: $(STAMP) chromium prometheus slurm
 	$(BIN)/lint-imports --no-cache
 	@if [ -z "$$FLEETLENS_TEST_PG_URL" ]; then \
 	  if $(BIN)/python -c "$(PG_PROBE)" 2>/dev/null; then \
@@ -56,6 +56,13 @@ chromium:
 prometheus:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
+
+# The Slurm tests (marked slurm) start a real one-node Slurm 22.05 with ../shared/slurm/local-cluster.sh: Debian's
+# daemons and client, and munge for their authentication (the script never uses /etc/slurm or systemd).
+slurm:
+	@command -v slurmctld >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		  slurm-wlm slurm-client munge >/dev/null; }
 
 # Write the next migration from the models' difference to the migrations so far: make migration MSG="what changed".
 migration: $(STAMP)

@@ -117,6 +117,8 @@ class Settings(BaseSettings):
     consolidate_horizon_s: float = Field(3600.0, gt=0)  # a freed device counts as given back for this long
 
     # Slurm (collector.importers.slurm observes, enforcer.actuators.slurm moves the jobs that opted in)
+    slurm: bool = False  # FLEETLENS_SLURM: the enforcement cycle plans and moves Slurm jobs (import them first)
+    slurm_usage_window_s: float = Field(300.0, gt=0)  # a job's use: its samples over this window
     slurm_bin_dir: Path | None = None  # where squeue, sinfo, scontrol and scancel are; None: on PATH
     slurm_timeout_s: float = Field(30.0, gt=0)  # one Slurm command
     slurm_team_from: str = Field("account", pattern="^(account|partition)$")  # a job's team: its account or partition

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.errors import InvalidInput
+from store.errors import InvalidInput, UpstreamUnavailable
 
 SUPPORTED_PLUGINS = ("openapi/v0.0.38",)
 GPU_KINDS = ("gpu", "shard")
@@ -148,8 +148,10 @@ def version_of(doc: dict[str, Any], what: str) -> str:
                            f"reads {', '.join(SUPPORTED_PLUGINS)} (Slurm 22.05) only, and refuses to guess the "
                            "fields of another version")
     errors = doc.get("errors") or []
-    if errors:
-        raise InvalidInput(f"{what} reported errors: {errors}")
+    if errors:  # squeue --json exits 0 with an empty job list and this when slurmctld does not answer
+        said = "; ".join(f"{e.get('source', '?')}: {e.get('description') or e.get('error')}" for e in errors
+                         if isinstance(e, dict)) or str(errors)
+        raise UpstreamUnavailable(f"{what} could not read the cluster ({said}); is slurmctld up?")
     return str(release)
 
 

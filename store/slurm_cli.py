@@ -67,7 +67,9 @@ class SlurmCli:
 
 
 _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
-                "Zero Bytes were transmitted", "Communication connection failure")
+                "Zero Bytes were transmitted", "Communication connection failure",
+                # what scontrol says of a job while slurmctld is shutting down or starting again
+                "Unexpected message received")
 
 
 def _unreachable(message: str) -> bool:

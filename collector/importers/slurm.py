@@ -26,7 +26,7 @@ from store.models import Device, Host, Placement, Workflow
 from store.models import SlurmJob as SlurmJobRow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings, get_settings
-from store.slurm import SlurmJob, SlurmView, parse_jobs, parse_nodes
+from store.slurm import SlurmJob, SlurmNode, SlurmView, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli
 from store.workflows import upsert_workflow
 
@@ -64,7 +64,7 @@ def import_slurm(store: Store, settings: Settings | None = None, *, cli: SlurmCl
 def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float) -> SlurmImport:
     result = SlurmImport(version=view.version, nodes=len(view.nodes))
     with store.session() as session:
-        devices = {name: _node_devices(session, node.name, node.gpus, now) for name, node in view.nodes.items()}
+        devices = {name: _node_devices(session, node, now) for name, node in view.nodes.items()}
         seen: set[str] = set()
         for job in view.jobs.values():
             reused = _reused(session, job)
@@ -83,10 +83,17 @@ def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float
     return result
 
 
-def _node_devices(session: Session, node: str, gpus: int, now: float) -> dict[int, int]:
-    """{GPU index: device id}: the node's agent's devices when it has registered them, else the GPUs Slurm names."""
-    if session.get(Host, node) is None:
-        register_host(session, node, hostname=node, source=SOURCE, labels={"slurm": True}, now=now)
+def _node_devices(session: Session, slurm_node: SlurmNode, now: float) -> dict[int, int]:
+    """{GPU index: device id}: the node's agent's devices when it has registered them, else the GPUs Slurm names.
+    The host's labels keep what Slurm says of the node (its GPUs, shards and partitions)."""
+    node, gpus = slurm_node.name, slurm_node.gpus
+    labels = {"slurm": {"gpus": gpus, "shards": slurm_node.shards, "state": slurm_node.state,
+                        "partitions": list(slurm_node.partitions)}}
+    host = session.get(Host, node)
+    if host is None:
+        register_host(session, node, hostname=node, source=SOURCE, labels=labels, now=now)
+    else:
+        host.labels = {**(host.labels or {}), **labels}
     known = {d.index: d for d in session.scalars(select(Device).where(Device.host_id == node))}
     if known and any(d.source != SOURCE for d in known.values()):
         return {i: d.id for i, d in known.items()}
@@ -98,6 +105,9 @@ def _node_devices(session: Session, node: str, gpus: int, now: float) -> dict[in
 def _reused(session: Session, job: SlurmJob) -> str | None:
     row = session.get(SlurmJobRow, job.workflow_id)
     if row is None or abs(row.submit_time - job.submit_time) < 1.0:
+        return None
+    if job.restart_count > row.restart_count and row.state != GONE:
+        row.submit_time = job.submit_time  # a requeue: Slurm gives the job a new submit time and counts a restart
         return None
     return (f"slurm job id {job.job_id} was reused: the store's {job.workflow_id} was submitted at "
             f"{row.submit_time:.0f} by {row.user} ({row.name}), the job Slurm now calls {job.job_id} at "

@@ -58,6 +58,19 @@ class Cluster:
         subprocess.run([str(SCRIPT), "stop", str(self.dir)], capture_output=True, text=True, timeout=120,
                        env={**os.environ, **self.env})
 
+    def stop_ctld(self) -> None:
+        """Stop slurmctld alone (its state is saved; slurmd, munged and the jobs run on)."""
+        pid = int((self.dir / "run" / "slurmctld.pid").read_text().strip())
+        proc = psutil.Process(pid)
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    def start_ctld(self) -> None:
+        """Start slurmctld again from its saved state, as the script did, and wait until it answers."""
+        self.run(shutil.which("slurmctld") or "slurmctld", "-f", self.env["SLURM_CONF"])
+        self.wait(lambda: subprocess.run(["squeue", "-h"], env={**os.environ, **self.env},
+                                         capture_output=True).returncode == 0, timeout=30)
+
     @property
     def node(self) -> str:
         return self.env["SLURM_LOCAL_NODE"]
