@@ -309,17 +309,24 @@ class SlurmActuator:
         return jobs.get(job_id)
 
     def _room(self, job_id: int, node_name: str | None, shards: int) -> str | None:
-        """Why the node has no GPU left with `shards` free beside the job's own (None when it has one)."""
+        """Why the node has no GPU left with `shards` free beside the job's own (None when it has one). Raises
+        UpstreamUnavailable while Slurm does not know the node's shards (slurmd not registered again after a restart
+        of slurmctld): the move waits rather than rolls back on a half-known node."""
         _, jobs = parse_jobs(self.cli.json("squeue"))
         _, nodes = parse_nodes(self.cli.json("sinfo"))
         node = nodes.get(node_name or "")
         if node is None:
             return f"node {node_name} is not in sinfo"
+        if node.gpus and not node.shards_per_gpu:
+            raise UpstreamUnavailable(f"Slurm does not say yet how many shards node {node.name} has (state "
+                                      f"{node.state})")
         free = free_shards(node, jobs, leaving=job_id)
         if any(n >= shards for n in free.values()):
             return None
+        holders = {j.job_id: f"{j.gres}@{list(j.gpu_indices)}" for j in jobs.values()
+                   if j.node == node.name and j.state in ("RUNNING", "COMPLETING") and j.job_id != job_id}
         return (f"no free shard is left on {node.name}: no GPU there has {shards} shards free that no whole-GPU job "
-                f"holds ({free})")
+                f"holds (free per GPU {free}; held by jobs {holders})")
 
     def _created(self, action_id: int) -> float:
         with self.store.session() as session:

@@ -67,7 +67,10 @@ class Cluster:
 
     def start_ctld(self) -> None:
         """Start slurmctld again from its saved state, as the script did, and wait until it answers."""
-        self.run(shutil.which("slurmctld") or "slurmctld", "-f", self.env["SLURM_CONF"])
+        # without the test's FLEETLENS_* variables: the daemon outlives the test, whose leftover processes are killed
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+        subprocess.run([shutil.which("slurmctld") or "slurmctld", "-f", self.env["SLURM_CONF"]], check=True,
+                       env={**env, **self.env}, timeout=60, capture_output=True)
         self.wait(lambda: subprocess.run(["squeue", "-h"], env={**os.environ, **self.env},
                                          capture_output=True).returncode == 0, timeout=30)
 

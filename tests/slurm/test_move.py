@@ -1,6 +1,7 @@
 """The Slurm actuator's whole move against the real cluster: a real torch job on the SDK, opted in on shard:2, is
 signalled, checkpoints (step, size, sha256 recorded), is requeued and held, changed to shard:1, released, and resumes
-from that checkpoint under the same job id, on a GPU it now shares with another job."""
+from that checkpoint under the same job id, on a GPU it now shares with another job. slurmctld is restarted while
+the job is held: the move waits, then carries on (one test, to keep the Slurm tests' time down)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from tests.slurm.cluster import job_processes, train_command
 pytestmark = pytest.mark.slurm
 
 
-def test_opted_in_job_moves_to_fewer_shards_and_resumes_from_its_checkpoint(slurm, job_env, sqlite_store,
-                                                                               slurm_settings, tmp_path):
+def test_opted_in_job_moves_to_fewer_shards_and_resumes_from_its_checkpoint_through_a_slurmctld_restart(
+        slurm, job_env, sqlite_store, slurm_settings, tmp_path):
     # the mate takes one shard of GPU 0, so the mover's two shards are GPU 1's; on one shard it fits beside the mate
     mate = slurm.submit("sleep 300", gres="shard:1", env=job_env, cwd=tmp_path, name="mate")
     slurm.wait_running(mate)
@@ -33,6 +34,16 @@ def test_opted_in_job_moves_to_fewer_shards_and_resumes_from_its_checkpoint(slur
     actuator = SlurmActuator(sqlite_store, slurm_settings)
     action_id = actuator.begin(Move(workflow_id=f"slurm-{mover}", to_device_id=0, request={"gres": "shard:1"},
                                     reason="idle on two shards"), now=time.time())
+    while actuator.state(action_id) != "held":
+        assert actuator.state(action_id) in ("planned", "signalled", "checkpointed"), actuator.state(action_id)
+        actuator.advance(action_id, now=time.time())
+        time.sleep(0.3)
+    slurm.stop_ctld()
+    try:  # slurmctld away (squeue gives up after about 9 s): the move waits where it is, nothing is done twice
+        assert actuator.advance(action_id, now=time.time()) == []
+        assert actuator.state(action_id) == "held"
+    finally:
+        slurm.start_ctld()
     state = actuator.advance_until_done(action_id, timeout_s=120)
 
     with sqlite_store.session() as s:
