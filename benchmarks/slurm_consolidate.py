@@ -186,7 +186,7 @@ def measure(bench: Bench) -> int:
     while quiet < 5 and cycles < 400:
         cycles += 1
         version = import_slurm(store, settings).version
-        result = run_slurm_cycle(store, settings, apply=True, now=time.time(), actuator=actuator)
+        result = run_slurm_cycle(store, settings, apply=True, now=time.time(), actuator=actuator, drive_s=0)
         with store.session() as s:
             open_moves = s.scalars(select(Action.id).where(Action.engine == "slurm",
                                                            Action.state.not_in(TERMINAL))).all()

@@ -61,6 +61,11 @@ def import_slurm(store: Store, settings: Settings | None = None, *, cli: SlurmCl
     return record_view(store, view, settings, now=time.time() if now is None else now)
 
 
+def import_slurm_from_settings(store: Store, settings: Settings) -> SlurmImport | None:
+    """The scheduled import (`fleetlens serve`): only when FLEETLENS_SLURM is on."""
+    return import_slurm(store, settings) if settings.slurm else None
+
+
 def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float) -> SlurmImport:
     result = SlurmImport(version=view.version, nodes=len(view.nodes))
     with store.session() as session:

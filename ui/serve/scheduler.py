@@ -20,6 +20,7 @@ from typing import Any
 
 from analyzer import periodic, profiles
 from collector.importers.prometheus import import_from_settings
+from collector.importers.slurm import import_slurm_from_settings
 from enforcer import cycle
 from store.db import Store
 from store.errors import FleetlensError, InvalidInput
@@ -38,6 +39,8 @@ CADENCES: dict[str, float] = {
 # serve only: Airflow analyses an on-demand trace in fleetlens_profile_on_demand as soon as it lands; on one host
 # the requests come from the dashboard or `fleetlens profile`, so their traces are picked up this often instead
 TRACES_JOB, TRACES_INTERVAL_S = "fleetlens_traces", 30.0
+# serve only: Slurm's view (FLEETLENS_SLURM), read often enough that a move sees a job's requeue and release
+SLURM_JOB, SLURM_INTERVAL_S = "fleetlens_slurm_import", 30.0
 RETRY_BASE_S = 30.0
 
 
@@ -212,4 +215,7 @@ def periodic_jobs(store: Store, settings: Settings, *, speedup: float = 1.0, enf
     jobs = [Job(name, CADENCES[name] / speedup, fn, retry_base_s=RETRY_BASE_S / speedup) for name, fn in calls.items()]
     jobs.append(Job(TRACES_JOB, TRACES_INTERVAL_S, lambda: periodic.analyze_traces(store, settings),
                     first_delay_s=TRACES_INTERVAL_S))
+    if settings.slurm:
+        jobs.append(Job(SLURM_JOB, SLURM_INTERVAL_S / speedup, lambda: import_slurm_from_settings(store, settings),
+                        retry_base_s=RETRY_BASE_S / speedup))
     return jobs
