@@ -86,7 +86,7 @@ if not slurm_table.empty:
     gpus = {(n, i) for n, g in zip(running.node, running.gpu_indices, strict=True) for i in (g or [])}
     s[1].metric("GPUs held by Slurm jobs", f"{len(gpus):,}")
     s[2].metric("Shards held", f"{int(running.shards.sum()):,}")
-    s[3].metric("Opted in to moves", f"{int(slurm_table.opted_in.sum()):,}")
+    s[3].metric("Opted in to moves", f"{int(running.opted_in.sum()):,}", help="of the running jobs")
     shown = slurm_table.assign(
         time_limit=[f"{t / 60:.0f} min" if t == t and t else "none" for t in slurm_table.time_limit_s],
         movable=["yes" if o else (r or "no") for o, r in zip(slurm_table.opted_in, slurm_table.not_movable_reason,
