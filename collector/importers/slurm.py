@@ -101,7 +101,9 @@ def _node_devices(session: Session, slurm_node: SlurmNode, now: float) -> dict[i
         host.labels = {**(host.labels or {}), **labels}
     known = {d.index: d for d in session.scalars(select(Device).where(Device.host_id == node))}
     if known and any(d.source != SOURCE for d in known.values()):
-        return {i: d.id for i, d in known.items()}
+        # the node's agent registered its devices: its GPUs (NVML indices are Slurm's), or no GPU at all (a cpu
+        # source's core groups, which are not the GPUs Slurm hands out: the jobs then get no placements)
+        return {i: d.id for i, d in known.items() if d.source == "nvml"}
     specs = [DeviceSpec(index=i, uuid=f"slurm:{node}:gpu{i}", name=f"Slurm GPU {i} of {node}", memory_total=None)
              for i in range(gpus)]
     return register_devices(session, node, specs, source=SOURCE, now=now)
