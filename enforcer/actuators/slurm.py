@@ -130,6 +130,17 @@ class SlurmActuator:
         except UpstreamUnavailable as exc:  # slurmctld away (restarting): nothing was done, try again later
             log.info("Slurm action %s waits in %s: %s", action_id, state, exc)
             return []
+        except SlurmRefused as exc:  # a command the step did not expect to be refused
+            if state in ("planned", "signalled", "checkpointed"):
+                return self._end(action_id, "failed", Step.FAILED, now, False,
+                                 f"Slurm refused a command ({exc}); the job was not requeued, nothing was changed")
+            if state == "rolling_back":
+                return self._end(action_id, "failed", Step.FAILED, now, False,
+                                 f"{detail.get('why', '')}; and restoring job {detail['job_id']}'s request was "
+                                 f"refused ({exc}): it waits in Slurm's queue; release it with its old request "
+                                 f"{detail['old_gres']} by hand (scontrol update, scontrol release)")
+            return self._to(action_id, "rolling_back", {**detail, "why": f"Slurm refused a command ({exc})"}, now,
+                            Step.FAILED, False, f"Slurm refused a command ({exc}); restoring the old request")
 
     def advance_until_done(self, action_id: int, *, timeout_s: float, every_s: float = 0.5) -> str:
         """Drive one action to its end (tests, the benchmark and `fleetlens` commands); returns its last state."""
@@ -164,14 +175,16 @@ class SlurmActuator:
                                  f"job {job.job_id}'s fleetlens SDK has not said it is ready for a checkpoint signal "
                                  f"in {self.options.checkpoint_timeout_s:.0f} s; it was not signalled, nothing done")
             return []
+        before = read_manifest(self._folder(action_id))  # the checkpoint must be a new one, whatever the clocks say
         self.cli.run("scancel", "--batch", "--signal=USR1", str(job.job_id))
-        d = {**d, "signal_at": now, "attempts": int(d.get("attempts", 0)) + 1}
+        d = {**d, "signal_at": now, "attempts": int(d.get("attempts", 0)) + 1,
+             "manifest_before": before.written_at if before is not None else None}
         return self._to(action_id, "signalled", d, now, Step.PLANNED, True,
                         f"checkpoint signal (USR1) sent to job {job.job_id}'s batch script")
 
     def _signalled(self, action_id: int, d: dict[str, Any], job: SlurmJob | None, now: float) -> list[StepOutcome]:
         manifest = read_manifest(self._folder(action_id))
-        if manifest is not None and manifest.job_id == d["job_id"] and manifest.written_at >= d["signal_at"] - 1.0:
+        if manifest is not None and manifest.job_id == d["job_id"] and manifest.written_at != d.get("manifest_before"):
             try:
                 sha, size = digest(manifest.path)
             except OSError as exc:
@@ -267,9 +280,12 @@ class SlurmActuator:
                                  f"job {d['job_id']} resumed at step {started.step}, not from its checkpoint at step "
                                  f"{ckpt['step']} (sha256 {ckpt['sha256'][:12]})", training_step=started.step)
             where = f"GPU {','.join(map(str, job.gpu_indices)) or '?'} of {job.node}"
+            whole = self._whole_holders(job)
+            note = (f"; note: Slurm put it on a GPU that job(s) {whole} hold whole (Slurm 22.05 does not keep "
+                    "whole-GPU jobs off shared GPUs)") if whole else ""
             return self._end(action_id, "resumed", Step.RESUMED, now, True,
                              f"resumed at step {started.step} (checkpoint {ckpt['step']}) on {where} with "
-                             f"{job.gres}", training_step=started.step,
+                             f"{job.gres}{note}", training_step=started.step,
                              extra={"gpu_indices": list(job.gpu_indices), "gpus_env": started.gpus})
         if now - float(d["released_at"]) > self.options.resume_timeout_s:
             why = (f"not resumed within {self.options.resume_timeout_s:.0f} s of its release (Slurm: {job.state}, "
@@ -327,6 +343,13 @@ class SlurmActuator:
                    if j.node == node.name and j.state in ("RUNNING", "COMPLETING") and j.job_id != job_id}
         return (f"no free shard is left on {node.name}: no GPU there has {shards} shards free that no whole-GPU job "
                 f"holds (free per GPU {free}; held by jobs {holders})")
+
+    def _whole_holders(self, job: SlurmJob) -> list[int]:
+        """The running whole-GPU jobs on one of the GPUs `job` was given."""
+        _, jobs = parse_jobs(self.cli.json("squeue"))
+        return sorted(j.job_id for j in jobs.values() if j.job_id != job.job_id and j.node == job.node
+                      and j.state == "RUNNING" and j.gres is not None and j.gres.kind == "gpu"
+                      and set(j.gpu_indices) & set(job.gpu_indices))
 
     def _created(self, action_id: int) -> float:
         with self.store.session() as session:
