@@ -177,10 +177,11 @@ def measure(bench: Bench) -> int:
     before = bench.jobs()
     gpus_before = gpus_in_use(before)
     bench.start_agent()
-    # the jobs' start-up (importing torch) is busy work: plan on a window after it
+    # the jobs' start-up (importing torch) is busy work: plan on a window after it, once the agent has seen each
+    # job's memory in enough samples for admission to let it share a GPU
     bench.wait(lambda: all(read_started(job_folder(settings, f"slurm-{j}")) for j in (*idle, busy)), 90,
                "the jobs' SDK to start")
-    time.sleep(settings.slurm_usage_window_s + 2)
+    time.sleep(max(settings.slurm_usage_window_s, settings.memory_seen_steps * 1.0) + 3)
     actuator = SlurmActuator(store, settings)
     quiet, cycles, version = 0, 0, None
     while quiet < 5 and cycles < 400:

@@ -13,8 +13,9 @@ from sqlalchemy import func, select
 from enforcer.actuators.slurm import TERMINAL, SlurmActuator
 from enforcer.slurm_plan import SlurmHolding, plan_slurm_moves
 from store.db import Store
+from store.device_memory import known_memory
 from store.errors import FleetlensError
-from store.models import Action, Host, Placement, ProcessSample
+from store.models import Action, Device, Host, Placement, ProcessSample, Workflow
 from store.models import SlurmJob as SlurmJobRow
 from store.settings import Settings
 
@@ -35,6 +36,11 @@ def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[Slur
             select(Placement.workflow_id, func.min(Placement.device_id)).where(Placement.state == "active")
             .group_by(Placement.workflow_id))}
         rows = list(session.scalars(select(SlurmJobRow).where(SlurmJobRow.state == "RUNNING")))
+        workflows = {w.id: w for w in session.scalars(select(Workflow).where(
+            Workflow.id.in_([r.workflow_id for r in rows])))}
+        memory = {wf: known_memory(session, w, settings.memory_seen_steps) for wf, w in workflows.items()}
+        device_memory = dict(session.execute(select(Device.id, Device.memory_total).where(
+            Device.id.in_([d for d in placed.values() if d is not None]))).tuples())
         per_gpu = {}
         for host in session.scalars(select(Host).where(Host.id.in_({r.node for r in rows if r.node}))):
             slurm = (host.labels or {}).get("slurm") or {}
@@ -43,7 +49,8 @@ def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[Slur
                              count=r.gpus or r.shards, shards_per_gpu=per_gpu.get(r.node or "", 0),
                              used=used.get(r.workflow_id),
                              opted_in=r.opted_in, not_movable_reason=r.not_movable_reason,
-                             device_id=placed.get(r.workflow_id))
+                             device_id=placed.get(r.workflow_id), memory=memory.get(r.workflow_id),
+                             device_memory=device_memory.get(placed.get(r.workflow_id)))
                 for r in rows if r.gpus or r.shards]
 
 

@@ -4,7 +4,10 @@ A job on `s` shards of a GPU split into `k` holds s/k of it. Using `u` of a whol
 samples), it needs ceil(u * k / cap) shards (at least one); a job that opted in and holds more is moved to that many
 (one move per job per cycle, the busiest GPUs' jobs never). A job that did not opt in, or asked for whole GPUs, gets
 advice naming what it holds, what it uses and what it would need to be moved (Slurm 23.02.6 for a `gpu` request).
-A job whose use is unknown (no samples yet) is left alone: nothing is planned on a guess.
+A job whose use is unknown (no samples yet) is left alone: nothing is planned on a guess. Lane admission still
+decides who may share a GPU: a job whose memory is not known yet (FLEETLENS_MEMORY_SEEN_STEPS) runs alone first,
+and where the GPU's memory is known a job gets at least the shards whose share of it holds its Salus lane,
+1.05 (1.1 P + E).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from enforcer.actuators.base import Move
+from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR
 from store.slurm import GPU_TO_SHARD_VERSION
 
 
@@ -27,6 +31,8 @@ class SlurmHolding:
     opted_in: bool
     not_movable_reason: str | None = None
     device_id: int | None = None  # the store's device of the GPU it holds now
+    memory: tuple[int, int] | None = None  # (P, E) when known well enough to share a GPU (enforcer admission's rule)
+    device_memory: int | None = None  # bytes of the GPU it holds, when an agent reported them
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,11 @@ def plan_slurm_moves(holdings: list[SlurmHolding], *, busy: frozenset[str] = fro
         if h.used is None or h.workflow_id in busy or h.shards_per_gpu <= 0:
             continue
         want = needed_shards(h.used, h.shards_per_gpu, util_cap)
+        if h.memory is None:
+            want = max(want, h.count)  # unknown memory runs alone first: it keeps what it holds
+        elif h.device_memory:
+            lane = LANE_FACTOR * (PERSISTENT_FACTOR * h.memory[0] + h.memory[1])
+            want = max(want, math.ceil(lane / (h.device_memory / h.shards_per_gpu)))
         if h.gres_kind == "gpu":
             if h.used * h.shards_per_gpu < h.count * h.shards_per_gpu - 1:
                 advice.append(SlurmAdvice(h.workflow_id, (

@@ -7,9 +7,11 @@ from enforcer.slurm_plan import SlurmHolding, needed_shards, plan_slurm_moves
 from store.slurm import SlurmJob, SlurmNode, free_shards, opt_in, parse_gres
 
 
-def _h(wf: str, used: float | None, *, count: int = 2, kind: str = "shard", opted: bool = True) -> SlurmHolding:
+def _h(wf: str, used: float | None, *, count: int = 2, kind: str = "shard", opted: bool = True,
+       memory: tuple[int, int] | None = (2**30, 2**28), device_memory: int | None = None) -> SlurmHolding:
     return SlurmHolding(workflow_id=wf, job_id=int(wf.split("-")[1]), gres_kind=kind, count=count, shards_per_gpu=2,
-                        used=used, opted_in=opted, not_movable_reason=None if opted else "did not opt in")
+                        used=used, opted_in=opted, not_movable_reason=None if opted else "did not opt in",
+                        memory=memory, device_memory=device_memory)
 
 
 def test_idle_opted_in_jobs_move_to_what_they_use():
@@ -18,6 +20,14 @@ def test_idle_opted_in_jobs_move_to_what_they_use():
     assert [(m.workflow_id, m.request) for m in moves] == [("slurm-1", {"gres": "shard:1"})]
     assert moves[0].compute_share == 0.5 and advice == []
     assert needed_shards(0.5, 2) == 1 and needed_shards(0.51, 2) == 2 and needed_shards(0.0, 4) == 1
+
+
+def test_lane_admission_decides_who_shares_a_gpu():
+    # memory not known yet: it runs alone first; a lane of 1.05 (1.1 P + E) = 12.3 GiB needs both shards of 16 GiB
+    moves, _ = plan_slurm_moves([_h("slurm-1", 0.05, memory=None),
+                                 _h("slurm-2", 0.05, memory=(10 * 2**30, 2**29), device_memory=16 * 2**30),
+                                 _h("slurm-3", 0.05, memory=(4 * 2**30, 2**29), device_memory=16 * 2**30)])
+    assert [(m.workflow_id, m.request["gres"]) for m in moves] == [("slurm-3", "shard:1")]
 
 
 def test_jobs_that_did_not_opt_in_or_hold_whole_gpus_get_advice_only():

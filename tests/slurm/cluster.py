@@ -28,6 +28,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _daemon_env() -> dict[str, str]:
+    """The environment to start Slurm's daemons in: without a test's FLEETLENS_* variables, since the daemons outlive
+    the test and each test's leftover processes are found by their FLEETLENS_HOME and killed."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+
+
 def unavailable_reason() -> str | None:
     if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
         return "Slurm is not installed (make test installs slurm-wlm slurm-client munge from Debian)"
@@ -45,7 +51,7 @@ class Cluster:
         extra = {"SLURM_LOCAL_CTLD_PORT": str(_free_port()), "SLURM_LOCAL_SLURMD_PORT": str(_free_port()),
                  "SLURM_LOCAL_CRED_EXPIRE": "5"}
         out = subprocess.run([str(SCRIPT), "start", str(self.dir)], capture_output=True, text=True, timeout=120,
-                             env={**os.environ, **extra})
+                             env={**_daemon_env(), **extra})
         if out.returncode != 0:
             raise RuntimeError(f"local-cluster.sh start failed: {out.stderr[-2000:]}")
         for line in out.stdout.splitlines():
@@ -67,10 +73,8 @@ class Cluster:
 
     def start_ctld(self) -> None:
         """Start slurmctld again from its saved state, as the script did, and wait until it answers."""
-        # without the test's FLEETLENS_* variables: the daemon outlives the test, whose leftover processes are killed
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
         subprocess.run([shutil.which("slurmctld") or "slurmctld", "-f", self.env["SLURM_CONF"]], check=True,
-                       env={**env, **self.env}, timeout=60, capture_output=True)
+                       env={**_daemon_env(), **self.env}, timeout=60, capture_output=True)
         self.wait(lambda: subprocess.run(["squeue", "-h"], env={**os.environ, **self.env},
                                          capture_output=True).returncode == 0, timeout=30)
 

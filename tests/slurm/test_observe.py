@@ -61,10 +61,11 @@ def test_jobs_nodes_and_opt_in_come_into_the_store(slurm, sqlite_store, slurm_se
 
     # every job uses nothing: the plan moves the one that opted in and advises the others, never touching them
     now = time.time()
-    with sqlite_store.session() as s:
+    with sqlite_store.session() as s:  # memory seen in enough samples (admission's rule) to share a GPU
         for j in (movable, plain, whole, no_requeue):
-            s.add(ProcessSample(device_id=0, workflow_id=f"slurm-{j}", host_id=slurm.node, pid=j, ts=now - 5,
-                                cpu_util=0.02))
+            for k in range(settings.memory_seen_steps):
+                s.add(ProcessSample(device_id=0, workflow_id=f"slurm-{j}", host_id=slurm.node, pid=j,
+                                    ts=now - 5 - k * 0.1, cpu_util=0.02, mem_used=2**20))
     actuator = SlurmActuator(sqlite_store, settings)
     cycle = run_slurm_cycle(sqlite_store, settings, apply=True, now=now, actuator=actuator, drive_s=0)
     assert cycle["moves"] == [f"slurm-{movable}"] and len(cycle["begun"]) == 1
