@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -61,9 +62,13 @@ def import_slurm(store: Store, settings: Settings | None = None, *, cli: SlurmCl
     return record_view(store, view, settings, now=time.time() if now is None else now)
 
 
-def import_slurm_from_settings(store: Store, settings: Settings) -> SlurmImport | None:
-    """The scheduled import (`fleetlens serve`): only when FLEETLENS_SLURM is on."""
-    return import_slurm(store, settings) if settings.slurm else None
+def import_slurm_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
+    """The serve job and the DAG task: import when FLEETLENS_SLURM is on."""
+    if not settings.slurm:
+        return {"skipped": "FLEETLENS_SLURM is not set"}
+    result = import_slurm(store, settings)
+    return {"version": result.version, "nodes": result.nodes, "jobs": result.jobs, "opted_in": result.opted_in,
+            "errors": result.errors}
 
 
 def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float) -> SlurmImport:

@@ -35,12 +35,11 @@ CADENCES: dict[str, float] = {
     "fleetlens_enforce": 900.0,
     "fleetlens_periodic_profile": 86400.0,
     "fleetlens_import_prometheus": 300.0,
+    "fleetlens_import_slurm": 60.0,
 }
 # serve only: Airflow analyses an on-demand trace in fleetlens_profile_on_demand as soon as it lands; on one host
 # the requests come from the dashboard or `fleetlens profile`, so their traces are picked up this often instead
 TRACES_JOB, TRACES_INTERVAL_S = "fleetlens_traces", 30.0
-# serve only: Slurm's view (FLEETLENS_SLURM), read often enough that a move sees a job's requeue and release
-SLURM_JOB, SLURM_INTERVAL_S = "fleetlens_slurm_import", 30.0
 RETRY_BASE_S = 30.0
 
 
@@ -211,11 +210,9 @@ def periodic_jobs(store: Store, settings: Settings, *, speedup: float = 1.0, enf
         "fleetlens_enforce": lambda: cycle.run_cycle(store, settings, enforce=enforce),
         "fleetlens_periodic_profile": lambda: profiles.profile_top_workflows(store, settings),
         "fleetlens_import_prometheus": lambda: import_from_settings(store, settings),
+        "fleetlens_import_slurm": lambda: import_slurm_from_settings(store, settings),
     }
     jobs = [Job(name, CADENCES[name] / speedup, fn, retry_base_s=RETRY_BASE_S / speedup) for name, fn in calls.items()]
     jobs.append(Job(TRACES_JOB, TRACES_INTERVAL_S, lambda: periodic.analyze_traces(store, settings),
                     first_delay_s=TRACES_INTERVAL_S))
-    if settings.slurm:
-        jobs.append(Job(SLURM_JOB, SLURM_INTERVAL_S / speedup, lambda: import_slurm_from_settings(store, settings),
-                        retry_base_s=RETRY_BASE_S / speedup))
     return jobs
