@@ -40,7 +40,7 @@ def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[Slur
             Workflow.id.in_([r.workflow_id for r in rows])))}
         memory = {wf: known_memory(session, w, settings.memory_seen_steps) for wf, w in workflows.items()}
         device_memory = dict(session.execute(select(Device.id, Device.memory_total).where(
-            Device.id.in_([d for d in placed.values() if d is not None]))).tuples())
+            Device.id.in_([d for d in placed.values() if d is not None]))).tuples().all())
         per_gpu = {}
         for host in session.scalars(select(Host).where(Host.id.in_({r.node for r in rows if r.node}))):
             slurm = (host.labels or {}).get("slurm") or {}
