@@ -30,6 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from collector.importers.slurm import import_slurm  # noqa: E402
@@ -39,6 +40,7 @@ from store.db import Store  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
 from store.models import Action, ActionEvent  # noqa: E402
 from store.settings import Settings  # noqa: E402
+from store.slurm import held_indices  # noqa: E402
 from store.slurm_marks import job_folder, read_started  # noqa: E402
 
 SCRIPT = ROOT.parent / "shared" / "slurm" / "local-cluster.sh"
@@ -120,8 +122,6 @@ class Bench:
 
 
 def job_copies(job_id: int) -> int:
-    import psutil
-
     n = 0
     for proc in psutil.process_iter(["pid"]):
         try:
@@ -134,8 +134,6 @@ def job_copies(job_id: int) -> int:
 
 
 def gpus_in_use(jobs: dict[int, dict[str, Any]]) -> set[int]:
-    from store.slurm import held_indices
-
     return {i for j in jobs.values() if j["job_state"] == "RUNNING" for i in held_indices(j["gres_detail"])}
 
 
