@@ -12,8 +12,10 @@ from sqlalchemy import select
 from collector.importers.slurm import import_slurm, record_view
 from store.errors import InvalidInput, UpstreamUnavailable
 from store.models import Placement, SlurmJob
+from store.settings import Settings, get_settings
 from store.slurm import Gres, SlurmView, held_indices, parse_gres, parse_indices, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli
+from ui.cli import run
 
 
 def test_gres_strings():
@@ -31,12 +33,18 @@ def test_gres_strings():
         parse_indices("0-x")
 
 
-def test_squeue_missing_says_what_to_install(tmp_path, sqlite_store, fleet_home):
-    from store.settings import Settings
+def test_squeue_missing_says_what_to_install(tmp_path, sqlite_store, fleet_home, monkeypatch, capsys):
     with pytest.raises(UpstreamUnavailable, match=r"squeue is not in .*\(FLEETLENS_SLURM_BIN_DIR\).*slurm-client"):
         import_slurm(sqlite_store, Settings(home=fleet_home), cli=SlurmCli(bin_dir=tmp_path))
     with sqlite_store.session() as s:
         assert s.scalars(select(SlurmJob)).first() is None
+    # the command line says it in one line, without a traceback
+    monkeypatch.setenv("FLEETLENS_DB_URL", str(sqlite_store.url))
+    monkeypatch.setenv("FLEETLENS_SLURM_BIN_DIR", str(tmp_path))
+    get_settings(fresh=True)
+    assert run(["slurm-import"]) == 2
+    err = capsys.readouterr().err
+    assert "squeue is not in" in err and "Traceback" not in err
 
 
 @pytest.mark.slurm
@@ -51,7 +59,7 @@ def test_squeue_that_cannot_reach_slurmctld(slurm, sqlite_store, slurm_settings,
 
 
 @pytest.mark.slurm
-def test_json_of_another_version_and_an_unknown_gres(slurm, sqlite_store, slurm_settings, tmp_path):
+def test_json_of_another_version_and_an_unknown_gres(slurm, any_store, slurm_settings, tmp_path):
     job = slurm.submit("sleep 60", gres="shard:1", comment="fleetlens:movable", cwd=tmp_path)
     slurm.wait_running(job)
     doc = json.loads(slurm.run("squeue", "--json"))
@@ -68,9 +76,18 @@ def test_json_of_another_version_and_an_unknown_gres(slurm, sqlite_store, slurm_
         raw["tres_per_node"] = "gres:mps:50"
     version, jobs = parse_jobs(odd)
     _, nodes = parse_nodes(json.loads(slurm.run("sinfo", "--json")))
-    result = record_view(sqlite_store, SlurmView(version=version, nodes=nodes, jobs=jobs), slurm_settings, now=1.0)
+    result = record_view(any_store, SlurmView(version=version, nodes=nodes, jobs=jobs), slurm_settings, now=1.0)
     assert any("'mps'" in e and "never moved" in e for e in result.errors)
-    with sqlite_store.session() as s:
+    # the same cluster read properly: the job holds its GPU (on SQLite and PostgreSQL alike)
+    import_slurm(any_store, slurm_settings)
+    with any_store.session() as s:
+        row = s.get(SlurmJob, f"slurm-{job}")
+        assert row.opted_in and row.gres == "shard:1" and len(row.gpu_indices) == 1
+        assert s.scalars(select(Placement).where(Placement.workflow_id == f"slurm-{job}",
+                                                 Placement.state == "active")).one().compute_share == 0.5
+    record_view(any_store, SlurmView(version=version, nodes=nodes, jobs=jobs), slurm_settings, now=2.0)
+    with any_store.session() as s:
         row = s.get(SlurmJob, f"slurm-{job}")
         assert row.state == "RUNNING" and not row.opted_in and "cannot be read" in row.not_movable_reason
-        assert s.scalars(select(Placement).where(Placement.workflow_id == f"slurm-{job}")).first() is None
+        assert s.scalars(select(Placement).where(Placement.workflow_id == f"slurm-{job}",
+                                                 Placement.state == "active")).first() is None
