@@ -12,7 +12,7 @@ from sqlalchemy import select
 from collector.importers.slurm import import_slurm
 from enforcer.actuators.base import Move
 from enforcer.actuators.slurm import SlurmActuator
-from enforcer.slurm_cycle import run_slurm_cycle
+from enforcer.cycle import run_cycle
 from store.errors import InvalidInput
 from store.models import Action, Device, Host, Placement, ProcessSample, Workflow
 from store.models import SlurmJob as SlurmJobRow
@@ -67,8 +67,15 @@ def test_jobs_nodes_and_opt_in_come_into_the_store(slurm, sqlite_store, slurm_se
                 s.add(ProcessSample(device_id=0, workflow_id=f"slurm-{j}", host_id=slurm.node, pid=j,
                                     ts=now - 5 - k * 0.1, cpu_util=0.02, mem_used=2**20))
     actuator = SlurmActuator(sqlite_store, settings)
-    cycle = run_slurm_cycle(sqlite_store, settings, apply=True, now=now, actuator=actuator, drive_s=0)
+    # the whole enforcement cycle, twice: its Slurm part begins the move; the agents' migration never takes it up
+    enforcing = settings.model_copy(update={"slurm": True, "enforce": True, "enforce_drive_s": 0.0})
+    cycle = run_cycle(sqlite_store, enforcing, now=now)["slurm"]
     assert cycle["moves"] == [f"slurm-{movable}"] and len(cycle["begun"]) == 1
+    again = run_cycle(sqlite_store, enforcing, now=now + 1)
+    assert again["slurm"]["begun"] == [] and str(cycle["begun"][0]) not in again["driven"]
+    with sqlite_store.session() as s:  # waiting for the job's SDK, which this script has not: nothing sent yet
+        begun = s.get(Action, cycle["begun"][0])
+        assert (begun.engine, begun.state) == ("slurm", "planned")
     assert set(cycle["advice"]) == {f"slurm-{plain}", f"slurm-{whole}"}  # no_requeue has one shard: nothing to give
     assert "did not opt in" in cycle["advice"][f"slurm-{plain}"]
     assert "23.02.6" in cycle["advice"][f"slurm-{whole}"]
