@@ -18,7 +18,8 @@
 - rolling_back: the old request is restored and the job released (it resumes from its checkpoint as it was).
 
 Every step is one Slurm command at most, decided from what the store and Slurm say now, so `advance` is idempotent
-and a slurmctld that does not answer (restarted in the middle of a move) only makes it wait. Slurm keeps one job
+and a slurmctld that does not answer (restarted in the middle of a move) only makes it wait; a step is recorded only
+if the action is still in the state it was decided in (two enforcers on one move: the first one's step stands). Slurm keeps one job
 under one id: a requeued job never runs twice, and fleetlens never cancels a job or resubmits it under a new id.
 """
 
@@ -74,6 +75,7 @@ class SlurmActuator:
         self.store, self.settings = store, settings
         self.cli = cli or SlurmCli.from_settings(settings)
         self.options = options or SlurmMoveOptions.from_settings(settings)
+        self._stepping: tuple[int, str] | None = None
 
     # ---- begin -------------------------------------------------------------------------------------------------
 
@@ -123,6 +125,7 @@ class SlurmActuator:
                 return []
             detail = dict(action.detail or {})
             state = action.state
+        self._stepping = (action_id, state)  # a step is written only from the state it was decided in
         try:
             job = self._job(int(detail["job_id"]))
             step = getattr(self, f"_{state}")
@@ -365,8 +368,13 @@ class SlurmActuator:
     def _to(self, action_id: int, state: str, detail: dict[str, Any], now: float, step: Step | None, ok: bool,
             message: str, training_step: int | None = None) -> list[StepOutcome]:
         with self.store.session() as session:
-            action = session.get(Action, action_id)
+            query = select(Action).where(Action.id == action_id)
+            action = session.scalar(query.with_for_update() if self.store.is_postgres else query)
             before = action.state
+            if self._stepping is not None and self._stepping != (action_id, before):
+                # another enforcer took this step meanwhile (serve and a DAG, say): its record stands
+                log.info("Slurm action %s moved on to %s meanwhile; this step is not recorded", action_id, before)
+                return []
             action.state, action.detail, action.updated_at = state, detail, now
             if not ok:
                 action.error = message
