@@ -19,8 +19,9 @@
 
 Every step is one Slurm command at most, decided from what the store and Slurm say now, so `advance` is idempotent
 and a slurmctld that does not answer (restarted in the middle of a move) only makes it wait; a step is recorded only
-if the action is still in the state it was decided in (two enforcers on one move: the first one's step stands). Slurm keeps one job
-under one id: a requeued job never runs twice, and fleetlens never cancels a job or resubmits it under a new id.
+if the action is still in the state it was decided in (two enforcers on one move: the first one's step stands).
+Slurm keeps one job under one id: a requeued job never runs twice, and fleetlens never cancels a job or resubmits it
+under a new id.
 """
 
 from __future__ import annotations
