@@ -14,7 +14,7 @@ TORCH_CONSTRAINTS ?= $(if $(WHEELS),constraints-torch.txt)
 VENV_FLAGS ?=
 PIP_FLAGS := -q -c constraints.txt $(if $(TORCH_CONSTRAINTS),-c $(TORCH_CONSTRAINTS)) $(if $(WHEELS),--find-links $(WHEELS))
 
-.PHONY: demo test bench lint chromium prometheus systemd migration clean gpu-check
+.PHONY: demo test bench lint chromium prometheus systemd slurm migration clean gpu-check
 
 $(STAMP): pyproject.toml constraints.txt $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -33,7 +33,7 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 2
 PG_TEST_URL := postgresql+psycopg://postgres@127.0.0.1:5432/test
 PG_PROBE := import psycopg; psycopg.connect('postgresql://postgres@127.0.0.1:5432/test', connect_timeout=3).close()
-test: $(STAMP) chromium prometheus systemd
+test: $(STAMP) chromium prometheus systemd slurm
 	$(BIN)/lint-imports --no-cache
 	@if [ -z "$$FLEETLENS_TEST_PG_URL" ]; then \
 	  if $(BIN)/python -c "$(PG_PROBE)" 2>/dev/null; then \
@@ -75,6 +75,13 @@ gpu-check: $(STAMP)
 # deploy/systemd's units are checked by systemd-analyze verify (Debian's systemd package; no systemd needs to run).
 systemd:
 	@command -v systemd-analyze >/dev/null || { apt-get update -qq && apt-get install -y -qq systemd >/dev/null; }
+
+# The Slurm tests (marked slurm) start a real one-node Slurm 22.05 with ../shared/slurm/local-cluster.sh: Debian's
+# daemons and client, and munge for their authentication (the script never uses /etc/slurm or systemd).
+slurm:
+	@command -v slurmctld >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		  slurm-wlm slurm-client munge >/dev/null; }
 
 # Write the next migration from the models' difference to the migrations so far: make migration MSG="what changed".
 migration: $(STAMP)

@@ -9,6 +9,7 @@ from typing import Any
 
 from analyzer.ranking import rank_with_waste
 from analyzer.rollups import apply_retention, rollup
+from analyzer.slurm_holders import find_slurm_holders_without_processes
 from analyzer.telemetry import detect
 from analyzer.traces import analyze_batch, analyze_pending, pending_batches
 from store.db import Store
@@ -69,5 +70,7 @@ def analyze_trace_batch(store: Store, settings: Settings, trace_ids: list[int]) 
 
 
 def analyze(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
-    """Telemetry detectors, then pending traces (the embedded scheduler's job; the DAG runs them as two tasks)."""
-    return {"telemetry": detect_telemetry(store, settings, now=now), "traces": analyze_traces(store, settings)}
+    """Telemetry detectors, then pending traces (the embedded scheduler's job; the DAG runs them as two tasks), and
+    the Slurm jobs holding GPUs that no process uses."""
+    return {"telemetry": detect_telemetry(store, settings, now=now), "traces": analyze_traces(store, settings),
+            "slurm_without_process": find_slurm_holders_without_processes(store, now=now)}

@@ -45,6 +45,7 @@ from typing import Any
 
 from collector import attribution
 from collector import protocol as p
+from collector.slurm_job import SlurmSide
 from collector.turns import CudaStepWaiter, LeaseKeeper, TurnMemory
 from store.errors import ConfigError, InvalidInput
 from store.paths import path_component, trace_dir_for
@@ -158,6 +159,7 @@ class Job:
         self._started = False
         self._closed = False
         self._warned: set[str] = set()
+        self._slurm = SlurmSide.from_settings(self.settings, self.workflow_id)  # None outside a Slurm job
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 
@@ -179,7 +181,13 @@ class Job:
         if self._started:
             return self
         self._started = True
+        if self._slurm is not None:
+            self._slurm.install()
+            if self.resume_from is None:
+                self.resume_from = self._slurm.resume_path()
         self._resume()
+        if self._slurm is not None:
+            self._slurm.started(self.start_step)
         self._torch = sys.modules.get("torch")  # only a job that uses torch has CUDA memory to watch
         if self.settings.memory_fraction is not None:
             self._apply_memory_fraction(self.settings.memory_fraction)
@@ -291,6 +299,9 @@ class Job:
                 self._end_turn(self._step - 1, again=True)
             if self._capture is not None:
                 self._capture_step()
+            if self._slurm is not None and self._slurm.asked:
+                self._slurm.checkpoint(self._checkpoint_fn, self._step)
+                last = clock()
             if now >= self._next_flush or len(times) >= flush_steps:
                 self._flush(now)
                 last = clock()  # the poll's own work (a checkpoint, say) is not the next step's

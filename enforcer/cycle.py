@@ -10,6 +10,7 @@ from typing import Any
 from enforcer.consolidation_store import consolidation_due, make_consolidation_plan
 from enforcer.migration import drive_all, drive_until_done
 from enforcer.plan_store import apply_plan, make_plan
+from enforcer.slurm_cycle import run_slurm_cycle
 from store.db import Store
 from store.errors import FleetlensError
 from store.models import Plan
@@ -51,8 +52,10 @@ def run_cycle(
         _record_outcome(store, result.plan_id, outcome)
     consolidation = _consolidate(store, settings, apply, now)
     driven = _drive(store, settings)
+    # Slurm jobs (FLEETLENS_SLURM) are moved by the Slurm actuator, never by the agents' migration above
+    slurm = run_slurm_cycle(store, settings, apply=apply, now=now) if settings.slurm else None
     return {"plan_id": result.plan_id, "policy": result.policy, **result.summary(), "outcome": outcome,
-            "consolidation": consolidation, "driven": driven}
+            "consolidation": consolidation, "driven": driven, "slurm": slurm}
 
 
 def _consolidate(store: Store, settings: Settings, apply: bool, now: float) -> dict[str, Any] | None:

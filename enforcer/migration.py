@@ -154,7 +154,7 @@ def drive(store: Store, action_id: int, *, settings: Settings | None = None,
         action = session.scalar(query)
         if action is None:
             raise NotFound(f"no action {action_id} in the store")
-        if action.state in TERMINAL:
+        if action.state in TERMINAL or action.engine is not None:  # another engine's actuator carries it out
             return action.state
         step = _STEPS.get(action.state)
         if step is None:
@@ -166,7 +166,8 @@ def drive(store: Store, action_id: int, *, settings: Settings | None = None,
 
 def unfinished(store: Store, plan_id: int | None = None) -> list[int]:
     with store.session() as session:
-        query = select(Action.id).where(Action.state.not_in(TERMINAL)).order_by(Action.id)
+        # the agents' moves only: an action with an engine (Slurm, ...) is its actuator's (enforcer.actuators)
+        query = select(Action.id).where(Action.state.not_in(TERMINAL), Action.engine.is_(None)).order_by(Action.id)
         if plan_id is not None:
             query = query.where(Action.plan_id == plan_id)
         return list(session.scalars(query))

@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     idle_memory_fraction: float | None = Field(None, gt=0, le=1)
     resume_from: Path | None = None  # FLEETLENS_RESUME_FROM: checkpoint to restore before the first step
     resume_step: int | None = Field(None, ge=0)  # the step to resume at when the restore callback cannot say
+    # what Slurm tells a job's processes (the SDK's checkpoint signal and resume under Slurm: collector.slurm_job)
+    slurm_job_id: int | None = Field(None, validation_alias=AliasChoices("SLURM_JOB_ID"))
+    slurm_restart_count: int = Field(0, validation_alias=AliasChoices("SLURM_RESTART_COUNT"))
+    cuda_visible_devices: str | None = Field(None, validation_alias=AliasChoices("CUDA_VISIBLE_DEVICES"))
     sdk_flush_interval_s: float = 1.0  # step summaries go to the agent at most this often...
     sdk_flush_steps: int = 10_000  # ...or after this many steps (bounds memory and sorting for tiny steps)
     sdk_retry_s: float = 30.0  # with no agent listening, try to connect again this rarely
@@ -116,6 +120,18 @@ class Settings(BaseSettings):
     consolidate_max_moves_per_job_day: int = Field(1, ge=0)
     consolidate_downtime_s: float = Field(30.0, ge=0)  # a move's downtime, as benchmarks/migration.py measures it
     consolidate_horizon_s: float = Field(3600.0, gt=0)  # a freed device counts as given back for this long
+
+    # Slurm (collector.importers.slurm observes, enforcer.actuators.slurm moves the jobs that opted in)
+    slurm: bool = False  # FLEETLENS_SLURM: the enforcement cycle plans and moves Slurm jobs (import them first)
+    slurm_usage_window_s: float = Field(300.0, gt=0)  # a job's use: its samples over this window
+    slurm_bin_dir: Path | None = None  # where squeue, sinfo, scontrol and scancel are; None: on PATH
+    slurm_timeout_s: float = Field(30.0, gt=0)  # one Slurm command
+    slurm_team_from: str = Field("account", pattern="^(account|partition)$")  # a job's team: its account or partition
+    slurm_teams: dict[str, str] = Field(default_factory=dict)  # account (or partition) -> team renaming (JSON)
+    slurm_checkpoint_timeout_s: float = Field(120.0, gt=0)  # signalled job: its checkpoint must come by then
+    slurm_checkpoint_max_age_s: float = Field(60.0, gt=0)  # an older checkpoint is taken again before the requeue
+    slurm_resume_timeout_s: float = Field(180.0, gt=0)  # released job: it must resume (say its step) by then
+    slurm_max_attempts: int = Field(2, ge=1)  # checkpoint signals per move
 
     # ui
     ui_port: int = 8501

@@ -113,11 +113,13 @@ def _nothing() -> Iterator[None]:
 # group below runs on one worker, the longest first, while the other worker takes the short tests one by one.
 SERIAL_GROUPS = {"tests/e2e/test_demo.py": "demo", "tests/e2e/test_demo_signals.py": "demo",
                  "tests/dags/test_celery_executor.py": "celery"}
-GROUP_ORDER = ("demo", "celery")
+GROUP_ORDER = ("demo", "celery", "slurm")
+SERIAL_FOLDERS = {"tests/slurm/": "slurm"}  # one real Slurm cluster per worker: all its tests on one worker
 
 
 def _group_of(nodeid: str) -> str | None:
-    return SERIAL_GROUPS.get(nodeid.split("::", 1)[0])
+    path = nodeid.split("::", 1)[0]
+    return SERIAL_GROUPS.get(path) or next((g for f, g in SERIAL_FOLDERS.items() if path.startswith(f)), None)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

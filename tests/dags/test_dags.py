@@ -17,7 +17,7 @@ from tests.dags.conftest import DAGS, FleetStore
 from tests.dags.seed import flag_idle
 
 DAG_IDS = {"fleetlens_rollup", "fleetlens_analyze", "fleetlens_enforce", "fleetlens_periodic_profile",
-           "fleetlens_profile_on_demand", "fleetlens_import_prometheus"}
+           "fleetlens_profile_on_demand", "fleetlens_import_prometheus", "fleetlens_import_slurm"}
 
 
 def count(store, model, *where) -> int:

@@ -33,6 +33,7 @@ from store.models import (
     ProcessSample,
     ProfileRequest,
     Rollup,
+    SlurmJob,
     StepStat,
     Trace,
     Workflow,
@@ -298,6 +299,29 @@ def workflows(store: Store) -> pd.DataFrame:
         Workflow.last_seen,
     ).order_by(Workflow.last_seen.desc())
     return _frame(store, stmt)
+
+
+def slurm_jobs(store: Store) -> pd.DataFrame:
+    """The Slurm jobs the last import saw (collector.importers.slurm), newest first, with what they hold and whether
+    they opted in to be moved; jobs squeue no longer lists are left out."""
+    stmt = select(
+        SlurmJob.workflow_id, SlurmJob.job_id, SlurmJob.name, SlurmJob.user, Workflow.team, SlurmJob.partition,
+        SlurmJob.state, SlurmJob.reason, SlurmJob.node, SlurmJob.gres, SlurmJob.gpus, SlurmJob.shards,
+        SlurmJob.gpu_indices, SlurmJob.time_limit_s, SlurmJob.restart_count, SlurmJob.opted_in,
+        SlurmJob.not_movable_reason, SlurmJob.seen_at,
+    ).join(Workflow, Workflow.id == SlurmJob.workflow_id).where(SlurmJob.state != "GONE").order_by(
+        SlurmJob.job_id.desc())
+    frame = _frame(store, stmt)
+    if not frame.empty:
+        frame["gpus_held"] = [",".join(str(i) for i in (g or [])) for g in frame.gpu_indices]
+    return frame
+
+
+def slurm_job(store: Store, workflow_id: str) -> dict[str, Any] | None:
+    """What Slurm last said of the workflow's job, or None when it is not a Slurm job."""
+    with store.session() as session:
+        row = session.get(SlurmJob, workflow_id)
+        return None if row is None else {c.name: getattr(row, c.name) for c in SlurmJob.__table__.columns}
 
 
 def workflow(store: Store, workflow_id: str) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from analyzer import periodic, profiles
 from collector.importers.prometheus import import_from_settings
+from collector.importers.slurm import import_slurm_from_settings
 from enforcer import cycle
 from store.db import Store
 from store.errors import FleetlensError, InvalidInput
@@ -34,6 +35,7 @@ CADENCES: dict[str, float] = {
     "fleetlens_enforce": 900.0,
     "fleetlens_periodic_profile": 86400.0,
     "fleetlens_import_prometheus": 300.0,
+    "fleetlens_import_slurm": 60.0,
 }
 # serve only: Airflow analyses an on-demand trace in fleetlens_profile_on_demand as soon as it lands; on one host
 # the requests come from the dashboard or `fleetlens profile`, so their traces are picked up this often instead
@@ -208,6 +210,7 @@ def periodic_jobs(store: Store, settings: Settings, *, speedup: float = 1.0, enf
         "fleetlens_enforce": lambda: cycle.run_cycle(store, settings, enforce=enforce),
         "fleetlens_periodic_profile": lambda: profiles.profile_top_workflows(store, settings),
         "fleetlens_import_prometheus": lambda: import_from_settings(store, settings),
+        "fleetlens_import_slurm": lambda: import_slurm_from_settings(store, settings),
     }
     jobs = [Job(name, CADENCES[name] / speedup, fn, retry_base_s=RETRY_BASE_S / speedup) for name, fn in calls.items()]
     jobs.append(Job(TRACES_JOB, TRACES_INTERVAL_S, lambda: periodic.analyze_traces(store, settings),

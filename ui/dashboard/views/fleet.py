@@ -17,6 +17,7 @@ try:
     freed = cached(ctx, "freed_over_time", ctx.window)
     host_table = fresh(ctx, "hosts")
     host_event_table = fresh(ctx, "host_events")
+    slurm_table = fresh(ctx, "slurm_jobs")
 except FleetlensError as exc:
     report(exc)
     st.stop()
@@ -74,3 +75,21 @@ if not host_event_table.empty:
     st.caption("Host events")
     st.dataframe(host_event_table.assign(when=[ago(t) for t in host_event_table.ts])
                  [["when", "host", "kind", "level", "message"]], hide_index=True)
+
+if not slurm_table.empty:
+    # what the Slurm import last read (squeue/sinfo): each job's request, the GPUs it holds, and whether fleetlens may
+    # move it (only jobs that opted in; the others are observed and advised)
+    st.subheader("Slurm jobs")
+    s = st.columns(4)
+    running = slurm_table[slurm_table.state == "RUNNING"]
+    s[0].metric("Slurm jobs running", f"{len(running):,}")
+    gpus = {(n, i) for n, g in zip(running.node, running.gpu_indices, strict=True) for i in (g or [])}
+    s[1].metric("GPUs held by Slurm jobs", f"{len(gpus):,}")
+    s[2].metric("Shards held", f"{int(running.shards.sum()):,}")
+    s[3].metric("Opted in to moves", f"{int(running.opted_in.sum()):,}", help="of the running jobs")
+    shown = slurm_table.assign(
+        time_limit=[f"{t / 60:.0f} min" if t == t and t else "none" for t in slurm_table.time_limit_s],
+        movable=["yes" if o else (r or "no") for o, r in zip(slurm_table.opted_in, slurm_table.not_movable_reason,
+                                                              strict=True)])
+    st.dataframe(shown[["workflow_id", "name", "user", "team", "partition", "state", "node", "gres", "gpus_held",
+                        "time_limit", "restart_count", "movable"]], hide_index=True)

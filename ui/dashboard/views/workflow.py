@@ -46,6 +46,19 @@ st.caption(
     f"team **{info['team'] or '—'}** · owner {info['owner'] or '—'} · {info['state']} · "
     f"{'managed' if info['managed'] else 'unmanaged'} · last seen {ago(info['last_seen'])}"
 )
+slurm_job = fresh(ctx, "slurm_job", choice)
+if slurm_job is not None:  # a Slurm job: what it asked for, what it holds, and whether fleetlens may move it
+    held = ",".join(str(i) for i in slurm_job["gpu_indices"] or []) or "none"
+    limit = f"{slurm_job['time_limit_s'] / 60:.0f} min" if slurm_job["time_limit_s"] else "no time limit"
+    why = f" ({slurm_job['reason']})" if slurm_job["reason"] else ""
+    st.markdown(
+        f"Slurm job **{slurm_job['job_id']}** · {slurm_job['state']}{why} · node {slurm_job['node'] or '—'} · "
+        f"asked for **{slurm_job['gres'] or 'no GPU'}** · holds GPU {held} · {limit} · "
+        f"partition {slurm_job['partition'] or '—'} · restarts {slurm_job['restart_count']}")
+    if slurm_job["opted_in"]:
+        st.caption("Opted in: fleetlens may requeue it into fewer shards (it checkpoints on SIGUSR1 first).")
+    else:
+        st.caption(f"Observed and advised only: {slurm_job['not_movable_reason']}.")
 if (info.get("labels") or {}).get(FAILURE_LABEL):  # why fleetlens saw it fail, e.g. over its memory share
     st.error(f"**{choice}** {info['labels'][FAILURE_LABEL]}")
 

@@ -1,0 +1,194 @@
+"""Slurm's view in the store: each cycle, read the jobs (`squeue --json`) and nodes (`sinfo --json`) and record them.
+
+A job becomes the workflow `slurm-<id>` (the id the agent gives its processes through SLURM_JOB_ID) with its team
+(its account or partition, FLEETLENS_SLURM_TEAM_FROM, renamed by FLEETLENS_SLURM_TEAMS), and a `slurm_jobs` row with
+its request, time limit, the GPUs it holds and whether it opted in to be moved. A node becomes a host, its GPUs
+devices (source "slurm"; a node whose agent registered its GPUs keeps them), and a running job's GPUs placements
+(a shard job's compute share is its shards over the GPU's). A Slurm job is never `managed` in the agents' sense:
+only the Slurm actuator moves it, and only when `slurm_jobs.opted_in` says so.
+
+Bad input is refused per job where it can be: a gres it cannot read leaves the job observed without GPUs and never
+movable; a job id Slurm reused (slurmctld lost its state) leaves the new job out, with the reason. squeue missing or
+failing, or JSON of another Slurm version, raises before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from store.db import Store
+from store.models import Device, Host, Placement, Workflow
+from store.models import SlurmJob as SlurmJobRow
+from store.registry import DeviceSpec, register_devices, register_host
+from store.settings import Settings, get_settings
+from store.slurm import SlurmJob, SlurmNode, SlurmView, parse_jobs, parse_nodes
+from store.slurm_cli import SlurmCli
+from store.workflows import upsert_workflow
+
+log = logging.getLogger(__name__)
+
+SOURCE = "slurm"
+ACTIVE = ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING")
+GONE = "GONE"  # a job squeue no longer lists
+
+
+@dataclass
+class SlurmImport:
+    version: str
+    nodes: int = 0
+    jobs: int = 0
+    opted_in: int = 0
+    errors: list[str] = field(default_factory=list)  # jobs left out or read in part, and why
+
+
+def read_view(cli: SlurmCli) -> SlurmView:
+    """One reading of the cluster through its CLI (raises UpstreamUnavailable / InvalidInput, writing nothing)."""
+    version, jobs = parse_jobs(cli.json("squeue"))
+    _, nodes = parse_nodes(cli.json("sinfo"))
+    return SlurmView(version=version, nodes=nodes, jobs=jobs)
+
+
+def import_slurm(store: Store, settings: Settings | None = None, *, cli: SlurmCli | None = None,
+                 now: float | None = None) -> SlurmImport:
+    """Read the cluster and record it (one transaction)."""
+    settings = settings or get_settings()
+    view = read_view(cli or SlurmCli.from_settings(settings))
+    return record_view(store, view, settings, now=time.time() if now is None else now)
+
+
+def import_slurm_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
+    """The serve job and the DAG task: import when FLEETLENS_SLURM is on."""
+    if not settings.slurm:
+        return {"skipped": "FLEETLENS_SLURM is not set"}
+    result = import_slurm(store, settings)
+    return {"version": result.version, "nodes": result.nodes, "jobs": result.jobs, "opted_in": result.opted_in,
+            "errors": result.errors}
+
+
+def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float) -> SlurmImport:
+    result = SlurmImport(version=view.version, nodes=len(view.nodes))
+    with store.session() as session:
+        devices = {name: _node_devices(session, node, now) for name, node in view.nodes.items()}
+        seen: set[str] = set()
+        for job in view.jobs.values():
+            reused = _reused(session, job)
+            if reused is not None:
+                result.errors.append(reused)
+                continue
+            if job.gres_error:
+                result.errors.append(f"slurm job {job.job_id}: {job.gres_error}")
+            _record_job(session, job, settings, devices.get(job.node or "", {}), view, now)
+            seen.add(job.workflow_id)
+            result.jobs += 1
+            result.opted_in += job.opted_in
+        _forget_gone(session, seen, now)
+    for error in result.errors:
+        log.warning("%s", error)
+    return result
+
+
+def _node_devices(session: Session, slurm_node: SlurmNode, now: float) -> dict[int, int]:
+    """{GPU index: device id}: the node's agent's devices when it has registered them, else the GPUs Slurm names.
+    The host's labels keep what Slurm says of the node (its GPUs, shards and partitions)."""
+    node, gpus = slurm_node.name, slurm_node.gpus
+    labels = {"slurm": {"gpus": gpus, "shards": slurm_node.shards, "state": slurm_node.state,
+                        "partitions": list(slurm_node.partitions)}}
+    host = session.get(Host, node)
+    if host is None:
+        register_host(session, node, hostname=node, source=SOURCE, labels=labels, now=now)
+    else:
+        host.labels = {**(host.labels or {}), **labels}
+    known = {d.index: d for d in session.scalars(select(Device).where(Device.host_id == node))}
+    if known and any(d.source != SOURCE for d in known.values()):
+        # the node's agent registered its devices: its GPUs (NVML indices are Slurm's), or no GPU at all (a cpu
+        # source's core groups, which are not the GPUs Slurm hands out: the jobs then get no placements)
+        return {i: d.id for i, d in known.items() if d.source == "nvml"}
+    specs = [DeviceSpec(index=i, uuid=f"slurm:{node}:gpu{i}", name=f"Slurm GPU {i} of {node}", memory_total=None)
+             for i in range(gpus)]
+    return register_devices(session, node, specs, source=SOURCE, now=now)
+
+
+def _reused(session: Session, job: SlurmJob) -> str | None:
+    row = session.get(SlurmJobRow, job.workflow_id)
+    if row is None or abs(row.submit_time - job.submit_time) < 1.0:
+        return None
+    if job.restart_count > row.restart_count and row.state != GONE:
+        row.submit_time = job.submit_time  # a requeue: Slurm gives the job a new submit time and counts a restart
+        return None
+    return (f"slurm job id {job.job_id} was reused: the store's {job.workflow_id} was submitted at "
+            f"{row.submit_time:.0f} by {row.user} ({row.name}), the job Slurm now calls {job.job_id} at "
+            f"{job.submit_time:.0f} by {job.user} "
+            f"({job.name}); slurmctld restarted without its state, so its ids began again. fleetlens keeps the old "
+            f"record and leaves the new job unobserved and never moved; delete workflow {job.workflow_id} from the "
+            "store to observe it")
+
+
+def _team(job: SlurmJob, settings: Settings) -> str | None:
+    key = (job.account if settings.slurm_team_from == "account" else job.partition) or job.partition or job.account
+    return settings.slurm_teams.get(key, key) if key else None
+
+
+def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: dict[int, int], view: SlurmView,
+                now: float) -> None:
+    running = job.state in ACTIVE
+    upsert_workflow(session, job.workflow_id, now=now, id_source="slurm", name=job.name, owner=job.user,
+                    team=_team(job, settings), gpus=job.gres.count if job.gres and job.gres.kind == "gpu" else 0,
+                    state="running" if running or job.state == "PENDING" else _final(job.state))
+    row = session.get(SlurmJobRow, job.workflow_id)
+    if row is None:
+        row = SlurmJobRow(workflow_id=job.workflow_id, job_id=job.job_id, submit_time=job.submit_time)
+        session.add(row)
+    row.name, row.user, row.account, row.partition = job.name, job.user, job.account, job.partition
+    row.state, row.reason, row.node, row.time_limit_s = job.state, job.reason, job.node, job.time_limit_s
+    row.gres = str(job.gres) if job.gres else None
+    row.gpus = job.gres.count if job.gres and job.gres.kind == "gpu" else 0
+    row.shards = job.gres.count if job.gres and job.gres.kind == "shard" else 0
+    row.gpu_indices = list(job.gpu_indices) if running else []
+    row.requeue, row.restart_count, row.comment = job.requeue, job.restart_count, job.comment
+    row.opted_in, row.not_movable_reason, row.seen_at = job.opted_in, job.not_movable_reason, now
+    node = view.nodes.get(job.node or "")
+    shares: dict[int, float] = {}
+    if running and job.gres is not None and not job.gres_error:
+        per_gpu = node.shards_per_gpu if node else 0
+        for i in job.gpu_indices:
+            if i in devices:
+                shares[devices[i]] = 1.0 if job.gres.kind == "gpu" or not per_gpu else min(
+                    1.0, job.gres.count / max(1, len(job.gpu_indices)) / per_gpu)
+    _place(session, job.workflow_id, shares, job.node, now)
+
+
+def _final(state: str) -> str:
+    return "finished" if state == "COMPLETED" else "failed"
+
+
+def _place(session: Session, workflow_id: str, shares: dict[int, float], host: str | None, now: float) -> None:
+    """The job's active placements are exactly its GPUs now: new ones opened, others ended."""
+    open_rows = {p.device_id: p for p in session.scalars(select(Placement).where(
+        Placement.workflow_id == workflow_id, Placement.state == "active"))}
+    for device_id, row in open_rows.items():
+        if device_id not in shares:
+            row.state, row.ended_at = "ended", now
+        else:
+            row.compute_share = shares[device_id]
+    for device_id, share in shares.items():
+        if device_id not in open_rows and host:
+            session.add(Placement(workflow_id=workflow_id, device_id=device_id, host_id=host, compute_share=share,
+                                  state="active", started_at=now))
+
+
+def _forget_gone(session: Session, seen: set[str], now: float) -> None:
+    """Jobs squeue no longer lists have ended: their placements end, their rows say so."""
+    for row in session.scalars(select(SlurmJobRow).where(SlurmJobRow.state != GONE)):
+        if row.workflow_id in seen:
+            continue
+        row.state, row.gpu_indices = GONE, []
+        wf = session.get(Workflow, row.workflow_id)
+        if wf is not None and wf.state == "running":
+            wf.state = "finished"
+        _place(session, row.workflow_id, {}, None, now)

@@ -1,0 +1,391 @@
+"""The Slurm actuator: move a Slurm job that opted in onto fewer shards, through Slurm's own requeue, never more.
+
+    planned -> signalled -> checkpointed -> held -> updated -> released -> resumed
+        |          |             |            |         |          |
+        +----------+-------------+--> failed  +---------+----------+--> rolling_back -> rolled_back
+
+- planned: the job must still be running and opted in (`--comment=fleetlens:movable`, requeueable, on shards); it
+  gets SIGUSR1 through `scancel --batch --signal=USR1` (the SDK checkpoints at its next step boundary).
+- signalled: the SDK's manifest (store.slurm_marks) written after the signal names a file whose size and sha256
+  fleetlens reads again itself; the checkpoint is then recorded (store.checkpoints). No checkpoint in time, or the
+  job ended meanwhile: failed, with nothing changed.
+- checkpointed: a checkpoint older than the limit is asked for again; with no GPU on the node left with enough free
+  shards the move stops here (failed, nothing changed); else `scontrol requeuehold` (refused: failed, unchanged).
+- held: `scontrol update gres=<fewer shards>` (refused, or the shards went to another job meanwhile: roll back).
+- updated: `scontrol release`.
+- released: the SDK's start mark of the new run (a higher restart count) must say it restored the recorded
+  checkpoint (same sha256) at or above its step; not resumed in time: roll back.
+- rolling_back: the old request is restored and the job released (it resumes from its checkpoint as it was).
+
+Every step is one Slurm command at most, decided from what the store and Slurm say now, so `advance` is idempotent
+and a slurmctld that does not answer (restarted in the middle of a move) only makes it wait; a step is recorded only
+if the action is still in the state it was decided in (two enforcers on one move: the first one's step stands).
+Slurm keeps one job under one id: a requeued job never runs twice, and fleetlens never cancels a job or resubmits it
+under a new id.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sqlalchemy import select
+
+from enforcer.actuators.base import Move, Step, StepOutcome
+from store.checkpoints import digest, record_checkpoint
+from store.db import Store
+from store.errors import InvalidInput, NotFound, UpstreamUnavailable
+from store.models import Action, ActionEvent, Device
+from store.models import SlurmJob as SlurmJobRow
+from store.settings import Settings
+from store.slurm import SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
+from store.slurm_cli import SlurmCli, SlurmRefused
+from store.slurm_marks import job_folder, read_manifest, read_started
+
+log = logging.getLogger(__name__)
+
+ENGINE = "slurm"
+TERMINAL = ("resumed", "rolled_back", "failed")
+GONE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+               "PREEMPTED")
+
+
+@dataclass(frozen=True)
+class SlurmMoveOptions:
+    checkpoint_timeout_s: float = 120.0
+    checkpoint_max_age_s: float = 60.0
+    resume_timeout_s: float = 180.0
+    max_attempts: int = 2
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SlurmMoveOptions:
+        return cls(checkpoint_timeout_s=settings.slurm_checkpoint_timeout_s,
+                   checkpoint_max_age_s=settings.slurm_checkpoint_max_age_s,
+                   resume_timeout_s=settings.slurm_resume_timeout_s, max_attempts=settings.slurm_max_attempts)
+
+
+class SlurmActuator:
+    """Carries out moves of Slurm jobs (see the module's docstring); state lives in `actions` (engine 'slurm')."""
+
+    engine: ClassVar[str] = ENGINE
+
+    def __init__(self, store: Store, settings: Settings, *, cli: SlurmCli | None = None,
+                 options: SlurmMoveOptions | None = None) -> None:
+        self.store, self.settings = store, settings
+        self.cli = cli or SlurmCli.from_settings(settings)
+        self.options = options or SlurmMoveOptions.from_settings(settings)
+        self._stepping: tuple[int, str] | None = None
+
+    # ---- begin -------------------------------------------------------------------------------------------------
+
+    def begin(self, move: Move, *, now: float) -> int:
+        new = parse_gres(str(move.request.get("gres") or ""))
+        with self.store.session() as session:
+            row = session.get(SlurmJobRow, move.workflow_id)
+            if row is None:
+                raise NotFound(f"{move.workflow_id} is not a Slurm job fleetlens has seen (run the Slurm import "
+                               "first); nothing moved")
+            if not row.opted_in:
+                raise InvalidInput(f"{move.workflow_id} is observed and advised only: {row.not_movable_reason}; "
+                                   "nothing moved")
+            if new is None or new.kind != "shard" or new.count >= row.shards:
+                raise InvalidInput(f"a Slurm move of {move.workflow_id} asks for fewer shards than its {row.gres}, "
+                                   f"not {move.request.get('gres')!r}; nothing moved")
+            if row.state != "RUNNING":
+                raise InvalidInput(f"{move.workflow_id} is {row.state} in Slurm, not RUNNING; nothing moved")
+            busy = session.scalar(select(Action.id).where(Action.workflow_id == move.workflow_id,
+                                                          Action.state.not_in(TERMINAL)).limit(1))
+            if busy is not None:
+                raise InvalidInput(f"{move.workflow_id} is already being moved (action {busy}); nothing moved")
+            detail = {"job_id": row.job_id, "node": row.node, "old_gres": row.gres, "new_gres": str(new),
+                      "restart_before": row.restart_count, "attempts": 0, "reason": move.reason}
+            # Slurm picks the GPU on release; the planner's target is recorded when the store knows it, as its intent
+            known = {d for d in (move.from_device_id, move.to_device_id) if d is not None and session.get(Device, d)}
+            action = Action(plan_id=move.plan_id, kind="migrate", workflow_id=move.workflow_id, policy=move.policy,
+                            from_device_id=move.from_device_id if move.from_device_id in known else None,
+                            to_device_id=move.to_device_id if move.to_device_id in known else None, state="planned",
+                            expected_slowdown=move.expected_slowdown, attempts=0, created_at=now, updated_at=now,
+                            engine=ENGINE, detail=detail)
+            session.add(action)
+            session.flush()
+            session.add(ActionEvent(action_id=action.id, ts=now, from_state=None, to_state="planned",
+                                    message=f"planned: Slurm job {row.job_id} from {row.gres} to {new}"
+                                            f"{f' ({move.reason})' if move.reason else ''}", detail=detail))
+            return action.id
+
+    # ---- advance ------------------------------------------------------------------------------------------------
+
+    def advance(self, action_id: int, *, now: float) -> list[StepOutcome]:
+        with self.store.session() as session:
+            action = session.get(Action, action_id)
+            if action is None or action.engine != ENGINE:
+                raise NotFound(f"no Slurm action {action_id} in the store")
+            if action.state in TERMINAL:
+                return []
+            detail = dict(action.detail or {})
+            state = action.state
+        self._stepping = (action_id, state)  # a step is written only from the state it was decided in
+        try:
+            job = self._job(int(detail["job_id"]))
+            step = getattr(self, f"_{state}")
+            return step(action_id, detail, job, now)
+        except UpstreamUnavailable as exc:  # slurmctld away (restarting): nothing was done, try again later
+            log.info("Slurm action %s waits in %s: %s", action_id, state, exc)
+            return []
+        except SlurmRefused as exc:  # a command the step did not expect to be refused
+            if state in ("planned", "signalled", "checkpointed"):
+                return self._end(action_id, "failed", Step.FAILED, now, False,
+                                 f"Slurm refused a command ({exc}); the job was not requeued, nothing was changed")
+            if state == "rolling_back":
+                return self._end(action_id, "failed", Step.FAILED, now, False,
+                                 f"{detail.get('why', '')}; and restoring job {detail['job_id']}'s request was "
+                                 f"refused ({exc}): it waits in Slurm's queue; release it with its old request "
+                                 f"{detail['old_gres']} by hand (scontrol update, scontrol release)")
+            return self._to(action_id, "rolling_back", {**detail, "why": f"Slurm refused a command ({exc})"}, now,
+                            Step.FAILED, False, f"Slurm refused a command ({exc}); restoring the old request")
+
+    def advance_until_done(self, action_id: int, *, timeout_s: float, every_s: float = 0.5) -> str:
+        """Drive one action to its end (tests, the benchmark and `fleetlens` commands); returns its last state."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.advance(action_id, now=time.time())
+            state = self.state(action_id)
+            if state in TERMINAL or time.monotonic() > deadline:
+                return state
+            time.sleep(every_s)
+
+    def state(self, action_id: int) -> str:
+        with self.store.session() as session:
+            action = session.get(Action, action_id)
+            return action.state if action is not None else "unknown"
+
+    # ---- the steps ----------------------------------------------------------------------------------------------
+
+    def _planned(self, action_id: int, d: dict[str, Any], job: SlurmJob | None, now: float) -> list[StepOutcome]:
+        if job is None or job.state != "RUNNING":
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {d['job_id']} is {job.state if job else 'gone'}, not running; nothing was done")
+        if not job.opted_in:
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {job.job_id} no longer opts in ({job.not_movable_reason}); nothing was done")
+        started = read_started(self._folder(action_id))
+        if started is None or started.job_id != job.job_id or started.restart_count != job.restart_count:
+            # the SDK says where each start begins once its signal handler is in: before that, USR1 would kill it
+            created = self._created(action_id)
+            if now - created > self.options.checkpoint_timeout_s:
+                return self._end(action_id, "failed", Step.FAILED, now, False,
+                                 f"job {job.job_id}'s fleetlens SDK has not said it is ready for a checkpoint signal "
+                                 f"in {self.options.checkpoint_timeout_s:.0f} s; it was not signalled, nothing done")
+            return []
+        before = read_manifest(self._folder(action_id))  # the checkpoint must be a new one, whatever the clocks say
+        self.cli.run("scancel", "--batch", "--signal=USR1", str(job.job_id))
+        d = {**d, "signal_at": now, "attempts": int(d.get("attempts", 0)) + 1,
+             "manifest_before": before.written_at if before is not None else None}
+        return self._to(action_id, "signalled", d, now, Step.PLANNED, True,
+                        f"checkpoint signal (USR1) sent to job {job.job_id}'s batch script")
+
+    def _signalled(self, action_id: int, d: dict[str, Any], job: SlurmJob | None, now: float) -> list[StepOutcome]:
+        manifest = read_manifest(self._folder(action_id))
+        if manifest is not None and manifest.job_id == d["job_id"] and manifest.written_at != d.get("manifest_before"):
+            try:
+                sha, size = digest(manifest.path)
+            except OSError as exc:
+                return self._end(action_id, "failed", Step.FAILED, now, False,
+                                 f"the checkpoint {manifest.path} cannot be read ({exc}); the job runs on untouched")
+            if (sha, size) != (manifest.sha256, manifest.size_bytes):
+                return self._end(action_id, "failed", Step.FAILED, now, False,
+                                 f"the checkpoint {manifest.path} is not what the job wrote (sha256 or size differ); "
+                                 "the job runs on untouched")
+            with self.store.session() as session:
+                fact = record_checkpoint(session, self._workflow(action_id), host_id=d.get("node") or "slurm",
+                                         url=manifest.path, step=manifest.step, sha256=sha, size_bytes=size,
+                                         action_id=action_id, now=now)
+                action = session.get(Action, action_id)
+                action.checkpoint_path, action.checkpoint_step, action.checkpoint_id = fact.url, fact.step, fact.id
+            d = {**d, "checkpoint": {"id": fact.id, "step": manifest.step, "sha256": sha, "size": size,
+                                     "written_at": manifest.written_at}}
+            return self._to(action_id, "checkpointed", d, now, Step.CHECKPOINTED, True,
+                            f"checkpoint at step {manifest.step}: {size} bytes, sha256 {sha[:12]}",
+                            training_step=manifest.step)
+        if job is None or job.state in GONE_STATES:
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {d['job_id']} ended ({job.state if job else 'gone from squeue'}) while it was "
+                             "asked to checkpoint; fleetlens had only signalled it and changed nothing else")
+        if now - d["signal_at"] > self.options.checkpoint_timeout_s:
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"no checkpoint came within {self.options.checkpoint_timeout_s:.0f} s of the signal "
+                             "(does the job use the fleetlens SDK with a checkpoint callback?); the job runs on "
+                             "untouched")
+        return []
+
+    def _checkpointed(self, action_id: int, d: dict[str, Any], job: SlurmJob | None,
+                      now: float) -> list[StepOutcome]:
+        if job is None or job.state != "RUNNING":
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {d['job_id']} is {job.state if job else 'gone'} after its checkpoint; nothing "
+                             "was changed")
+        age = now - float(d["checkpoint"]["written_at"])
+        if age > self.options.checkpoint_max_age_s:
+            if int(d.get("attempts", 0)) >= self.options.max_attempts:
+                return self._end(action_id, "failed", Step.FAILED, now, False,
+                                 f"the checkpoint is {age:.0f} s old, older than the limit of "
+                                 f"{self.options.checkpoint_max_age_s:.0f} s, after {d['attempts']} signals; "
+                                 "nothing was changed, the job runs on")
+            return self._to(action_id, "planned", d, now, Step.PLANNED, True,
+                            f"the checkpoint is {age:.0f} s old (limit {self.options.checkpoint_max_age_s:.0f} s): "
+                            "asking for a fresh one")
+        room = self._room(job.job_id, d["node"], int(d["new_gres"].split(":")[-1]))
+        if room is not None:
+            return self._end(action_id, "failed", Step.FAILED, now, False, f"{room}; nothing was changed")
+        try:
+            self.cli.run("scontrol", "requeuehold", str(job.job_id))
+        except SlurmRefused as exc:
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"Slurm refused the requeue ({exc}); the job runs on untouched")
+        return self._to(action_id, "held", {**d, "held_at": now}, now, Step.STOPPED, True,
+                        f"job {job.job_id} requeued and held (its checkpoint is at step {d['checkpoint']['step']})")
+
+    def _held(self, action_id: int, d: dict[str, Any], job: SlurmJob | None, now: float) -> list[StepOutcome]:
+        if job is None or job.state in GONE_STATES:
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {d['job_id']} is {job.state if job else 'gone'} after the requeue; fleetlens "
+                             "cannot release it")
+        if job.state != "PENDING":
+            return []  # still completing its requeue
+        room = self._room(job.job_id, d["node"], int(d["new_gres"].split(":")[-1]))
+        if room is not None:
+            return self._to(action_id, "rolling_back", {**d, "why": room}, now, Step.FAILED, False,
+                            f"{room}; restoring its request")
+        try:
+            self.cli.run("scontrol", "update", f"jobid={job.job_id}", f"gres={d['new_gres']}")
+        except SlurmRefused as exc:
+            return self._to(action_id, "rolling_back", {**d, "why": str(exc)}, now, Step.FAILED, False,
+                            f"Slurm refused the new request ({exc}); restoring the old one")
+        return self._to(action_id, "updated", d, now, Step.PLACED, True, f"request changed to {d['new_gres']}")
+
+    def _updated(self, action_id: int, d: dict[str, Any], job: SlurmJob | None, now: float) -> list[StepOutcome]:
+        if job is not None and job.state == "PENDING":
+            self.cli.run("scontrol", "release", str(job.job_id))
+        return self._to(action_id, "released", {**d, "released_at": now}, now, None, True,
+                        f"job {d['job_id']} released with {d['new_gres']}")
+
+    def _released(self, action_id: int, d: dict[str, Any], job: SlurmJob | None, now: float) -> list[StepOutcome]:
+        if job is None or job.state in GONE_STATES:
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {d['job_id']} is {job.state if job else 'gone'} after its release")
+        started = read_started(self._folder(action_id))
+        ckpt = d["checkpoint"]
+        if job.state == "RUNNING" and started is not None and started.job_id == d["job_id"] \
+                and started.restart_count > int(d["restart_before"]):
+            if started.step < int(ckpt["step"]) or started.restored_sha256 != ckpt["sha256"]:
+                return self._end(action_id, "failed", Step.FAILED, now, False,
+                                 f"job {d['job_id']} resumed at step {started.step}, not from its checkpoint at step "
+                                 f"{ckpt['step']} (sha256 {ckpt['sha256'][:12]})", training_step=started.step)
+            where = f"GPU {','.join(map(str, job.gpu_indices)) or '?'} of {job.node}"
+            whole = self._whole_holders(job)
+            note = (f"; note: Slurm put it on a GPU that job(s) {whole} hold whole (Slurm 22.05 does not keep "
+                    "whole-GPU jobs off shared GPUs)") if whole else ""
+            return self._end(action_id, "resumed", Step.RESUMED, now, True,
+                             f"resumed at step {started.step} (checkpoint {ckpt['step']}) on {where} with "
+                             f"{job.gres}{note}", training_step=started.step,
+                             extra={"gpu_indices": list(job.gpu_indices), "gpus_env": started.gpus})
+        if now - float(d["released_at"]) > self.options.resume_timeout_s:
+            why = (f"not resumed within {self.options.resume_timeout_s:.0f} s of its release (Slurm: {job.state}, "
+                   f"{job.reason or 'no reason given'})")
+            return self._to(action_id, "rolling_back", {**d, "why": why}, now, Step.FAILED, False,
+                            f"{why}; restoring its request")
+        return []
+
+    def _rolling_back(self, action_id: int, d: dict[str, Any], job: SlurmJob | None,
+                      now: float) -> list[StepOutcome]:
+        why = d.get("why", "")
+        if job is None or job.state in GONE_STATES:
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"{why}; and job {d['job_id']} is {job.state if job else 'gone'}, so nothing is left to "
+                             "restore")
+        if job.state == "RUNNING":
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"{why}; meanwhile Slurm started job {d['job_id']} with {job.gres}: it runs on so")
+        if not (job.reason or "").lower().startswith(("jobheld", "job requeued in held")):
+            self.cli.run("scontrol", "hold", str(job.job_id))
+        if job.gres is None or str(job.gres) != d["old_gres"]:
+            self.cli.run("scontrol", "update", f"jobid={job.job_id}", f"gres={d['old_gres']}")
+        self.cli.run("scontrol", "release", str(job.job_id))
+        return self._end(action_id, "rolled_back", Step.ROLLED_BACK, now, True,
+                         f"{why}; job {d['job_id']} released with its old request {d['old_gres']}: it resumes from "
+                         f"its checkpoint at step {d['checkpoint']['step']}")
+
+    # ---- helpers ------------------------------------------------------------------------------------------------
+
+    def _job(self, job_id: int) -> SlurmJob | None:
+        try:
+            _, jobs = parse_jobs(self.cli.json("squeue", f"--jobs={job_id}"))
+        except SlurmRefused as exc:
+            if "invalid job id" in str(exc).lower():
+                return None
+            raise
+        return jobs.get(job_id)
+
+    def _room(self, job_id: int, node_name: str | None, shards: int) -> str | None:
+        """Why the node has no GPU left with `shards` free beside the job's own (None when it has one). Raises
+        UpstreamUnavailable while Slurm does not know the node's shards (slurmd not registered again after a restart
+        of slurmctld): the move waits rather than rolls back on a half-known node."""
+        _, jobs = parse_jobs(self.cli.json("squeue"))
+        _, nodes = parse_nodes(self.cli.json("sinfo"))
+        node = nodes.get(node_name or "")
+        if node is None:
+            return f"node {node_name} is not in sinfo"
+        if node.gpus and not node.shards_per_gpu:
+            raise UpstreamUnavailable(f"Slurm does not say yet how many shards node {node.name} has (state "
+                                      f"{node.state})")
+        free = free_shards(node, jobs, leaving=job_id)
+        if any(n >= shards for n in free.values()):
+            return None
+        holders = {j.job_id: f"{j.gres}@{list(j.gpu_indices)}" for j in jobs.values()
+                   if j.node == node.name and j.state in ("RUNNING", "COMPLETING") and j.job_id != job_id}
+        return (f"no free shard is left on {node.name}: no GPU there has {shards} shards free that no whole-GPU job "
+                f"holds (free per GPU {free}; held by jobs {holders})")
+
+    def _whole_holders(self, job: SlurmJob) -> list[int]:
+        """The running whole-GPU jobs on one of the GPUs `job` was given."""
+        _, jobs = parse_jobs(self.cli.json("squeue"))
+        return sorted(j.job_id for j in jobs.values() if j.job_id != job.job_id and j.node == job.node
+                      and j.state == "RUNNING" and j.gres is not None and j.gres.kind == "gpu"
+                      and set(j.gpu_indices) & set(job.gpu_indices))
+
+    def _created(self, action_id: int) -> float:
+        with self.store.session() as session:
+            return float(session.get(Action, action_id).created_at)
+
+    def _folder(self, action_id: int) -> str:
+        return job_folder(self.settings, self._workflow(action_id))
+
+    def _workflow(self, action_id: int) -> str:
+        with self.store.session() as session:
+            return session.get(Action, action_id).workflow_id
+
+    def _to(self, action_id: int, state: str, detail: dict[str, Any], now: float, step: Step | None, ok: bool,
+            message: str, training_step: int | None = None) -> list[StepOutcome]:
+        with self.store.session() as session:
+            query = select(Action).where(Action.id == action_id)
+            action = session.scalar(query.with_for_update() if self.store.is_postgres else query)
+            before = action.state
+            if self._stepping is not None and self._stepping != (action_id, before):
+                # another enforcer took this step meanwhile (serve and a DAG, say): its record stands
+                log.info("Slurm action %s moved on to %s meanwhile; this step is not recorded", action_id, before)
+                return []
+            action.state, action.detail, action.updated_at = state, detail, now
+            if not ok:
+                action.error = message
+            session.add(ActionEvent(action_id=action_id, ts=now, from_state=before, to_state=state, message=message,
+                                    detail={k: v for k, v in detail.items() if k != "reason"}))
+        return [] if step is None else [StepOutcome(action_id, step, ok, now, message, training_step)]
+
+    def _end(self, action_id: int, state: str, step: Step, now: float, ok: bool, message: str,
+             training_step: int | None = None, extra: dict[str, Any] | None = None) -> list[StepOutcome]:
+        with self.store.session() as session:
+            detail = {**dict(session.get(Action, action_id).detail or {}), **(extra or {}),
+                      "outcome": message}
+        return self._to(action_id, state, detail, now, step, ok, message, training_step)

@@ -1,0 +1,94 @@
+"""The Slurm part of an enforcement cycle (FLEETLENS_SLURM): plan from what the Slurm import recorded and the jobs'
+samples, hand the moves of jobs that opted in to the Slurm actuator, and advance the moves under way one step each.
+Nothing is signalled, held or changed unless enforcement is on and the job opted in (the actuator checks again)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+
+from enforcer.actuators.slurm import TERMINAL, SlurmActuator
+from enforcer.slurm_plan import SlurmHolding, plan_slurm_moves
+from store.db import Store
+from store.device_memory import known_memory
+from store.errors import FleetlensError
+from store.models import Action, Device, Host, Placement, ProcessSample, Workflow
+from store.models import SlurmJob as SlurmJobRow
+from store.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[SlurmHolding]:
+    """The running Slurm jobs that hold GPUs, with their use over the window (mean of their processes' readings:
+    SM utilisation on a GPU, CPU time on the cpu source) and their node's shards per GPU (the import's host
+    labels)."""
+    since = now - settings.slurm_usage_window_s
+    with store.session() as session:
+        used = {wf: float(u) for wf, u in session.execute(
+            select(ProcessSample.workflow_id, func.avg(func.coalesce(ProcessSample.sm_util, ProcessSample.cpu_util)))
+            .where(ProcessSample.ts >= since, ProcessSample.workflow_id.like("slurm-%"))
+            .group_by(ProcessSample.workflow_id)) if u is not None}
+        placed = {wf: d for wf, d in session.execute(
+            select(Placement.workflow_id, func.min(Placement.device_id)).where(Placement.state == "active")
+            .group_by(Placement.workflow_id))}
+        rows = list(session.scalars(select(SlurmJobRow).where(SlurmJobRow.state == "RUNNING")))
+        workflows = {w.id: w for w in session.scalars(select(Workflow).where(
+            Workflow.id.in_([r.workflow_id for r in rows])))}
+        memory = {wf: known_memory(session, w, settings.memory_seen_steps) for wf, w in workflows.items()}
+        device_memory = dict(session.execute(select(Device.id, Device.memory_total).where(
+            Device.id.in_([d for d in placed.values() if d is not None]))).tuples().all())
+        per_gpu = {}
+        for host in session.scalars(select(Host).where(Host.id.in_({r.node for r in rows if r.node}))):
+            slurm = (host.labels or {}).get("slurm") or {}
+            per_gpu[host.id] = int(slurm.get("shards", 0)) // max(1, int(slurm.get("gpus", 0)))
+        return [SlurmHolding(workflow_id=r.workflow_id, job_id=r.job_id, gres_kind="gpu" if r.gpus else "shard",
+                             count=r.gpus or r.shards, shards_per_gpu=per_gpu.get(r.node or "", 0),
+                             used=used.get(r.workflow_id),
+                             opted_in=r.opted_in, not_movable_reason=r.not_movable_reason,
+                             device_id=placed.get(r.workflow_id), memory=memory.get(r.workflow_id),
+                             device_memory=device_memory.get(placed.get(r.workflow_id)))
+                for r in rows if r.gpus or r.shards]
+
+
+def run_slurm_cycle(store: Store, settings: Settings, *, apply: bool, now: float,
+                    actuator: SlurmActuator | None = None, drive_s: float | None = None) -> dict[str, Any]:
+    """Plan, begin the moves (when applying), advance the unfinished ones: one step each, again every second for up
+    to `drive_s` (default FLEETLENS_ENFORCE_DRIVE_S) while any is unfinished; a summary for the cycle's result.
+    What is left is carried on by the next cycle (each step is decided from what the store and Slurm say then)."""
+    actuator = actuator or SlurmActuator(store, settings)
+    with store.session() as session:
+        busy = frozenset(session.scalars(select(Action.workflow_id).where(
+            Action.engine == "slurm", Action.state.not_in(TERMINAL))))
+    holdings = slurm_holdings(store, settings, now=now)
+    moves, advice = plan_slurm_moves(holdings, busy=busy, max_moves=settings.max_moves_per_cycle,
+                                     policy=settings.policy)
+    begun: list[int] = []
+    errors: list[str] = []
+    if apply:
+        for move in moves:
+            try:
+                begun.append(actuator.begin(move, now=now))
+            except FleetlensError as exc:
+                errors.append(str(exc))
+    outcomes: dict[str, list[str]] = {}
+    deadline = time.monotonic() + (settings.enforce_drive_s if drive_s is None else drive_s)
+    while True:
+        with store.session() as session:
+            unfinished = list(session.scalars(select(Action.id).where(Action.engine == "slurm",
+                                                                      Action.state.not_in(TERMINAL))))
+        for action_id in unfinished:
+            try:
+                steps = [o.step.value for o in actuator.advance(action_id, now=now)]
+                outcomes.setdefault(str(action_id), []).extend(steps)
+            except FleetlensError as exc:
+                errors.append(f"action {action_id}: {exc}")
+        if not unfinished or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+        now = time.time()
+    return {"mode": "enforce" if apply else "dry_run", "moves": [m.workflow_id for m in moves], "begun": begun,
+            "advice": {a.workflow_id: a.message for a in advice}, "advanced": outcomes, "errors": errors}

@@ -1,0 +1,81 @@
+"""Which Slurm jobs to move onto fewer shards, and what to advise the rest: pure (holdings in, moves and advice out).
+
+A job on `s` shards of a GPU split into `k` holds s/k of it. Using `u` of a whole GPU (p95 over the window, by its
+samples), it needs ceil(u * k / cap) shards (at least one); a job that opted in and holds more is moved to that many
+(one move per job per cycle, the busiest GPUs' jobs never). A job that did not opt in, or asked for whole GPUs, gets
+advice naming what it holds, what it uses and what it would need to be moved (Slurm 23.02.6 for a `gpu` request).
+A job whose use is unknown (no samples yet) is left alone: nothing is planned on a guess. Lane admission still
+decides who may share a GPU: a job whose memory is not known yet (FLEETLENS_MEMORY_SEEN_STEPS) runs alone first,
+and where the GPU's memory is known a job gets at least the shards whose share of it holds its Salus lane,
+1.05 (1.1 P + E).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from enforcer.actuators.base import Move
+from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR
+from store.slurm import GPU_TO_SHARD_VERSION
+
+
+@dataclass(frozen=True)
+class SlurmHolding:
+    workflow_id: str
+    job_id: int
+    gres_kind: str  # gpu | shard
+    count: int  # GPUs or shards requested
+    shards_per_gpu: int
+    used: float | None  # p95 use of one whole GPU, 0..1 (None: no samples)
+    opted_in: bool
+    not_movable_reason: str | None = None
+    device_id: int | None = None  # the store's device of the GPU it holds now
+    memory: tuple[int, int] | None = None  # (P, E) when known well enough to share a GPU (enforcer admission's rule)
+    device_memory: int | None = None  # bytes of the GPU it holds, when an agent reported them
+
+
+@dataclass(frozen=True)
+class SlurmAdvice:
+    workflow_id: str
+    message: str
+
+
+def needed_shards(used: float, shards_per_gpu: int, util_cap: float = 1.0) -> int:
+    return max(1, math.ceil(round(used * shards_per_gpu / util_cap, 6)))
+
+
+def plan_slurm_moves(holdings: list[SlurmHolding], *, busy: frozenset[str] = frozenset(), max_moves: int = 4,
+                     util_cap: float = 1.0, policy: str | None = None) -> tuple[list[Move], list[SlurmAdvice]]:
+    """Moves for opted-in shard jobs that hold more shards than they use; advice for the others that do (`busy`:
+    workflows with an unfinished move, left out)."""
+    moves: list[Move] = []
+    advice: list[SlurmAdvice] = []
+    for h in sorted(holdings, key=lambda h: (h.used if h.used is not None else 1.0, h.job_id)):
+        if h.used is None or h.workflow_id in busy or h.shards_per_gpu <= 0:
+            continue
+        want = needed_shards(h.used, h.shards_per_gpu, util_cap)
+        if h.memory is None:
+            want = max(want, h.count)  # unknown memory runs alone first: it keeps what it holds
+        elif h.device_memory:
+            lane = LANE_FACTOR * (PERSISTENT_FACTOR * h.memory[0] + h.memory[1])
+            want = max(want, math.ceil(lane / (h.device_memory / h.shards_per_gpu)))
+        if h.gres_kind == "gpu":
+            if h.used * h.shards_per_gpu < h.count * h.shards_per_gpu - 1:
+                advice.append(SlurmAdvice(h.workflow_id, (
+                    f"holds {h.count} whole GPU(s) and uses {h.used:.0%} of one: it would fit on {want} shard(s); "
+                    f"a job that asked for `gpu` can be moved to shards only from Slurm {GPU_TO_SHARD_VERSION} on, so "
+                    "resubmit it with --gres=shard:N (and --comment=fleetlens:movable) to let fleetlens move it")))
+            continue
+        if want >= h.count:
+            continue
+        if not h.opted_in:
+            advice.append(SlurmAdvice(h.workflow_id, (
+                f"holds {h.count} shards and uses {h.used:.0%} of a GPU ({want} would do); fleetlens only advises: "
+                f"{h.not_movable_reason}")))
+            continue
+        if len(moves) < max_moves:
+            moves.append(Move(workflow_id=h.workflow_id, to_device_id=h.device_id or 0, from_device_id=h.device_id,
+                              compute_share=want / h.shards_per_gpu, policy=policy, request={"gres": f"shard:{want}"},
+                              reason=f"holds {h.count} shards, uses {h.used:.0%} of a GPU: {want} shard(s) will do"))
+    return moves, advice

@@ -1,0 +1,250 @@
+"""What Slurm says, read into plain facts: jobs from `squeue --json`, nodes from `sinfo --json`, gres strings, and
+whether a job opted in to be moved. Pure parsing, shared by the importer (collector) and the actuator (enforcer).
+
+Only the JSON of openapi v0.0.38 (Slurm 22.05) is read: another version's fields differ in shape (23.02 gives
+`job_state` as a list and times as objects), so it is refused with a message rather than half understood.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.errors import InvalidInput, UpstreamUnavailable
+
+SUPPORTED_PLUGINS = ("openapi/v0.0.38",)
+GPU_KINDS = ("gpu", "shard")
+OPT_IN_WORD = "fleetlens:movable"  # in a job's --comment: the owner lets fleetlens requeue it into fewer shards
+# the first Slurm that can change a job's request from whole GPUs to shards (upstream commit fd6efe3e64)
+GPU_TO_SHARD_VERSION = "23.02.6"
+
+_GRES = re.compile(r"^(?:gres:)?(?P<kind>[A-Za-z_][\w-]*)(?::(?P<type>[A-Za-z_][\w.-]*))?(?::(?P<count>\d+))?$")
+_DETAIL = re.compile(r"^(?P<gres>[^()]+?)(?:\(IDX:(?P<idx>[^)]*)\))?$")
+
+
+@dataclass(frozen=True)
+class Gres:
+    """One generic-resource request: `kind` gpu or shard, an optional GPU type, and a count."""
+
+    kind: str
+    count: int
+    type: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.type}:{self.count}" if self.type else f"{self.kind}:{self.count}"
+
+
+def parse_gres(text: str) -> Gres | None:
+    """The GPU request in a gres string ("gres:shard:2", "gpu:a100:1", "gres:gpu"); None for no request at all.
+    Raises InvalidInput for anything else: fleetlens must not guess what a job holds."""
+    text = (text or "").strip()
+    if not text or text == "(null)":
+        return None
+    parts = [p for p in text.split(",") if p]
+    found: list[Gres] = []
+    for part in parts:
+        m = _GRES.match(part.strip())
+        if m is None:
+            raise InvalidInput(f"cannot read the gres {text!r}: expected kind[:type][:count], like shard:2 or "
+                               "gpu:a100:1")
+        if m["kind"] not in GPU_KINDS:
+            raise InvalidInput(f"gres {text!r} asks for {m['kind']!r}, which fleetlens does not understand (it reads "
+                               f"{' and '.join(GPU_KINDS)} only); the job is observed without its GPUs and never moved")
+        found.append(Gres(kind=m["kind"], type=m["type"], count=int(m["count"] or 1)))
+    if len(found) > 1:
+        raise InvalidInput(f"gres {text!r} asks for both whole GPUs and shards; fleetlens reads one kind per job")
+    return found[0]
+
+
+def parse_indices(text: str) -> list[int]:
+    """GPU indices from Slurm's "0-1,3" notation."""
+    out: list[int] = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part or part == "N/A":
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise InvalidInput(f"cannot read the GPU indices {text!r} (expected a list like 0-1,3)")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def held_indices(gres_detail: list[str]) -> list[int]:
+    """The GPUs a job holds, from squeue's gres_detail (["shard:1(IDX:0)"], ["gpu:2(IDX:0-1)"])."""
+    found: set[int] = set()
+    for item in gres_detail or []:
+        m = _DETAIL.match(item.strip())
+        if m is None:
+            raise InvalidInput(f"cannot read squeue's gres_detail {item!r}")
+        gres = parse_gres(m["gres"])
+        if gres is not None and m["idx"] is not None:
+            found.update(parse_indices(m["idx"]))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: int
+    name: str | None
+    user: str | None
+    account: str | None
+    partition: str | None
+    state: str
+    reason: str | None
+    node: str | None
+    submit_time: float
+    time_limit_s: float | None
+    gres: Gres | None
+    gres_error: str | None
+    gpu_indices: tuple[int, ...]
+    requeue: bool
+    restart_count: int
+    comment: str | None
+    opted_in: bool = False
+    not_movable_reason: str | None = None
+
+    @property
+    def workflow_id(self) -> str:
+        return workflow_id_of(self.job_id)
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str
+    partitions: tuple[str, ...]
+    gpus: int
+    shards: int
+
+    @property
+    def shards_per_gpu(self) -> int:
+        return self.shards // self.gpus if self.gpus else 0
+
+
+@dataclass
+class SlurmView:
+    """One reading of the cluster: its version, its nodes, its jobs."""
+
+    version: str
+    nodes: dict[str, SlurmNode] = field(default_factory=dict)
+    jobs: dict[int, SlurmJob] = field(default_factory=dict)
+
+
+def workflow_id_of(job_id: int) -> str:
+    """The workflow id of a Slurm job: the agent gives the job's processes the same one (SLURM_JOB_ID)."""
+    return f"slurm-{job_id}"
+
+
+def version_of(doc: dict[str, Any], what: str) -> str:
+    """The Slurm release that wrote `doc`; raises InvalidInput for a JSON this module cannot read."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict):
+        raise InvalidInput(f"{what} did not print Slurm's JSON (no 'meta' object); is this Slurm's {what}?")
+    plugin = (doc["meta"].get("plugin") or {}).get("type")
+    release = ((doc["meta"].get("Slurm") or {}).get("release")) or "an unknown release"
+    if plugin not in SUPPORTED_PLUGINS:
+        raise InvalidInput(f"{what} printed JSON of {plugin or 'an unnamed plugin'} (Slurm {release}); fleetlens "
+                           f"reads {', '.join(SUPPORTED_PLUGINS)} (Slurm 22.05) only, and refuses to guess the "
+                           "fields of another version")
+    errors = doc.get("errors") or []
+    if errors:  # squeue --json exits 0 with an empty job list and this when slurmctld does not answer
+        said = "; ".join(f"{e.get('source', '?')}: {e.get('description') or e.get('error')}" for e in errors
+                         if isinstance(e, dict)) or str(errors)
+        raise UpstreamUnavailable(f"{what} could not read the cluster ({said}); is slurmctld up?")
+    return str(release)
+
+
+def opt_in(comment: str | None, requeue: bool, gres: Gres | None, gres_error: str | None) -> tuple[bool, str | None]:
+    """(whether the job may be moved, and if not, why it is observed and advised only)."""
+    if OPT_IN_WORD not in (comment or "").split():
+        return False, f"did not opt in (its --comment has no {OPT_IN_WORD!r})"
+    if not requeue:
+        return False, "opted in, but Slurm may not requeue it (submitted with --no-requeue)"
+    if gres_error is not None:
+        return False, f"opted in, but its gres cannot be read: {gres_error}"
+    if gres is None:
+        return False, "opted in, but it holds no GPU"
+    if gres.kind == "gpu":
+        return False, (f"opted in, but it asked for whole GPUs ({gres}): Slurm before {GPU_TO_SHARD_VERSION} cannot "
+                       "change such a request to shards; submit it with --gres=shard:N to let fleetlens move it")
+    return True, None
+
+
+def _epoch(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def parse_jobs(doc: dict[str, Any]) -> tuple[str, dict[int, SlurmJob]]:
+    """(Slurm release, {job id: job}) from `squeue --json`."""
+    release = version_of(doc, "squeue --json")
+    jobs: dict[int, SlurmJob] = {}
+    for raw in doc.get("jobs") or []:
+        try:
+            job_id, state = int(raw["job_id"]), str(raw["job_state"])
+        except (KeyError, TypeError, ValueError):
+            raise InvalidInput(f"squeue --json gave a job without a job_id or job_state: {str(raw)[:200]}") from None
+        gres: Gres | None = None
+        gres_error: str | None = None
+        indices: list[int] = []
+        try:
+            gres = parse_gres(str(raw.get("tres_per_node") or ""))
+            indices = held_indices(raw.get("gres_detail") or [])
+        except InvalidInput as exc:
+            gres_error = str(exc)
+        requeue = bool(raw.get("requeue"))
+        comment = raw.get("comment") or None
+        ok, why = opt_in(comment, requeue, gres, gres_error)
+        limit = raw.get("time_limit")
+        jobs[job_id] = SlurmJob(
+            job_id=job_id, name=raw.get("name") or None, user=raw.get("user_name") or None,
+            account=raw.get("account") or None, partition=raw.get("partition") or None, state=state,
+            reason=None if raw.get("state_reason") in (None, "", "None") else str(raw["state_reason"]),
+            node=(raw.get("batch_host") or raw.get("nodes") or None) if state != "PENDING" else None,
+            submit_time=_epoch(raw.get("submit_time")) or 0.0,
+            time_limit_s=float(limit) * 60.0 if isinstance(limit, int | float) and limit > 0 else None,
+            gres=gres, gres_error=gres_error, gpu_indices=tuple(indices), requeue=requeue,
+            restart_count=int(raw.get("restart_cnt") or 0), comment=comment, opted_in=ok, not_movable_reason=why)
+    return release, jobs
+
+
+def parse_nodes(doc: dict[str, Any]) -> tuple[str, dict[str, SlurmNode]]:
+    """(Slurm release, {node name: node}) from `sinfo --json`."""
+    release = version_of(doc, "sinfo --json")
+    nodes: dict[str, SlurmNode] = {}
+    for raw in doc.get("nodes") or []:
+        name = raw.get("name")
+        if not name:
+            raise InvalidInput(f"sinfo --json gave a node without a name: {str(raw)[:200]}")
+        gpus = shards = 0
+        for part in str(raw.get("gres") or "").split(","):
+            part = part.split("(")[0].strip()
+            if not part or part == "(null)":
+                continue
+            m = _GRES.match(part)
+            if m is None:
+                raise InvalidInput(f"cannot read node {name}'s gres {raw.get('gres')!r}")
+            if m["kind"] == "gpu":
+                gpus += int(m["count"] or 1)
+            elif m["kind"] == "shard":
+                shards += int(m["count"] or 1)
+        nodes[name] = SlurmNode(name=name, state=str(raw.get("state") or "unknown"),
+                                partitions=tuple(raw.get("partitions") or ()), gpus=gpus, shards=shards)
+    return release, nodes
+
+
+def free_shards(node: SlurmNode, jobs: dict[int, SlurmJob], *, leaving: int | None = None) -> dict[int, int]:
+    """{GPU index: shards free on it} for the node's GPUs that no whole-GPU job holds, counting the running jobs'
+    shards (`leaving`: a job whose own shards count as free, as after it is held)."""
+    used = {i: 0 for i in range(node.gpus)}
+    whole: set[int] = set()
+    for job in jobs.values():
+        if job.node != node.name or job.state not in ("RUNNING", "COMPLETING", "SUSPENDED") or job.job_id == leaving:
+            continue
+        if job.gres is not None and job.gres.kind == "gpu":
+            whole.update(job.gpu_indices)
+        elif job.gres is not None and job.gres.kind == "shard":
+            per = max(1, len(job.gpu_indices))
+            for i in job.gpu_indices:
+                used[i] = used.get(i, 0) + job.gres.count // per
+    return {i: node.shards_per_gpu - n for i, n in used.items() if i not in whole}
