@@ -182,7 +182,8 @@ def plan(trials: Sequence[TrialState], config: FluidConfig) -> list[Decision]:
                     notes[t.trial_id] = "static: the group is filled once all its trials are measured"
         target = fill(candidates, max(0, free - len(profiles)), speed,
                       must_run=[t.trial_id for t in running_free], order=order)
-        skipped = _unprofitable(trials, target, config) if config.dynamic and config.skip_unprofitable else {}
+        skipped = (_unprofitable(trials, target, config, bool(profiles))
+                   if config.dynamic and config.skip_unprofitable else {})
         if not skipped:
             break
         for tid, reason in skipped.items():
@@ -203,7 +204,7 @@ def plan(trials: Sequence[TrialState], config: FluidConfig) -> list[Decision]:
                 decisions.append(Decision(tid, Kind.START, 0.0, w, "water-filled"))
             elif abs(w - t.width) > 1e-9:
                 decisions.append(Decision(tid, Kind.RESIZE, t.width, w, "re-filled",
-                                          _gains(trials, target, config).get(tid, 0.0)))
+                                          _gains(trials, target, config, bool(profiles)).get(tid, 0.0)))
         elif not t.running:
             decisions.append(Decision(tid, Kind.WAIT, 0.0, 0.0, notes.get(tid) or (
                 "no measurement yet and no whole GPU free" if not t.measured
@@ -211,7 +212,8 @@ def plan(trials: Sequence[TrialState], config: FluidConfig) -> list[Decision]:
     return decisions
 
 
-def _gains(trials: Sequence[TrialState], target: dict[str, float], config: FluidConfig) -> dict[str, float]:
+def _gains(trials: Sequence[TrialState], target: dict[str, float], config: FluidConfig,
+           profiling: bool) -> dict[str, float]:
     """Each resize's best possible gain in seconds (see the module's doc)."""
     speed = config.speed
     running = [t for t in trials if t.running]
@@ -228,15 +230,16 @@ def _gains(trials: Sequence[TrialState], target: dict[str, float], config: Fluid
             benefit = max(benefit, grow[t.trial_id])
         else:
             shrink.append(t.trial_id)
-    if any(not t.running and target.get(t.trial_id, 0.0) > 0.0 for t in trials):
+    if profiling or any(not t.running and target.get(t.trial_id, 0.0) > 0.0 for t in trials):
         benefit = max(benefit, soonest)
     return {**grow, **{tid: benefit for tid in shrink}}
 
 
-def _unprofitable(trials: Sequence[TrialState], target: dict[str, float], config: FluidConfig) -> dict[str, str]:
+def _unprofitable(trials: Sequence[TrialState], target: dict[str, float], config: FluidConfig,
+                  profiling: bool) -> dict[str, str]:
     """The resizes whose best possible gain is below the restart cost, each with the reason it is skipped."""
     return {tid: f"resize skipped: best gain {gain:.1f} s < restart {config.restart_s:.1f} s"
-            for tid, gain in _gains(trials, target, config).items() if gain < config.restart_s}
+            for tid, gain in _gains(trials, target, config, profiling).items() if gain < config.restart_s}
 
 
 def apply(trials: Sequence[TrialState], decisions: Iterable[Decision]) -> list[TrialState]:
