@@ -15,7 +15,8 @@ else the trial that would finish last takes the next level (the public code grow
   mode re-fills every released trial whenever one is promoted, paused or stopped.
 - A resize restarts the trial from its checkpoint (restart_s). A resize whose best possible gain is below that
   cost is skipped: a growth gains at most the trial's own time saved; a shrink at most the largest gain of what it
-  makes room for (a waiting trial starts at most as early as the soonest running trial would have freed a GPU).
+  makes room for (a waiting trial starts at most as early as the soonest running trial would have freed a GPU), less
+  the time the shrunk trial loses by running narrower.
 - A running trial without a checkpoint is never resized; it keeps its resources and the decision says why.
 """
 
@@ -232,7 +233,11 @@ def _gains(trials: Sequence[TrialState], target: dict[str, float], config: Fluid
             shrink.append(t.trial_id)
     if profiling or any(not t.running and target.get(t.trial_id, 0.0) > 0.0 for t in trials):
         benefit = max(benefit, soonest)
-    return {**grow, **{tid: benefit for tid in shrink}}
+    by_id = {t.trial_id: t for t in running}
+    # a shrink's best gain: what it makes room for, less the time the shrunk trial itself loses
+    loss = {tid: by_id[tid].height * (1.0 / speed.speed(target[tid]) - 1.0 / speed.speed(by_id[tid].width))
+            for tid in shrink}
+    return {**grow, **{tid: benefit - loss[tid] for tid in shrink}}
 
 
 def _unprofitable(trials: Sequence[TrialState], target: dict[str, float], config: FluidConfig,

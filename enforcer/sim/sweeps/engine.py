@@ -167,10 +167,11 @@ class Engine:
 
 
 def _late_util(timeline: list[tuple[float, float, float, int]], gpus: int) -> float:
-    """GPUs held / G from the last time at least G trials were unfinished to the end."""
+    """GPUs held / G from the last time at least G trials were unfinished to the end; a run with no such tail (its
+    trials end together) had no late round leaving GPUs idle, and counts as fully used."""
     last = max((i for i, seg in enumerate(timeline) if seg[3] >= gpus), default=-1)
     late = timeline[last + 1:]
     span = sum(t1 - t0 for t0, t1, _, _ in late)
     if span <= 0:
-        return 0.0
+        return 1.0
     return sum((t1 - t0) * held for t0, t1, held, _ in late) / (span * gpus)
