@@ -158,7 +158,9 @@ def plan(trials: Sequence[TrialState], config: FluidConfig) -> list[Decision]:
     for t in trials:
         if not t.running:
             continue
-        if not t.measured:
+        if t.measured and t.height <= 0.0:
+            pinned[t.trial_id] = t.width  # its last step is done: it ends with what it holds
+        elif not t.measured:
             pinned[t.trial_id] = t.width
             notes[t.trial_id] = "" if t.step_s is None else f"height {t.step_s!r} is no measurement; profiling"
         elif not config.dynamic:
@@ -175,7 +177,8 @@ def plan(trials: Sequence[TrialState], config: FluidConfig) -> list[Decision]:
         for t in sorted((t for t in trials if not t.running and not t.measured), key=lambda t: (t.order, t.trial_id)):
             if free - need_running - len(profiles) >= 1:
                 profiles.append(t.trial_id)
-        candidates = {t.trial_id: t.height for t in trials if t.measured and t.trial_id not in pinned}
+        candidates = {t.trial_id: t.height for t in trials
+                      if t.measured and t.height > 0.0 and t.trial_id not in pinned}
         if not config.dynamic:  # static: a group is filled once all of it is measured
             for t in trials:
                 if not t.running and t.measured and t.group in groups_unmeasured:

@@ -130,3 +130,9 @@ def test_bad_settings_and_data_raise_our_error() -> None:
         from_lucid(FLEET, "Nope", 64)
     with pytest.raises(InvalidInput, match="twice"):
         plan([trial("t0", 1.0), trial("t0", 2.0)], FluidConfig(8, SPEED))
+
+
+def test_a_trial_with_no_steps_left_keeps_what_it_holds() -> None:
+    state = [trial("t0", 1.0, steps=0, width=1.0), trial("t1", 2.0, steps=10, width=1.0)]
+    decisions = plan(state, FluidConfig(4, SPEED, restart_s=0))
+    assert [(d.trial_id, d.new_width) for d in decisions] == [("t1", 3.0)]

@@ -1,0 +1,23 @@
+"""The Sweeps page on a recorded sweep (AppTest): the numbers shown are the store's."""
+
+from __future__ import annotations
+
+from tests.sweeps.test_records import record_sample_sweep
+from tests.ui.helpers import assert_clean, metrics, page
+
+
+def test_sweeps_page_shows_the_recorded_sweep(empty_store) -> None:
+    written = record_sample_sweep(empty_store, "nas-sha")
+    at = page("sweeps")
+    assert_clean(at)
+    shown = metrics(at)
+    assert shown["Trials"] == "2"
+    assert shown["Resizes"] == str(sum(e.kind == "resize" for e in written))
+    assert len(at.get("plotly_chart")) == 2
+    assert any("re-filled" in str(df.value.reason.tolist()) for df in at.dataframe if "reason" in df.value)
+
+
+def test_sweeps_page_without_sweeps_says_how_to_get_one(empty_store) -> None:
+    at = page("sweeps")
+    assert_clean(at)
+    assert any("No sweep recorded yet" in str(i.value) for i in at.info)
