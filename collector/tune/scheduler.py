@@ -47,7 +47,8 @@ def bundle(width: float, cpu: float) -> PlacementGroupFactory:
 
 def base_scheduler(name: str, *, metric: str, mode: str, max_t: int, grace_period: int = 1,
                    reduction_factor: int = 3) -> TrialScheduler:
-    """ASHA, HyperBand (Ray's synchronous brackets), or synchronous successive halving (one HyperBand bracket)."""
+    """ASHA, or HyperBand / synchronous successive halving: Ray's HyperBandScheduler, whose brackets are each a
+    synchronous successive halving (Ray has no single-bracket scheduler, so "sha" names the same class)."""
     if name == "asha":
         return AsyncHyperBandScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
                                        grace_period=grace_period, reduction_factor=reduction_factor)
@@ -55,7 +56,6 @@ def base_scheduler(name: str, *, metric: str, mode: str, max_t: int, grace_perio
         return HyperBandScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
                                   reduction_factor=reduction_factor)
     if name == "sha":
-        # one bracket: HyperBand with max_t small enough against the reduction factor that s_max is the last rung
         return HyperBandScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
                                   reduction_factor=reduction_factor, stop_last_trials=True)
     raise InvalidInput(f"unknown base scheduler {name!r}; known: {', '.join(BASES)}")
@@ -140,14 +140,25 @@ class FluidScheduler(ResourceChangingScheduler):
 
 
 class StoreRecorder:
-    """Writes a sweep's events into the store (the Sweeps page reads them)."""
+    """Writes a sweep's events into the store (the Sweeps page reads them). Ray Tune pickles the scheduler with the
+    experiment's state, so the recorder keeps the database URL and opens its store again after unpickling."""
 
     def __init__(self, store: Store, sweep_id: str, config: FluidConfig) -> None:
-        self.store, self.sweep_id = store, sweep_id
+        self.url = store.url.render_as_string(hide_password=False)
+        self.sweep_id = sweep_id
+        self._store: Store | None = store
         record_sweep(store, sweep_id, config.gpus, {
             "c": config.speed.max_share, "d": config.speed.max_span, "eta": config.speed.dp_efficiency,
             "restart_s": config.restart_s, "mode": "dynamic" if config.dynamic else "static"})
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "sweep_id": self.sweep_id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.url, self.sweep_id, self._store = state["url"], state["sweep_id"], None
+
     def __call__(self, event: Event) -> None:
-        record_event(self.store, self.sweep_id, event.trial_id, event.kind, event.old_width, event.new_width,
+        if self._store is None:
+            self._store = Store(self.url)
+        record_event(self._store, self.sweep_id, event.trial_id, event.kind, event.old_width, event.new_width,
                      reason=event.reason, steps_left=event.steps_left, now=event.at or None)

@@ -9,6 +9,7 @@ import pytest
 from enforcer.sim.sweeps.compare import compare
 from enforcer.sim.sweeps.data import load
 from enforcer.sim.sweeps.engine import Engine
+from enforcer.sim.sweeps.tune_model import run_tune_model
 from enforcer.sim.sweeps.tuners import make_tuner
 from enforcer.sweeps.fluid import FluidConfig
 from enforcer.sweeps.speed import SpeedModel
@@ -48,3 +49,14 @@ def test_every_trial_finishes_and_the_gpus_are_never_overcommitted() -> None:
     assert run.makespan >= run.work_s / 8 / 0.65 * 0.5  # sharing can beat sum/G, never by that much
     started = {r.trial_id for r in run.reallocations}
     assert started == {f"t-{i}" for i in range(81)}
+
+
+def test_the_model_of_ray_tune_hands_widths_out_at_results() -> None:
+    """b is measured first and widens while a profiles; a's measurement makes b give GPUs back at its next result,
+    and a widens only at its own next result, once they are free."""
+    config = FluidConfig(4, SPEED, restart_s=1.0)
+    ctrl = run_tune_model([("a", 2.0, 5), ("b", 1.0, 3)], config, start_s=1.0, restart_s=1.0, max_t=5)
+    assert ctrl.sequence() == [("b", 1.0, 3.0), ("b", 3.0, 1.0), ("a", 1.0, 3.0)]
+    kinds = [(e.trial_id, e.kind) for e in ctrl.events]
+    assert kinds[:2] == [("b", "start"), ("b", "resize")] and kinds.count(("a", "finish")) == 1
+    assert [r.seq for r in ctrl.log] == [0, 1, 2] and ctrl.log[1].at < ctrl.log[2].at
