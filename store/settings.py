@@ -111,6 +111,12 @@ class Settings(BaseSettings):
     consolidate_max_moves_per_job_day: int = Field(1, ge=0)
     consolidate_downtime_s: float = Field(30.0, ge=0)  # a move's downtime, as benchmarks/migration.py measures it
     consolidate_horizon_s: float = Field(3600.0, gt=0)  # a freed device counts as given back for this long
+    # hyper-parameter sweeps under Fluid (enforcer.sweeps): c, d, the data-parallel efficiency eta, the restart cost
+    sweep_max_share: int = Field(2, ge=1)  # c: most trials sharing one GPU (each in a lane of its own)
+    sweep_max_span: int = Field(4, ge=1)  # d: most GPUs one trial spans data-parallel
+    sweep_dp_efficiency: float = Field(0.85, gt=0, le=1)  # speed of w GPUs = w * eta (w >= 2)
+    sweep_restart_s: float = Field(10.0, ge=0)  # what a resize costs (restart from checkpoint)
+    sweep_dynamic: bool = True  # re-fill on every promotion, pause or stop; false: fill each group once
 
     # ui
     ui_port: int = 8501

@@ -29,6 +29,7 @@ from enum import StrEnum
 
 from enforcer.sweeps.speed import SpeedModel, gpu_cost
 from store.errors import InvalidInput
+from store.settings import Settings
 
 
 class Kind(StrEnum):
@@ -91,6 +92,15 @@ class FluidConfig:
             raise InvalidInput(f"a sweep needs at least one GPU, not {self.gpus}")
         if self.restart_s < 0:
             raise InvalidInput(f"restart cost {self.restart_s} s is negative")
+
+
+def config_from_settings(settings: Settings, gpus: int, share_speeds: tuple[float, ...] = (1.0, 0.65)
+                         ) -> FluidConfig:
+    """A FluidConfig from the settings (c, d, eta, restart cost, mode); `share_speeds` from `speed.from_lucid`
+    (cut to c)."""
+    speeds = share_speeds[: settings.sweep_max_share] or (1.0,)
+    speed = SpeedModel(settings.sweep_dp_efficiency, tuple(speeds), settings.sweep_max_span)
+    return FluidConfig(gpus, speed, dynamic=settings.sweep_dynamic, restart_s=settings.sweep_restart_s)
 
 
 def fill(heights: dict[str, float], budget: int, speed: SpeedModel, *, must_run: Iterable[str] = (),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from enforcer.sweeps.fluid import FluidConfig, Kind, TrialState, apply, fill, plan
+from enforcer.sweeps.fluid import FluidConfig, Kind, TrialState, apply, config_from_settings, fill, plan
 from enforcer.sweeps.speed import SpeedModel, from_lucid, gpu_cost, lanes_admitted
 from store.errors import InvalidInput
+from store.settings import get_settings
 from tests.conftest import FLEET
 
 SPEED = SpeedModel(dp_efficiency=0.85, share_speeds=(1.0, 0.65), max_span=4)
@@ -136,3 +137,13 @@ def test_a_trial_with_no_steps_left_keeps_what_it_holds() -> None:
     state = [trial("t0", 1.0, steps=0, width=1.0), trial("t1", 2.0, steps=10, width=1.0)]
     decisions = plan(state, FluidConfig(4, SPEED, restart_s=0))
     assert [(d.trial_id, d.new_width) for d in decisions] == [("t1", 3.0)]
+
+
+def test_c_and_d_are_settings(fleet_home, monkeypatch) -> None:
+    monkeypatch.setenv("FLEETLENS_SWEEP_MAX_SHARE", "1")
+    monkeypatch.setenv("FLEETLENS_SWEEP_MAX_SPAN", "2")
+    monkeypatch.setenv("FLEETLENS_SWEEP_DYNAMIC", "false")
+    config = config_from_settings(get_settings(fresh=True), 8)
+    assert (config.speed.max_share, config.speed.max_span, config.dynamic) == (1, 2, False)
+    assert fill({"t0": 100.0}, 8, config.speed) == {"t0": 2.0}
+    assert set(fill({f"t{i}": 1.0 for i in range(12)}, 8, config.speed).values()) == {0.0, 1.0}
