@@ -13,7 +13,7 @@ from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.models import Sweep, SweepEvent
 
-KINDS = ("start", "resize", "keep", "finish", "died")
+KINDS = ("start", "resize", "keep", "wait", "finish", "died")
 
 
 @dataclass(frozen=True)

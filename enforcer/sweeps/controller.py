@@ -19,7 +19,8 @@ from store.errors import InvalidInput
 
 @dataclass(frozen=True)
 class Event:
-    """What the sweep's records keep (store.sweeps): start, resize, keep (held back, and why), finish, died."""
+    """What the sweep's records keep (store.sweeps): start, resize, keep (held back, and why), wait (not started,
+    and why), finish, died."""
 
     kind: str
     trial_id: str
@@ -111,10 +112,10 @@ class SweepController:
         # their profiling step
         self.planned = {d.trial_id: d for d in plan(list(self.trials.values()), self.config)}
         for d in self.planned.values():
-            if d.kind == Kind.KEEP and (d.trial_id, d.reason) not in self.notes:
+            if d.kind in (Kind.KEEP, Kind.WAIT) and (d.trial_id, d.reason) not in self.notes:
                 self.notes.append((d.trial_id, d.reason))
                 t = self.trials[d.trial_id]
-                self.events.append(Event("keep", d.trial_id, t.width, t.width, d.reason, t.remaining_steps,
+                self.events.append(Event(str(d.kind), d.trial_id, t.width, t.width, d.reason, t.remaining_steps,
                                          self._now))
 
     def _hand_out(self, trial_id: str, now: float) -> float:
