@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from store.settings import get_settings
 from tests.sweeps.test_records import record_sample_sweep
-from tests.ui.helpers import assert_clean, metrics, page
+from tests.ui.helpers import assert_clean, metrics, page, texts
 
 
 def test_sweeps_page_shows_the_recorded_sweep(empty_store) -> None:
@@ -21,3 +22,11 @@ def test_sweeps_page_without_sweeps_says_how_to_get_one(empty_store) -> None:
     at = page("sweeps")
     assert_clean(at)
     assert any("No sweep recorded yet" in str(i.value) for i in at.info)
+
+
+def test_sweeps_page_with_the_database_down_is_a_banner(fleet_home, monkeypatch) -> None:
+    monkeypatch.setenv("FLEETLENS_DB_URL", "postgresql+psycopg://postgres@127.0.0.1:1/fleetlens")
+    get_settings(fresh=True)
+    at = page("sweeps")
+    assert_clean(at)
+    assert "Database unavailable" in texts(at.error)
