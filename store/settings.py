@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     mps_binary: str = "nvidia-cuda-mps-control"  # looked up on PATH
     mps_check_interval_s: float = Field(5.0, gt=0)  # how often the agent checks the daemon and the lanes
     workflow: str | None = None  # FLEETLENS_WORKFLOW: set in a job's environment to name its workflow
+    # FLEETLENS_SWEEP / FLEETLENS_TRIAL: set in a trial's environment by a tuner other than Ray Tune, so the trials
+    # of one sweep are grouped (the SDK says so in its hello; the workflow's labels `sweep` and `trial` keep it)
+    sweep: str | None = None
+    trial: str | None = None
     replay_path: str | None = None  # source=replay: "alibaba", an Alibaba folder, or a `fleetlens export` file
     replay_speedup: float = 60.0  # source=replay: recorded seconds played per wall-clock second
     replay_host: str | None = None  # source=replay: play only this virtual host's devices (None = all)
