@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from store.db import Store
 from store.errors import InvalidInput, NotFound
-from store.models import Sweep, SweepEvent
+from store.models import Sweep, SweepEvent, Workflow
 
 KINDS = ("start", "resize", "keep", "wait", "finish", "died")
 
@@ -63,6 +63,18 @@ def sweeps(store: Store) -> list[dict[str, Any]]:
         rows = session.scalars(select(Sweep).order_by(Sweep.created_at.desc())).all()
         return [{"id": r.id, "engine": r.engine, "gpus": r.gpus, "settings": dict(r.settings),
                  "created_at": r.created_at} for r in rows]
+
+
+def labelled_trials(store: Store) -> list[dict[str, Any]]:
+    """Workflows that said they are trials of a sweep (FLEETLENS_SWEEP, through the job SDK), by sweep and trial.
+
+    Labels are JSON on SQLite and JSONB on PostgreSQL; the few workflows are filtered here rather than in two SQL
+    dialects."""
+    with store.session() as session:
+        rows = session.execute(select(Workflow.id, Workflow.labels, Workflow.state, Workflow.last_seen)).all()
+    out = [{"sweep": labels["sweep"], "trial": labels.get("trial") or wf, "workflow": wf, "state": state,
+            "last_seen": seen} for wf, labels, state, seen in rows if isinstance(labels, dict) and labels.get("sweep")]
+    return sorted(out, key=lambda r: (str(r["sweep"]), str(r["trial"])))
 
 
 def events(store: Store, sweep_id: str) -> list[EventRow]:

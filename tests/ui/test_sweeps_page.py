@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from store.settings import get_settings
+from store.workflows import upsert_workflow
 from tests.sweeps.test_records import record_sample_sweep
 from tests.ui.helpers import assert_clean, metrics, page, texts
 
@@ -22,6 +23,16 @@ def test_sweeps_page_without_sweeps_says_how_to_get_one(empty_store) -> None:
     at = page("sweeps")
     assert_clean(at)
     assert any("No sweep recorded yet" in str(i.value) for i in at.info)
+
+
+def test_trials_grouped_by_the_environment_are_listed(empty_store) -> None:
+    with empty_store.session() as session:
+        upsert_workflow(session, "job-1", labels={"sweep": "grid-7", "trial": "t-1"})
+        upsert_workflow(session, "job-2", labels={"team": "x"})
+    at = page("sweeps")
+    assert_clean(at)
+    shown = [df.value for df in at.dataframe]
+    assert len(shown) == 1 and list(shown[0].workflow) == ["job-1"] and list(shown[0].sweep) == ["grid-7"]
 
 
 def test_sweeps_page_with_the_database_down_is_a_banner(fleet_home, monkeypatch) -> None:

@@ -38,7 +38,7 @@ from store.models import (
     Workflow,
 )
 from store.sweeps import events as sweep_event_rows
-from store.sweeps import gpu_use
+from store.sweeps import gpu_use, labelled_trials
 from store.sweeps import sweeps as sweep_rows
 
 RAW_LIMIT_S = 6 * 3600  # longer windows read rollups
@@ -516,3 +516,8 @@ def sweep_events(store: Store, sweep_id: str, gpus: int) -> tuple[pd.DataFrame, 
                          columns=["seq", "ts", "trial_id", "kind", "old_width", "new_width", "steps_left", "reason"])
     use = pd.DataFrame(gpu_use(rows, gpus), columns=["t", "held", "one_per_gpu"])
     return frame, use
+
+
+def sweep_trials(store: Store) -> pd.DataFrame:
+    """Trials grouped into sweeps by FLEETLENS_SWEEP (tuners other than Ray Tune): sweep, trial, workflow, state."""
+    return pd.DataFrame(labelled_trials(store), columns=["sweep", "trial", "workflow", "state", "last_seen"])

@@ -14,9 +14,14 @@ st.title("Sweeps")
 
 try:
     sweeps = fresh(ctx, "sweeps")
+    labelled = fresh(ctx, "sweep_trials")
 except FleetlensError as exc:
     report(exc)
     st.stop()
+
+if not labelled.empty:
+    with st.expander(f"Trials of other tuners ({labelled.sweep.nunique()} sweeps, FLEETLENS_SWEEP)"):
+        st.dataframe(labelled, hide_index=True)
 
 if sweeps.empty:
     st.info("No sweep recorded yet. A Ray Tune sweep run with fleetlens's Fluid scheduler (`collector.tune`, the "
