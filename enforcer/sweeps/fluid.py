@@ -222,6 +222,7 @@ def plan(trials: Sequence[TrialState], config: FluidConfig) -> list[Decision]:
         elif not t.running:
             decisions.append(Decision(tid, Kind.WAIT, 0.0, 0.0, notes.get(tid) or (
                 "no measurement yet and no whole GPU free" if not t.measured
+                else "no steps left in its round" if t.height <= 0.0
                 else "the group is larger than the fleet: waits for a GPU")))
     return decisions
 
