@@ -18,7 +18,7 @@ from store.db import Store
 from store.sweeps import events, gpu_use
 from tests.procs import processes_under
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 GPUS = 4
 SPEED = SpeedModel(dp_efficiency=0.85, share_speeds=(1.0, 0.65), max_span=4)
@@ -113,4 +113,5 @@ def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: ob
     assert kinds.count(("a", "resize")) == 1 and kinds.count(("b", "finish")) == 1
     assert kinds.index(("a", "start")) < kinds.index(("a", "resize")) < kinds.index(("a", "finish"))
     use = gpu_use(rows, GPUS)
-    assert max(held for _, held, _ in use) == 4.0 and max(one for _, _, one in use) == 2.0
+    assert max(held for _, held, _ in use) == 4.0  # b alone on all four GPUs at the end
+    assert all(held >= one for _, held, one in use) and use[-1][1] == 0.0
