@@ -10,7 +10,9 @@ speedup = baseline makespan / ours (ours: static for grid, dynamic for the other
 / max(sum of work / G, longest trial / (d * eta)); late_round_util_gain_points = our GPU use minus the baseline's in
 the late rounds (fewer unfinished trials than GPUs), in percentage points. Targets at eta 0.85 and restart 10 s
 (identical: at every restart cost): grid lower_bound_ratio <= 1.10, sha speedup_median >= 1.5, asha >= 1.2,
-identical speedup_worst >= 0.98. Where even the bound cannot reach a speedup target (baseline / bound below it),
+identical speedup_worst >= 0.98. Two more lines per setting, without a target: `hyperband` (its brackets all at
+once, as Ray's HyperBandScheduler runs them) and `hyperband_seq` (one bracket after the other). Where even the bound
+cannot reach a speedup target (baseline / bound below it),
 `bound_limits_target` is true and the target becomes lower_bound_ratio <= 1.05. Promotions use each
 configuration's final score plus seeded noise (the benchmarks have no per-epoch curves).
 
@@ -27,18 +29,19 @@ from pathlib import Path
 
 from enforcer.sim.sweeps.compare import compare, run_baseline
 from enforcer.sim.sweeps.data import load
-from enforcer.sim.sweeps.tuners import ALGORITHMS
+from enforcer.sim.sweeps.tuners import ALGORITHMS, EXTRA_ALGORITHMS
 from enforcer.sweeps.speed import from_lucid
 
 FLEET = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "fleet"
 STAND_IN = {"nasbench201": ("ResNet18", 64), "hpolib": ("NeuMF", 64)}
-PRIMARY = {"grid": "static", "sha": "dynamic", "asha": "dynamic", "identical": "dynamic"}
+PRIMARY = {"grid": "static", "sha": "dynamic", "asha": "dynamic", "identical": "dynamic", "hyperband": "dynamic",
+           "hyperband_seq": "dynamic"}
 SPEEDUP_TARGET = {"sha": 1.5, "asha": 1.2}
 
 
 def target(algorithm: str, eta: float, restart_s: float, cmp, mode: str) -> tuple[str | None, bool | None, bool]:
     """(the target, whether it is met, whether the bound limits it) for one line."""
-    if eta != 0.85 or (restart_s != 10 and algorithm != "identical"):
+    if algorithm not in ALGORITHMS or eta != 0.85 or (restart_s != 10 and algorithm != "identical"):
         return None, None, False
     speedups = cmp.speedups(mode)
     if algorithm == "grid":
@@ -61,7 +64,7 @@ def main() -> None:
     for bench in args.benchmarks.split(","):
         table = load(bench)
         model, batch = STAND_IN[bench]
-        for algorithm in ALGORITHMS:
+        for algorithm in (*ALGORITHMS, *EXTRA_ALGORITHMS):
             for restart_s in (2.0, 10.0, 60.0):
                 baseline = None
                 for eta in (0.7, 0.85, 0.95):

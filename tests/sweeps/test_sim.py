@@ -60,3 +60,25 @@ def test_the_model_of_ray_tune_hands_widths_out_at_results() -> None:
     kinds = [(e.trial_id, e.kind) for e in ctrl.events]
     assert kinds[:2] == [("b", "start"), ("b", "resize")] and kinds.count(("a", "finish")) == 1
     assert [r.seq for r in ctrl.log] == [0, 1, 2] and ctrl.log[1].at < ctrl.log[2].at
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_hyperband_runs_its_brackets_together_or_one_after_the_other(sequential: bool) -> None:
+    tuner = make_tuner("hyperband_seq" if sequential else "hyperband", load("hpolib"), 1)
+    first = tuner.start()
+    assert len(first) == (81 if sequential else 81 + 34 + 15 + 8 + 5)  # ceil(5 / (s + 1) * 3^s), s = 4 .. 0
+    released = {r.trial_id for r in first}
+    # play bracket s = 4 to its end: each rung's trials finish, the best third are promoted
+    rung = [r.trial_id for r in first if r.group == "b4-rung-0"]
+    later: list = []
+    while rung:
+        promoted = []
+        for t in rung:
+            go_on, out = tuner.round_done(t, 0)
+            assert go_on is None
+            promoted += [r.trial_id for r in out if r.resume]
+            later += [r for r in out if not r.resume]
+        assert len(promoted) in (0, len(rung) // 3)
+        rung = promoted
+    assert len(later) == (34 if sequential else 0)  # the next bracket starts only when this one is done
+    assert not released & {r.trial_id for r in later}

@@ -4,6 +4,9 @@
 - identical: one configuration, many copies at the full budget, one group (more trials than GPUs).
 - sha: synchronous successive halving (one HyperBand bracket): n trials at budget R/eta^k; when the whole rung is
   done the best 1/eta are promoted (paused until then, then resumed from their checkpoints), as one new group.
+- hyperband: HyperBand's brackets (s = rungs-1 .. 0, n = ceil(rungs / (s + 1) * eta^s) trials at budget R / eta^s),
+  all released at once, each bracket a synchronous successive halving of its own (as Ray's HyperBandScheduler);
+  hyperband_seq: the same brackets one after the other (the HyperBand paper's loop).
 - asha: asynchronous successive halving as Ray's ASHA: a trial reaching a rung continues if its score is at or
   above the (1 - 1/eta) quantile of the scores recorded there so far (the first always continues), else stops; a
   new trial is released whenever fewer than `concurrency` trials are unfinished.
@@ -22,6 +25,8 @@ from enforcer.sim.sweeps.data import Table
 from store.errors import InvalidInput
 
 ALGORITHMS = ("grid", "sha", "asha", "identical")
+# printed by benchmarks/fluid.py beside the four, with no target of their own
+EXTRA_ALGORITHMS = ("hyperband", "hyperband_seq")
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,52 @@ class Asha(Tuner):
         return go_on, released
 
 
+@dataclass
+class HyperBand(Tuner):
+    eta: int = 3
+    rungs: int = 5
+    sequential: bool = False  # True: one bracket after the other (the HyperBand paper's loop), not all at once
+    _brackets: list[SyncSha] = field(default_factory=list)
+    _bracket_of: dict[str, SyncSha] = field(default_factory=dict)
+    _held: list[list[Release]] = field(default_factory=list)
+    _left: dict[int, int] = field(default_factory=dict)
+
+    def start(self) -> list[Release]:
+        releases = self._all()
+        if not self.sequential:
+            return [r for rs in releases for r in rs]
+        self._held = releases[1:]
+        return releases[0]
+
+    def _all(self) -> list[list[Release]]:
+        configs = iter(self.rng.permutation(len(self.table)))
+        releases: list[list[Release]] = []
+        first = 0
+        for s in range(self.rungs - 1, -1, -1):
+            n = int(np.ceil(self.rungs / (s + 1) * self.eta ** s))
+            bracket = SyncSha(self.table, self.seed, n=n, eta=self.eta, rungs=s + 1)
+            bracket.budget = lambda rung, s=s: self.table.epochs / self.eta ** (s - rung)  # type: ignore[method-assign]
+            bracket._members = [f"t-{first + i}" for i in range(n)]
+            bracket._config = {t: int(next(configs)) for t in bracket._members}
+            for t in bracket._members:
+                self._bracket_of[t] = bracket
+            releases.append([Release(t, f"b{s}-rung-0", bracket._config[t], bracket.budget(0))
+                             for t in bracket._members])
+            self._brackets.append(bracket)
+            first += n
+        return releases
+
+    def round_done(self, trial_id: str, unfinished: int) -> tuple[float | None, list[Release]]:
+        bracket = self._bracket_of[trial_id]
+        last_rung = bracket._rung + 1 >= bracket.rungs
+        go_on, released = bracket.round_done(trial_id, unfinished)
+        tag = f"b{bracket.rungs - 1}-"
+        out = [Release(r.trial_id, tag + r.group, r.config, r.steps, r.resume) for r in released]
+        if self.sequential and last_rung and len(bracket._done) == len(bracket._members) and self._held:
+            out += self._held.pop(0)  # this bracket is done: the next one starts
+        return go_on, out
+
+
 def make_tuner(algorithm: str, table: Table, seed: int, gpus: int = 8) -> Tuner:
     if algorithm == "grid":
         return Grid(table, seed)
@@ -161,4 +212,8 @@ def make_tuner(algorithm: str, table: Table, seed: int, gpus: int = 8) -> Tuner:
         return SyncSha(table, seed)
     if algorithm == "asha":
         return Asha(table, seed, concurrency=gpus)
+    if algorithm == "hyperband":
+        return HyperBand(table, seed)
+    if algorithm == "hyperband_seq":
+        return HyperBand(table, seed, sequential=True)
     raise InvalidInput(f"unknown sweep algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
