@@ -25,7 +25,7 @@ from enforcer.sim.sweeps.data import Table
 from store.errors import InvalidInput
 
 ALGORITHMS = ("grid", "sha", "asha", "identical")
-# printed by benchmarks/fluid.py beside the four, with no target of their own
+# printed by benchmarks/fluid.py beside the four (with sha's target: HyperBand's brackets are each a sync SHA)
 EXTRA_ALGORITHMS = ("hyperband", "hyperband_seq")
 
 
