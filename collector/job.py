@@ -442,7 +442,7 @@ class Job:
             return False
         reply = self._send(self._msg(
             p.HELLO, name=self.name, total_steps=self.total_steps, start_step=self._step, lane=self.lane,
-            id_source=self.id_source, host=socket.gethostname(),
+            id_source=self.id_source, host=socket.gethostname(), sweep=self.settings.sweep, trial=self.settings.trial,
         ))
         if reply is None:
             return False

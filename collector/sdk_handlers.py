@@ -424,9 +424,15 @@ class SdkHandlers:
         if existing is not None:  # a managed or known workflow: only fill what it lacks
             fields = {"declared_steps": touch["total_steps"]} if existing.declared_steps is None and touch[
                 "total_steps"] else {}
-            return upsert_workflow(session, wf, **fields)
-        return upsert_workflow(session, wf, id_source=touch["id_source"], name=touch["name"],
-                               declared_steps=touch["total_steps"])
+            workflow = upsert_workflow(session, wf, **fields)
+        else:
+            workflow = upsert_workflow(session, wf, id_source=touch["id_source"], name=touch["name"],
+                                       declared_steps=touch["total_steps"])
+        if touch.get("sweep"):  # a trial of a sweep (FLEETLENS_SWEEP): grouped with the sweep's other trials
+            sweep = {"sweep": touch["sweep"], "trial": touch.get("trial") or wf}
+            if any((workflow.labels or {}).get(k) != v for k, v in sweep.items()):
+                workflow.labels = {**(workflow.labels or {}), **sweep}
+        return workflow
 
     def _note_memory(self, key: tuple[str, int], batches: list[dict[str, Any]]) -> bool:
         """Keep each process's (P, E) at the largest it has shown, and the steps it was seen for; True when that
@@ -505,7 +511,9 @@ def _claimer(request_id: int, now: float) -> Callable[[Session], None]:
 def _touch_fields(msg: dict[str, Any]) -> dict[str, Any]:
     total = _int(msg.get("total_steps"))
     return {"workflow": msg["workflow"], "id_source": str(msg.get("id_source") or "env")[:16],
-            "name": str(msg["name"])[:255] if msg.get("name") else None, "total_steps": total or None}
+            "name": str(msg["name"])[:255] if msg.get("name") else None, "total_steps": total or None,
+            "sweep": str(msg["sweep"])[:255] if msg.get("sweep") else None,
+            "trial": str(msg["trial"])[:255] if msg.get("trial") else None}
 
 
 def _int(value: Any) -> int | None:

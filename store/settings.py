@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     # put the lanes' GPUs in EXCLUSIVE_PROCESS compute mode while the daemon runs (only MPS may open a context there)
     mps_exclusive: bool = True
     workflow: str | None = None  # FLEETLENS_WORKFLOW: set in a job's environment to name its workflow
+    # FLEETLENS_SWEEP / FLEETLENS_TRIAL: set in a trial's environment by a tuner other than Ray Tune, so the trials
+    # of one sweep are grouped (the SDK says so in its hello; the workflow's labels `sweep` and `trial` keep it)
+    sweep: str | None = None
+    trial: str | None = None
     replay_path: str | None = None  # source=replay: "alibaba", an Alibaba folder, or a `fleetlens export` file
     replay_speedup: float = 60.0  # source=replay: recorded seconds played per wall-clock second
     replay_host: str | None = None  # source=replay: play only this virtual host's devices (None = all)
@@ -120,6 +124,12 @@ class Settings(BaseSettings):
     consolidate_max_moves_per_job_day: int = Field(1, ge=0)
     consolidate_downtime_s: float = Field(30.0, ge=0)  # a move's downtime, as benchmarks/migration.py measures it
     consolidate_horizon_s: float = Field(3600.0, gt=0)  # a freed device counts as given back for this long
+    # hyper-parameter sweeps under Fluid (enforcer.sweeps): c, d, the data-parallel efficiency eta, the restart cost
+    sweep_max_share: int = Field(2, ge=1)  # c: most trials sharing one GPU (each in a lane of its own)
+    sweep_max_span: int = Field(4, ge=1)  # d: most GPUs one trial spans data-parallel
+    sweep_dp_efficiency: float = Field(0.85, gt=0, le=1)  # speed of w GPUs = w * eta (w >= 2)
+    sweep_restart_s: float = Field(10.0, ge=0)  # what a resize costs (restart from checkpoint)
+    sweep_dynamic: bool = True  # re-fill on every promotion, pause or stop; false: fill each group once
 
     # Slurm (collector.importers.slurm observes, enforcer.actuators.slurm moves the jobs that opted in)
     slurm: bool = False  # FLEETLENS_SLURM: the enforcement cycle plans and moves Slurm jobs (import them first)

@@ -23,6 +23,7 @@ pages = st.navigation(
                 url_path="findings"),
         st.Page(HERE / "views" / "enforcement.py", title="Enforcement", icon=":material/swap_horiz:",
                 url_path="enforcement"),
+        st.Page(HERE / "views" / "sweeps.py", title="Sweeps", icon=":material/tune:", url_path="sweeps"),
     ]
 )
 pages.run()

@@ -210,3 +210,25 @@ def action_timeline(events: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(type="date")
     fig.update_yaxes(categoryorder="array", categoryarray=list(dict.fromkeys(df.to_state))[::-1])
     return _layout(fig, height=max(200, 36 * len(df) + 100), title="State timeline")
+
+
+def sweep_widths(events: pd.DataFrame) -> go.Figure:
+    """Each trial's width over time: a step line per trial, from its start to its end."""
+    fig = go.Figure()
+    for i, (trial, rows) in enumerate(events.groupby("trial_id", sort=False)):
+        width = rows.new_width.where(~rows.kind.isin(["finish", "died"]), 0.0)
+        fig.add_scatter(x=_time(rows.ts), y=width, name=str(trial), mode="lines+markers", line_shape="hv",
+                        line=dict(color=PALETTE[i % len(PALETTE)]))
+    return _layout(fig, title="Width of each trial (GPUs; below 1: sharing one GPU in a lane)",
+                   yaxis=dict(title="GPUs", rangemode="tozero"))
+
+
+def sweep_gpu_use(use: pd.DataFrame, gpus: int) -> go.Figure:
+    """GPUs the sweep held against what one trial per GPU would have held for the same running trials."""
+    fig = go.Figure()
+    t = _time(use.t)
+    fig.add_scatter(x=t, y=use.held, name="held under Fluid", mode="lines", line_shape="hv", fill="tozeroy",
+                    line=dict(color=ACTIVE))
+    fig.add_scatter(x=t, y=use.one_per_gpu, name="one trial per GPU", mode="lines", line_shape="hv",
+                    line=dict(color=ACCENT, dash="dash"))
+    return _layout(fig, title=f"GPU use of the sweep (of {gpus})", yaxis=dict(title="GPUs", rangemode="tozero"))

@@ -38,6 +38,9 @@ from store.models import (
     Trace,
     Workflow,
 )
+from store.sweeps import events as sweep_event_rows
+from store.sweeps import gpu_use, labelled_trials
+from store.sweeps import sweeps as sweep_rows
 
 RAW_LIMIT_S = 6 * 3600  # longer windows read rollups
 HOUR = 3600.0
@@ -523,3 +526,22 @@ def lanes(store: Store) -> pd.DataFrame:
         .order_by(Lane.device_id, Lane.id)
     )
     return _frame(store, stmt)
+
+
+def sweeps(store: Store) -> pd.DataFrame:
+    """Every recorded sweep, newest first: id, engine, GPUs, settings, created_at."""
+    return pd.DataFrame(sweep_rows(store), columns=["id", "engine", "gpus", "settings", "created_at"])
+
+
+def sweep_events(store: Store, sweep_id: str, gpus: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A sweep's events in order, and its GPU use after each (held by the sweep, and one trial per GPU)."""
+    rows = sweep_event_rows(store, sweep_id)
+    frame = pd.DataFrame([r.__dict__ for r in rows],
+                         columns=["seq", "ts", "trial_id", "kind", "old_width", "new_width", "steps_left", "reason"])
+    use = pd.DataFrame(gpu_use(rows, gpus), columns=["t", "held", "one_per_gpu"])
+    return frame, use
+
+
+def sweep_trials(store: Store) -> pd.DataFrame:
+    """Trials grouped into sweeps by FLEETLENS_SWEEP (tuners other than Ray Tune): sweep, trial, workflow, state."""
+    return pd.DataFrame(labelled_trials(store), columns=["sweep", "trial", "workflow", "state", "last_seen"])

@@ -1,0 +1,164 @@
+"""A Ray Tune scheduler that sizes trials with Fluid: ASHA, HyperBand or synchronous successive halving decide which
+trials go on, and `enforcer.sweeps.controller.SweepController` decides how many GPUs each one gets.
+
+It runs in the tuner's driver process, as the job SDK runs inside a training job. Ray Tune's rules, which it keeps:
+every trial starts with the same resources (one GPU, the profiling step) and is sized after its first result; the
+allocation function runs only when the base scheduler lets a trial continue, and GPUs freed by a stop reach the
+others at their next result; every change restarts the trial from its checkpoint, so `reuse_actors=False`; a
+function trainable sees only the first bundle, so the placement group is one {"GPU": width} bundle (read it with
+`tune.get_context().get_trial_resources()`); the allocation function is an object, never a bound method.
+
+A trial reports `fleetlens_step_s` (its seconds per step alone on one GPU, as the SDK measured and normalised it)
+and `fleetlens_steps_left` (steps left in its round) with each result. Every reallocation is kept in `log` in order;
+every event (start, resize, keep with its reason, finish, died) is handed to `on_event` (`StoreRecorder` writes them
+to the store).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ray.tune.execution.placement_groups import PlacementGroupFactory
+from ray.tune.result import SHOULD_CHECKPOINT
+from ray.tune.schedulers import (
+    AsyncHyperBandScheduler,
+    HyperBandScheduler,
+    ResourceChangingScheduler,
+    TrialScheduler,
+)
+
+from enforcer.sweeps.controller import Event, Reallocation, SweepController
+from enforcer.sweeps.fluid import FluidConfig
+from store.db import Store
+from store.errors import InvalidInput
+from store.sweeps import record_event, record_sweep
+
+STEP_S = "fleetlens_step_s"
+STEPS_LEFT = "fleetlens_steps_left"
+BASES = ("asha", "hyperband", "sha")
+
+
+def bundle(width: float, cpu: float) -> PlacementGroupFactory:
+    """One bundle: a function trainable sees only the first."""
+    return PlacementGroupFactory([{"CPU": cpu, "GPU": width}])
+
+
+def base_scheduler(name: str, *, metric: str, mode: str, max_t: int, grace_period: int = 1,
+                   reduction_factor: int = 3) -> TrialScheduler:
+    """ASHA, or HyperBand / synchronous successive halving: Ray's HyperBandScheduler, whose brackets are each a
+    synchronous successive halving (Ray has no single-bracket scheduler, so "sha" names the same class)."""
+    if name == "asha":
+        return AsyncHyperBandScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
+                                       grace_period=grace_period, reduction_factor=reduction_factor)
+    if name == "hyperband":
+        return HyperBandScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
+                                  reduction_factor=reduction_factor)
+    if name == "sha":
+        return HyperBandScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
+                                  reduction_factor=reduction_factor, stop_last_trials=True)
+    raise InvalidInput(f"unknown base scheduler {name!r}; known: {', '.join(BASES)}")
+
+
+class FluidAllocation:
+    """The allocation function (a callable object: Ray refuses a bound method)."""
+
+    def __init__(self, controller: SweepController, cpu: float, clock: Callable[[], float]) -> None:
+        self.controller, self.cpu, self.clock = controller, cpu, clock
+
+    def __call__(self, tune_controller: Any, trial: Any, result: dict, scheduler: Any) -> PlacementGroupFactory | None:
+        step_s = result.get(STEP_S)
+        steps_left = result.get(STEPS_LEFT)
+        if steps_left is None:
+            raise InvalidInput(f"trial {trial.trial_id} reports no {STEPS_LEFT}: Fluid cannot size it")
+        before = len(self.controller.log)
+        # a checkpoint reported with this very result is registered only after the scheduler has seen the result;
+        # Ray's pause then saves that checkpoint, so it counts
+        checkpointed = trial.checkpoint is not None or bool(result.get(SHOULD_CHECKPOINT, False))
+        width = self.controller.on_result(trial.trial_id, None if step_s is None else float(step_s),
+                                          float(steps_left), checkpointed=checkpointed,
+                                          now=self.clock())
+        if len(self.controller.log) == before:
+            return None
+        return bundle(width, self.cpu)
+
+
+class FluidScheduler(ResourceChangingScheduler):
+    """ResourceChangingScheduler around a base scheduler, with Fluid's widths."""
+
+    def __init__(self, base: TrialScheduler, config: FluidConfig, *, cpu_per_trial: float = 0.25,
+                 on_event: Callable[[Event], None] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.controller = SweepController(config, base_width=1.0)
+        self.on_event = on_event
+        self.cpu_per_trial = cpu_per_trial
+        self._sent = 0
+        super().__init__(base_scheduler=base,
+                         resources_allocation_function=FluidAllocation(self.controller, cpu_per_trial,
+                                                                       clock or time.time))  # the records' time only
+
+    @property
+    def log(self) -> list[Reallocation]:
+        return self.controller.log
+
+    def initial_resources(self) -> PlacementGroupFactory:
+        """What every trial must start with (`tune.with_resources(trainable, scheduler.initial_resources())`)."""
+        return bundle(1.0, self.cpu_per_trial)
+
+    def on_trial_add(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
+        self.controller.add(trial.trial_id, trial.experiment_tag or trial.trial_id, 0.0)
+        super().on_trial_add(tune_controller, trial, **kwargs)
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        decision = super().on_trial_result(tune_controller, trial, result)
+        self._publish()
+        return decision
+
+    def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict, **kwargs: Any) -> None:
+        self.controller.finished(trial.trial_id, now=time.time())
+        self._publish()
+        super().on_trial_complete(tune_controller, trial, result, **kwargs)
+
+    def on_trial_error(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
+        # a trial that died (during a restart too) gives its GPUs back; Ray retries it (then it comes back at its
+        # next result) or reports it failed
+        self.controller.finished(trial.trial_id, "died: its GPUs went back to the sweep", died=True, now=time.time())
+        self._publish()
+        super().on_trial_error(tune_controller, trial, **kwargs)
+
+    def on_trial_remove(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
+        self.controller.finished(trial.trial_id, "removed", now=time.time())
+        self._publish()
+        super().on_trial_remove(tune_controller, trial, **kwargs)
+
+    def _publish(self) -> None:
+        while self._sent < len(self.controller.events):
+            if self.on_event is not None:
+                self.on_event(self.controller.events[self._sent])
+            self._sent += 1
+
+
+class StoreRecorder:
+    """Writes a sweep's events into the store (the Sweeps page reads them). Ray Tune pickles the scheduler with the
+    experiment's state, so the recorder keeps the database URL and opens its store again after unpickling."""
+
+    def __init__(self, store: Store, sweep_id: str, config: FluidConfig) -> None:
+        self.url = store.url.render_as_string(hide_password=False)
+        self.sweep_id = sweep_id
+        self._store: Store | None = store
+        record_sweep(store, sweep_id, config.gpus, {
+            "c": config.speed.max_share, "d": config.speed.max_span, "eta": config.speed.dp_efficiency,
+            "restart_s": config.restart_s, "mode": "dynamic" if config.dynamic else "static"})
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "sweep_id": self.sweep_id}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.url, self.sweep_id, self._store = state["url"], state["sweep_id"], None
+
+    def __call__(self, event: Event) -> None:
+        if self._store is None:
+            self._store = Store(self.url)
+        record_event(self._store, self.sweep_id, event.trial_id, event.kind, event.old_width, event.new_width,
+                     reason=event.reason, steps_left=event.steps_left, now=event.at or None)

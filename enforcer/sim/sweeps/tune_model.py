@@ -1,0 +1,77 @@
+"""The simulator's model of Ray Tune running a sweep under the Fluid scheduler: the same `SweepController` the live
+scheduler (collector.tune) drives, on simulated time.
+
+As Ray Tune does: every trial starts at the base width (one GPU); pending trials start first, in order, then
+paused ones, each once its placement group fits; a trial reports after every step. The controller learns that a
+trial runs from its first result (as the live scheduler does); on a result that continues it may hand the trial a
+new width, and the trial is paused and restarted from its checkpoint with it (costing `restart_s`); its final
+result stops it without a reallocation; GPUs it frees reach the others at their next result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from enforcer.sweeps.controller import SweepController
+from enforcer.sweeps.fluid import FluidConfig
+from enforcer.sweeps.speed import gpu_cost
+from store.errors import InvalidInput
+
+
+@dataclass
+class _Trial:
+    trial_id: str
+    step_s: float
+    steps: int
+    done: int = 0
+    width: float = 0.0  # the placement group it holds (running) or waits for (pending/paused)
+    state: str = "pending"
+    next_at: float = 0.0  # when it reports next (running)
+
+
+def run_tune_model(trials: list[tuple[str, float, int]], config: FluidConfig, *,
+                   start_s: float | dict[str, float] = 0.0,
+                   restart_s: float | None = None, base_width: float = 1.0,
+                   max_t: int | None = None) -> SweepController:
+    """Simulate (trial id, seconds per step alone, steps) trials; return the controller with its reallocation log.
+    `start_s`: a trial's start-up time (one for all, or per trial); `restart_s`: a restart's (default: the config's).
+
+    `max_t`: the base scheduler stops a trial at that many steps (its last result never reaches the allocation
+    function); a trial that ends earlier on its own reports its last result to it first, as Ray Tune does."""
+    if not trials:
+        raise InvalidInput("a sweep needs at least one trial")
+    restart = config.restart_s if restart_s is None else restart_s
+    ctrl = SweepController(config, base_width)
+    model = [_Trial(tid, s, n, width=base_width) for tid, s, n in trials]
+    for t in model:
+        ctrl.add(t.trial_id, "sweep", t.steps)
+    now = 0.0
+    for _ in range(100_000):
+        held = [t.width for t in model if t.state == "running"]
+        for t in [t for t in model if t.state == "pending"] + [t for t in model if t.state == "paused"]:
+            if gpu_cost([*held, t.width]) <= config.gpus:
+                first = start_s.get(t.trial_id, 0.0) if isinstance(start_s, dict) else start_s
+                busy = first if t.state == "pending" else restart
+                t.next_at = now + busy + t.step_s / config.speed.speed(t.width)
+                t.state = "running"
+                held.append(t.width)
+        running = [t for t in model if t.state == "running"]
+        if not running:
+            if any(t.state != "done" for t in model):
+                raise InvalidInput("the modelled sweep stalled: trials wait and none runs")
+            return ctrl
+        now = min(t.next_at for t in running)
+        for t in sorted((t for t in running if t.next_at - now <= 1e-9), key=lambda t: t.trial_id):
+            t.done += 1
+            if t.done >= t.steps:
+                if max_t is None or t.done < max_t:
+                    ctrl.on_result(t.trial_id, t.step_s, 0.0, now=now)
+                t.state = "done"
+                ctrl.finished(t.trial_id)
+                continue
+            width = ctrl.on_result(t.trial_id, t.step_s, t.steps - t.done, now=now)
+            if abs(width - t.width) > 1e-9:
+                t.width, t.state = width, "paused"
+            else:
+                t.next_at = now + t.step_s / config.speed.speed(t.width)
+    raise InvalidInput("the modelled sweep did not finish")

@@ -1,0 +1,132 @@
+"""The Fluid allocator behind an engine that changes a trial's resources only when that trial reports (Ray Tune).
+
+Ray Tune calls the allocation function of a trial only on that trial's result, and only when the base scheduler
+lets it continue; GPUs freed by a stop reach the others at their next result. So the controller keeps every trial's
+state, re-plans with `enforcer.sweeps.fluid.plan` on each event, and hands a trial its planned width when it next
+reports: a shrink at once, a growth only once the GPUs it needs are free (else it waits for a later result). Every
+width it hands out is logged as a `Reallocation`, in order. The live scheduler (collector.tune) and the simulator's
+model of Ray Tune (enforcer.sim.sweeps.tune_model) drive this one class, so both make the same decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from enforcer.sweeps.fluid import Decision, FluidConfig, Kind, TrialState, plan
+from enforcer.sweeps.speed import gpu_cost
+from store.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class Event:
+    """What the sweep's records keep (store.sweeps): start, resize, keep (held back, and why), wait (not started,
+    and why), finish, died."""
+
+    kind: str
+    trial_id: str
+    old_width: float
+    new_width: float
+    reason: str = ""
+    steps_left: float | None = None
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Reallocation:
+    seq: int
+    trial_id: str
+    old_width: float
+    new_width: float
+    kind: str
+    reason: str
+    at: float = 0.0
+
+
+class SweepController:
+    def __init__(self, config: FluidConfig, base_width: float = 1.0) -> None:
+        self.config = config
+        self.base_width = base_width
+        self.trials: dict[str, TrialState] = {}
+        self.planned: dict[str, Decision] = {}
+        self.log: list[Reallocation] = []
+        self.notes: list[tuple[str, str]] = []  # (trial, reason) of decisions that held a trial back
+        self.events: list[Event] = []
+        self._now = 0.0
+
+    # ---- events
+    def add(self, trial_id: str, group: str, steps: float) -> None:
+        if trial_id in self.trials:
+            raise InvalidInput(f"trial {trial_id!r} was added twice")
+        self.trials[trial_id] = TrialState(trial_id, group, steps, None, 0.0, True, len(self.trials))
+
+    def started(self, trial_id: str, width: float | None = None) -> None:
+        """The engine started (or restarted) the trial with `width` (default: the base width every trial starts at)."""
+        t = self._get(trial_id)
+        self.trials[trial_id] = replace(t, width=self.base_width if width is None else width)
+
+    def on_result(self, trial_id: str, step_s: float | None, steps_left: float, *, checkpointed: bool = True,
+                  now: float = 0.0) -> float:
+        """A result of a running trial: its measured seconds per step alone (None: not reported) and steps left.
+        Returns the width it should run at from now (its current one when nothing changes)."""
+        self._now = now
+        back = trial_id not in self.trials
+        if back:  # back after a failure (the engine retried it): planned again from here
+            self.add(trial_id, trial_id, steps_left)
+        t = self._get(trial_id)
+        if t.width <= 0:  # its first result: the engine started it without telling
+            t = replace(t, width=self.base_width)
+            self.events.append(Event("start", trial_id, 0.0, self.base_width,
+                                     "came back after it died" if back else "", steps_left, now))
+        self.trials[trial_id] = replace(t, step_s=step_s if step_s is not None else t.step_s,
+                                        remaining_steps=max(0.0, steps_left), checkpointed=checkpointed)
+        self._replan()
+        return self._hand_out(trial_id, now)
+
+    def finished(self, trial_id: str, reason: str = "", *, died: bool = False, now: float | None = None) -> None:
+        """The trial completed, stopped or died: its GPUs go back (to the others at their next result)."""
+        if now is not None:
+            self._now = now
+        t = self.trials.pop(trial_id, None)
+        if t is not None:
+            self.events.append(Event("died" if died else "finish", trial_id, t.width, 0.0, reason, t.remaining_steps,
+                                     self._now))
+        self.planned.pop(trial_id, None)
+        self._replan()
+
+    # ---- reading
+    def width(self, trial_id: str) -> float:
+        return self._get(trial_id).width
+
+    def sequence(self) -> list[tuple[str, float, float]]:
+        return [(r.trial_id, r.old_width, r.new_width) for r in self.log]
+
+    # ---- inside
+    def _get(self, trial_id: str) -> TrialState:
+        t = self.trials.get(trial_id)
+        if t is None:
+            raise InvalidInput(f"trial {trial_id!r} is not part of this sweep")
+        return t
+
+    def _replan(self) -> None:
+        # the engine starts waiting trials at the base width when GPUs free up; planning them too leaves room for
+        # their profiling step
+        self.planned = {d.trial_id: d for d in plan(list(self.trials.values()), self.config)}
+        for d in self.planned.values():
+            if d.kind in (Kind.KEEP, Kind.WAIT) and (d.trial_id, d.reason) not in self.notes:
+                self.notes.append((d.trial_id, d.reason))
+                t = self.trials[d.trial_id]
+                self.events.append(Event(str(d.kind), d.trial_id, t.width, t.width, d.reason, t.remaining_steps,
+                                         self._now))
+
+    def _hand_out(self, trial_id: str, now: float) -> float:
+        t = self.trials[trial_id]
+        d = self.planned.get(trial_id)
+        if d is None or d.kind != Kind.RESIZE or abs(d.new_width - t.width) < 1e-9:
+            return t.width
+        others = [o.width for o in self.trials.values() if o.running and o.trial_id != trial_id]
+        if d.new_width > t.width and gpu_cost([*others, d.new_width]) > self.config.gpus:
+            return t.width  # the GPUs it grows into are not free yet: at a later result
+        self.log.append(Reallocation(len(self.log), trial_id, t.width, d.new_width, d.kind, d.reason, now))
+        self.events.append(Event("resize", trial_id, t.width, d.new_width, d.reason, t.remaining_steps, now))
+        self.trials[trial_id] = replace(t, width=d.new_width)
+        return d.new_width

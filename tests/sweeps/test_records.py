@@ -1,0 +1,46 @@
+"""A sweep's records in the store (SQLite and PostgreSQL): the controller's events, in order, and the GPU use."""
+
+from __future__ import annotations
+
+import pytest
+
+from enforcer.sim.sweeps.tune_model import run_tune_model
+from enforcer.sweeps.fluid import FluidConfig
+from enforcer.sweeps.speed import SpeedModel
+from store.errors import InvalidInput, NotFound
+from store.sweeps import events, gpu_use, record_event, record_sweep, sweeps
+
+SPEED = SpeedModel(dp_efficiency=0.85, share_speeds=(1.0, 0.65), max_span=4)
+
+
+def record_sample_sweep(store, sweep_id: str = "s1") -> list:
+    config = FluidConfig(4, SPEED, restart_s=1.0)
+    ctrl = run_tune_model([("a", 2.0, 5), ("b", 1.0, 3)], config, start_s=1.0, restart_s=1.0, max_t=5)
+    record_sweep(store, sweep_id, 4, {"c": 2, "d": 4, "eta": 0.85}, now=1000.0)
+    for e in ctrl.events:
+        record_event(store, sweep_id, e.trial_id, e.kind, e.old_width, e.new_width, reason=e.reason,
+                     steps_left=e.steps_left, now=1000.0 + e.at)
+    return ctrl.events
+
+
+def test_events_round_trip_in_order(any_store) -> None:
+    written = record_sample_sweep(any_store)
+    rows = events(any_store, "s1")
+    assert [(r.trial_id, r.kind, r.old_width, r.new_width) for r in rows] == [
+        (e.trial_id, e.kind, e.old_width, e.new_width) for e in written]
+    assert [r.seq for r in rows] == list(range(len(rows)))
+    assert sweeps(any_store)[0]["settings"]["eta"] == 0.85
+    use = gpu_use(rows, 4)
+    assert all(held <= 4 for _, held, _ in use)
+    assert max(held for _, held, _ in use) > max(one for _, _, one in use)  # Fluid used GPUs one per GPU left idle
+    assert use[-1][1] == 0.0
+
+
+def test_bad_records_raise_our_errors(sqlite_store) -> None:
+    with pytest.raises(NotFound):
+        record_event(sqlite_store, "nope", "t", "start", 0.0, 1.0)
+    record_sweep(sqlite_store, "s", 4, {})
+    with pytest.raises(InvalidInput):
+        record_event(sqlite_store, "s", "t", "teleport", 0.0, 1.0)
+    with pytest.raises(InvalidInput):
+        record_sweep(sqlite_store, "", 4, {})
