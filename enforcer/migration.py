@@ -26,11 +26,12 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from enforcer.lanes import PERSISTENT_FACTOR, lane_fits, whole_device_fits
+from enforcer.lanes import lane_fits, whole_device_fits
 from store.checkpoints import latest_checkpoint, unreadable_reason
 from store.commands import enqueue_command
 from store.db import Store
 from store.errors import DatabaseUnavailable, FleetlensError, InvalidInput, NotFound
+from store.headroom import PERSISTENT_FACTOR
 from store.models import Action, ActionEvent, Checkpoint, Command, Device, Lane, Placement, StepStat, Workflow
 from store.placements import close_empty_lanes
 from store.settings import Settings, get_settings

@@ -25,7 +25,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         # packed with others it would need its p95 of the compute and its peak of the memory
         need = min(1.0, max(float(st["util_p95"]), mem_frac))
         per_day = window.per_day(float(st["gpu_s"]) * (1.0 - need))
-        lane = lane_gib(st["mem_peak"], th.memory_overprovisioned.lane_headroom) if mem_frac else None
+        lane = lane_gib(st["mem_peak"]) if mem_frac else None
         specs.append(FindingSpec(
             rule=RULE, workflow_id=str(wf), source="telemetry", severity=th.severity(per_day),
             title=(f"p95 utilisation {st['util_p95']:.0%} (mean {st['util_mean']:.0%}) on "
