@@ -44,7 +44,8 @@ def plan_inputs(session: Session, state: FleetState, settings: Settings) -> tupl
     planner holds it, so what it may hand out is the state's free capacity), and a holding per active placement and
     per job on its way into a lane."""
     now = state.now
-    devices = [PlanDevice(d.device_id, d.memory_total, d.host, d.kind, foreign=d.unmanaged)
+    devices = [PlanDevice(d.device_id, d.memory_total, d.host, d.kind,
+                          foreign=d.memory_total - state.free_capacity(d.device_id))
                for d in state.devices.values() if d.memory_total]
     findings: dict[str, list] = defaultdict(list)
     for f in open_findings(session, rules=PLANNER_RULES):
