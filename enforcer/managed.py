@@ -30,7 +30,7 @@ from store.device_memory import known_memory
 from store.errors import ConfigError, InvalidInput, NotFound
 from store.models import Device, Host, Lane, Placement, Workflow
 from store.paths import checkpoint_dir_for
-from store.settings import Settings, get_settings
+from store.settings import Settings
 from store.workflows import sign_workflow_spec, upsert_workflow
 
 
@@ -124,7 +124,7 @@ def register_managed(
     store: Store,
     command: Sequence[str],
     *,
-    settings: Settings | None = None,
+    settings: Settings,
     gpus: int | None = None,
     lane: str | None = None,
     movable: bool = False,
@@ -159,7 +159,6 @@ def register_managed(
     Raises (with nothing written) on an unknown policy, an empty command, an unwritable checkpoint folder, a host
     with no registered devices, a job bigger than any device, or no room.
     """
-    settings = settings or get_settings()
     chosen = get_policy(policy or settings.policy)  # an unknown policy fails before anything is written
     command = [str(c) for c in command]
     if not command:

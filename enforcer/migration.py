@@ -27,14 +27,15 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from enforcer.lanes import lane_fits, whole_device_fits
-from store.checkpoints import latest_checkpoint, unreadable_reason
+from enforcer.move_checks import plan_refusal, target_refusal
+from store.checkpoints import latest_checkpoint
 from store.commands import enqueue_command
 from store.db import Store
 from store.errors import DatabaseUnavailable, FleetlensError, InvalidInput, NotFound
 from store.headroom import PERSISTENT_FACTOR
 from store.models import Action, ActionEvent, Checkpoint, Command, Device, Lane, Placement, StepStat, Workflow
 from store.placements import close_empty_lanes
-from store.settings import Settings, get_settings
+from store.settings import Settings
 from store.workflows import spec_refusal
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ TERMINAL = ("resumed", "rolled_back", "failed")
 STATES = ("planned", "checkpoint_requested", "checkpointed", "stopped", "relaunched", "resumed", "rolling_back",
           "rolled_back", "failed")
 OUTSTANDING = ("pending", "running")
+ENGINE = "agents"  # actions.engine of the moves this state machine carries out (enforcer.actuators.agents)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class MigrationOptions:
 
 def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lane_id: int | None = None,
                     new_lane_size: int | None = None, compute_share: float = 1.0, policy: str | None = None,
-                    settings: Settings | None = None, now: float | None = None) -> int:
+                    settings: Settings, now: float | None = None, plan_id: int | None = None,
+                    expected_slowdown: float | None = None, engine: str = "agents") -> int:
     """A 'planned' migration of a running managed job to a device (whole), an existing lane, or a new lane of
     `new_lane_size` bytes; returns the action id. Raises, with nothing written, when the move makes no sense."""
     now = time.time() if now is None else now
@@ -85,11 +88,11 @@ def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lan
         if here is None:
             raise InvalidInput(f"{workflow_id!r} has no active placement; nothing moved")
         target = session.get(Device, to_device_id)
-        if target is None or target.state != "ok":
+        if target_refusal(target, to_device_id) is not None:
             raise NotFound(f"target device {to_device_id} is not in the store (or lost); nothing moved")
         if to_lane_id is not None and session.get(Lane, to_lane_id) is None:
             raise NotFound(f"target lane {to_lane_id} is not in the store; nothing moved")
-        refusal = move_refusal(session, wf, here.host_id, target.host_id, settings or get_settings(), now=now)
+        refusal = move_refusal(session, wf, here.host_id, target.host_id, settings, now=now)
         if refusal is not None:
             raise InvalidInput(f"refused: {refusal}; nothing moved, {workflow_id} runs on where it is")
         p_prime, e = _profile(wf, here)
@@ -108,27 +111,28 @@ def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lan
         action = plan_action(session, workflow_id, policy, here.device_id, to_device_id, to_lane_id, now=now,
                              message=f"planned by hand: device {here.device_id} -> {to_device_id}"
                                      f"{f' lane {to_lane_id}' if to_lane_id else ' (whole device)'}",
-                             detail={"p_prime": p_prime, "ephemeral": e})
+                             detail={"p_prime": p_prime, "ephemeral": e}, plan_id=plan_id,
+                             expected_slowdown=expected_slowdown, engine=engine)
         return action.id
 
 
 def move_refusal(session: Session, wf: Workflow, source_host: str | None, target_host: str, settings: Settings,
                  *, now: float) -> str | None:
     """Why moving `wf` from `source_host` to `target_host` cannot be done safely (None when it can): its relaunch
-    spec no longer matches its signature, or the target cannot read its checkpoint location."""
+    spec no longer matches its signature (this actuator's own verification: what is started is what was signed), or
+    the plan-level check (enforcer.move_checks) refuses it."""
     refusal = spec_refusal(wf, settings.secret_bytes())
     if refusal is not None:
         return refusal
-    return unreadable_reason(session, wf, source_host, target_host, max_age_s=settings.storage_probe_max_age_s,
-                             now=now)
+    return plan_refusal(session, wf, source_host, target_host, settings, now=now)
 
 
 def plan_action(session: Session, workflow_id: str, policy: str | None, from_device_id: int, to_device_id: int,
                 to_lane_id: int | None, *, now: float, message: str, detail: dict[str, Any],
-                plan_id: int | None = None, expected_slowdown: float | None = None) -> Action:
+                plan_id: int | None = None, expected_slowdown: float | None = None, engine: str = "agents") -> Action:
     """Record a migration in state 'planned' with its first event (`detail` holds the P' and E it was planned
-    with, which the target check uses)."""
-    action = Action(plan_id=plan_id, kind="migrate", workflow_id=workflow_id, policy=policy,
+    with, which the target check uses); `engine` names the actuator that carries it out."""
+    action = Action(plan_id=plan_id, kind="migrate", engine=engine, workflow_id=workflow_id, policy=policy,
                     from_device_id=from_device_id, to_device_id=to_device_id, to_lane_id=to_lane_id,
                     state="planned", expected_slowdown=expected_slowdown, attempts=0, created_at=now,
                     updated_at=now)
@@ -141,11 +145,10 @@ def plan_action(session: Session, workflow_id: str, policy: str | None, from_dev
 
 # ---- driving -----------------------------------------------------------------------------------------------------
 
-def drive(store: Store, action_id: int, *, settings: Settings | None = None,
-          options: MigrationOptions | None = None, now: float | None = None) -> str:
+def drive(store: Store, action_id: int, *, settings: Settings, options: MigrationOptions | None = None,
+          now: float | None = None) -> str:
     """Advance one action by at most one step; returns its state afterwards. Raises DatabaseUnavailable when
     the store cannot be reached (nothing is half-written: each step is one transaction)."""
-    settings = settings or get_settings()
     options = options or MigrationOptions.from_settings(settings)
     now = time.time() if now is None else now
     with store.session() as session:
@@ -155,6 +158,9 @@ def drive(store: Store, action_id: int, *, settings: Settings | None = None,
         action = session.scalar(query)
         if action is None:
             raise NotFound(f"no action {action_id} in the store")
+        if action.engine != ENGINE:
+            raise InvalidInput(f"action {action_id} is carried out by the {action.engine!r} actuator, not by the "
+                               "agents' state machine")
         if action.state in TERMINAL:
             return action.state
         step = _STEPS.get(action.state)
@@ -165,15 +171,18 @@ def drive(store: Store, action_id: int, *, settings: Settings | None = None,
         return action.state
 
 
-def unfinished(store: Store, plan_id: int | None = None) -> list[int]:
+def unfinished(store: Store, plan_id: int | None = None, engine: str | None = ENGINE) -> list[int]:
+    """Ids of the actions not yet resumed, rolled back or failed (of one plan, of one engine: None for all)."""
     with store.session() as session:
         query = select(Action.id).where(Action.state.not_in(TERMINAL)).order_by(Action.id)
+        if engine is not None:
+            query = query.where(Action.engine == engine)
         if plan_id is not None:
             query = query.where(Action.plan_id == plan_id)
         return list(session.scalars(query))
 
 
-def drive_all(store: Store, *, settings: Settings | None = None, options: MigrationOptions | None = None,
+def drive_all(store: Store, *, settings: Settings, options: MigrationOptions | None = None,
               plan_id: int | None = None) -> dict[int, str]:
     """One step of every unfinished action (of one plan, if given): {action id: state after}. One action that
     cannot be driven (its error is logged) does not hold up the others; an unreachable database raises."""
@@ -189,7 +198,7 @@ def drive_all(store: Store, *, settings: Settings | None = None, options: Migrat
 
 
 def drive_until_done(store: Store, action_ids: Iterable[int] | None = None, *, plan_id: int | None = None,
-                     settings: Settings | None = None, options: MigrationOptions | None = None,
+                     settings: Settings, options: MigrationOptions | None = None,
                      timeout_s: float = 600.0, poll_s: float = 0.2) -> dict[int, str]:
     """Drive the actions (default: all unfinished, or a plan's) until each is resumed, rolled back or failed, or
     until `timeout_s`; rides out database outages (retrying). Returns {action id: final state}."""
@@ -321,7 +330,7 @@ class _Step:
             self.fail(f"{wf.id} has no checkpoint folder registered; nothing moved")
             return
         target = self.session.get(Device, self.action.to_device_id)
-        if target is None or target.state != "ok":
+        if target_refusal(target, self.action.to_device_id) is not None:
             self.fail(f"target device {self.action.to_device_id} is gone; nothing moved")
             return
         refusal = move_refusal(self.session, wf, here.host_id, target.host_id, self.settings, now=self.now)

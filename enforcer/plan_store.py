@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 from enforcer.fleet_state import FleetState, LaneState, PlacementState, read_fleet_state
 from enforcer.migration import plan_action
+from enforcer.move_checks import plan_refusal, target_refusal, unsafe_moves
 from enforcer.planner import Holding, Move, PlanDevice, PlanResult, plan_moves
 from enforcer.policies import get_policy
-from store.checkpoints import unreadable_reason
 from store.db import Store
 from store.device_memory import known_memory
 from store.errors import InvalidInput, NotFound
@@ -24,7 +24,7 @@ from store.findings import open_findings
 from store.headroom import measured
 from store.models import Action, Device, Placement, Plan, Workflow
 from store.models import Lane as LaneRow
-from store.settings import Settings, get_settings
+from store.settings import Settings
 
 # action states after which a job may be planned again (once its cool-down has passed)
 TERMINAL_ACTION_STATES = ("resumed", "rolled_back", "failed")
@@ -106,10 +106,9 @@ def _util(placement: PlacementState, lane: LaneState | None, flagged: list) -> f
     return float(placement.compute_share if lane is not None else 1.0)
 
 
-def make_plan(store: Store, policy: str = "pack", *, apply: bool = False, settings: Settings | None = None,
+def make_plan(store: Store, policy: str = "pack", *, settings: Settings, apply: bool = False,
               now: float | None = None) -> PlanResult:
     """Plan one cycle on the store's fleet and record it in `plans`; with `apply`, also create its actions."""
-    settings = settings or get_settings()
     chosen = get_policy(policy)  # an unknown policy fails before anything is read or written
     now = time.time() if now is None else now
     with store.session() as session:
@@ -136,9 +135,8 @@ def explain_refusals(session: Session, refusals: list[dict], settings: Settings,
     for refusal in refusals:
         wf = session.get(Workflow, refusal["workflow_id"])
         source = session.get(Device, refusal["from_device_id"])
-        why = None if wf is None or "to_host" not in refusal else unreadable_reason(
-            session, wf, source.host_id if source is not None else None, refusal["to_host"],
-            max_age_s=settings.storage_probe_max_age_s, now=now)
+        why = None if wf is None or "to_host" not in refusal else plan_refusal(
+            session, wf, source.host_id if source is not None else None, refusal["to_host"], settings, now=now)
         if why is not None:
             refusal["reason"] = f"{refusal['reason']}: {why}"
 
@@ -150,17 +148,8 @@ def refuse_unsafe_moves(session: Session, result: PlanResult, settings: Settings
     The planner already plans around such hosts (from the same facts, read with the fleet): this catches a probe
     that changed in between. (A job whose relaunch spec no longer matches its signature is refused when its move
     starts, before anything is touched, and by the agent.)"""
-    hosts = {d.id: d.host_id for d in session.scalars(select(Device))}
-    blocked: set[int] = set()
-    for m in result.moves:
-        wf = session.get(Workflow, m.workflow_id)
-        reason = "the workflow is gone" if wf is None else unreadable_reason(
-            session, wf, hosts.get(m.from_device_id), hosts.get(m.to_device_id, ""),
-            max_age_s=settings.storage_probe_max_age_s, now=now)
-        if reason is not None:
-            blocked.add(m.from_device_id)
-            result.refused.append({"workflow_id": m.workflow_id, "from_device_id": m.from_device_id,
-                                   "to_device_id": m.to_device_id, "reason": reason})
+    blocked, refused = unsafe_moves(session, result.moves, settings, now)
+    result.refused.extend(refused)
     if blocked:
         dropped = [m for m in result.moves if m.from_device_id in blocked]
         result.moves = [m for m in result.moves if m.from_device_id not in blocked]
@@ -168,8 +157,7 @@ def refuse_unsafe_moves(session: Session, result: PlanResult, settings: Settings
         result.skipped["refused: not safe to move"] = result.skipped.get("refused: not safe to move", 0) + len(dropped)
 
 
-def apply_plan(store: Store, plan_id: int, *, settings: Settings | None = None,
-               now: float | None = None) -> list[Action]:
+def apply_plan(store: Store, plan_id: int, *, settings: Settings, now: float | None = None) -> list[Action]:
     """Turn a recorded plan into actions in state 'planned' (one per move) and open the lanes it needs.
 
     All or nothing: a plan that is unknown or already applied, or names a workflow that has gone, a job no
@@ -198,12 +186,11 @@ def apply_plan(store: Store, plan_id: int, *, settings: Settings | None = None,
                 raise InvalidInput(f"plan {plan_id}: workflow {m.workflow_id!r} is no longer on device "
                                    f"{m.from_device_id}; nothing was moved — run `fleetlens enforce` again")
             target = session.get(Device, m.to_device_id)
-            if target is None or target.state != "ok":
+            if target_refusal(target, m.to_device_id) is not None:
                 raise NotFound(f"plan {plan_id}: target device {m.to_device_id} is gone; nothing was moved")
             source = session.get(Device, m.from_device_id)
-            refusal = unreadable_reason(session, wf, source.host_id if source is not None else None,
-                                        target.host_id, max_age_s=(settings or get_settings()).storage_probe_max_age_s,
-                                        now=now)
+            refusal = plan_refusal(session, wf, source.host_id if source is not None else None, target.host_id,
+                                   settings, now=now)
             if refusal is not None:
                 raise InvalidInput(f"plan {plan_id}: refused to move {m.workflow_id!r}: {refusal}; nothing was moved")
         new_lanes: dict[str, int] = {}

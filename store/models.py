@@ -379,6 +379,8 @@ class Action(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     plan_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("plans.id", ondelete="SET NULL"))
     kind: Mapped[str] = mapped_column(String(16), default="migrate")
+    # the actuator that carries the move out (enforcer.actuators): agents | slurm | raytune | ...
+    engine: Mapped[str] = mapped_column(String(16), default="agents", server_default="agents")
     workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"))
     policy: Mapped[str | None] = mapped_column(String(16))
     from_device_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("devices.id", ondelete="SET NULL"))

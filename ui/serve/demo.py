@@ -297,7 +297,7 @@ class Demo:
                             "devices_freed_planned": len(plan.devices_freed)}
         if not plan.moves:
             raise DemoError("the PACK plan has no moves (no local device is wholly idle or underused)")
-        actions = apply_plan(self.store, plan.plan_id)
+        actions = apply_plan(self.store, plan.plan_id, settings=self.settings)
         states = drive_until_done(self.store, [a.id for a in actions], settings=self.settings, timeout_s=180)
         with self.store.session() as s:
             for action_id, state in states.items():

@@ -36,7 +36,7 @@ st.caption("The latest proposal of each policy, as the enforcer recorded it; app
            "the moves shown (checkpoint, stop, relaunch in the target lane).")
 if st.button("Re-plan now", help="Operators only: record a fresh PACK and FAIR plan"):
     try:
-        made = [actions.make_plan(ctx.store, ctx.principal, policy) for policy in POLICIES]
+        made = [actions.make_plan(ctx.store, ctx.principal, policy, settings=ctx.settings) for policy in POLICIES]
         st.session_state["fl_flash"] = "New plans recorded: " + ", ".join(
             f"{p.policy.upper()} (plan {p.plan_id}, {len(p.moves)} moves)" for p in made)
         st.rerun()
@@ -71,7 +71,7 @@ for policy, col in zip(POLICIES, cols, strict=True):
                               key=f"fl_confirm_{policy}")
         if st.button(f"Apply {policy.upper()} plan", type="primary", key=f"fl_apply_{policy}"):
             try:
-                actions.apply_plan(ctx.store, ctx.principal, int(plan.id), confirmed=confirm)
+                actions.apply_plan(ctx.store, ctx.principal, int(plan.id), settings=ctx.settings, confirmed=confirm)
                 st.session_state["fl_flash"] = f"Plan {int(plan.id)} ({policy.upper()}) applied."
                 st.rerun()
             except FleetlensError as exc:
