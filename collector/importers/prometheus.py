@@ -56,7 +56,7 @@ from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.ingest import sample_errors, write_sample_batches_on
 from store.models import Device, DeviceSample, Host, Process, Workflow
 from store.registry import DeviceSpec, add_hosts, register_devices_of_hosts
-from store.settings import Settings, get_settings
+from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def import_prometheus(
     since: float | None = None,
     until: float | None = None,
     step: float | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
     now: float | None = None,
 ) -> ImportSummary:
     """Import dcgm-exporter series of [since, until] at `step` s; see the module's doc for what is written.
@@ -180,8 +180,7 @@ def import_prometheus(
 
 
 def _import(store: Store, url: str, *, since: float | None, until: float | None, step: float | None,
-            settings: Settings | None, now: float | None) -> ImportSummary:
-    settings = settings or get_settings()
+            settings: Settings, now: float | None) -> ImportSummary:
     started = time.perf_counter()
     step = float(step or settings.prometheus_step_s)
     if not step > 0:

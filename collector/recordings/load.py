@@ -67,6 +67,7 @@ def load_into_store(
     teams: Sequence[str] | None = DEFAULT_TEAMS,
     containers: int | None = None,
     host_prefix: str = "",
+    fleet_data_dir: Path | None = None,
 ) -> LoadSummary:
     """Write a whole recording into the store in one go: hosts, devices, workflows, processes, samples.
 
@@ -83,7 +84,7 @@ def load_into_store(
         raise InvalidInput(f"speedup must be a positive number, not {speedup}")
     rec = path_or_kind if isinstance(path_or_kind, Recording) else read_recording(
         path_or_kind, devices_per_host=devices_per_host, memory_total=memory_total, teams=teams,
-        containers=containers,
+        containers=containers, fleet_data_dir=fleet_data_dir,
     )
     end_at = time.time() if end_at is None else float(end_at)
     rec_end = rec.end

@@ -15,7 +15,7 @@ from store.findings import FindingSpec, upsert_finding
 from store.ingest import write_samples
 from store.models import Action, ActionEvent, Lane, Placement, Plan, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
-from store.settings import Settings
+from store.settings import Settings, get_settings
 from store.workflows import upsert_workflow
 from ui.cli import run
 
@@ -194,7 +194,7 @@ def test_pure_core_keeps_lanes_and_foreign_memory() -> None:
 
 def test_cli_enforce_and_lanes(fleet_home, capsys) -> None:
     assert run(["init"]) == 0
-    store = Store.from_settings()
+    store = Store.from_settings(get_settings())
     seed(store, now=time.time())
     capsys.readouterr()
     assert run(["enforce", "--policy", "nosuch"]) == 2
