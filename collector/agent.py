@@ -23,14 +23,18 @@ from typing import Any
 import psutil
 from sqlalchemy.exc import IntegrityError
 
-from collector import attribution, migration_handlers
-from collector.command_runner import CommandRunner, Outcome
+from collector import attribution
+from collector.command_runner import CommandRunner, Outcome, register_handler
+from collector.job_commands import JOB_COMMANDS
+from collector.job_reaper import REAPER, ReaperHost
 from collector.metrics import serve_agent_metrics
 from collector.mps import MpsSupervisor
 from collector.sdk_handlers import SdkHandlers
 from collector.socket_server import SocketServer
 from collector.sources.base import DeviceReading, DeviceSource
 from collector.spool import Spool
+from collector.storage_prober import start_prober
+from enforcer.gate import LaneGate
 from store.db import Store
 from store.errors import DatabaseUnavailable
 from store.ingest import write_samples
@@ -157,7 +161,12 @@ class Agent:
             raise ValueError("the sample and flush intervals must be positive seconds")
         settings.ensure_home()
         self.spool = spool or Spool(settings.spool_dir / _safe(self.host_id), settings.spool_max_bytes)
-        self.runner = CommandRunner(store, settings, self.host_id, agent=self)
+        # the SDK socket's handlers and the lane gate behind them, built here and handed to who uses them
+        self.gate: LaneGate | None = None
+        if sdk_handler is None and serve_socket:
+            sdk_handler, self.gate = _make_sdk_handler(store, self.host_id, settings)
+        self.runner = CommandRunner(store, settings, self.host_id, agent=self,
+                                    sdk=sdk_handler if isinstance(sdk_handler, SdkHandlers) else None, gate=self.gate)
         self.stats = AgentStats()
         self._attribute = attribute or _default_attribute
         self._serve_socket = serve_socket
@@ -216,7 +225,7 @@ class Agent:
         """Stop sampling, write (or spool) what is buffered, and release the socket and the source.
 
         The jobs the agent launched go on: they live in sessions of their own, and the next agent on this host
-        takes them up again (collector.migration_handlers adopts them). With `timeout_s`, the threads get that
+        takes them up again (collector.job_reaper adopts them). With `timeout_s`, the threads get that
         long in all to finish what they are doing (a command half-run is re-sent by the enforcer); they are
         daemons, so one still busy does not keep the process alive."""
         self._stop.set()
@@ -225,7 +234,9 @@ class Agent:
             wait = max(30.0, 3 * self.flush_interval_s) if deadline is None else max(0.0, deadline - time.monotonic())
             thread.join(timeout=wait)
         self._threads.clear()
-        migration_handlers.uninstall(30.0 if deadline is None else max(0.0, deadline - time.monotonic()))
+        # the reaper's thread ends with the last agent of the process (many virtual hosts share one process in
+        # benchmarks/agents_load.py), and is waited for then
+        REAPER.join_if_idle(30.0 if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._socket_server is not None:
             self._socket_server.stop()
             self._socket_server = None
@@ -570,20 +581,34 @@ class Agent:
         return outcomes
 
     def _install_enforcer_hooks(self) -> None:
-        """The enforcer's command kinds (launch, checkpoint, stop, relaunch), its lane gate, the job reaper, and the
-        storage prober (a thread of this agent's: it stops with the agent)."""
-        self._threads.extend(migration_handlers.install(self, self._stop))
+        """The enforcer's command kinds (launch, checkpoint, stop, relaunch), the job reaper (it takes up the jobs an
+        earlier agent started here), and the storage prober (a thread of this agent's: it stops with the agent)."""
+        for kind, handler in JOB_COMMANDS.items():
+            register_handler(kind, handler)
+        try:
+            REAPER.adopt(self.store, self.host_id)
+        except Exception:  # taking up old jobs is no reason for an agent not to start
+            log.exception("taking up the jobs already running on %s failed", self.host_id)
+        jobs = self._sdk_handler if isinstance(self._sdk_handler, SdkHandlers) else None
+        REAPER.start(ReaperHost(self.store, self.settings, jobs, self.gate, self.flush_sdk), self._stop)
+        self._threads.append(start_prober(self.store, self.settings, self.host_id, self._stop))
 
     # ---- job SDK socket --------------------------------------------------------------------------------
 
     def _start_socket(self) -> None:
-        if self._sdk_handler is None:
-            self._sdk_handler = _make_sdk_handler(self)
         self._socket_server = SocketServer(self.settings.socket_path, self._sdk_handler).start()
 
 
-def _make_sdk_handler(agent: Agent) -> Any:
-    return SdkHandlers(agent.store, agent.host_id, agent.settings)
+def _make_sdk_handler(store: Store, host_id: str, settings: Settings) -> tuple[SdkHandlers, LaneGate]:
+    """The SDK socket's handlers with the enforcer's lane gate behind them (SRTF reads each job's declared steps)."""
+    handlers: SdkHandlers | None = None
+
+    def total_steps(workflow: str) -> int | None:
+        return handlers.total_steps(workflow) if handlers is not None else None
+
+    gate = LaneGate(settings.policy, total_steps=total_steps)
+    handlers = SdkHandlers(store, host_id, settings, gate=gate)
+    return handlers, gate
 
 
 def _device_row(r: DeviceReading) -> list[Any]:
