@@ -14,18 +14,16 @@ import signal
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
 from typing import Any
 
 import psutil
 from sqlalchemy.exc import IntegrityError
 
 from collector import attribution
-from collector.command_runner import CommandRunner, Outcome, register_handler
-from collector.job_commands import JOB_COMMANDS
+from collector.agent_batch import AgentStats, Batch, KnownProcess, device_row, process_metrics, row_getter
+from collector.agent_hooks import install_job_hooks, make_sdk_handlers
+from collector.command_runner import CommandRunner, Outcome
 from collector.job_reaper import REAPER, ReaperHost
 from collector.metrics import serve_agent_metrics
 from collector.mps import MpsSupervisor
@@ -33,7 +31,6 @@ from collector.sdk_handlers import SdkHandlers
 from collector.socket_server import SocketServer
 from collector.sources.base import DeviceReading, DeviceSource
 from collector.spool import Spool
-from collector.storage_prober import start_prober
 from enforcer.gate import LaneGate
 from store.db import Store
 from store.errors import DatabaseUnavailable
@@ -50,78 +47,13 @@ from store.registry import (
     touch_open_processes,
     touch_workflows,
 )
-from store.samples import DEVICE_METRICS, DEVICE_SAMPLE_COLUMNS, PROCESS_METRICS, PROCESS_SAMPLE_COLUMNS
+from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
 STOP_THREADS_S = 8.0  # after SIGTERM/SIGINT the threads get this long; the last flush follows (all within 15 s)
-BATCH_VERSION = 1
-
-# A sample row in memory and in the spool names its device by index on the host, not by id in the store:
-# the agent can sample (and spool) before it ever reached the database to learn its device ids. A row is
-# [device index, *FIELDS]; the batch names its fields, so a spooled batch is read by name, whatever the order.
-DEVICE_FIELDS: tuple[str, ...] = ("ts", *DEVICE_METRICS)
-PROCESS_FIELDS: tuple[str, ...] = ("workflow_id", "pid", "ts", *PROCESS_METRICS)
-_device_metrics = attrgetter(*DEVICE_METRICS)
-_process_metrics = attrgetter(*PROCESS_METRICS)
-
-
-@dataclass
-class AgentStats:
-    """Counters a test or `--once` can read back."""
-
-    rounds: int = 0  # sampling rounds
-    device_rows: int = 0  # device sample rows taken
-    process_rows: int = 0
-    flushes: int = 0
-    batches_written: int = 0  # batches the database took directly
-    batches_spooled: int = 0
-    batches_resent: int = 0  # spooled batches later sent
-    rows_dropped: int = 0  # rows that could not be written (unknown device)
-    sample_errors: int = 0
-    commands: list[Outcome] = field(default_factory=list)
-    # seconds each fresh batch took to write, the latest ones (a load test reads the percentiles)
-    write_s: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
-
-
-@dataclass
-class _Proc:
-    """What the agent knows of one process it saw on a device."""
-
-    pid: int
-    start_time: float
-    workflow_id: str
-    id_source: str
-    cmdline: str | None = None
-    username: str | None = None
-    checked_at: float = 0.0
-
-
-class _Batch:
-    """Rows taken since the last flush, plus the workflows and processes they refer to."""
-
-    def __init__(self) -> None:
-        self.devices: list[list[Any]] = []
-        self.processes: list[list[Any]] = []
-        self.workflows: dict[str, str] = {}  # workflow id -> id_source
-        self.seen: dict[int, _Proc] = {}
-        self.lost: set[int] = set()
-        self.found: set[int] = set()  # devices that answered again after being lost
-
-    @property
-    def rows(self) -> int:
-        return len(self.devices) + len(self.processes)
-
-    def to_json(self, host_id: str) -> dict[str, Any]:
-        return {
-            "v": BATCH_VERSION, "host_id": host_id, "device_fields": list(DEVICE_FIELDS),
-            "process_fields": list(PROCESS_FIELDS), "devices": self.devices, "processes": self.processes,
-            "workflows": self.workflows,
-        }
-
-
 def _default_attribute(pid: int) -> tuple[str, str] | None:
     """(workflow id, how it was found) for `pid`, from collector.attribution."""
     result = attribution.attribute(pid)
@@ -164,7 +96,7 @@ class Agent:
         # the SDK socket's handlers and the lane gate behind them, built here and handed to who uses them
         self.gate: LaneGate | None = None
         if sdk_handler is None and serve_socket:
-            sdk_handler, self.gate = _make_sdk_handler(store, self.host_id, settings)
+            sdk_handler, self.gate = make_sdk_handlers(store, self.host_id, settings)
         self.runner = CommandRunner(store, settings, self.host_id, agent=self,
                                     sdk=sdk_handler if isinstance(sdk_handler, SdkHandlers) else None, gate=self.gate)
         self.stats = AgentStats()
@@ -172,9 +104,9 @@ class Agent:
         self._serve_socket = serve_socket
         self._sdk_handler = sdk_handler
         self._socket_server = None
-        self._batch = _Batch()
+        self._batch = Batch()
         self._batch_lock = threading.Lock()
-        self._procs: dict[int, _Proc] = {}
+        self._procs: dict[int, KnownProcess] = {}
         self._lost: set[int] = set()
         self._device_ids: dict[int, int] = {}
         self._registered = False
@@ -350,7 +282,7 @@ class Agent:
         now = time.time()
         device_rows: list[list[Any]] = []
         process_rows: list[list[Any]] = []
-        seen: dict[int, _Proc] = {}
+        seen: dict[int, KnownProcess] = {}
         lost: set[int] = set()
         found: set[int] = set()
         for reading in readings:
@@ -363,13 +295,13 @@ class Agent:
             if reading.index in self._lost:
                 self._lost.discard(reading.index)
                 found.add(reading.index)
-            device_rows.append(_device_row(reading))
+            device_rows.append(device_row(reading))
             for p in reading.processes:
                 proc = self._proc(p, now)
                 if proc is None:
                     continue
                 seen[proc.pid] = proc
-                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *_process_metrics(p)])
+                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *process_metrics(p)])
         self.latest = readings
         with self._batch_lock:
             batch = self._batch
@@ -385,13 +317,13 @@ class Agent:
         self.stats.process_rows += len(process_rows)
         return len(readings)
 
-    def _proc(self, p: Any, now: float) -> _Proc | None:
+    def _proc(self, p: Any, now: float) -> KnownProcess | None:
         """The workflow of the process on a device; cached per pid and re-checked for pid reuse now and then."""
         cached = self._procs.get(p.pid)
         if cached is not None and (now - cached.checked_at < 30.0 or p.workflow_id is not None):
             return cached
         if p.workflow_id is not None:  # the source knows (replay): no /proc to read
-            proc = _Proc(p.pid, p.start_time or 0.0, p.workflow_id, p.id_source or "env", checked_at=now)
+            proc = KnownProcess(p.pid, p.start_time or 0.0, p.workflow_id, p.id_source or "env", checked_at=now)
             self._procs[p.pid] = proc
             return proc
         try:
@@ -414,7 +346,7 @@ class Agent:
             attributed = None
         if attributed is None:
             attributed = (f"pid:{p.pid}@{self.host_id}", "cmdline")
-        proc = _Proc(p.pid, start_time, attributed[0], attributed[1], cmdline, username, checked_at=now)
+        proc = KnownProcess(p.pid, start_time, attributed[0], attributed[1], cmdline, username, checked_at=now)
         self._procs[p.pid] = proc
         return proc
 
@@ -431,7 +363,7 @@ class Agent:
     def flush(self) -> bool:
         """Write the current batch (after any spooled ones), or spool it; True when the database took it."""
         with self._batch_lock:
-            batch, self._batch = self._batch, _Batch()
+            batch, self._batch = self._batch, Batch()
         with self._db_lock:
             self.stats.flushes += 1
             payload = batch.to_json(self.host_id) if batch.rows else None
@@ -486,8 +418,8 @@ class Agent:
         # Rows as tuples in the sample rows' column order, picked by name: no per-row dict on the hot path.
         # A batch row with its store keys in front, (device_id, host_id, *row[1:]), is read by one itemgetter.
         device_rows, process_rows, dropped = [], [], 0
-        to_device_row = _row_getter(DEVICE_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["device_fields"]))
-        to_process_row = _row_getter(PROCESS_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["process_fields"]))
+        to_device_row = row_getter(DEVICE_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["device_fields"]))
+        to_process_row = row_getter(PROCESS_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["process_fields"]))
         for row in payload["devices"]:
             device_id = ids.get(row[0])
             if device_id is None:
@@ -527,7 +459,7 @@ class Agent:
         with self.store.session() as session:
             return device_ids(session, host_id)
 
-    def _record_host(self, batch: _Batch) -> None:
+    def _record_host(self, batch: Batch) -> None:
         """Heartbeat, lost and returned devices, and the processes seen in this batch."""
         with self.store.session() as session:
             touch_host(session, self.host_id)
@@ -583,15 +515,9 @@ class Agent:
     def _install_enforcer_hooks(self) -> None:
         """The enforcer's command kinds (launch, checkpoint, stop, relaunch), the job reaper (it takes up the jobs an
         earlier agent started here), and the storage prober (a thread of this agent's: it stops with the agent)."""
-        for kind, handler in JOB_COMMANDS.items():
-            register_handler(kind, handler)
-        try:
-            REAPER.adopt(self.store, self.host_id)
-        except Exception:  # taking up old jobs is no reason for an agent not to start
-            log.exception("taking up the jobs already running on %s failed", self.host_id)
         jobs = self._sdk_handler if isinstance(self._sdk_handler, SdkHandlers) else None
-        REAPER.start(ReaperHost(self.store, self.settings, jobs, self.gate, self.flush_sdk), self._stop)
-        self._threads.append(start_prober(self.store, self.settings, self.host_id, self._stop))
+        self._threads.extend(install_job_hooks(ReaperHost(self.store, self.settings, jobs, self.gate, self.flush_sdk),
+                                               self.host_id, self._stop))
 
     # ---- job SDK socket --------------------------------------------------------------------------------
 
@@ -599,25 +525,6 @@ class Agent:
         self._socket_server = SocketServer(self.settings.socket_path, self._sdk_handler).start()
 
 
-def _make_sdk_handler(store: Store, host_id: str, settings: Settings) -> tuple[SdkHandlers, LaneGate]:
-    """The SDK socket's handlers with the enforcer's lane gate behind them (SRTF reads each job's declared steps)."""
-    handlers: SdkHandlers | None = None
-
-    def total_steps(workflow: str) -> int | None:
-        return handlers.total_steps(workflow) if handlers is not None else None
-
-    gate = LaneGate(settings.policy, total_steps=total_steps)
-    handlers = SdkHandlers(store, host_id, settings, gate=gate)
-    return handlers, gate
-
-
-def _device_row(r: DeviceReading) -> list[Any]:
-    return [r.index, r.ts, *_device_metrics(r)]
-
-
-def _row_getter(columns: tuple[str, ...], names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """A function taking a row whose values are `names` to the tuple of `columns` (all of which it must name)."""
-    return itemgetter(*[names.index(c) for c in columns])
 
 
 def _safe(host_id: str) -> str:
