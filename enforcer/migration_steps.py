@@ -32,7 +32,6 @@ OUTSTANDING = ("pending", "running")
 
 
 @dataclass(frozen=True)
-@dataclass(frozen=True)
 class MigrationOptions:
     """Deadlines of the steps. A command with no outcome `command_grace_s` after its own deadline is taken as
     lost and sent again (at most `max_attempts` times per step)."""
