@@ -119,7 +119,7 @@ class _Reaper:
         with self.lock:
             self.host = host
             self._running = [e for e in self._running if not e.is_set()] + [stop]
-            if self._thread is None or not self._thread.isalive():
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="fleetlens-reaper", daemon=True)
                 self._thread.start()
 

@@ -11,7 +11,7 @@ from analyzer.ranking import rank_workflows
 from analyzer.rollups import device_rollups
 from analyzer.telemetry.frame import load_window
 from analyzer.telemetry.thresholds import load_thresholds
-from store.models import Device, DeviceSample, Host, Plan, Rollup
+from store.models import Device, DeviceSample, Host, Plan, ProcessSample, Rollup
 from tests.ui.helpers import assert_clean, metrics, page, texts
 from tests.ui.seed import GIB, trace_summary
 from ui.dashboard.common import WINDOWS
@@ -91,7 +91,9 @@ def test_workflow_page_from_query_params(seeded):
     # the hours after the last rollup (the current one) come from raw samples (tests/ui/test_queries.py checks them)
     series = workflow_series(store, "bert-finetune", window)
     assert sorted(series.loc[series["source"] == "rollup", "util"].dropna()) == pytest.approx(sorted(rolled))
-    assert shown["Mean utilisation"] == f"{series.util.mean():.0%}"
+    own = series.own_util if series.own_util.notna().any() else series.util  # its own processes', when reported
+    assert shown["Mean utilisation"] == f"{own.mean():.0%}"
+    assert shown["Device utilisation"] == f"{series.util.mean():.0%}"  # the context
     # its finding with evidence and fix, and its analysed trace drawn from traces.summary
     md = texts(at.markdown)
     assert "GPU waits 41% of each step for the data loader" in "\n".join(e.label for e in at.expander)
@@ -160,7 +162,10 @@ def test_workflow_hour_reads_raw_samples(seeded):
         devices = s.scalars(select(Device.id).where(Device.host_id == "gpu-a", Device.index.in_([0, 1]))).all()
         util = s.scalar(select(func.avg(DeviceSample.gpu_util)).where(
             DeviceSample.device_id.in_(devices), DeviceSample.ts >= window.start))
-    assert abs(float(shown["Mean utilisation"].rstrip("%")) - util * 100) <= 1.0
+        own = s.scalar(select(func.avg(ProcessSample.sm_util)).where(
+            ProcessSample.workflow_id == "resnet50-train", ProcessSample.ts >= window.start))
+    assert abs(float(shown["Device utilisation"].rstrip("%")) - util * 100) <= 1.0  # the context: its devices
+    assert abs(float(shown["Mean utilisation"].rstrip("%")) - own * 100) <= 1.0  # its own processes
     assert len(at.get("plotly_chart")) == 2  # utilisation / SM / memory, and step time
 
 

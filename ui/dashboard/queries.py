@@ -260,7 +260,8 @@ def freed_over_time(store: Store, window: Window) -> pd.DataFrame:
 def actions(store: Store, limit: int = 500) -> pd.DataFrame:
     stmt = (
         select(
-            Action.id, Action.plan_id, Action.kind, Action.workflow_id, Action.policy, Action.from_device_id,
+            Action.id, Action.plan_id, Action.kind, Action.engine, Action.workflow_id, Action.policy,
+            Action.from_device_id,
             Action.to_device_id, Action.to_lane_id, Action.state, Action.expected_slowdown, Action.attempts,
             Action.error, Action.created_at, Action.updated_at,
         )
@@ -326,10 +327,17 @@ def workflow_devices(store: Store, workflow_id: str, window: Window) -> pd.DataF
 def workflow_series(store: Store, workflow_id: str, window: Window) -> pd.DataFrame:
     """Per time bucket: utilisation and SM activity of its devices, its memory, and its devices' memory.
 
-    Columns t, util, sm_active, mem_used (its processes' memory on its fullest device), mem_total (that
-    device's memory), source (rollup | raw). A long window reads the hourly rollups; the hours after the last
-    rolled-up one (the current, unfinished hour, and any not rolled up yet) come from raw samples, an hour a row.
+    Columns t, util (its devices', the context), own_util (its own processes': what the detectors judge it by; raw
+    samples only), sm_active, mem_used (its processes' memory on its fullest device), mem_total (that device's
+    memory), source (rollup | raw). A long window reads the hourly rollups; the hours after the last rolled-up one
+    (the current, unfinished hour, and any not rolled up yet) come from raw samples, an hour a row. A workflow seen
+    for only a short part of the window (minutes in an hour or a day) is read at sample resolution over the time it
+    was seen, so its chart is a line, not one dot.
     """
+    span = _sample_span(store, workflow_id, window)
+    if span is not None and span[1] - span[0] < SHORT_SPAN_BUCKETS * window.bucket_s:
+        first, last = span
+        return _raw_series(store, workflow_id, first, last + 1, max(1, int((last - first) // 120)))
     if not window.uses_rollups:
         return _raw_series(store, workflow_id, window.start, window.end, window.bucket_s)
     stmt = (
@@ -355,12 +363,30 @@ def workflow_series(store: Store, workflow_id: str, window: Window) -> pd.DataFr
     return pd.concat([rolled, raw], ignore_index=True).sort_values("t").reset_index(drop=True)
 
 
+SHORT_SPAN_BUCKETS = 2  # a workflow seen for less than two chart buckets is drawn at sample resolution
+
+
+def _sample_span(store: Store, workflow_id: str, window: Window) -> tuple[float, float] | None:
+    """(first, last) time its processes were sampled in the window (its rolled-up hours included), or None."""
+    ps = ProcessSample
+    with store.session() as session:
+        first, last = session.execute(select(func.min(ps.ts), func.max(ps.ts)).where(
+            ps.workflow_id == workflow_id, ps.ts >= window.start, ps.ts < window.end)).one()
+        hour = session.scalar(select(func.min(Rollup.hour)).where(
+            Rollup.scope == "workflow", Rollup.subject == workflow_id, Rollup.hour >= window.start,
+            Rollup.hour < window.end))
+    if hour is not None:
+        first = min(float(hour), float(first)) if first is not None else float(hour)
+        last = max(float(last), float(hour) + HOUR) if last is not None else float(hour) + HOUR
+    return None if first is None else (float(first), float(last))
+
+
 def _raw_series(store: Store, workflow_id: str, start: float, end: float, bucket_s: int) -> pd.DataFrame:
     """workflow_series over [start, end) from raw samples, in buckets of bucket_s seconds."""
     b = bucket_s
     devices = workflow_devices(store, workflow_id, Window(start, end))
     if devices.empty:
-        return pd.DataFrame(columns=["t", "util", "sm_active", "mem_used", "mem_total", "source"])
+        return pd.DataFrame(columns=["t", "util", "own_util", "sm_active", "mem_used", "mem_total", "source"])
     ds = DeviceSample
     dbucket = _bucket(store, ds.ts, b).label("t")
     dev = _frame(store, (
@@ -379,7 +405,12 @@ def _raw_series(store: Store, workflow_id: str, start: float, end: float, bucket
     )
     pbucket = _bucket(store, per_ts.c.ts, b).label("t")
     mem = _frame(store, select(pbucket, func.max(per_ts.c.mem).label("mem_used")).group_by(pbucket))
-    df = dev.merge(mem, on="t", how="outer").sort_values("t")
+    # its own processes' utilisation (GPU SM, else the cpu source's share of the device's cores), as the detectors
+    # judge it: on a shared device the device's utilisation is its lane-mates' too
+    obucket = _bucket(store, ps.ts, b).label("t")
+    own = _frame(store, select(obucket, func.avg(func.coalesce(ps.sm_util, ps.cpu_util)).label("own_util"))
+                 .where(ps.workflow_id == workflow_id, ps.ts >= start, ps.ts < end).group_by(obucket))
+    df = dev.merge(mem, on="t", how="outer").merge(own, on="t", how="outer").sort_values("t")
     df["mem_total"] = float(devices.memory_total.max()) if devices.memory_total.notna().any() else None
     df["source"] = "raw"
     return df.reset_index(drop=True)

@@ -65,11 +65,17 @@ with tab_telemetry:
         else:
             st.info(f"No samples of this workflow in the last {ctx.window_label}.")
     else:
-        m = st.columns(3)
-        m[0].metric("Mean utilisation", f"{series.util.mean():.0%}" if series.util.notna().any() else "–")
-        m[1].metric("Mean SM active", f"{series.sm_active.mean():.0%}" if series.sm_active.notna().any() else "–")
+        m = st.columns(4)
+        own = series["own_util"] if "own_util" in series else pd.Series(dtype=float)
+        util = own if own.notna().any() else series.util  # its own when its processes report one
+        m[0].metric("Mean utilisation", f"{util.mean():.0%}" if util.notna().any() else "–",
+                    help="its own processes' utilisation, what the detectors judge it by" if own.notna().any()
+                    else "its devices' utilisation (its processes report none of their own)")
+        m[1].metric("Device utilisation", f"{series.util.mean():.0%}" if series.util.notna().any() else "–",
+                    help="its devices' utilisation, lane-mates included: the context")
+        m[2].metric("Mean SM active", f"{series.sm_active.mean():.0%}" if series.sm_active.notna().any() else "–")
         peak, total = series.mem_used.max(), series.mem_total.max()
-        m[2].metric("Peak memory", f"{peak / 2**30:.1f} GiB" if pd.notna(peak) else "–",
+        m[3].metric("Peak memory", f"{peak / 2**30:.1f} GiB" if pd.notna(peak) else "–",
                     help=f"of {total / 2**30:.0f} GiB device memory" if pd.notna(total) else None)
         st.plotly_chart(charts.workflow_series(series))
         if ctx.window.uses_rollups and (series["source"] == "raw").any():
