@@ -11,11 +11,12 @@ from analyzer.ranking import rank_workflows
 from analyzer.rollups import device_rollups
 from analyzer.telemetry.frame import load_window
 from analyzer.telemetry.thresholds import load_thresholds
-from store.models import Device, DeviceSample, Host, Plan, ProcessSample, Rollup
+from store.models import Device, DeviceSample, Host, Placement, Plan, ProcessSample, Rollup
 from tests.ui.helpers import assert_clean, metrics, page, texts
 from tests.ui.seed import GIB, trace_summary
 from ui.dashboard.common import WINDOWS
 from ui.dashboard.queries import Window, workflow_series
+from ui.dashboard.state_queries import workflow_placement
 
 
 def _rollup_hours(store, window: Window) -> tuple[float, float]:
@@ -201,3 +202,15 @@ def test_workflow_page_says_why_fleetlens_saw_it_fail(seeded):
     at = page("workflow", workflow="bert-finetune")
     assert_clean(at)
     assert [e.value for e in at.error] == ["**bert-finetune** exceeded its memory share of 123 bytes"]
+
+
+def test_workflow_page_says_where_the_fleet_state_places_it(seeded):
+    store, _ = seeded
+    with store.session() as s:
+        lane_id = s.scalar(select(Placement.lane_id).where(Placement.workflow_id == "notebook-alice"))
+        device_id = s.scalar(select(Placement.device_id).where(Placement.workflow_id == "notebook-alice"))
+    at = page("workflow", workflow="notebook-alice")
+    assert_clean(at)
+    where = next(c.value for c in at.caption if c.value.startswith("placed on device"))
+    assert f"placed on device {device_id} (gpu-b), lane {lane_id}" in where and "free capacity" in where
+    assert {p["lane_id"] for p in workflow_placement(store, "notebook-alice")} == {lane_id}

@@ -10,6 +10,7 @@ from store.placements import FAILURE_LABEL
 from ui.dashboard import actions, charts
 from ui.dashboard.common import ago, cached, device_page, fresh, report
 from ui.dashboard.findings_view import finding_cards
+from ui.dashboard.state_queries import workflow_placement
 
 PROGRESS_REFRESH_S = 3.0
 PROGRESS = {"pending": (0.15, "waiting for the agent"), "capturing": (0.6, "capturing"),
@@ -52,6 +53,12 @@ if (info.get("labels") or {}).get(FAILURE_LABEL):  # why fleetlens saw it fail, 
 tab_telemetry, tab_findings, tab_traces = st.tabs(["Telemetry", "Findings", "Traces & profiling"])
 
 with tab_telemetry:
+    for where in workflow_placement(ctx.store, choice):  # from the enforcer's fleet state, as the planner sees it
+        lane = f"lane {where['lane_id']}" if where["lane_id"] is not None else "the whole device"
+        shared = (f"; shares its lane with {', '.join(where['lane_mates'])}" if where["lane_mates"] else "") + (
+            f"; beside {', '.join(where['beside'])}" if where["beside"] else "")
+        st.caption(f"placed on device {where['device_id']} ({where['host']}), {lane}{shared}; the device's free "
+                   f"capacity {int(where['free_capacity']) / 2**30:.1f} GiB")
     try:
         series = cached(ctx, "workflow_series", choice, ctx.window)
         steps = cached(ctx, "workflow_steps", choice, ctx.window)
