@@ -15,8 +15,9 @@ from store.models import Device, DeviceSample, Host, Placement, Plan, ProcessSam
 from tests.ui.helpers import assert_clean, metrics, page, texts
 from tests.ui.seed import GIB, trace_summary
 from ui.dashboard.common import WINDOWS
-from ui.dashboard.queries import Window, workflow_series
+from ui.dashboard.queries import Window
 from ui.dashboard.state_queries import workflow_placement
+from ui.dashboard.workflow_queries import workflow_series
 
 
 def _rollup_hours(store, window: Window) -> tuple[float, float]:

@@ -12,7 +12,7 @@ from analyzer.telemetry.frame import load_window
 from analyzer.telemetry.thresholds import load_thresholds
 from store.models import Rollup
 from tests.analyzer.telemetry_fleet import GIB, T0, Fleet
-from ui.dashboard import queries
+from ui.dashboard import queries, workflow_queries
 from ui.dashboard.queries import HOUR, Window
 
 
@@ -53,7 +53,7 @@ def test_a_day_window_shows_a_job_started_this_hour_at_sample_resolution(sqlite_
     fleet.flush()
     now = T0 + 20 * 60
     rollup(sqlite_store, now=now)  # no closed hour: no rollup row
-    series = queries.workflow_series(sqlite_store, "fresh", Window.last(86400, now=now))
+    series = workflow_queries.workflow_series(sqlite_store, "fresh", Window.last(86400, now=now))
     # minutes of data on a day's axis: a line over the 20 minutes it ran, not one dot for the hour
     assert len(series) >= 10 and set(series["source"]) == {"raw"}
     assert series["t"].min() >= T0 and series["t"].max() < T0 + 20 * 60
@@ -70,7 +70,7 @@ def test_a_day_window_adds_the_unfinished_hour_to_the_rolled_up_ones(sqlite_stor
     fleet.flush()
     now = T0 + 150 * 60
     rollup(sqlite_store, now=now)
-    series = queries.workflow_series(sqlite_store, "steady", Window.last(86400, now=now))
+    series = workflow_queries.workflow_series(sqlite_store, "steady", Window.last(86400, now=now))
     assert list(series["source"]) == ["rollup", "rollup", "raw"]
     assert list(series["t"]) == [T0, T0 + HOUR, T0 + 2 * HOUR]
     assert series["util"].tolist() == pytest.approx([0.3, 0.3, 0.9]) and series["mem_used"].iloc[-1] == 20 * GIB
