@@ -6,6 +6,7 @@ from alembic import context
 from store.db import Store
 from store.models import Base
 from store.partitions import is_partition
+from store.settings import get_settings
 
 config = context.config
 if config.config_file_name is not None and not config.attributes.get("store"):
@@ -15,7 +16,7 @@ target_metadata = Base.metadata
 
 
 def run_migrations_online() -> None:
-    store = config.attributes.get("store") or Store.from_settings()
+    store = config.attributes.get("store") or Store.from_settings(get_settings())
     with store.engine.begin() as connection:
         context.configure(
             connection=connection,
@@ -30,7 +31,8 @@ def run_migrations_online() -> None:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=Store.from_settings().url, target_metadata=target_metadata, literal_binds=True)
+    context.configure(url=Store.from_settings(get_settings()).url, target_metadata=target_metadata,
+                      literal_binds=True)
     with context.begin_transaction():
         context.run_migrations()
 

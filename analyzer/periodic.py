@@ -56,7 +56,7 @@ def detect_telemetry(store: Store, settings: Settings, *, now: float | None = No
 
 def analyze_traces(store: Store, settings: Settings, *, limit: int | None = None) -> dict[str, int]:
     """Analyse every registered trace not analysed yet; returns {"analyzed": n, "failed": m}."""
-    return analyze_pending(store, limit=limit, cache_dir=settings.home / "cache" / "traces")
+    return analyze_pending(store, limit=limit, cache_dir=settings.home / "cache" / "traces", host_id=settings.host_id)
 
 
 def trace_batches(store: Store, settings: Settings) -> list[list[int]]:
@@ -66,7 +66,8 @@ def trace_batches(store: Store, settings: Settings) -> list[list[int]]:
 
 def analyze_trace_batch(store: Store, settings: Settings, trace_ids: list[int]) -> dict[str, list[int]]:
     """Analyse one batch of traces; returns their ids by outcome ({"analyzed", "failed", "skipped"})."""
-    return analyze_batch(store, [int(i) for i in trace_ids], cache_dir=settings.home / "cache" / "traces")
+    return analyze_batch(store, [int(i) for i in trace_ids], cache_dir=settings.home / "cache" / "traces",
+                         host_id=settings.host_id)
 
 
 def analyze(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:

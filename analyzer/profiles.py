@@ -113,7 +113,7 @@ def analyze_request(store: Store, settings: Settings, request_id: int) -> dict[s
         workflow_id = request.workflow_id
         pending = [t.id for t in profiling.traces_for_request(session, request_id) if t.status == "registered"]
     for trace_id in pending:
-        analyze_trace(store, trace_id, cache_dir=settings.home / "cache" / "traces")
+        analyze_trace(store, trace_id, cache_dir=settings.home / "cache" / "traces", host_id=settings.host_id)
     with store.session() as session:
         traces = profiling.traces_for_request(session, request_id)
         ids = [t.id for t in traces]

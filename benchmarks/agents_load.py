@@ -37,7 +37,7 @@ from collector.sources.replay import ReplaySource  # noqa: E402
 from store.db import Store  # noqa: E402
 from store.migrations import upgrade  # noqa: E402
 from store.models import Device, DeviceSample, Host, ProcessSample  # noqa: E402
-from store.settings import Settings  # noqa: E402
+from store.settings import Settings, get_settings  # noqa: E402
 
 MAX_SECONDS = 300.0
 SPOOL_MAX_BYTES = 64 * 1024 * 1024
@@ -55,7 +55,7 @@ def host_ids(n: int, prefix: str) -> list[str]:
 # ---- one worker process: several virtual hosts ------------------------------------------------------------------
 
 def worker(url: str, hosts: list[str], seconds: float, flush_s: float, command_s: float, home: Path) -> dict:
-    rec = read_recording("alibaba")
+    rec = read_recording("alibaba", fleet_data_dir=get_settings().fleet_data_dir)
     recorded = sorted({d["host_id"] for d in rec.devices})
     settings = Settings(home=home, db_url=url, db_pool_size=0, sample_interval_s=1.0, flush_interval_s=flush_s,
                         spool_max_bytes=SPOOL_MAX_BYTES, source="replay")

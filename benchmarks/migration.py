@@ -171,7 +171,7 @@ def fleetlens_moves(work: Path) -> list[dict[str, float]]:
             wait_for(started, timeout=120, every=0.2)
             time.sleep(1.0)  # let it train a little first
             target = next(d for d in devices if d != where)
-            action_id = start_migration(store, job.workflow_id, target)
+            action_id = start_migration(store, job.workflow_id, target, settings=settings)
             states = drive_until_done(store, [action_id], settings=settings, options=options, timeout_s=120,
                                       poll_s=0.05)
             if states.get(action_id) != "resumed":

@@ -14,23 +14,24 @@ import signal
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
 from typing import Any
 
 import psutil
 from sqlalchemy.exc import IntegrityError
 
-from collector import attribution, migration_handlers
+from collector import attribution
+from collector.agent_batch import AgentStats, Batch, KnownProcess, device_row, process_metrics, row_getter
+from collector.agent_hooks import install_job_hooks, make_sdk_handlers
 from collector.command_runner import CommandRunner, Outcome
+from collector.job_reaper import REAPER, ReaperHost
 from collector.metrics import serve_agent_metrics
 from collector.mps import MpsSupervisor
 from collector.sdk_handlers import SdkHandlers
 from collector.socket_server import SocketServer
 from collector.sources.base import DeviceReading, DeviceSource
 from collector.spool import Spool
+from enforcer.gate import LaneGate
 from store.db import Store
 from store.errors import DatabaseUnavailable
 from store.ingest import write_samples
@@ -46,78 +47,13 @@ from store.registry import (
     touch_open_processes,
     touch_workflows,
 )
-from store.samples import DEVICE_METRICS, DEVICE_SAMPLE_COLUMNS, PROCESS_METRICS, PROCESS_SAMPLE_COLUMNS
+from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
 STOP_THREADS_S = 8.0  # after SIGTERM/SIGINT the threads get this long; the last flush follows (all within 15 s)
-BATCH_VERSION = 1
-
-# A sample row in memory and in the spool names its device by index on the host, not by id in the store:
-# the agent can sample (and spool) before it ever reached the database to learn its device ids. A row is
-# [device index, *FIELDS]; the batch names its fields, so a spooled batch is read by name, whatever the order.
-DEVICE_FIELDS: tuple[str, ...] = ("ts", *DEVICE_METRICS)
-PROCESS_FIELDS: tuple[str, ...] = ("workflow_id", "pid", "ts", *PROCESS_METRICS)
-_device_metrics = attrgetter(*DEVICE_METRICS)
-_process_metrics = attrgetter(*PROCESS_METRICS)
-
-
-@dataclass
-class AgentStats:
-    """Counters a test or `--once` can read back."""
-
-    rounds: int = 0  # sampling rounds
-    device_rows: int = 0  # device sample rows taken
-    process_rows: int = 0
-    flushes: int = 0
-    batches_written: int = 0  # batches the database took directly
-    batches_spooled: int = 0
-    batches_resent: int = 0  # spooled batches later sent
-    rows_dropped: int = 0  # rows that could not be written (unknown device)
-    sample_errors: int = 0
-    commands: list[Outcome] = field(default_factory=list)
-    # seconds each fresh batch took to write, the latest ones (a load test reads the percentiles)
-    write_s: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
-
-
-@dataclass
-class _Proc:
-    """What the agent knows of one process it saw on a device."""
-
-    pid: int
-    start_time: float
-    workflow_id: str
-    id_source: str
-    cmdline: str | None = None
-    username: str | None = None
-    checked_at: float = 0.0
-
-
-class _Batch:
-    """Rows taken since the last flush, plus the workflows and processes they refer to."""
-
-    def __init__(self) -> None:
-        self.devices: list[list[Any]] = []
-        self.processes: list[list[Any]] = []
-        self.workflows: dict[str, str] = {}  # workflow id -> id_source
-        self.seen: dict[int, _Proc] = {}
-        self.lost: set[int] = set()
-        self.found: set[int] = set()  # devices that answered again after being lost
-
-    @property
-    def rows(self) -> int:
-        return len(self.devices) + len(self.processes)
-
-    def to_json(self, host_id: str) -> dict[str, Any]:
-        return {
-            "v": BATCH_VERSION, "host_id": host_id, "device_fields": list(DEVICE_FIELDS),
-            "process_fields": list(PROCESS_FIELDS), "devices": self.devices, "processes": self.processes,
-            "workflows": self.workflows,
-        }
-
-
 def _default_attribute(pid: int) -> tuple[str, str] | None:
     """(workflow id, how it was found) for `pid`, from collector.attribution."""
     result = attribution.attribute(pid)
@@ -157,15 +93,20 @@ class Agent:
             raise ValueError("the sample and flush intervals must be positive seconds")
         settings.ensure_home()
         self.spool = spool or Spool(settings.spool_dir / _safe(self.host_id), settings.spool_max_bytes)
-        self.runner = CommandRunner(store, settings, self.host_id, agent=self)
+        # the SDK socket's handlers and the lane gate behind them, built here and handed to who uses them
+        self.gate: LaneGate | None = None
+        if sdk_handler is None and serve_socket:
+            sdk_handler, self.gate = make_sdk_handlers(store, self.host_id, settings)
+        self.runner = CommandRunner(store, settings, self.host_id, agent=self,
+                                    sdk=sdk_handler if isinstance(sdk_handler, SdkHandlers) else None, gate=self.gate)
         self.stats = AgentStats()
         self._attribute = attribute or _default_attribute
         self._serve_socket = serve_socket
         self._sdk_handler = sdk_handler
         self._socket_server = None
-        self._batch = _Batch()
+        self._batch = Batch()
         self._batch_lock = threading.Lock()
-        self._procs: dict[int, _Proc] = {}
+        self._procs: dict[int, KnownProcess] = {}
         self._lost: set[int] = set()
         self._device_ids: dict[int, int] = {}
         self._registered = False
@@ -217,7 +158,7 @@ class Agent:
         """Stop sampling, write (or spool) what is buffered, and release the socket and the source.
 
         The jobs the agent launched go on: they live in sessions of their own, and the next agent on this host
-        takes them up again (collector.migration_handlers adopts them). With `timeout_s`, the threads get that
+        takes them up again (collector.job_reaper adopts them). With `timeout_s`, the threads get that
         long in all to finish what they are doing (a command half-run is re-sent by the enforcer); they are
         daemons, so one still busy does not keep the process alive."""
         self._stop.set()
@@ -226,7 +167,9 @@ class Agent:
             wait = max(30.0, 3 * self.flush_interval_s) if deadline is None else max(0.0, deadline - time.monotonic())
             thread.join(timeout=wait)
         self._threads.clear()
-        migration_handlers.uninstall(30.0 if deadline is None else max(0.0, deadline - time.monotonic()))
+        # the reaper's thread ends with the last agent of the process (many virtual hosts share one process in
+        # benchmarks/agents_load.py), and is waited for then
+        REAPER.join_if_idle(30.0 if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._socket_server is not None:
             self._socket_server.stop()
             self._socket_server = None
@@ -340,7 +283,7 @@ class Agent:
         now = time.time()
         device_rows: list[list[Any]] = []
         process_rows: list[list[Any]] = []
-        seen: dict[int, _Proc] = {}
+        seen: dict[int, KnownProcess] = {}
         lost: set[int] = set()
         found: set[int] = set()
         for reading in readings:
@@ -355,13 +298,13 @@ class Agent:
                 found.add(reading.index)
             elif self._registered and reading.index not in self._device_ids:
                 found.add(reading.index)  # a device the source opened since (a MIG instance made): register it
-            device_rows.append(_device_row(reading))
+            device_rows.append(device_row(reading))
             for p in reading.processes:
                 proc = self._proc(p, now)
                 if proc is None:
                     continue
                 seen[proc.pid] = proc
-                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *_process_metrics(p)])
+                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *process_metrics(p)])
         self.latest = readings
         with self._batch_lock:
             batch = self._batch
@@ -377,13 +320,13 @@ class Agent:
         self.stats.process_rows += len(process_rows)
         return len(readings)
 
-    def _proc(self, p: Any, now: float) -> _Proc | None:
+    def _proc(self, p: Any, now: float) -> KnownProcess | None:
         """The workflow of the process on a device; cached per pid and re-checked for pid reuse now and then."""
         cached = self._procs.get(p.pid)
         if cached is not None and (now - cached.checked_at < 30.0 or p.workflow_id is not None):
             return cached
         if p.workflow_id is not None:  # the source knows (replay): no /proc to read
-            proc = _Proc(p.pid, p.start_time or 0.0, p.workflow_id, p.id_source or "env", checked_at=now)
+            proc = KnownProcess(p.pid, p.start_time or 0.0, p.workflow_id, p.id_source or "env", checked_at=now)
             self._procs[p.pid] = proc
             return proc
         try:
@@ -406,7 +349,7 @@ class Agent:
             attributed = None
         if attributed is None:
             attributed = (f"pid:{p.pid}@{self.host_id}", "cmdline")
-        proc = _Proc(p.pid, start_time, attributed[0], attributed[1], cmdline, username, checked_at=now)
+        proc = KnownProcess(p.pid, start_time, attributed[0], attributed[1], cmdline, username, checked_at=now)
         self._procs[p.pid] = proc
         return proc
 
@@ -423,7 +366,7 @@ class Agent:
     def flush(self) -> bool:
         """Write the current batch (after any spooled ones), or spool it; True when the database took it."""
         with self._batch_lock:
-            batch, self._batch = self._batch, _Batch()
+            batch, self._batch = self._batch, Batch()
         with self._db_lock:
             self.stats.flushes += 1
             payload = batch.to_json(self.host_id) if batch.rows else None
@@ -478,8 +421,8 @@ class Agent:
         # Rows as tuples in the sample rows' column order, picked by name: no per-row dict on the hot path.
         # A batch row with its store keys in front, (device_id, host_id, *row[1:]), is read by one itemgetter.
         device_rows, process_rows, dropped = [], [], 0
-        to_device_row = _row_getter(DEVICE_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["device_fields"]))
-        to_process_row = _row_getter(PROCESS_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["process_fields"]))
+        to_device_row = row_getter(DEVICE_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["device_fields"]))
+        to_process_row = row_getter(PROCESS_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["process_fields"]))
         for row in payload["devices"]:
             device_id = ids.get(row[0])
             if device_id is None:
@@ -519,7 +462,7 @@ class Agent:
         with self.store.session() as session:
             return device_ids(session, host_id)
 
-    def _record_host(self, batch: _Batch) -> None:
+    def _record_host(self, batch: Batch) -> None:
         """Heartbeat, lost and returned devices, and the processes seen in this batch."""
         with self.store.session() as session:
             touch_host(session, self.host_id)
@@ -573,29 +516,18 @@ class Agent:
         return outcomes
 
     def _install_enforcer_hooks(self) -> None:
-        """The enforcer's command kinds (launch, checkpoint, stop, relaunch), its lane gate, the job reaper, and the
-        storage prober (a thread of this agent's: it stops with the agent)."""
-        self._threads.extend(migration_handlers.install(self, self._stop))
+        """The enforcer's command kinds (launch, checkpoint, stop, relaunch), the job reaper (it takes up the jobs an
+        earlier agent started here), and the storage prober (a thread of this agent's: it stops with the agent)."""
+        jobs = self._sdk_handler if isinstance(self._sdk_handler, SdkHandlers) else None
+        self._threads.extend(install_job_hooks(ReaperHost(self.store, self.settings, jobs, self.gate, self.flush_sdk),
+                                               self.host_id, self._stop))
 
     # ---- job SDK socket --------------------------------------------------------------------------------
 
     def _start_socket(self) -> None:
-        if self._sdk_handler is None:
-            self._sdk_handler = _make_sdk_handler(self)
         self._socket_server = SocketServer(self.settings.socket_path, self._sdk_handler).start()
 
 
-def _make_sdk_handler(agent: Agent) -> Any:
-    return SdkHandlers(agent.store, agent.host_id, agent.settings)
-
-
-def _device_row(r: DeviceReading) -> list[Any]:
-    return [r.index, r.ts, *_device_metrics(r)]
-
-
-def _row_getter(columns: tuple[str, ...], names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """A function taking a row whose values are `names` to the tuple of `columns` (all of which it must name)."""
-    return itemgetter(*[names.index(c) for c in columns])
 
 
 def _safe(host_id: str) -> str:

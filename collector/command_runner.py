@@ -1,8 +1,9 @@
 """Runs the signed commands addressed to this host: verify (signature, expiry, replay), dispatch by kind, record.
 
-Handlers are registered by kind (`register_handler`), so other packages (the enforcer's checkpoint, stop and
-relaunch) plug in without touching the agent. A command that is unsigned, tampered, replayed, expired or of an
-unknown kind is refused: its row gets status 'refused' with the reason, the refusal is logged, and it never runs.
+Handlers are registered by kind (`register_handler`): the agent registers the managed jobs' command kinds
+(collector.job_commands) when it starts, so the runner itself knows only `ping`. A command that is unsigned,
+tampered, replayed, expired or of an unknown kind is refused: its row gets status 'refused' with the reason, the
+refusal is logged, and it never runs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collector.sdk_handlers import LaneGate, SdkHandlers
 from store.commands import claim_pending, finish, has_pending
 from store.db import Store
 from store.errors import UnsafeToRun
@@ -40,11 +42,18 @@ class CommandContext:
     settings: Settings
     agent: Any = None  # the running collector.agent.Agent, when there is one
     extra: dict[str, Any] = field(default_factory=dict)
+    sdk: SdkHandlers | None = None  # the agent's SDK socket handlers (None: it serves no socket)
+    gate: LaneGate | None = None  # the agent's lane gate
 
 
 HandlerFn = Callable[[dict[str, Any], CommandContext], dict[str, Any] | None]
 
-_HANDLERS: dict[str, HandlerFn] = {}
+def _ping(payload: dict[str, Any], ctx: CommandContext) -> dict[str, Any]:
+    """Harmless: proves the command path end to end."""
+    return {"pong": True, "host_id": ctx.host_id, "echo": payload.get("echo"), "ts": time.time()}
+
+
+_HANDLERS: dict[str, HandlerFn] = {"ping": _ping}  # the managed jobs' kinds are the agent's to register
 _HANDLERS_LOCK = threading.Lock()
 
 
@@ -76,12 +85,6 @@ def _handler(kind: str) -> HandlerFn | None:
         return _HANDLERS.get(kind)
 
 
-def _ping(payload: dict[str, Any], ctx: CommandContext) -> dict[str, Any]:
-    """Harmless: proves the command path end to end."""
-    return {"pong": True, "host_id": ctx.host_id, "echo": payload.get("echo"), "ts": time.time()}
-
-
-register_handler("ping", _ping)
 
 
 class NonceLedger:
@@ -156,6 +159,8 @@ class CommandRunner:
         secret: bytes | None = None,
         ledger: NonceLedger | None = None,
         agent: Any = None,
+        sdk: SdkHandlers | None = None,
+        gate: LaneGate | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -163,6 +168,7 @@ class CommandRunner:
         self.secret = settings.secret_bytes() if secret is None else secret
         self.ledger = ledger or NonceLedger(ledger_path(settings, host_id))
         self.agent = agent
+        self.sdk, self.gate = sdk, gate
 
     def refusal(self, command: Command, now: float | None = None) -> str | None:
         """Why `command` must not run, or None when it may."""
@@ -206,7 +212,7 @@ class CommandRunner:
         self.ledger.add(command.nonce, command.expires_at)
         fn = _handler(command.kind)
         ctx = CommandContext(command.id, command.kind, self.host_id, command.action_id, self.store, self.settings,
-                             self.agent)
+                             self.agent, sdk=self.sdk, gate=self.gate)
         try:
             result = fn(dict(command.payload or {}), ctx) if fn else None
         except UnsafeToRun as exc:

@@ -8,12 +8,16 @@ not stop it: the GPU itself was full (a lane-mate over its share, a job outside 
 workspaces outside every share), and the job must not be reported as having exceeded its share.
 
 `oom_cause(text)`: "share" (its cap, or no way to tell otherwise), "device" (within its cap, the GPU was full),
-None (no out-of-memory error in the text).
+None (no out-of-memory error in the text); `ran_out_of_memory(log)` reads it from a managed job's log since its last
+start.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+START_MARK = "--- fleetlens: starting"  # the line the agent writes into a job's log before each start
 
 # what PyTorch's CUDA allocator (and CUDA itself) print when a process runs out of GPU memory
 OUT_OF_MEMORY_MARKERS = ("CUDA out of memory", "torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError",
@@ -47,3 +51,16 @@ def oom_cause(text: str) -> str | None:
     if reserved + tried <= allowed and (free is None or free < tried):
         return "device"
     return "share"
+
+
+def ran_out_of_memory(log_path: Path, tail_bytes: int = 64 * 1024) -> str | None:
+    """Whether the end of a job's log, since its last start, shows it died out of GPU memory (with or without the
+    job SDK: the markers are what PyTorch and CUDA print), and why: "share" (its cap), "device" (the GPU was full
+    while it was within its cap), None (not out of memory)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail_bytes))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return oom_cause(tail.rsplit(START_MARK, 1)[-1])  # an earlier run's failure is not this one's

@@ -45,9 +45,12 @@ MAX_QUEUED_OPS = 10_000
 
 
 class LaneGate(Protocol):
-    """The enforcer's per-lane iteration gate. `handle` may block until it is the job's turn to run a step."""
+    """The enforcer's per-lane iteration gate (enforcer.gate.LaneGate, which the agent builds and passes in). `handle`
+    may block until it is the job's turn to run a step; `release` forgets a process that stopped or ended."""
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]: ...
+
+    def release(self, workflow: str, pid: int | None = None) -> int: ...
 
 
 @dataclass
@@ -74,10 +77,11 @@ class _OpenProfile:
 class SdkHandlers:
     """Answers the job SDK's requests on behalf of one host's agent."""
 
-    def __init__(self, store: Store, host_id: str, settings: Settings, *, sync_interval_s: float = 1.0) -> None:
+    def __init__(self, store: Store, host_id: str, settings: Settings, *, sync_interval_s: float = 1.0,
+                 gate: LaneGate | None = None) -> None:
         self.store, self.host_id, self.settings = store, host_id, settings
         self.sync_interval_s = sync_interval_s
-        self.gate: LaneGate | None = None  # set by the enforcer on hosts that run lanes
+        self.gate = gate  # the lane gate the agent built (None: no lanes here, every step may run)
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._checkpoints: dict[str, _Checkpoint] = {}
@@ -161,6 +165,13 @@ class SdkHandlers:
         """Whether the job's process said how it ended (its outcome is kept for `take_outcome`)."""
         with self._lock:
             return (workflow_id, pid) in self._outcomes
+
+    def total_steps(self, workflow: str) -> int | None:
+        """The step count a running job of `workflow` declared (SRTF's remaining work in the lane gate), if any."""
+        for job in self.jobs():
+            if job.get("workflow") == workflow and job.get("total_steps"):
+                return int(job["total_steps"])
+        return None
 
     def jobs(self) -> list[dict[str, Any]]:
         """The SDK jobs heard from recently: workflow, pid, rank, lane, step, total_steps, last_seen."""

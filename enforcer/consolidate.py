@@ -42,9 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR, Admission, Fleet, Job, lane_request
+from enforcer.lanes import Admission, Fleet, Job, lane_request
 from enforcer.planner import unreadable_refusal
 from store.errors import InvalidInput
+from store.headroom import LANE_FACTOR, PERSISTENT_FACTOR
 from store.settings import Settings
 
 DAY_S = 86400.0

@@ -23,14 +23,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from enforcer.consolidate import ConsolidateParams, ConsolidationPlan, JobDemand, lane_bytes, plan_consolidation
+from enforcer.fleet_state import read_fleet_state
 from enforcer.plan_store import apply_plan, explain_refusals
 from enforcer.planner import Move
-from store.checkpoints import latest_checkpoint_times, readable_hosts_by_workflow
+from store.checkpoints import latest_checkpoint_times
 from store.db import Store
-from store.device_memory import unplaced_memory
-from store.models import Action, Device, Placement, Plan, ProcessSample, Team, Workflow
+from store.headroom import PERSISTENT_FACTOR
+from store.models import Action, Plan, ProcessSample
 from store.settings import Settings
-from store.workflows import is_movable
 
 POLICY = "consolidate"
 DAY_S = 86400.0
@@ -39,26 +39,11 @@ DAY_S = 86400.0
 def load_demands(session: Session, settings: Settings, now: float, params: ConsolidateParams
                  ) -> tuple[list[tuple[int, int]], list[JobDemand], dict[int, str]]:
     """Devices ((id, bytes)), every placed workflow's demand up to `now` (with the hosts that can read its
-    checkpoint location), and each device's host. A device's bytes are its memory less what the latest samples
-    show in use outside its placements (store.device_memory.unplaced_memory)."""
-    ok = [d for d in session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id))
-          if d.memory_total]
-    totals = {d.id: int(d.memory_total) for d in ok}
-    hosts = {d.id: d.host_id for d in ok}
-    movable_teams = set(settings.movable_teams) | set(
-        session.scalars(select(Team.name).where(Team.movable.is_(True))))
-    rows = session.execute(
-        select(Placement, Workflow).join(Workflow, Workflow.id == Placement.workflow_id)
-        .where(Placement.state == "active").order_by(Placement.id)).all()
-    placed: dict[int, set[str]] = defaultdict(set)
-    explained: dict[int, int] = defaultdict(int)
-    for placement, wf in rows:
-        placed[placement.device_id].add(wf.id)
-        explained[placement.device_id] += (
-            int(placement.mem_persistent or 0) + int(placement.mem_ephemeral or 0) if placement.lane_id is not None
-            else totals.get(placement.device_id, 0))  # a whole device is all its holder's
-    foreign = unplaced_memory(session, list(totals), placed, explained)
-    devices = [(d, max(0, total - foreign.get(d, 0))) for d, total in totals.items()]
+    checkpoint location), and each device's host, from the fleet state: a device's bytes are its free capacity
+    (enforcer.fleet_state's one rule)."""
+    state = read_fleet_state(session, now=now, settings=settings)
+    devices = [(d.device_id, state.free_capacity(d.device_id)) for d in state.devices.values() if d.memory_total]
+    hosts = {d.device_id: d.host for d in state.devices.values() if d.memory_total}
     since = now - params.window_s
     samples = session.execute(
         select(ProcessSample.workflow_id, ProcessSample.device_id, ProcessSample.ts,
@@ -81,25 +66,24 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
     busy = set(session.scalars(select(Action.workflow_id).where(
         Action.state.not_in(("resumed", "rolled_back", "failed")))))
     checkpointed = latest_checkpoint_times(session, now)  # a move redoes the work since the latest one
-    readable = readable_hosts_by_workflow(session, (wf for _, wf in rows),
-                                          max_age_s=settings.storage_probe_max_age_s, now=now)
     demands = []
-    for placement, wf in rows:
-        pts = series.get((wf.id, placement.device_id), [])
+    for placement in state.active():
+        facts = state.workflows[placement.workflow_id]
+        pts = series.get((facts.workflow_id, placement.device_id), [])
         arr = np.array(pts, dtype=float).reshape(-1, 3)
         times, mem, util = arr[:, 0], arr[:, 1], np.clip(arr[:, 2], 0.0, 1.0)
-        if len(times) and first_seen.get(wf.id) is not None and first_seen[wf.id] < times[0]:
+        if len(times) and first_seen.get(facts.workflow_id) is not None and first_seen[facts.workflow_id] < times[0]:
             # history older than the window still counts towards how long the job has been watched
-            times = np.concatenate([[float(first_seen[wf.id])], times])
+            times = np.concatenate([[float(first_seen[facts.workflow_id])], times])
             mem = np.concatenate([[mem[0]], mem])
             util = np.concatenate([[util[0]], util])
-        movable = (is_movable(session, wf) or (wf.managed and wf.team in movable_teams)) and wf.state == "running"
         # a job that never recorded a checkpoint: the move's own checkpoint is all there is; its cost is the downtime
-        last_checkpoint = checkpointed.get(wf.id)
-        demands.append(JobDemand(wf.id, placement.device_id, times, mem, util,
-                                 movable=movable and wf.id not in busy, moves=moved.get(wf.id, []),
+        last_checkpoint = checkpointed.get(facts.workflow_id)
+        demands.append(JobDemand(facts.workflow_id, placement.device_id, times, mem, util,
+                                 movable=facts.movable and facts.workflow_id not in busy,
+                                 moves=moved.get(facts.workflow_id, []),
                                  since_checkpoint_s=0.0 if last_checkpoint is None else now - last_checkpoint,
-                                 readable_hosts=readable[wf.id]))
+                                 readable_hosts=facts.readable_hosts))
     return devices, demands, hosts
 
 
@@ -122,7 +106,7 @@ def make_consolidation_plan(store: Store, settings: Settings, *, now: float | No
         lane = min(lane_bytes(size, cap), cap)
         moves.append(asdict(Move(
             workflow_id=m.job_id, from_device_id=m.from_device_id, to_device_id=m.to_device_id, to_lane_id=None,
-            new_lane=f"c{k}", lane_size=lane, p_prime=min(int(size.mem * 1.1), lane), ephemeral=0,
+            new_lane=f"c{k}", lane_size=lane, p_prime=min(int(size.mem * PERSISTENT_FACTOR), lane), ephemeral=0,
             util=size.util, compute_share=min(1.0, max(size.util, 1e-3)), expected_slowdown=1.0,
             rules=[m.reason])))
     summary = {**plan.summary(), "freed_device_ids": plan.devices_freed,

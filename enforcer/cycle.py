@@ -7,8 +7,8 @@ import logging
 import time
 from typing import Any
 
+from enforcer.actuators.drive import drive_actions
 from enforcer.consolidation_store import consolidation_due, make_consolidation_plan
-from enforcer.migration import drive_all, drive_until_done
 from enforcer.plan_store import apply_plan, make_plan
 from enforcer.slurm_cycle import run_slurm_cycle
 from store.db import Store
@@ -41,7 +41,7 @@ def run_cycle(
     outcome: dict[str, Any] = {"mode": "enforce" if apply else "dry_run", "applied": False, "actions": []}
     try:
         if apply and result.moves:
-            actions = apply_plan(store, result.plan_id, now=now)
+            actions = apply_plan(store, result.plan_id, settings=settings, now=now)
             outcome.update(applied=True, actions=[a.id for a in actions])
         elif apply:
             outcome["note"] = "nothing to apply"
@@ -66,7 +66,7 @@ def _consolidate(store: Store, settings: Settings, apply: bool, now: float) -> d
     outcome: dict[str, Any] = {"mode": "enforce" if apply else "dry_run", "applied": False, "actions": []}
     try:
         if apply and plan.moves:
-            actions = apply_plan(store, plan_id, now=now)
+            actions = apply_plan(store, plan_id, settings=settings, now=now)
             outcome.update(applied=True, actions=[a.id for a in actions])
     except FleetlensError as exc:
         outcome["error"] = str(exc)
@@ -84,9 +84,7 @@ def _record_outcome(store: Store, plan_id: int | None, outcome: dict[str, Any]) 
 
 
 def _drive(store: Store, settings: Settings) -> dict[str, str]:
-    """Carry the unfinished actions forward; {action id: state after} (string keys: the summary is JSON)."""
-    if settings.enforce_drive_s > 0:
-        states = drive_until_done(store, settings=settings, timeout_s=settings.enforce_drive_s)
-    else:
-        states = drive_all(store, settings=settings)
+    """Carry the unfinished actions forward, each through its engine's actuator; {action id: state after} (string
+    keys: the summary is JSON)."""
+    states = drive_actions(store, settings, timeout_s=settings.enforce_drive_s)
     return {str(action_id): state for action_id, state in states.items()}

@@ -1,5 +1,5 @@
 """The order in which the jobs of one lane take steps under each policy: the one rule the live lane gate
-(enforcer.gate) and the simulator (enforcer.sim) both follow.
+(enforcer.gate) and the simulator (enforcer.sim) both follow. Each policy names its order (`Policy.lane_order`).
 
   fifo   job order: the job that came to the lane first takes every step until it is done (Salus's FIFO: one job
          at a time); at a step boundary it keeps the turn while it asks again.
@@ -21,13 +21,7 @@ ROUND_ROBIN = "round_robin"
 LEAST_ATTAINED = "least_attained"
 LEAST_REMAINING = "least_remaining"
 
-KINDS = {"fifo": JOB_ORDER, "pack": ROUND_ROBIN, "fair": LEAST_ATTAINED, "srtf": LEAST_REMAINING,
-         "tiresias": JOB_ORDER}
-
-
-def kind_of(policy_name: str) -> str:
-    """The lane discipline of a policy (by name; a policy this module does not know takes job order)."""
-    return KINDS.get(policy_name.split("/")[0].strip().lower(), JOB_ORDER)
+# which of these a policy follows is the policy's own `Policy.lane_order` (enforcer.policies)
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from enforcer.discipline import Turn, kind_of, next_turn
+from enforcer.discipline import Turn, next_turn
 from enforcer.policies import Policy, get_policy
 
 Key = tuple[str, int, int]  # (workflow, pid, rank)
@@ -62,7 +62,7 @@ class LaneGate:
     def __init__(self, policy: Policy | str = "fifo", *, total_steps: Callable[[str], int | None] | None = None,
                  lease_s: float = 60.0, reserve_s: float = 1.0) -> None:
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
-        self.kind = kind_of(self.policy.name)
+        self.kind = self.policy.lane_order
         self.lease_s = lease_s
         self.reserve_s = reserve_s
         self._total_steps = total_steps

@@ -15,21 +15,19 @@ planner and the simulator can drive thousands of devices in memory without a dat
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-PERSISTENT_FACTOR = 1.1
-LANE_FACTOR = 1.05
+from store.headroom import charged, lane_size
 
 
 def lane_request(persistent: int, ephemeral: int, capacity: int) -> tuple[int, int]:
     """(P', L): the persistent memory a job is charged and the lane size it asks for on a device of `capacity`."""
-    p_prime = math.ceil(PERSISTENT_FACTOR * max(0, persistent))
+    p_prime = charged(persistent)
     # at least one byte, so that a job using no memory still takes a slot and a fully held device refuses it
-    size = min(max(1, math.ceil(LANE_FACTOR * (p_prime + max(0, ephemeral)))), capacity)
+    size = min(lane_size(p_prime, ephemeral), capacity)
     return p_prime, size
 
 
@@ -452,12 +450,12 @@ class Fleet:
     def candidate_mask(self, job: Job, whole: bool | None = None) -> np.ndarray:
         """`candidates` as a boolean mask over all device positions."""
         a = self.arrays
-        p_prime = math.ceil(PERSISTENT_FACTOR * max(0, job.persistent))
+        p_prime = charged(job.persistent)
         need = p_prime + max(0, job.ephemeral)
         if job.whole_devices if whole is None else whole:
             mask = a.alive & (a.n_lanes == 0) & (a.capacity >= need)
         else:
-            size = np.minimum(max(1, math.ceil(LANE_FACTOR * need)), a.capacity)
+            size = np.minimum(lane_size(p_prime, job.ephemeral), a.capacity)
             mask = a.alive & (a.capacity >= need) & ((a.free >= size) | (a.join_room >= p_prime))
         kinds = self.kind_mask(job.kinds)
         if kinds is not None:
@@ -501,7 +499,7 @@ class Fleet:
         device = self.devices[i]
         if lane_id not in device.lanes:
             device.add_lane(lane_size, lane_id=lane_id, compute_share=compute_share, exclusive=exclusive)
-        pp = p_prime if p_prime is not None else math.ceil(PERSISTENT_FACTOR * max(0, job.persistent))
+        pp = p_prime if p_prime is not None else charged(job.persistent)
         device.add_job(lane_id, job.job_id, pp, max(0, job.ephemeral), job.util)
         self._where.setdefault(job.job_id, []).append(i)
         self._jobs[job.job_id] = job

@@ -12,7 +12,6 @@ import os
 import re
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,15 +21,16 @@ import psutil
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from enforcer.fleet_state import read_fleet_state
 from enforcer.lanes import Fleet, Job, lane_request
 from enforcer.policies import get_policy
 from store.checkpoints import check_location, is_local, local_path, location_for
 from store.db import Store
-from store.device_memory import known_memory, unplaced_memory
+from store.device_memory import known_memory
 from store.errors import ConfigError, InvalidInput, NotFound
 from store.models import Device, Host, Lane, Placement, Workflow
 from store.paths import checkpoint_dir_for
-from store.settings import Settings, get_settings
+from store.settings import Settings
 from store.workflows import sign_workflow_spec, upsert_workflow
 
 
@@ -86,38 +86,27 @@ def pid_alive(pid: int | None) -> bool:
 def load_host_fleet(session: Session, host_id: str) -> tuple[Fleet, dict[int, Device]]:
     """The host's usable devices with their open lanes and active placements, as a `Fleet` the policies place on.
 
-    A device's capacity is its memory less what the latest samples show processes outside its placements using
-    (managed elsewhere or not managed at all), so admission never hands that memory out, to a lane or to a job
-    asking for a whole device."""
-    devices = {d.id: d for d in session.scalars(
-        select(Device).where(Device.host_id == host_id, Device.state == "ok").order_by(Device.index))}
-    placements = list(session.scalars(select(Placement).where(
-        Placement.device_id.in_(list(devices)), Placement.state.in_(("active", "pending"))).order_by(Placement.id)))
-    placed: dict[int, set[str]] = defaultdict(set)
-    explained: dict[int, int] = defaultdict(int)
-    for p in placements:
-        placed[p.device_id].add(p.workflow_id)
-        explained[p.device_id] += (int(p.mem_persistent or 0) + int(p.mem_ephemeral or 0)) if p.lane_id is not None \
-            else int(devices[p.device_id].memory_total or 0)  # a whole device is all its holder's
-    foreign = unplaced_memory(session, list(devices), placed, explained)
+    A device's capacity is its free capacity by the fleet state's one rule (enforcer.fleet_state), so admission
+    never hands out memory that processes outside its placements use, to a lane or to a job asking for a whole
+    device."""
+    state = read_fleet_state(session, host_id=host_id)
+    devices = {d.id: d for d in session.scalars(select(Device).where(Device.id.in_(list(state.devices)))
+                                                .order_by(Device.index))}
     fleet = Fleet()
-    for d in devices.values():
-        fleet.add_device(d.id, max(0, int(d.memory_total or 0) - foreign.get(d.id, 0)), kind=d.name, host=host_id)
-    lanes = {lane.id: lane for lane in session.scalars(
-        select(Lane).where(Lane.device_id.in_(list(devices)), Lane.state == "open"))}
-    fleet.use_lane_ids(max(lanes, default=0) + 1)
-    for p in placements:
-        job = Job(p.workflow_id, persistent=0, ephemeral=int(p.mem_ephemeral or 0), util=p.compute_share or 1.0)
+    for d in sorted(state.devices.values(), key=lambda d: d.index):
+        fleet.add_device(d.device_id, state.free_capacity(d.device_id), kind=d.kind, host=host_id)
+    fleet.use_lane_ids(max(state.lanes, default=0) + 1)
+    for p in state.placements:
+        job = Job(p.workflow_id, persistent=0, ephemeral=p.ephemeral or 0, util=p.compute_share or 1.0)
         device = fleet.device(p.device_id)
         try:
-            if p.lane_id is not None and p.lane_id in lanes:
-                lane = lanes[p.lane_id]
-                size = lane.size_bytes if lane.id in device.lanes else min(lane.size_bytes, device.free)
-                fleet.place_loaded(job, p.device_id, lane.id, size, lane.compute_share,
-                                   p_prime=int(p.mem_persistent or 0))
+            if p.lane_id is not None and p.lane_id in state.lanes:
+                lane = state.lanes[p.lane_id]
+                size = lane.size if lane.lane_id in device.lanes else min(lane.size, device.free)
+                fleet.place_loaded(job, p.device_id, lane.lane_id, size, lane.compute_share, p_prime=p.p_prime or 0)
             else:  # a whole device
-                lane = device.add_lane(device.free, exclusive=not device.lanes)
-                fleet.place_loaded(job, p.device_id, lane.lane_id, lane.size, p_prime=lane.size)
+                whole = device.add_lane(device.free, exclusive=not device.lanes)
+                fleet.place_loaded(job, p.device_id, whole.lane_id, whole.size, p_prime=whole.size)
         except ValueError:
             # the store disagrees with itself (a lane over-full): take the device as fully held
             fleet.set_alive(p.device_id, False)
@@ -135,7 +124,7 @@ def register_managed(
     store: Store,
     command: Sequence[str],
     *,
-    settings: Settings | None = None,
+    settings: Settings,
     gpus: int | None = None,
     lane: str | None = None,
     movable: bool = False,
@@ -170,7 +159,6 @@ def register_managed(
     Raises (with nothing written) on an unknown policy, an empty command, an unwritable checkpoint folder, a host
     with no registered devices, a job bigger than any device, or no room.
     """
-    settings = settings or get_settings()
     chosen = get_policy(policy or settings.policy)  # an unknown policy fails before anything is written
     command = [str(c) for c in command]
     if not command:

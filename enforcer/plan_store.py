@@ -11,20 +11,20 @@ from dataclasses import asdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from enforcer.lanes import PERSISTENT_FACTOR
+from enforcer.fleet_state import FleetState, LaneState, PlacementState, read_fleet_state
 from enforcer.migration import plan_action
+from enforcer.move_checks import plan_refusal, target_refusal, unsafe_moves
 from enforcer.planner import Holding, Move, PlanDevice, PlanResult, plan_moves
 from enforcer.policies import get_policy
-from store.checkpoints import readable_hosts_by_workflow, unreadable_reason
 from store.db import Store
-from store.device_memory import known_memory, unplaced_memory
+from store.device_memory import known_memory
 from store.errors import InvalidInput, NotFound
 from store.finding_contract import PLANNER_RULES, MoveEvidence
 from store.findings import open_findings
-from store.models import Action, Device, Placement, Plan, Team, Workflow
+from store.headroom import measured
+from store.models import Action, Device, Placement, Plan, Workflow
 from store.models import Lane as LaneRow
-from store.settings import Settings, get_settings
-from store.workflows import is_movable
+from store.settings import Settings
 
 # action states after which a job may be planned again (once its cool-down has passed)
 TERMINAL_ACTION_STATES = ("resumed", "rolled_back", "failed")
@@ -34,13 +34,19 @@ GIB = 2**30
 
 def load_state(session: Session, settings: Settings, now: float) -> tuple[list[PlanDevice], list[Holding]]:
     """Devices, current placements, open findings, movability, cool-downs, and which hosts can read each job's
-    checkpoint location, as `plan_moves` takes them."""
-    devices = [
-        PlanDevice(d.id, int(d.memory_total or 0), d.host_id, d.name)
-        for d in session.scalars(select(Device).where(Device.state == "ok").order_by(Device.id))
-        if d.memory_total
-    ]
+    checkpoint location, as `plan_moves` takes them, from the fleet state (enforcer.fleet_state)."""
+    state = read_fleet_state(session, now=now, settings=settings)
+    return plan_inputs(session, state, settings)
 
+
+def plan_inputs(session: Session, state: FleetState, settings: Settings) -> tuple[list[PlanDevice], list[Holding]]:
+    """The planner's inputs from a fleet state: each device's memory with what it does not manage (`foreign`: the
+    planner holds it, so what it may hand out is the state's free capacity), and a holding per active placement and
+    per job on its way into a lane."""
+    now = state.now
+    devices = [PlanDevice(d.device_id, d.memory_total, d.host, d.kind,
+                          foreign=d.memory_total - state.free_capacity(d.device_id))
+               for d in state.devices.values() if d.memory_total]
     findings: dict[str, list] = defaultdict(list)
     for f in open_findings(session, rules=PLANNER_RULES):
         findings[f.workflow_id].append(f)
@@ -49,68 +55,40 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
             (Action.state.not_in(TERMINAL_ACTION_STATES)) | (Action.updated_at >= now - settings.cooldown_s)
         )
     ))
-    movable_teams = set(settings.movable_teams) | set(
-        session.scalars(select(Team.name).where(Team.movable.is_(True))))
-
-    rows = session.execute(
-        select(Placement, Workflow, LaneRow)
-        .join(Workflow, Workflow.id == Placement.workflow_id)
-        .outerjoin(LaneRow, LaneRow.id == Placement.lane_id)
-        .where(Placement.state == "active")
-        .order_by(Placement.id)
-    ).all()
-    readable = readable_hosts_by_workflow(session, (wf for _, wf, _ in rows),
-                                          max_age_s=settings.storage_probe_max_age_s, now=now)
     holdings = []
-    explained: dict[int, int] = defaultdict(int)
-    placed: dict[int, set[str]] = defaultdict(set)
-    for placement, wf, lane in rows:
+    for placement in state.active():
+        wf = session.get(Workflow, placement.workflow_id)
+        facts = state.workflows[placement.workflow_id]
+        lane = state.lanes.get(placement.lane_id) if placement.lane_id is not None else None
         flagged = findings.get(wf.id, [])
         persistent, ephemeral = _memory(session, wf, placement, flagged, settings.memory_seen_steps)
-        placed[placement.device_id].add(wf.id)
-        movable = is_movable(session, wf) or (wf.managed and wf.team in movable_teams)
         holdings.append(Holding(
             workflow_id=wf.id, device_id=placement.device_id, persistent=persistent, ephemeral=ephemeral,
-            util=_util(placement, lane, flagged), lane_id=lane.id if lane is not None else None,
-            lane_size=lane.size_bytes if lane is not None else None,
-            compute_share=lane.compute_share if lane is not None else 1.0, p_prime=placement.mem_persistent,
-            movable=movable and wf.state == "running", rules=tuple(sorted({f.rule for f in flagged})),
+            util=_util(placement, lane, flagged), lane_id=lane.lane_id if lane is not None else None,
+            lane_size=lane.size if lane is not None else None,
+            compute_share=lane.compute_share if lane is not None else 1.0, p_prime=placement.p_prime,
+            movable=facts.movable, rules=tuple(sorted({f.rule for f in flagged})),
             cooling=wf.id in busy,
-            readable_hosts=readable[wf.id],
+            readable_hosts=facts.readable_hosts,
         ))
-        explained[placement.device_id] += (placement.mem_persistent or 0) + (placement.mem_ephemeral or 0)
     # lanes opened for moves still under way: reserved for the jobs on their way, whatever else happens
-    arriving = session.execute(
-        select(Action.workflow_id, Action.to_device_id, LaneRow)
-        .join(LaneRow, LaneRow.id == Action.to_lane_id)
-        .where(Action.state.not_in(TERMINAL_ACTION_STATES), LaneRow.state == "open")
-        .order_by(Action.id)
-    ).all()
-    per_lane: dict[int, int] = defaultdict(int)
-    for _, _, lane in arriving:
-        per_lane[lane.id] += 1
-    for workflow_id, device_id, lane in arriving:
+    for a in state.arriving:
         holdings.append(Holding(
-            workflow_id=f"arriving:{workflow_id}", device_id=device_id, persistent=None, util=1.0,
-            lane_id=lane.id, lane_size=lane.size_bytes, compute_share=lane.compute_share,
-            p_prime=lane.size_bytes // per_lane[lane.id],
+            workflow_id=f"arriving:{a.workflow_id}", device_id=a.device_id, persistent=None, util=1.0,
+            lane_id=a.lane.lane_id, lane_size=a.lane.size, compute_share=a.lane.compute_share, p_prime=a.share,
         ))
-        explained[device_id] += lane.size_bytes // per_lane[lane.id]
-    foreign = unplaced_memory(session, [d.device_id for d in devices], placed, explained)
-    for d in devices:
-        d.foreign = foreign.get(d.device_id, 0)
     return devices, holdings
 
 
-def _memory(session: Session, wf: Workflow, placement: Placement, flagged: list,
+def _memory(session: Session, wf: Workflow, placement: PlacementState, flagged: list,
             min_steps: int) -> tuple[int | None, int]:
     """P and E: declared, or seen long enough (SDK profile, NVML per-process memory); else what the placement
     admitted from such numbers; else the peak a finding measured. None: unknown, the job keeps its device alone."""
     known = known_memory(session, wf, min_steps)
     if known is not None:
         return known
-    if placement.mem_persistent is not None:
-        return int(placement.mem_persistent / PERSISTENT_FACTOR), int(placement.mem_ephemeral or 0)
+    if placement.p_prime is not None:
+        return measured(placement.p_prime), int(placement.ephemeral or 0)
     for f in flagged:
         gib = MoveEvidence.from_json(f.evidence).memory_gib
         if gib:
@@ -118,7 +96,7 @@ def _memory(session: Session, wf: Workflow, placement: Placement, flagged: list,
     return None, 0
 
 
-def _util(placement: Placement, lane: LaneRow | None, flagged: list) -> float:
+def _util(placement: PlacementState, lane: LaneState | None, flagged: list) -> float:
     evidence = [MoveEvidence.from_json(f.evidence) for f in flagged]
     for key in MoveEvidence.UTIL_FIELDS:
         for ev in evidence:
@@ -128,10 +106,9 @@ def _util(placement: Placement, lane: LaneRow | None, flagged: list) -> float:
     return float(placement.compute_share if lane is not None else 1.0)
 
 
-def make_plan(store: Store, policy: str = "pack", *, apply: bool = False, settings: Settings | None = None,
+def make_plan(store: Store, policy: str = "pack", *, settings: Settings, apply: bool = False,
               now: float | None = None) -> PlanResult:
     """Plan one cycle on the store's fleet and record it in `plans`; with `apply`, also create its actions."""
-    settings = settings or get_settings()
     chosen = get_policy(policy)  # an unknown policy fails before anything is read or written
     now = time.time() if now is None else now
     with store.session() as session:
@@ -158,9 +135,8 @@ def explain_refusals(session: Session, refusals: list[dict], settings: Settings,
     for refusal in refusals:
         wf = session.get(Workflow, refusal["workflow_id"])
         source = session.get(Device, refusal["from_device_id"])
-        why = None if wf is None or "to_host" not in refusal else unreadable_reason(
-            session, wf, source.host_id if source is not None else None, refusal["to_host"],
-            max_age_s=settings.storage_probe_max_age_s, now=now)
+        why = None if wf is None or "to_host" not in refusal else plan_refusal(
+            session, wf, source.host_id if source is not None else None, refusal["to_host"], settings, now=now)
         if why is not None:
             refusal["reason"] = f"{refusal['reason']}: {why}"
 
@@ -172,17 +148,8 @@ def refuse_unsafe_moves(session: Session, result: PlanResult, settings: Settings
     The planner already plans around such hosts (from the same facts, read with the fleet): this catches a probe
     that changed in between. (A job whose relaunch spec no longer matches its signature is refused when its move
     starts, before anything is touched, and by the agent.)"""
-    hosts = {d.id: d.host_id for d in session.scalars(select(Device))}
-    blocked: set[int] = set()
-    for m in result.moves:
-        wf = session.get(Workflow, m.workflow_id)
-        reason = "the workflow is gone" if wf is None else unreadable_reason(
-            session, wf, hosts.get(m.from_device_id), hosts.get(m.to_device_id, ""),
-            max_age_s=settings.storage_probe_max_age_s, now=now)
-        if reason is not None:
-            blocked.add(m.from_device_id)
-            result.refused.append({"workflow_id": m.workflow_id, "from_device_id": m.from_device_id,
-                                   "to_device_id": m.to_device_id, "reason": reason})
+    blocked, refused = unsafe_moves(session, result.moves, settings, now)
+    result.refused.extend(refused)
     if blocked:
         dropped = [m for m in result.moves if m.from_device_id in blocked]
         result.moves = [m for m in result.moves if m.from_device_id not in blocked]
@@ -190,8 +157,7 @@ def refuse_unsafe_moves(session: Session, result: PlanResult, settings: Settings
         result.skipped["refused: not safe to move"] = result.skipped.get("refused: not safe to move", 0) + len(dropped)
 
 
-def apply_plan(store: Store, plan_id: int, *, settings: Settings | None = None,
-               now: float | None = None) -> list[Action]:
+def apply_plan(store: Store, plan_id: int, *, settings: Settings, now: float | None = None) -> list[Action]:
     """Turn a recorded plan into actions in state 'planned' (one per move) and open the lanes it needs.
 
     All or nothing: a plan that is unknown or already applied, or names a workflow that has gone, a job no
@@ -220,12 +186,11 @@ def apply_plan(store: Store, plan_id: int, *, settings: Settings | None = None,
                 raise InvalidInput(f"plan {plan_id}: workflow {m.workflow_id!r} is no longer on device "
                                    f"{m.from_device_id}; nothing was moved — run `fleetlens enforce` again")
             target = session.get(Device, m.to_device_id)
-            if target is None or target.state != "ok":
+            if target_refusal(target, m.to_device_id) is not None:
                 raise NotFound(f"plan {plan_id}: target device {m.to_device_id} is gone; nothing was moved")
             source = session.get(Device, m.from_device_id)
-            refusal = unreadable_reason(session, wf, source.host_id if source is not None else None,
-                                        target.host_id, max_age_s=(settings or get_settings()).storage_probe_max_age_s,
-                                        now=now)
+            refusal = plan_refusal(session, wf, source.host_id if source is not None else None, target.host_id,
+                                   settings, now=now)
             if refusal is not None:
                 raise InvalidInput(f"plan {plan_id}: refused to move {m.workflow_id!r}: {refusal}; nothing was moved")
         new_lanes: dict[str, int] = {}

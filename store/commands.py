@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.models import Command
-from store.settings import get_settings
 from store.signing import sign
 
 STATUSES = ("pending", "running", "done", "failed", "refused")
@@ -24,16 +23,17 @@ def enqueue_command(
     session: Session,
     host_id: str,
     kind: str,
-    payload: dict[str, Any] | None = None,
-    ttl: float | None = None,
+    payload: dict[str, Any] | None,
+    ttl: float,
     action_id: int | None = None,
     *,
-    secret: bytes | None = None,
+    secret: bytes,
     now: float | None = None,
 ) -> Command:
     """Queue a command for `host_id`'s agent, signed under the fleet secret; it expires `ttl` seconds from now.
 
-    `ttl` defaults to FLEETLENS_COMMAND_TTL_S and `secret` to Settings.secret_bytes().
+    Callers pass the fleet's settings down: `ttl` (FLEETLENS_COMMAND_TTL_S, or a step's own deadline) and `secret`
+    (Settings.secret_bytes()).
     """
     if not host_id or not kind:
         raise InvalidInput("a command needs a host id and a kind")
@@ -42,11 +42,8 @@ def enqueue_command(
     payload = {} if payload is None else payload
     if not isinstance(payload, dict):
         raise InvalidInput(f"a command's payload must be a JSON object, not {type(payload).__name__}")
-    settings = get_settings() if secret is None or ttl is None else None
-    ttl = settings.command_ttl_s if ttl is None else ttl
     if ttl <= 0:
         raise InvalidInput(f"a command's ttl must be positive seconds, not {ttl}")
-    secret = settings.secret_bytes() if secret is None else secret
     now = time.time() if now is None else now
     nonce = secrets.token_hex(16)
     expires_at = now + ttl

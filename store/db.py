@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from store.errors import ConfigError, DatabaseFull, DatabaseReadOnly, DatabaseUnavailable
-from store.settings import Settings, get_settings
+from store.settings import Settings
 
 
 def mask_url(url: str | URL) -> str:
@@ -94,8 +94,7 @@ class Store:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> Store:
-        settings = settings or get_settings()
+    def from_settings(cls, settings: Settings) -> Store:
         return cls(settings.resolved_db_url, pool_size=settings.db_pool_size)
 
     @property

@@ -379,6 +379,8 @@ class Action(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     plan_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("plans.id", ondelete="SET NULL"))
     kind: Mapped[str] = mapped_column(String(16), default="migrate")
+    # the actuator that carries the move out (enforcer.actuators): agents | slurm | ...
+    engine: Mapped[str] = mapped_column(String(16), default="agents", server_default="agents")
     workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"))
     policy: Mapped[str | None] = mapped_column(String(16))
     from_device_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("devices.id", ondelete="SET NULL"))
@@ -394,8 +396,6 @@ class Action(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float]
     updated_at: Mapped[float]
-    # the actuator that carries the move out (enforcer.actuators): NULL for the agents' signed commands, "slurm"
-    engine: Mapped[str | None] = mapped_column(String(16))
     # what the actuator needs to carry on and to roll back (Slurm: job id, gres before and after)
     detail: Mapped[dict[str, Any] | None]
 

@@ -1,13 +1,14 @@
-"""Shared queries for what an agent registers: its host, its devices, the workflows and the processes it sees."""
+"""Shared queries for what is registered: hosts, devices, workflows and processes, whether an agent sees them or an
+importer or a recording brings them (their bulk writes are here too: nothing else writes these rows)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from store.models import Action, ActionEvent, Device, Host, HostEvent, Lane, Placement, Process, Workflow
@@ -238,3 +239,46 @@ def busy_gpu_lanes(session: Session, host_id: str) -> dict[int, float]:
                                           Placement.state.in_(("active", "pending"))).exists())
     )
     return {int(lane_id): float(share) for lane_id, share in rows}
+
+
+# ---- bulk registration for importers and recordings (many rows, few statements) -----------------------------------
+
+def known_processes(session: Session, host_ids: Collection[str]) -> set[tuple[str, int, float]]:
+    """(host, pid, start time) of every process registered on these hosts."""
+    return set(session.execute(select(Process.host_id, Process.pid, Process.start_time)
+                               .where(Process.host_id.in_(list(host_ids)))).tuples())
+
+
+def forget_processes(session: Session, host_ids: Collection[str]) -> None:
+    """Drop every process registered on these hosts (a recording loaded again replaces its own)."""
+    session.execute(delete(Process).where(Process.host_id.in_(list(host_ids))))
+
+
+def add_processes(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Register processes an importer or a recording found (rows of `processes` columns), in one statement."""
+    if rows:
+        session.execute(insert(Process), rows)
+
+
+def refresh_processes(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Move on processes seen again (rows with `id` and the columns that change), in one statement."""
+    if rows:
+        session.execute(update(Process), rows)
+
+
+def add_workflows(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Register workflows an importer found (rows of `workflows` columns), in one statement."""
+    if rows:
+        session.execute(insert(Workflow), rows)
+
+
+def refresh_workflows(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Update workflows by id; rows of one shape per statement, since an executemany needs the same columns."""
+    for keys in {tuple(r) for r in rows}:
+        session.execute(update(Workflow), [r for r in rows if tuple(r) == keys])
+
+
+def refresh_devices(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Update devices by id (an importer's last sighting and state), in one statement."""
+    if rows:
+        session.execute(update(Device), rows)

@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from analyzer.telemetry.thresholds import GIB
+from store.headroom import LANE_HEADROOM
 
 KEYS = ["workflow_id", "device_id"]
 
@@ -45,9 +46,9 @@ def gib(n_bytes: float | None) -> float | None:
     return None if n_bytes is None or pd.isna(n_bytes) else round(float(n_bytes) / GIB, 2)
 
 
-def lane_gib(peak_bytes: float, headroom: float) -> int:
-    """The lane a job of this peak needs: peak plus Salus's headroom, in whole GiB (at least 1)."""
-    return max(1, math.ceil(float(peak_bytes) * headroom / GIB))
+def lane_gib(peak_bytes: float) -> int:
+    """The lane a job of this peak needs: peak plus Salus's headroom (store.headroom), in whole GiB (at least 1)."""
+    return max(1, math.ceil(round(float(peak_bytes) * LANE_HEADROOM / GIB, 9)))
 
 
 def num(x: float | None, digits: int = 3) -> float | None:

@@ -32,7 +32,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         gpu_s = idle_s * (1.0 if pd.isna(r["idle_share"]) else float(r["idle_share"]))
         per_day = window.per_day(gpu_s)
         mem = None if pd.isna(r["mem"]) else float(r["mem"])
-        lane = lane_gib(mem, th.memory_overprovisioned.lane_headroom) if mem else None
+        lane = lane_gib(mem) if mem else None
         held_s = idle_s if pd.isna(r["held_s"]) else float(r["held_s"])
         specs.append(FindingSpec(
             rule=RULE, workflow_id=str(wf), source="telemetry", severity=th.severity(per_day),

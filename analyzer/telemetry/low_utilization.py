@@ -25,7 +25,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         # packed with others it would need its p95 of the compute and its peak of the memory
         need = min(1.0, max(float(st["util_p95"]), mem_frac))
         per_day = window.per_day(float(st["gpu_s"]) * (1.0 - need))
-        lane = lane_gib(st["mem_peak"], th.memory_overprovisioned.lane_headroom) if mem_frac else None
+        lane = lane_gib(st["mem_peak"]) if mem_frac else None
         # no memory readings: the share it needs is judged on utilisation alone, and the title says so
         unknown = "" if st["mem_peak"] == st["mem_peak"] else "; its memory is not known (no memory readings)"
         specs.append(FindingSpec(

@@ -29,7 +29,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         peak = st["mem_peak"]
         if not total or peak != peak or peak <= 0 or peak / total >= t.peak_fraction_max:
             continue
-        lane = lane_gib(peak, t.lane_headroom)
+        lane = lane_gib(peak)
         lane_frac = min(1.0, lane * GIB / total)
         util = float(st["util_p95"]) if st["util_p95"] == st["util_p95"] else 0.0
         # in a lane it keeps its memory slice and its compute; the rest of the GPU goes to others

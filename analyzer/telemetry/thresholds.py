@@ -50,7 +50,6 @@ class MisleadingUtilization:
 class MemoryOverprovisioned:
     peak_fraction_max: float
     min_held_s: float
-    lane_headroom: float
 
 
 @dataclass(frozen=True)

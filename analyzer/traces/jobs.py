@@ -22,7 +22,6 @@ from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.findings import upsert_finding
 from store.models import Trace, Workflow
-from store.settings import get_settings
 from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
@@ -39,16 +38,15 @@ def _workflow_for(session, trace: Trace) -> Workflow:
     return wf
 
 
-def analyze_trace(store: Store, trace_id: int, *, thresholds: dict | None = None, cache_dir: Path | None = None,
-                  memory_budget: int | None = None) -> dict[str, Any]:
+def analyze_trace(store: Store, trace_id: int, *, cache_dir: Path, host_id: str | None = None,
+                  thresholds: dict | None = None, memory_budget: int | None = None) -> dict[str, Any]:
     """Analyse one registered trace; returns {"status", "error", "findings", "summary"}.
 
     A bad file marks the trace failed with the reason (the error is returned, not raised); an unknown
-    trace id raises NotFound.
+    trace id raises NotFound. `cache_dir` holds parsed traces (FLEETLENS_HOME/cache/traces); `host_id` is the host
+    analysing, named when a trace another host wrote cannot be read here.
     """
     th = thresholds or load_thresholds()
-    if cache_dir is None:
-        cache_dir = get_settings().home / "cache" / "traces"
     with store.session() as session:
         trace = session.get(Trace, trace_id)
         if trace is None:
@@ -59,8 +57,8 @@ def analyze_trace(store: Store, trace_id: int, *, thresholds: dict | None = None
         summary, found = analyze_one(path, thresholds=th, cache_dir=cache_dir, memory_budget=memory_budget)
     except Exception as exc:  # every failure is recorded; only InvalidTrace is the file's fault
         reason = exc.problem if isinstance(exc, InvalidTrace) else f"analysis failed: {type(exc).__name__}: {exc}"
-        here = get_settings().host_id
-        if isinstance(exc, InvalidTrace) and not Path(path).exists() and written_on and written_on != here:
+        here = host_id
+        if isinstance(exc, InvalidTrace) and not Path(path).exists() and written_on and here and written_on != here:
             reason += (f" here on {here}; host {written_on} wrote it: the analyzer must see the same traces folder "
                        "(mount FLEETLENS_HOME/traces on shared storage, see docs/airflow.md)")
         if not isinstance(exc, InvalidTrace):
@@ -99,8 +97,8 @@ def _set_rules(session, trace: Trace, th: dict, gpus: int) -> list:
     return found
 
 
-def analyze_pending(store: Store, *, limit: int | None = None, thresholds: dict | None = None,
-                    cache_dir: Path | None = None) -> dict[str, int]:
+def analyze_pending(store: Store, *, cache_dir: Path, host_id: str | None = None, limit: int | None = None,
+                    thresholds: dict | None = None) -> dict[str, int]:
     """Analyse every trace still 'registered' (oldest first); returns {"analyzed": n, "failed": m}."""
     with store.session() as session:
         query = select(Trace.id).where(Trace.status == "registered").order_by(Trace.created_at, Trace.id)
@@ -110,7 +108,7 @@ def analyze_pending(store: Store, *, limit: int | None = None, thresholds: dict 
     counts = {"analyzed": 0, "failed": 0}
     th = thresholds or load_thresholds()
     for trace_id in ids:
-        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir)
+        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir, host_id=host_id)
         counts[res["status"]] += 1
     return counts
 
@@ -127,8 +125,8 @@ def pending_batches(store: Store, batch_size: int) -> list[list[int]]:
     return [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
 
 
-def analyze_batch(store: Store, trace_ids: list[int], *, thresholds: dict | None = None,
-                  cache_dir: Path | None = None) -> dict[str, list[int]]:
+def analyze_batch(store: Store, trace_ids: list[int], *, cache_dir: Path, host_id: str | None = None,
+                  thresholds: dict | None = None) -> dict[str, list[int]]:
     """Analyse the traces of one batch that are still to do: 'registered', or 'analyzing' when a worker died in the
     middle of one (its retry lands here; findings are upserted, so nothing is counted twice). Traces another try
     already finished are skipped, and an id no longer in the store too. Returns the ids by outcome."""
@@ -140,7 +138,7 @@ def analyze_batch(store: Store, trace_ids: list[int], *, thresholds: dict | None
         if status not in ("registered", "analyzing"):
             out["skipped"].append(trace_id)
             continue
-        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir)
+        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir, host_id=host_id)
         out[res["status"]].append(trace_id)
     return out
 

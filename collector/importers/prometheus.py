@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, insert, select, tuple_, update
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
 from collector.dcgm_names import DEVICE_WORKFLOW, FIELDS, LEGACY, POD
@@ -58,8 +58,17 @@ from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.ingest import sample_errors, write_sample_batches_on
 from store.models import Device, DeviceSample, Host, Process, Workflow
-from store.registry import DeviceSpec, add_hosts, register_devices_of_hosts
-from store.settings import Settings, get_settings
+from store.registry import (
+    DeviceSpec,
+    add_hosts,
+    add_processes,
+    add_workflows,
+    refresh_devices,
+    refresh_processes,
+    refresh_workflows,
+    register_devices_of_hosts,
+)
+from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +196,7 @@ def import_prometheus(
     since: float | None = None,
     until: float | None = None,
     step: float | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
     now: float | None = None,
 ) -> ImportSummary:
     """Import dcgm-exporter series of [since, until] at `step` s; see the module's doc for what is written.
@@ -201,8 +210,7 @@ def import_prometheus(
 
 
 def _import(store: Store, url: str, *, since: float | None, until: float | None, step: float | None,
-            settings: Settings | None, now: float | None) -> ImportSummary:
-    settings = settings or get_settings()
+            settings: Settings, now: float | None) -> ImportSummary:
     started = time.perf_counter()
     step = float(step or settings.prometheus_step_s)
     if not step > 0:
@@ -481,8 +489,7 @@ def _register(s: Session, url: str, parsed: Parsed, mem_total: dict[int, int | N
             continue
         by_host.setdefault(key.host, []).append(DeviceSpec(index=key.index, uuid=key.uuid, name=key.name,
                                                            memory_total=mem_total[d]))
-    if refresh:
-        s.execute(update(Device), refresh)
+    refresh_devices(s, refresh)
     register_devices_of_hosts(s, by_host, source=SOURCE, now=until)
     seen_wf: dict[int, tuple[float, float]] = {}
     devices_of: dict[int, set[int]] = {}  # a job on two MIG slices holds two devices, not one
@@ -511,11 +518,8 @@ def _register(s: Session, url: str, parsed: Parsed, mem_total: dict[int, int | N
         if last >= row.last_seen:
             change.update(last_seen=last, state=state)
         changed_wf.append(change)
-    if new_wf:
-        s.execute(insert(Workflow), new_wf)
-    # rows of one shape per statement: an executemany needs the same columns in each
-    for keys in {tuple(c) for c in changed_wf}:
-        s.execute(update(Workflow), [c for c in changed_wf if tuple(c) == keys])
+    add_workflows(s, new_wf)
+    refresh_workflows(s, changed_wf)
     pids = {(d, w): synthetic_pid(parsed.workflows[w].id, parsed.devices[d].uuid) for d, w in span}
     known_procs = {(h, p, wf): i for i, h, p, wf in s.execute(
         select(Process.id, Process.host_id, Process.pid, Process.workflow_id)
@@ -531,10 +535,8 @@ def _register(s: Session, url: str, parsed: Parsed, mem_total: dict[int, int | N
                              "first_seen": first, "last_seen": last, "ended_at": ended})
         else:
             seen_again.append({"id": existing_id, "last_seen": last, "ended_at": ended})
-    if new_rows:
-        s.execute(insert(Process), new_rows)
-    if seen_again:
-        s.execute(update(Process), seen_again)
+    add_processes(s, new_rows)
+    refresh_processes(s, seen_again)
     seen["hosts"].update(hosts)
     seen["devices"].update((parsed.devices[d].host, parsed.devices[d].index) for d in used)
     seen["workflows"].update(parsed.workflows[w].id for w in seen_wf)

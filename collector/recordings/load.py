@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
 from collector.recordings.alibaba import ALIBABA_MEMORY_TOTAL, DEFAULT_TEAMS
@@ -19,8 +19,15 @@ from collector.recordings.recording import Recording
 from store.db import Store
 from store.errors import InvalidInput
 from store.ingest import sample_errors, write_samples_on
-from store.models import Device, DeviceSample, Process, ProcessSample
-from store.registry import DeviceSpec, register_devices, register_host
+from store.models import Device, DeviceSample, ProcessSample
+from store.registry import (
+    DeviceSpec,
+    add_processes,
+    forget_processes,
+    known_processes,
+    register_devices,
+    register_host,
+)
 from store.samples import DEVICE_SAMPLE_COLUMNS, INT_METRICS, PROCESS_SAMPLE_COLUMNS
 from store.workflows import upsert_workflow
 
@@ -67,6 +74,7 @@ def load_into_store(
     teams: Sequence[str] | None = DEFAULT_TEAMS,
     containers: int | None = None,
     host_prefix: str = "",
+    fleet_data_dir: Path | None = None,
 ) -> LoadSummary:
     """Write a whole recording into the store in one go: hosts, devices, workflows, processes, samples.
 
@@ -83,7 +91,7 @@ def load_into_store(
         raise InvalidInput(f"speedup must be a positive number, not {speedup}")
     rec = path_or_kind if isinstance(path_or_kind, Recording) else read_recording(
         path_or_kind, devices_per_host=devices_per_host, memory_total=memory_total, teams=teams,
-        containers=containers,
+        containers=containers, fleet_data_dir=fleet_data_dir,
     )
     end_at = time.time() if end_at is None else float(end_at)
     rec_end = rec.end
@@ -150,12 +158,10 @@ def _register(
             wf.last_seen = shift(w.get("last_seen")) or end_at
         host_ids = sorted({hid(h["id"]) for h in rec.hosts})
         if replace:
-            session.execute(delete(Process).where(Process.host_id.in_(host_ids)))
+            forget_processes(session, host_ids)
             existing: set[tuple[str, int, float]] = set()
         else:  # appending: a process already recorded (same host, pid and start) is kept, not duplicated
-            existing = set(session.execute(
-                select(Process.host_id, Process.pid, Process.start_time).where(Process.host_id.in_(host_ids))
-            ).tuples())
+            existing = known_processes(session, host_ids)
         rows = [
             {"host_id": hid(p["host_id"]), "pid": int(p["pid"]), "start_time": shift(p["start_time"]),
              "workflow_id": p["workflow_id"], "cmdline": p.get("cmdline"), "username": None,
@@ -163,9 +169,7 @@ def _register(
              "ended_at": shift(p.get("end_time"))}
             for p in rec.processes
         ]
-        rows = [r for r in rows if (r["host_id"], r["pid"], r["start_time"]) not in existing]
-        if rows:
-            session.execute(insert(Process), rows)
+        add_processes(session, [r for r in rows if (r["host_id"], r["pid"], r["start_time"]) not in existing])
     return device_ids
 
 

@@ -19,15 +19,18 @@ from collector.recordings.alibaba import (
 from collector.recordings.export_reader import read_export
 from collector.recordings.recording import Recording
 from store.errors import InvalidInput
-from store.settings import get_settings
 
 log = logging.getLogger(__name__)
 
 
-def resolve(path_or_kind: str | Path) -> tuple[str, Path]:
-    """("alibaba" | "export", path) for "alibaba", an Alibaba folder or file, or an export file."""
+def resolve(path_or_kind: str | Path, fleet_data_dir: Path | None = None) -> tuple[str, Path]:
+    """("alibaba" | "export", path) for "alibaba" (the trace in `fleet_data_dir`, FLEETLENS_FLEET_DATA_DIR as the
+    entry point passes it), an Alibaba folder or file, or an export file."""
     if isinstance(path_or_kind, str) and path_or_kind == "alibaba":
-        return "alibaba", Path(get_settings().fleet_data_dir)
+        if fleet_data_dir is None:
+            raise InvalidInput("'alibaba' names the trace in the fleet's data folder, and none was given; give the "
+                               "folder of the Alibaba GenAI trace instead")
+        return "alibaba", Path(fleet_data_dir)
     path = Path(path_or_kind)
     if path.is_dir():
         if (path / ALIBABA_DUTY_FILE).exists():
@@ -47,9 +50,10 @@ def read_recording(
     memory_total: int = ALIBABA_MEMORY_TOTAL,
     teams: Sequence[str] | None = DEFAULT_TEAMS,
     containers: int | None = None,
+    fleet_data_dir: Path | None = None,
 ) -> Recording:
     """Read a whole recording; `containers` keeps only the first N Alibaba containers (tests, small demos)."""
-    kind, path = resolve(path_or_kind)
+    kind, path = resolve(path_or_kind, fleet_data_dir)
     if kind == "alibaba":
         rec = read_alibaba(path, devices_per_host=devices_per_host, memory_total=memory_total, teams=teams,
                            containers=containers)

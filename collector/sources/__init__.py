@@ -13,7 +13,7 @@ from collector.sources.cpu import CpuSource
 from collector.sources.nvml import GpusUnreadable, NvmlSource
 from collector.sources.replay import ReplaySource
 from store.errors import ConfigError
-from store.settings import Settings, get_settings
+from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,13 @@ def _replay(settings: Settings) -> DeviceSource:
             "FLEETLENS_SOURCE=replay needs FLEETLENS_REPLAY_PATH: 'alibaba', the Alibaba trace folder, "
             "or a file written by `fleetlens export`"
         )
-    return ReplaySource(settings.replay_path, speedup=settings.replay_speedup, host=settings.replay_host,
+    path = settings.fleet_data_dir if settings.replay_path == "alibaba" else settings.replay_path
+    return ReplaySource(path, speedup=settings.replay_speedup, host=settings.replay_host,
                         uuid_prefix=settings.host_id)
 
 
-def open_source(settings: Settings | None = None) -> DeviceSource:
+def open_source(settings: Settings) -> DeviceSource:
     """The device source FLEETLENS_SOURCE names; "auto" = NVML if it starts and sees a GPU, else cpu."""
-    settings = settings or get_settings()
     kind = (settings.source or "auto").strip().lower()
     if kind == "auto":
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from enforcer.discipline import JOB_ORDER
 from enforcer.policies.base import DEFAULT_MAX_SLOWDOWN, Policy
 from enforcer.policies.fair import Fair
 from enforcer.policies.fifo import Fifo
@@ -20,6 +21,13 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
+def kind_of(policy_name: str) -> str:
+    """The lane order (enforcer.discipline) of the policy of this name, from the policy itself; a name this
+    registry does not know (a simulator baseline) takes job order."""
+    cls = POLICIES.get(policy_name.split("/")[0].strip().lower())
+    return cls.lane_order if cls is not None else JOB_ORDER
+
+
 def policy_names() -> list[str]:
     return sorted(POLICIES)
 
@@ -33,4 +41,4 @@ def get_policy(name: str, **options: Any) -> Policy:
 
 
 __all__ = ["DEFAULT_MAX_SLOWDOWN", "POLICIES", "Fair", "Fifo", "Pack", "Policy", "Srtf", "get_policy",
-           "policy_names", "register"]
+           "kind_of", "policy_names", "register"]

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from enforcer.discipline import JOB_ORDER
 from enforcer.interference import InterferenceModel, default_model
 from enforcer.lanes import Admission, Fleet, Job
 
@@ -27,6 +28,7 @@ class Policy:
     """Base policy: first fit by memory in lanes, jobs in arrival order. Subclasses override score_all / priority."""
 
     name: ClassVar[str] = "base"
+    lane_order: ClassVar[str] = JOB_ORDER  # how a lane's jobs take steps (enforcer.discipline)
     description: ClassVar[str] = ""
     exclusive: ClassVar[bool] = False  # True: every job gets whole devices (no sharing)
     cap_slowdown: ClassVar[bool] = False  # True: refuse devices where anyone's expected slowdown passes the cap

@@ -7,12 +7,14 @@ from typing import ClassVar
 
 import numpy as np
 
+from enforcer.discipline import LEAST_ATTAINED
 from enforcer.lanes import Fleet, Job
 from enforcer.policies.base import Policy
 
 
 class Fair(Policy):
     name: ClassVar[str] = "fair"
+    lane_order: ClassVar[str] = LEAST_ATTAINED
     description: ClassVar[str] = "spread over the least loaded devices; least attained device time goes next"
 
     def score_all(self, job: Job, fleet: Fleet) -> np.ndarray:

@@ -8,12 +8,14 @@ from typing import ClassVar
 
 import numpy as np
 
+from enforcer.discipline import ROUND_ROBIN
 from enforcer.lanes import Fleet, Job
 from enforcer.policies.base import Policy
 
 
 class Pack(Policy):
     name: ClassVar[str] = "pack"
+    lane_order: ClassVar[str] = ROUND_ROBIN
     description: ClassVar[str] = "fewest devices: best fit by memory, compute capped by co-location slowdown"
     cap_slowdown: ClassVar[bool] = True
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+from enforcer.discipline import LEAST_REMAINING
 from enforcer.lanes import Job
 from enforcer.policies.pack import Pack
 
 
 class Srtf(Pack):
     name: ClassVar[str] = "srtf"
+    lane_order: ClassVar[str] = LEAST_REMAINING
     description: ClassVar[str] = "least remaining time goes next; packs like PACK"
 
     def priority(self, job: Job) -> tuple[float, ...]:

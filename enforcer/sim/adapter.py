@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from enforcer.discipline import kind_of
 from enforcer.lanes import Admission, Fleet, Job
 from enforcer.policies import Policy, get_policy
 from enforcer.sim.tiresias import TiresiasScheduler
@@ -26,7 +25,7 @@ class EnforcerPolicy:
         self.name = policy.name + ("/1-lane" if one_lane else "")
         self.exclusive = policy.exclusive
         # how jobs of one lane take turns: the live gate's rule (enforcer.discipline)
-        self.lane_discipline = kind_of(policy.name)
+        self.lane_discipline = policy.lane_order
         self.one_lane = one_lane
         self.preemptive = False
 

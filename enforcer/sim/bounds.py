@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from enforcer.consolidate import ConsolidateParams, JobDemand, Packing, Size, lane_bytes, size_jobs
-from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR
 from enforcer.sim.readers.demand import DemandTrace
 from store.errors import InvalidInput
+from store.headroom import LANE_FACTOR, PERSISTENT_FACTOR
 
 
 def lower_bound(trace: DemandTrace, capacity: int, step_s: float = 60.0) -> tuple[float, int]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR, Job
+from enforcer.lanes import Job
 from enforcer.sim.model import SimJob
+from store.headroom import LANE_FACTOR, PERSISTENT_FACTOR
 
 # openb pods are sized by a compute share, not bytes: their lane is that share of this nominal device memory
 QUOTA_DEVICE_MEM = 32 * 1024**3

@@ -24,10 +24,11 @@ import numpy as np
 
 from enforcer.discipline import LEAST_ATTAINED, Turn, shares
 from enforcer.interference import InterferenceModel
-from enforcer.lanes import PERSISTENT_FACTOR, Admission, Fleet, Job
+from enforcer.lanes import Admission, Fleet, Job
 from enforcer.sim.convert import to_lane_job
 from enforcer.sim.metrics import summarize
 from enforcer.sim.model import NodeSpec, SimJob
+from store.headroom import PERSISTENT_FACTOR
 
 EPS = 1e-9
 ARRIVE, DONE, WAKE = 0, 1, 2

@@ -18,13 +18,16 @@ from enforcer.sim.readers.salus import read_salus
 from enforcer.sim.readers.store import read_store
 from store.db import Store
 from store.errors import InvalidInput
+from store.settings import Settings
 
 KINDS = ("openb", "salus", "alibaba", "store")
 DEFAULT_POLICIES = ("fifo", "pack", "fair", "srtf", "tiresias")
 
 
-def read_trace(kind: str, path: str | Path | None = None, **options: Any) -> Trace:
-    """The trace of `kind` (openb | salus | alibaba | store) at `path` (a database URL for store)."""
+def read_trace(kind: str, path: str | Path | None = None, *, settings: Settings | None = None,
+               **options: Any) -> Trace:
+    """The trace of `kind` (openb | salus | alibaba | store) at `path` (a database URL for store; without one, the
+    store `settings` name)."""
     kind = kind.strip().lower()
     if kind == "openb":
         return read_openb(Path(path))
@@ -33,7 +36,9 @@ def read_trace(kind: str, path: str | Path | None = None, **options: Any) -> Tra
     if kind == "alibaba":
         return read_alibaba(Path(path), **options)
     if kind == "store":
-        return read_store(Store(str(path)) if path else Store.from_settings())
+        if not path and settings is None:
+            raise InvalidInput("store: give the database URL, as store:URL")
+        return read_store(Store(str(path)) if path else Store.from_settings(settings))
     raise InvalidInput(f"unknown trace kind {kind!r}; use one of {', '.join(KINDS)} as KIND:PATH")
 
 

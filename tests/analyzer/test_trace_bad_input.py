@@ -119,8 +119,9 @@ def test_a_trace_another_host_wrote_and_this_one_cannot_read_says_where_to_put_t
     here = register_trace(sqlite_store, gone, workflow_id="wf-near", host_id="analyzer-host")
     for path in (elsewhere, gone):  # the analyzer's host does not see the first; the second was deleted
         path.unlink()
-    assert analyze_trace(sqlite_store, there, cache_dir=tmp_path / "cache")["status"] == "failed"
-    analyze_trace(sqlite_store, here, cache_dir=tmp_path / "cache")
+    host = get_settings().host_id  # the analyzing host, as the entry points pass it down
+    assert analyze_trace(sqlite_store, there, cache_dir=tmp_path / "cache", host_id=host)["status"] == "failed"
+    analyze_trace(sqlite_store, here, cache_dir=tmp_path / "cache", host_id=host)
     with sqlite_store.session() as s:
         far, near = s.get(Trace, there), s.get(Trace, here)
         assert far.status == "failed" and "no such file here on analyzer-host; host gpu-node-7 wrote it" in far.error

@@ -139,8 +139,8 @@ def test_commands_addressed_to_the_host_are_run(sqlite_store, settings):
     agent = make_agent(sqlite_store, settings, StubSource(n=1), command_interval_s=0.1).start()
     try:
         with sqlite_store.session() as s:
-            mine = enqueue_command(s, "host-a", "ping", {"echo": 1}, 60).id
-            other = enqueue_command(s, "host-b", "ping", {"echo": 2}, 60).id
+            mine = enqueue_command(s, "host-a", "ping", {"echo": 1}, 60, secret=settings.secret_bytes()).id
+            other = enqueue_command(s, "host-b", "ping", {"echo": 2}, 60, secret=settings.secret_bytes()).id
         wait_for(lambda: any(o.command_id == mine for o in agent.stats.commands))
     finally:
         agent.stop()

@@ -189,9 +189,9 @@ def test_enqueue_rejects_bad_input(sqlite_store, settings):
         assert s.query(Command).count() == 0  # nothing half-written
 
 
-def test_enqueue_defaults_to_the_fleet_secret(sqlite_store, settings):
-    with sqlite_store.session() as s:
-        cid = enqueue_command(s, "h1", "ping").id  # FLEETLENS_SECRET from the environment, default ttl
+def test_a_command_under_the_fleet_settings_is_run(sqlite_store, settings):
+    with sqlite_store.session() as s:  # the settings come from the caller: FLEETLENS_SECRET and the default ttl
+        cid = enqueue_command(s, "h1", "ping", None, settings.command_ttl_s, secret=settings.secret_bytes()).id
     command = row(sqlite_store, cid)
     assert command.expires_at - command.issued_at == pytest.approx(settings.command_ttl_s)
     assert [o.status for o in runner_for(sqlite_store, settings).poll()] == ["done"]

@@ -8,13 +8,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from collector import protocol
 from collector.command_runner import CommandContext
-from collector.migration_handlers import _confirm
+from collector.job_start import _confirm
 from collector.sdk_handlers import SdkHandlers
 from store.settings import Settings
 
@@ -35,7 +34,7 @@ def _ended() -> subprocess.Popen:
 
 def _context(store, handlers: SdkHandlers) -> CommandContext:
     return CommandContext(command_id=1, kind="launch", host_id="h1", action_id=None, store=store,
-                          settings=handlers.settings, agent=SimpleNamespace(sdk_handler=handlers))
+                          settings=handlers.settings, sdk=handlers)
 
 
 def test_a_job_that_said_goodbye_before_the_agent_looked_has_started(sqlite_store, handlers, tmp_path):

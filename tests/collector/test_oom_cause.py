@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.migration_handlers import ran_out_of_memory
+from collector.oom import ran_out_of_memory
 from collector.oom import oom_cause
 from store.db import Store
 from store.models import Lane, Placement, Workflow

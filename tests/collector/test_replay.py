@@ -54,8 +54,8 @@ def test_alibaba_whole_recording_loads_with_its_real_figures(any_store) -> None:
 
 
 def test_loading_again_replaces_instead_of_doubling(any_store) -> None:
-    first = load_into_store(any_store, "alibaba", containers=5, end_at=END)
-    again = load_into_store(any_store, "alibaba", containers=5, end_at=END + 600, speedup=2.0)
+    first = load_into_store(any_store, "alibaba", fleet_data_dir=FLEET, containers=5, end_at=END)
+    again = load_into_store(any_store, "alibaba", fleet_data_dir=FLEET, containers=5, end_at=END + 600, speedup=2.0)
     assert first.device_samples == again.device_samples > 0
     assert _count(any_store, DeviceSample) == again.device_samples
     assert _count(any_store, ProcessSample) == again.process_samples
@@ -68,7 +68,7 @@ def test_loading_again_replaces_instead_of_doubling(any_store) -> None:
 
 def test_a_load_whose_samples_fail_leaves_the_earlier_samples(any_store, monkeypatch) -> None:
     """The earlier load's samples go in the transaction that writes the new ones: all of it or none."""
-    first = load_into_store(any_store, "alibaba", containers=3, end_at=END)
+    first = load_into_store(any_store, "alibaba", fleet_data_dir=FLEET, containers=3, end_at=END)
     real_write = load_module.write_samples_on
 
     def write_then_fail(*args, **kwargs):
@@ -77,7 +77,7 @@ def test_a_load_whose_samples_fail_leaves_the_earlier_samples(any_store, monkeyp
 
     monkeypatch.setattr(load_module, "write_samples_on", write_then_fail)
     with pytest.raises(InvalidInput, match="half-way"):
-        load_into_store(any_store, "alibaba", containers=3, end_at=END + 600)
+        load_into_store(any_store, "alibaba", fleet_data_dir=FLEET, containers=3, end_at=END + 600)
     assert _count(any_store, DeviceSample) == first.device_samples
     assert _count(any_store, ProcessSample) == first.process_samples
     with any_store.session() as s:

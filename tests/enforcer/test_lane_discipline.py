@@ -15,12 +15,12 @@ from enforcer.discipline import (
     ROUND_ROBIN,
     StepJob,
     Turn,
-    kind_of,
     next_turn,
     shares,
     step_order,
 )
 from enforcer.gate import LaneGate
+from enforcer.policies import kind_of
 from enforcer.sim.adapter import make_policy
 
 # (name, steps, seconds per step): step times far enough apart that timing noise cannot flip a comparison
@@ -64,7 +64,7 @@ def live_order(policy: str) -> list[str]:
 def simulated_order(policy: str) -> list[str]:
     # b and c come to the lane while a's first step runs, in that order
     jobs = [StepJob(name, 0.001 * k, steps, step_s) for k, (name, steps, step_s) in enumerate(JOBS)]
-    return step_order(kind_of(policy), jobs)
+    return step_order(kind_of(policy), jobs)  # the policy's own lane order
 
 
 @pytest.mark.parametrize("policy", ["fifo", "pack", "fair", "srtf"])

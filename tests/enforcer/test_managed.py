@@ -181,11 +181,13 @@ def test_devices_restricts_the_placement_and_refuses_foreign_devices(sqlite_stor
         register_host(s, "pin-host", hostname="pin-host", source="cpu")
         ids = register_devices(s, "pin-host", [DeviceSpec(i, f"pin-{i}", f"cpu {i}", 8 << 30) for i in range(3)],
                                source="cpu")
-    job = register_managed(sqlite_store, ["python", "x.py"], lane="auto", host_id="pin-host", devices=[ids[2]],
+    job = register_managed(sqlite_store, ["python", "x.py"], settings=get_settings(),
+                           lane="auto", host_id="pin-host", devices=[ids[2]],
                            name="pinned")
     assert job.device_ids == [ids[2]]
     with pytest.raises(NotFound, match="not on host"):
-        register_managed(sqlite_store, ["python", "x.py"], host_id="pin-host", devices=[999_999], name="lost")
+        register_managed(sqlite_store, ["python", "x.py"], settings=get_settings(),
+                         host_id="pin-host", devices=[999_999], name="lost")
 
 
 def test_two_runs_started_at_once_never_take_the_same_device(any_store: Store, fleet_home: Path,
@@ -211,7 +213,8 @@ def test_two_runs_started_at_once_never_take_the_same_device(any_store: Store, f
 
     def run(name: str) -> None:
         try:
-            outcomes.append(register_managed(any_store, ["python", "x.py"], host_id="race", name=name))
+            outcomes.append(register_managed(any_store, ["python", "x.py"], settings=get_settings(),
+                            host_id="race", name=name))
         except Exception as exc:  # noqa: BLE001  (the outcome is what the test checks)
             outcomes.append(exc)
 

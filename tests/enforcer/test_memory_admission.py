@@ -159,13 +159,14 @@ def test_a_lane_smaller_than_the_jobs_persistent_memory_is_refused_when_a_move_i
         session.flush()
         small_id = small.id
     with pytest.raises(InvalidInput, match=r"a lane of 536870912 bytes cannot hold 'mover'.* at least 1449551462"):
-        start_migration(any_store, "mover", ids[1], new_lane_size=GIB // 2)
+        start_migration(any_store, "mover", ids[1], settings=get_settings(), new_lane_size=GIB // 2)
     with pytest.raises(InvalidInput, match=r"a lane of 1073741824 bytes cannot hold 'mover'"):
-        start_migration(any_store, "mover", ids[1], to_lane_id=small_id)
+        start_migration(any_store, "mover", ids[1], settings=get_settings(), to_lane_id=small_id)
     with any_store.session() as session:
         assert session.scalars(select(Action)).all() == []  # nothing written
         assert [lane.id for lane in session.scalars(select(Lane))] == [small_id]
-    assert start_migration(any_store, "mover", ids[1], new_lane_size=2 * GIB)  # a lane that holds it is fine
+    assert start_migration(any_store, "mover", ids[1], settings=get_settings(),
+                           new_lane_size=2 * GIB)  # a lane that holds it is fine
 
 
 def test_on_cpu_devices_a_process_that_ran_on_the_cores_holds_none_of_their_memory(any_store: Store) -> None:

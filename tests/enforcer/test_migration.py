@@ -55,7 +55,7 @@ def test_a_job_moved_mid_training_resumes_from_its_checkpoint_and_finishes(rig: 
         s.add(plan)
         s.flush()
         plan_id = plan.id
-    (planned,) = apply_plan(rig.store, plan_id)
+    (planned,) = apply_plan(rig.store, plan_id, settings=rig.settings)
     action_id = planned.id
 
     states = drive_until_done(rig.store, plan_id=plan_id, settings=rig.settings, options=FAST, timeout_s=60)
@@ -105,7 +105,7 @@ def test_an_unwritable_checkpoint_folder_fails_the_move_and_leaves_the_job_runni
         sign_workflow_spec(wf, rig.settings.secret_bytes())
     before = rig.placement(job.workflow_id)
 
-    action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job))
+    action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job), settings=rig.settings)
     states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=60)
     assert states == {action_id: "failed"}
     failed = action(rig.store, action_id)
@@ -125,7 +125,7 @@ def test_a_job_that_never_answers_its_checkpoint_request_is_left_as_it_was(rig: 
     job = rig.launch([sys.executable, "-c", "import time; time.sleep(120)"], name="silent")
     before = rig.placement(job.workflow_id)
     options = MigrationOptions(checkpoint_timeout_s=2, command_grace_s=5)
-    action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job))
+    action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job), settings=rig.settings)
     states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=options, timeout_s=60)
     assert states == {action_id: "failed"}
     error = action(rig.store, action_id).error
@@ -161,7 +161,7 @@ def test_a_plan_naming_a_workflow_that_has_gone_moves_nothing(fleet_home: Path, 
             s.flush()
             plan_id = plan.id
         with pytest.raises(NotFound, match="gone-workflow.*no longer in the store.*nothing was moved"):
-            apply_plan(sqlite_store, plan_id)
+            apply_plan(sqlite_store, plan_id, settings=settings)
         with sqlite_store.session() as s:
             assert s.scalars(select(Action)).all() == []
             assert s.get(Plan, plan_id).applied is False
@@ -170,7 +170,7 @@ def test_a_plan_naming_a_workflow_that_has_gone_moves_nothing(fleet_home: Path, 
         assert proc.poll() is None
         # a hand-made move of a workflow that is not there is refused the same way
         with pytest.raises(NotFound, match="no workflow 'gone-workflow'"):
-            start_migration(sqlite_store, "gone-workflow", ids[1])
+            start_migration(sqlite_store, "gone-workflow", ids[1], settings=settings)
         with pytest.raises(InvalidInput, match="unknown policy"):
             make_plan(sqlite_store, "bogus", settings=settings)
     finally:

@@ -63,7 +63,7 @@ def test_job_killed_during_its_checkpoint_is_restarted_where_it_was_from_its_las
                      steps=total)
     folder = Path(job.checkpoint_dir)
     wait_for(lambda: len(list(folder.glob("step-*.pt"))) >= 2, timeout=90)
-    action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job))
+    action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job), settings=rig.settings)
     assert drive(rig.store, action_id, settings=rig.settings, options=FAST) == "checkpoint_requested"
     wait_for(lambda: command_status(rig.store, action_id, "checkpoint") == "running", timeout=30, every=0.01)
     # kill the job while a checkpoint file is being written (the partial file is proof it was mid-save)
@@ -90,7 +90,7 @@ def test_agent_killed_during_relaunch_is_restarted_and_the_move_completes(rig: R
     job = rig.launch(train_cmd(total), name="agent-kill", steps=total)
     wait_for(lambda: last_step(rig.store, job.workflow_id) >= 30, timeout=60)
     target = rig.other_device(job)
-    action_id = start_migration(rig.store, job.workflow_id, target)
+    action_id = start_migration(rig.store, job.workflow_id, target, settings=rig.settings)
     drive_until(rig, action_id, "stopped")
     assert drive(rig.store, action_id, settings=rig.settings, options=FAST) == "stopped"  # sends the relaunch
     wait_for(lambda: command_status(rig.store, action_id, "relaunch") == "running", timeout=30, every=0.01)
@@ -121,7 +121,8 @@ def test_target_lane_full_at_relaunch_puts_the_job_back_from_its_checkpoint(rig:
     job = rig.launch(train_cmd(total), name="lane-full", steps=total, mem_bytes=64 << 20)
     wait_for(lambda: last_step(rig.store, job.workflow_id) >= 30, timeout=60)
     target = rig.other_device(job)
-    action_id = start_migration(rig.store, job.workflow_id, target, new_lane_size=256 << 20, compute_share=0.5)
+    action_id = start_migration(rig.store, job.workflow_id, target, settings=rig.settings,
+                                new_lane_size=256 << 20, compute_share=0.5)
     drive_until(rig, action_id, "stopped")
     # while the job is stopped, another job takes the whole lane
     from enforcer.managed import register_managed
@@ -151,7 +152,7 @@ def test_job_that_dies_at_the_target_before_its_first_step_is_put_back_from_its_
     job = rig.launch(train_cmd(total, step_sleep=1.0), name="dies-there", steps=total)
     wait_for(lambda: last_step(rig.store, job.workflow_id) >= 2, timeout=60)
     target = rig.other_device(job)
-    action_id = start_migration(rig.store, job.workflow_id, target)
+    action_id = start_migration(rig.store, job.workflow_id, target, settings=rig.settings)
     drive_until(rig, action_id, "relaunched")
     moved = action(rig.store, action_id)
     relaunched_pid = rig.placement(job.workflow_id).pid
@@ -187,7 +188,7 @@ def test_database_unreachable_mid_move(fleet_home: Path, pg_url: str) -> None:
         total = 200
         job = rig_.launch(train_cmd(total), name="db-away", steps=total)
         wait_for(lambda: last_step(store, job.workflow_id) >= 20, timeout=60)
-        action_id = start_migration(store, job.workflow_id, rig_.other_device(job))
+        action_id = start_migration(store, job.workflow_id, rig_.other_device(job), settings=rig_.settings)
         options = MigrationOptions(checkpoint_timeout_s=20, command_grace_s=3, resume_timeout_s=60)
         result: dict[int, str] = {}
         driver = threading.Thread(target=lambda: result.update(drive_until_done(

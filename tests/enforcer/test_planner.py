@@ -15,7 +15,7 @@ from store.findings import FindingSpec, upsert_finding
 from store.ingest import write_samples
 from store.models import Action, ActionEvent, Lane, Placement, Plan, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
-from store.settings import Settings
+from store.settings import Settings, get_settings
 from store.workflows import upsert_workflow
 from ui.cli import run
 
@@ -75,7 +75,7 @@ def test_pack_frees_two_devices_and_apply_creates_planned_actions(any_store: Sto
         plan = s.get(Plan, result.plan_id)
         assert not plan.applied and plan.devices_freed == 2 and len(plan.moves) == 2
 
-    actions = apply_plan(any_store, result.plan_id, now=NOW + 1)
+    actions = apply_plan(any_store, result.plan_id, settings=Settings(), now=NOW + 1)
     assert [a.state for a in actions] == ["planned", "planned"]
     with any_store.session() as s:
         assert s.get(Plan, result.plan_id).applied
@@ -89,7 +89,7 @@ def test_pack_frees_two_devices_and_apply_creates_planned_actions(any_store: Sto
         # nothing moved yet: the migration state machine does that
         assert {p.device_id for p in s.scalars(select(Placement).where(Placement.workflow_id == "idle-a"))} == {ids[0]}
     with pytest.raises(InvalidInput, match="applied already"):
-        apply_plan(any_store, result.plan_id)
+        apply_plan(any_store, result.plan_id, settings=Settings())
     # the next cycle leaves the jobs alone: their moves are under way, and their lanes stay reserved
     again = make_plan(any_store, "pack", settings=Settings(), now=NOW + 2)
     assert again.moves == [] and again.skipped.get("in cool-down") == 2
@@ -152,12 +152,12 @@ def test_plan_naming_a_workflow_that_has_gone(any_store: Store) -> None:
     with any_store.session() as s:
         s.execute(delete(Workflow).where(Workflow.id == "idle-b"))
     with pytest.raises(NotFound, match="'idle-b', which is no longer in the store; nothing was moved"):
-        apply_plan(any_store, result.plan_id)
+        apply_plan(any_store, result.plan_id, settings=Settings())
     assert counts(any_store) == (0, 0)
     with any_store.session() as s:
         assert not s.get(Plan, result.plan_id).applied
     with pytest.raises(NotFound, match="no plan 999"):
-        apply_plan(any_store, 999)
+        apply_plan(any_store, 999, settings=Settings())
 
 
 def test_plan_for_a_job_that_has_already_left(sqlite_store: Store) -> None:
@@ -166,13 +166,13 @@ def test_plan_for_a_job_that_has_already_left(sqlite_store: Store) -> None:
     with sqlite_store.session() as s:
         s.execute(Placement.__table__.update().where(Placement.workflow_id == "idle-a").values(state="ended"))
     with pytest.raises(InvalidInput, match="'idle-a' is no longer on device"):
-        apply_plan(sqlite_store, result.plan_id)
+        apply_plan(sqlite_store, result.plan_id, settings=Settings())
     assert counts(sqlite_store) == (0, 0)
 
 
 def test_unknown_policy(sqlite_store: Store) -> None:
     with pytest.raises(InvalidInput, match="known policies: fair, fifo, pack, srtf"):
-        make_plan(sqlite_store, "greedy")
+        make_plan(sqlite_store, "greedy", settings=Settings())
     with sqlite_store.session() as s:
         assert s.scalar(select(func.count()).select_from(Plan)) == 0
 
@@ -194,7 +194,7 @@ def test_pure_core_keeps_lanes_and_foreign_memory() -> None:
 
 def test_cli_enforce_and_lanes(fleet_home, capsys) -> None:
     assert run(["init"]) == 0
-    store = Store.from_settings()
+    store = Store.from_settings(get_settings())
     seed(store, now=time.time())
     capsys.readouterr()
     assert run(["enforce", "--policy", "nosuch"]) == 2

@@ -12,7 +12,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from collector.migration_handlers import probe_storage
+from collector.storage_prober import probe_storage
 from enforcer.managed import register_managed
 from store.checkpoints import (
     check_location,
@@ -193,17 +193,17 @@ def test_an_agent_probes_the_fleet_root_for_the_jobs_under_it_and_each_location_
     for wf in (*jobs, own):
         fsspec.open(f"{wf.checkpoint_url}/step-1.pt", "wb").open().write(b"abc")
     settings = get_settings(fresh=True).model_copy(update={"host_id": "b", "checkpoint_url": root})
-    agent = type("Agent", (), {"store": fleet, "settings": settings, "host_id": "b"})()
+
     guarded.writes = 0  # registering checked that each location can be written
     # one listing and one write at the root for both jobs under it, and the same at the location outside it
-    assert probe_storage(agent) == {root: None, own.checkpoint_url: None}
+    assert probe_storage(fleet, settings, "b") == {root: None, own.checkpoint_url: None}
     assert guarded.writes == 2
     with fleet.session() as s:
         assert readable_hosts_by_workflow(s, [*jobs, own], max_age_s=60) == {
             wf.id: frozenset({"b"}) for wf in (*jobs, own)}
         assert unreadable_reason(s, jobs[0], "a", "b", max_age_s=60) is None  # the root's probe speaks for it
     guarded.read_only = True
-    results = probe_storage(agent)
+    results = probe_storage(fleet, settings, "b")
     assert all("cannot be written here" in error for error in results.values()), results
     with fleet.session() as s:
         # host b no longer says it can take these jobs: a move there is refused with the reason

@@ -11,11 +11,13 @@ from analyzer.ranking import rank_workflows
 from analyzer.rollups import device_rollups
 from analyzer.telemetry.frame import load_window
 from analyzer.telemetry.thresholds import load_thresholds
-from store.models import Device, DeviceSample, Host, Plan, Rollup
+from store.models import Device, DeviceSample, Host, Placement, Plan, ProcessSample, Rollup
 from tests.ui.helpers import assert_clean, metrics, page, texts
 from tests.ui.seed import GIB, trace_summary
 from ui.dashboard.common import WINDOWS
-from ui.dashboard.queries import Window, workflow_series
+from ui.dashboard.queries import Window
+from ui.dashboard.state_queries import workflow_placement
+from ui.dashboard.workflow_queries import workflow_series
 
 
 def _rollup_hours(store, window: Window) -> tuple[float, float]:
@@ -91,7 +93,9 @@ def test_workflow_page_from_query_params(seeded):
     # the hours after the last rollup (the current one) come from raw samples (tests/ui/test_queries.py checks them)
     series = workflow_series(store, "bert-finetune", window)
     assert sorted(series.loc[series["source"] == "rollup", "util"].dropna()) == pytest.approx(sorted(rolled))
-    assert shown["Mean utilisation"] == f"{series.util.mean():.0%}"
+    own = series.own_util if series.own_util.notna().any() else series.util  # its own processes', when reported
+    assert shown["Mean utilisation"] == f"{own.mean():.0%}"
+    assert shown["Device utilisation"] == f"{series.util.mean():.0%}"  # the context
     # its finding with evidence and fix, and its analysed trace drawn from traces.summary
     md = texts(at.markdown)
     assert "GPU waits 41% of each step for the data loader" in "\n".join(e.label for e in at.expander)
@@ -160,7 +164,10 @@ def test_workflow_hour_reads_raw_samples(seeded):
         devices = s.scalars(select(Device.id).where(Device.host_id == "gpu-a", Device.index.in_([0, 1]))).all()
         util = s.scalar(select(func.avg(DeviceSample.gpu_util)).where(
             DeviceSample.device_id.in_(devices), DeviceSample.ts >= window.start))
-    assert abs(float(shown["Mean utilisation"].rstrip("%")) - util * 100) <= 1.0
+        own = s.scalar(select(func.avg(ProcessSample.sm_util)).where(
+            ProcessSample.workflow_id == "resnet50-train", ProcessSample.ts >= window.start))
+    assert abs(float(shown["Device utilisation"].rstrip("%")) - util * 100) <= 1.0  # the context: its devices
+    assert abs(float(shown["Mean utilisation"].rstrip("%")) - own * 100) <= 1.0  # its own processes
     assert len(at.get("plotly_chart")) == 2  # utilisation / SM / memory, and step time
 
 
@@ -196,3 +203,15 @@ def test_workflow_page_says_why_fleetlens_saw_it_fail(seeded):
     at = page("workflow", workflow="bert-finetune")
     assert_clean(at)
     assert [e.value for e in at.error] == ["**bert-finetune** exceeded its memory share of 123 bytes"]
+
+
+def test_workflow_page_says_where_the_fleet_state_places_it(seeded):
+    store, _ = seeded
+    with store.session() as s:
+        lane_id = s.scalar(select(Placement.lane_id).where(Placement.workflow_id == "notebook-alice"))
+        device_id = s.scalar(select(Placement.device_id).where(Placement.workflow_id == "notebook-alice"))
+    at = page("workflow", workflow="notebook-alice")
+    assert_clean(at)
+    where = next(c.value for c in at.caption if c.value.startswith("placed on device"))
+    assert f"placed on device {device_id} (gpu-b), lane {lane_id}" in where and "free capacity" in where
+    assert {p["lane_id"] for p in workflow_placement(store, "notebook-alice")} == {lane_id}

@@ -6,6 +6,7 @@ import pytest
 from sqlalchemy import select
 
 from store.models import Action, Finding, Plan, ProfileRequest
+from store.settings import get_settings
 from tests.ui.helpers import assert_clean, button, page, sign_in, texts
 from ui.dashboard import actions
 from ui.dashboard.auth import VIEWER, PermissionDenied, Principal
@@ -77,7 +78,7 @@ def test_viewer_apply_is_refused(seeded):
     assert "only operators may apply enforcement plans" in texts(at.error)
     # whatever the page shows, the action itself refuses a viewer before it touches anything
     with pytest.raises(PermissionDenied):
-        actions.apply_plan(store, VIEWER, data.plan_ids["pack"], confirmed=True)
+        actions.apply_plan(store, VIEWER, data.plan_ids["pack"], settings=get_settings(), confirmed=True)
     with pytest.raises(PermissionDenied):
         actions.request_profile(store, Principal("eve", "viewer", "oidc"), "bert-finetune", 5)
     with pytest.raises(PermissionDenied):

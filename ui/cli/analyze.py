@@ -68,11 +68,12 @@ def analyze(
 
 def _analyze_into_store(paths: list[str], workflow: str | None, as_json: bool, cache_dir: Path | None) -> int:
     st = open_store()
+    s = settings()
     files = expand_paths(paths)
     out, failed = [], False
     for f in files:
         trace_id = register_trace(st, f, workflow_id=workflow)
-        res = analyze_trace(st, trace_id, cache_dir=cache_dir)
+        res = analyze_trace(st, trace_id, cache_dir=cache_dir or s.home / "cache" / "traces", host_id=s.host_id)
         failed |= res["status"] == "failed"
         out.append({"trace_id": trace_id, "path": str(f), "status": res["status"], "error": res["error"],
                     "findings": res["findings"]})

@@ -11,7 +11,7 @@ import typer
 from collector.recordings.export_writer import write_export
 from collector.recordings.load import load_into_store
 from store.errors import InvalidInput
-from ui.cli.app import app, console, open_store
+from ui.cli.app import app, console, open_store, settings
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -58,7 +58,7 @@ def load_replay(
 ) -> None:
     """Load a whole recording into the store at once, shifted so it ends now (replacing an earlier load)."""
     summary = load_into_store(open_store(), source, speedup=speedup, end_at=parse_time(end_at),
-                              host_prefix=host_prefix)
+                              host_prefix=host_prefix, fleet_data_dir=settings().fleet_data_dir)
     skipped = f"; skipped {summary.skipped_rows} malformed rows" if summary.skipped_rows else ""
     console.print(
         f"loaded {summary.kind}: {summary.hosts} hosts, {summary.devices} devices, {summary.workflows} workflows, "

@@ -68,7 +68,7 @@ def move(
 ) -> None:
     """Move one managed job by checkpoint and relaunch (what an applied plan does for each of its moves)."""
     store = open_store()
-    action_id = start_migration(store, workflow, to_device, to_lane_id=to_lane,
+    action_id = start_migration(store, workflow, to_device, to_lane_id=to_lane, settings=settings(),
                                 new_lane_size=None if lane_mb is None else int(lane_mb * 2**20))
     console.print(f"action {action_id}: {workflow} -> device {to_device} planned")
     if wait:

@@ -41,7 +41,7 @@ def simulate_cmd(
         _consolidate(kind.strip().lower(), Path(path), nodes, device_gib)
         return
     options = {"n_jobs": jobs, "seed": seed, "load": load} if kind.strip().lower() == "salus" else {}
-    tr = read_trace(kind, path or None, **options)
+    tr = read_trace(kind, path or None, settings=settings(), **options)
     cluster = parse_nodes(nodes) if nodes else None
     results = simulate(tr, policy or list(DEFAULT_POLICIES), cluster=cluster, migration_cost_s=migration_cost,
                        one_lane=one_lane)

@@ -13,6 +13,7 @@ from store import profiling
 from store.db import Store
 from store.errors import InvalidInput
 from store.findings import set_finding_status as _set_finding_status
+from store.settings import Settings
 from ui.dashboard.auth import Principal, require_operator
 
 MAX_PROFILE_STEPS = 1000
@@ -39,15 +40,15 @@ def set_finding_status(store: Store, principal: Principal | None, finding_id: in
         _set_finding_status(session, int(finding_id), status, by=principal.name)
 
 
-def apply_plan(store: Store, principal: Principal | None, plan: Any, *, confirmed: bool) -> Any:
+def apply_plan(store: Store, principal: Principal | None, plan: Any, *, settings: Settings, confirmed: bool) -> Any:
     """Apply an enforcement plan (start its migrations); refused without the operator role and a confirmation."""
     require_operator(principal, "apply enforcement plans")
     if not confirmed:
         raise InvalidInput("tick the confirmation before applying a plan: it checkpoints and moves running jobs")
-    return plan_store.apply_plan(store, plan)
+    return plan_store.apply_plan(store, plan, settings=settings)
 
 
-def make_plan(store: Store, principal: Principal | None, policy: str) -> Any:
+def make_plan(store: Store, principal: Principal | None, policy: str, *, settings: Settings) -> Any:
     """Record a fresh (unapplied) plan for `policy` so it can be previewed and then applied as shown."""
     require_operator(principal, "make enforcement plans")
-    return plan_store.make_plan(store, policy, apply=False)
+    return plan_store.make_plan(store, policy, apply=False, settings=settings)

@@ -22,10 +22,12 @@ GIB = 1024**3
 
 
 def _layout(fig: go.Figure, height: int = 320, title: str | None = None, **kw: Any) -> go.Figure:
+    legend = kw.pop("legend", dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
+    below = legend.get("y", 1.0) < 0  # a legend under the plot needs room there
     fig.update_layout(
-        height=height, margin=dict(l=10, r=10, t=64, b=10),
+        height=height, margin=dict(l=10, r=10, t=64, b=90 if below else 10),
         title=dict(text=title, x=0, xanchor="left", y=0.98, yanchor="top", font=dict(size=15)),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1), **kw,
+        legend=legend, **kw,
     )
     return fig
 
@@ -76,7 +78,13 @@ def workflow_series(df: pd.DataFrame) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.14,
                         subplot_titles=("Utilisation and SM activity", "Memory against device memory"))
     t = _time(df.t)
-    fig.add_scatter(x=t, y=df.util * 100, name="GPU utilisation %", line=dict(color=ACTIVE), row=1, col=1)
+    if "own_util" in df and df.own_util.notna().any():
+        fig.add_scatter(x=t, y=df.own_util * 100, name="its processes' utilisation %", line=dict(color=ACTIVE),
+                        row=1, col=1)
+        fig.add_scatter(x=t, y=df.util * 100, name="device utilisation % (lane-mates included)",
+                        line=dict(color=HELD, dash="dot"), row=1, col=1)
+    else:
+        fig.add_scatter(x=t, y=df.util * 100, name="GPU utilisation %", line=dict(color=ACTIVE), row=1, col=1)
     fig.add_scatter(x=t, y=df.sm_active * 100, name="SM active %", line=dict(color=BLUE), row=1, col=1)
     fig.add_scatter(x=t, y=df.mem_used / GIB, name="memory used, fullest device (GiB)", line=dict(color=ACCENT),
                     fill="tozeroy", row=2, col=1)
@@ -84,7 +92,8 @@ def workflow_series(df: pd.DataFrame) -> go.Figure:
                     row=2, col=1)
     fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=1)
     fig.update_yaxes(title_text="GiB", rangemode="tozero", row=2, col=1)
-    return _layout(fig, height=480)
+    # the legend under the plots, so it never covers a subplot's title
+    return _layout(fig, height=520, legend=dict(orientation="h", yanchor="top", y=-0.12, x=0))
 
 
 def step_time(df: pd.DataFrame) -> go.Figure:
@@ -169,7 +178,8 @@ def breakdown(title: str, table: pd.DataFrame) -> go.Figure:
 
 
 def lanes(df: pd.DataFrame) -> go.Figure:
-    """One bar per device: its lanes as memory slices (labelled with their jobs), the rest free."""
+    """One bar per device: its lanes as memory slices, the rest free. Every lane is named in the legend and on hover
+    (a slice narrower than its label cannot show it inside)."""
     fig = go.Figure()
     lanes_ = df.groupby(["device_id", "lane_id"], sort=True).agg(
         host_id=("host_id", "first"), size=("size_bytes", "first"), total=("memory_total", "first"),
@@ -180,10 +190,11 @@ def lanes(df: pd.DataFrame) -> go.Figure:
         fig.add_bar(
             y=[label[row.device_id]], x=[row.size / GIB], orientation="h", name=f"lane {row.lane_id}",
             marker=dict(color=PALETTE[i % len(PALETTE)], line=dict(color="white", width=2)),
-            text=[f"lane {row.lane_id}: {row.jobs}"], textposition="inside", insidetextanchor="middle",
+            text=[f"lane {row.lane_id}"], textposition="inside", insidetextanchor="middle",
             hovertemplate=f"lane {row.lane_id}<br>{row.size / GIB:.1f} GiB<br>{row.jobs}<extra></extra>",
-            showlegend=False,
+            showlegend=True, legendgroup=f"lane {row.lane_id}",
         )
+        fig.data[-1].name = f"lane {row.lane_id} ({row.size / GIB:.0f} GiB): {row.jobs}"
     for device_id, group in lanes_.groupby("device_id"):
         total = group.total.iloc[0]
         if total and total == total:
@@ -191,8 +202,10 @@ def lanes(df: pd.DataFrame) -> go.Figure:
             fig.add_bar(y=[label[device_id]], x=[free / GIB], orientation="h", name="free", showlegend=False,
                         marker=dict(color="#eef1f4"), text=["free"], textposition="inside",
                         hovertemplate=f"free {free / GIB:.1f} GiB<extra></extra>")
-    return _layout(fig, height=max(220, 60 * lanes_.device_id.nunique() + 100), barmode="stack",
-                   title="Lanes per device (memory slices)", xaxis_title="GiB")
+    return _layout(fig, height=max(260, 60 * lanes_.device_id.nunique() + 40 * len(lanes_) + 100), barmode="stack",
+                   title="Lanes per device (memory slices)", xaxis_title="GiB", uniformtext=dict(minsize=9,
+                                                                                             mode="hide"),
+                   legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, title_text="lanes"))
 
 
 def action_timeline(events: pd.DataFrame) -> go.Figure:

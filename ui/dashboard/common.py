@@ -13,7 +13,7 @@ from store.db import Store
 from store.errors import ConfigError, DatabaseUnavailable, FleetlensError, SchemaError
 from store.migrations import check_schema
 from store.settings import Settings, get_settings
-from ui.dashboard import queries
+from ui.dashboard import queries, state_queries, workflow_queries
 from ui.dashboard.auth import VIEWER, Principal, authenticate, oidc_principal, parse_operators
 from ui.dashboard.queries import Window
 
@@ -54,9 +54,21 @@ def store_for(url: str) -> Store:
     return Store(url)
 
 
+QUERY_MODULES = (queries, workflow_queries, state_queries)  # where a page's query is found by name
+
+
+def query(name: str) -> Any:
+    """The dashboard query of this name (ui.dashboard.queries, workflow_queries or state_queries)."""
+    for module in QUERY_MODULES:
+        fn = getattr(module, name, None)
+        if callable(fn):
+            return fn
+    raise AttributeError(f"no dashboard query {name!r}")
+
+
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=256)
 def _cached(name: str, url: str, args: tuple, kwargs: tuple) -> Any:
-    return getattr(queries, name)(store_for(url), *args, **dict(kwargs))
+    return query(name)(store_for(url), *args, **dict(kwargs))
 
 
 def cached(ctx: Context, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -66,7 +78,7 @@ def cached(ctx: Context, name: str, *args: Any, **kwargs: Any) -> Any:
 
 def fresh(ctx: Context, name: str, *args: Any, **kwargs: Any) -> Any:
     """Run queries.<name> uncached: for state an action just changed (findings, profile requests, actions)."""
-    return getattr(queries, name)(ctx.store, *args, **kwargs)
+    return query(name)(ctx.store, *args, **kwargs)
 
 
 def clear_cache() -> None:

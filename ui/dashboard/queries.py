@@ -6,7 +6,6 @@ thousand devices stays a few hundred thousand rows. Nothing here writes; state c
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +29,7 @@ from store.models import (
     Lane,
     Placement,
     Plan,
-    ProcessSample,
-    ProfileRequest,
     Rollup,
-    SlurmJob,
-    StepStat,
-    Trace,
     Workflow,
 )
 from store.sweeps import events as sweep_event_rows
@@ -264,7 +258,8 @@ def freed_over_time(store: Store, window: Window) -> pd.DataFrame:
 def actions(store: Store, limit: int = 500) -> pd.DataFrame:
     stmt = (
         select(
-            Action.id, Action.plan_id, Action.kind, Action.workflow_id, Action.policy, Action.from_device_id,
+            Action.id, Action.plan_id, Action.kind, Action.engine, Action.workflow_id, Action.policy,
+            Action.from_device_id,
             Action.to_device_id, Action.to_lane_id, Action.state, Action.expected_slowdown, Action.attempts,
             Action.error, Action.created_at, Action.updated_at,
         )
@@ -289,160 +284,6 @@ def action_events(store: Store, action_id: int) -> pd.DataFrame:
         select(ActionEvent.ts, ActionEvent.from_state, ActionEvent.to_state, ActionEvent.message, ActionEvent.detail)
         .where(ActionEvent.action_id == action_id)
         .order_by(ActionEvent.ts, ActionEvent.id)
-    )
-    return _frame(store, stmt)
-
-
-# ---------------------------------------------------------------- workflow
-
-
-def workflows(store: Store) -> pd.DataFrame:
-    stmt = select(
-        Workflow.id, Workflow.name, Workflow.team, Workflow.owner, Workflow.state, Workflow.managed,
-        Workflow.last_seen,
-    ).order_by(Workflow.last_seen.desc())
-    return _frame(store, stmt)
-
-
-def slurm_jobs(store: Store) -> pd.DataFrame:
-    """The Slurm jobs the last import saw (collector.importers.slurm), newest first, with what they hold and whether
-    they opted in to be moved; jobs squeue no longer lists are left out."""
-    stmt = select(
-        SlurmJob.workflow_id, SlurmJob.job_id, SlurmJob.name, SlurmJob.user, Workflow.team, SlurmJob.partition,
-        SlurmJob.state, SlurmJob.reason, SlurmJob.node, SlurmJob.gres, SlurmJob.gpus, SlurmJob.shards,
-        SlurmJob.gpu_indices, SlurmJob.time_limit_s, SlurmJob.restart_count, SlurmJob.opted_in,
-        SlurmJob.not_movable_reason, SlurmJob.seen_at,
-    ).join(Workflow, Workflow.id == SlurmJob.workflow_id).where(SlurmJob.state != "GONE").order_by(
-        SlurmJob.job_id.desc())
-    frame = _frame(store, stmt)
-    if not frame.empty:
-        frame["gpus_held"] = [",".join(str(i) for i in (g or [])) for g in frame.gpu_indices]
-    return frame
-
-
-def slurm_job(store: Store, workflow_id: str) -> dict[str, Any] | None:
-    """What Slurm last said of the workflow's job, or None when it is not a Slurm job."""
-    with store.session() as session:
-        row = session.get(SlurmJob, workflow_id)
-        return None if row is None else {c.name: getattr(row, c.name) for c in SlurmJob.__table__.columns}
-
-
-def workflow(store: Store, workflow_id: str) -> dict[str, Any] | None:
-    with store.session() as session:
-        row = session.get(Workflow, workflow_id)
-        if row is None:
-            return None
-        return {c.name: getattr(row, c.name) for c in Workflow.__table__.columns}
-
-
-def workflow_devices(store: Store, workflow_id: str, window: Window) -> pd.DataFrame:
-    """The devices the workflow's processes were seen on in the window, with their memory."""
-    used = (
-        select(ProcessSample.device_id)
-        .where(ProcessSample.workflow_id == workflow_id, ProcessSample.ts >= window.start,
-               ProcessSample.ts < window.end)
-        .distinct()
-        .subquery()
-    )
-    stmt = select(Device.id.label("device_id"), Device.host_id, Device.name, Device.memory_total).join(
-        used, used.c.device_id == Device.id
-    )
-    return _frame(store, stmt)
-
-
-def workflow_series(store: Store, workflow_id: str, window: Window) -> pd.DataFrame:
-    """Per time bucket: utilisation and SM activity of its devices, its memory, and its devices' memory.
-
-    Columns t, util, sm_active, mem_used (its processes' memory on its fullest device), mem_total (that
-    device's memory), source (rollup | raw). A long window reads the hourly rollups; the hours after the last
-    rolled-up one (the current, unfinished hour, and any not rolled up yet) come from raw samples, an hour a row.
-    """
-    if not window.uses_rollups:
-        return _raw_series(store, workflow_id, window.start, window.end, window.bucket_s)
-    stmt = (
-        select(
-            Rollup.hour.label("t"),
-            Rollup.util_mean.label("util"),
-            Rollup.sm_active_mean.label("sm_active"),
-            Rollup.mem_peak.label("mem_used"),
-            Rollup.mem_total.label("mem_total"),
-        )
-        .where(Rollup.scope == "workflow", Rollup.subject == workflow_id,
-               Rollup.hour >= window.start, Rollup.hour < window.end)
-        .order_by(Rollup.hour)
-    )
-    rolled = _frame(store, stmt).assign(source="rollup")
-    covered = float(rolled["t"].max()) + HOUR if not rolled.empty else math.floor(window.start / HOUR) * HOUR
-    raw_start = max(window.start, covered)
-    if raw_start >= window.end:
-        return rolled
-    raw = _raw_series(store, workflow_id, raw_start, window.end, int(HOUR))
-    if rolled.empty:
-        return raw
-    return pd.concat([rolled, raw], ignore_index=True).sort_values("t").reset_index(drop=True)
-
-
-def _raw_series(store: Store, workflow_id: str, start: float, end: float, bucket_s: int) -> pd.DataFrame:
-    """workflow_series over [start, end) from raw samples, in buckets of bucket_s seconds."""
-    b = bucket_s
-    devices = workflow_devices(store, workflow_id, Window(start, end))
-    if devices.empty:
-        return pd.DataFrame(columns=["t", "util", "sm_active", "mem_used", "mem_total", "source"])
-    ds = DeviceSample
-    dbucket = _bucket(store, ds.ts, b).label("t")
-    dev = _frame(store, (
-        select(dbucket, func.avg(ds.gpu_util).label("util"), func.avg(ds.sm_active).label("sm_active"))
-        .where(ds.device_id.in_([int(d) for d in devices.device_id]), ds.ts >= start, ds.ts < end)
-        .group_by(dbucket)
-    ))
-    ps = ProcessSample
-    # as the analyzer's rollups: the memory its processes hold on one device (the fullest one), against that
-    # device's memory
-    per_ts = (
-        select(ps.ts, func.sum(ps.mem_used).label("mem"))
-        .where(ps.workflow_id == workflow_id, ps.ts >= start, ps.ts < end)
-        .group_by(ps.ts, ps.device_id)
-        .subquery()
-    )
-    pbucket = _bucket(store, per_ts.c.ts, b).label("t")
-    mem = _frame(store, select(pbucket, func.max(per_ts.c.mem).label("mem_used")).group_by(pbucket))
-    df = dev.merge(mem, on="t", how="outer").sort_values("t")
-    df["mem_total"] = float(devices.memory_total.max()) if devices.memory_total.notna().any() else None
-    df["source"] = "raw"
-    return df.reset_index(drop=True)
-
-
-def workflow_steps(store: Store, workflow_id: str, window: Window) -> pd.DataFrame:
-    s = StepStat
-    stmt = (
-        select(s.ts_end.label("t"), s.rank, s.first_step, s.last_step, s.n_steps, s.mean_s, s.p50_s, s.p95_s,
-               s.max_s)
-        .where(s.workflow_id == workflow_id, s.ts_end >= window.start, s.ts_end < window.end)
-        .order_by(s.ts_end)
-    )
-    return _frame(store, stmt)
-
-
-def workflow_traces(store: Store, workflow_id: str, limit: int = 20) -> pd.DataFrame:
-    t = Trace
-    stmt = (
-        select(t.id, t.created_at, t.rank, t.host_id, t.path, t.steps, t.status, t.error, t.analyzed_at, t.summary,
-               t.profile_request_id)
-        .where(t.workflow_id == workflow_id)
-        .order_by(t.created_at.desc())
-        .limit(limit)
-    )
-    return _frame(store, stmt)
-
-
-def profile_requests(store: Store, workflow_id: str, limit: int = 10) -> pd.DataFrame:
-    p = ProfileRequest
-    stmt = (
-        select(p.id, p.steps, p.reason, p.requested_by, p.requested_at, p.status, p.claimed_at, p.completed_at,
-               p.error)
-        .where(p.workflow_id == workflow_id)
-        .order_by(p.requested_at.desc(), p.id.desc())
-        .limit(limit)
     )
     return _frame(store, stmt)
 

@@ -216,7 +216,7 @@ class Demo:
             self.console.print(f"[green]✓[/] started {name} ({mode}) as {job.workflow_id} on device {device.id}")
 
     def load_fleet(self) -> None:
-        summary = load_into_store(self.store, "alibaba")
+        summary = load_into_store(self.store, "alibaba", fleet_data_dir=self.settings.fleet_data_dir)
         self.report.fleet = {"hosts": summary.hosts, "devices": summary.devices, "workflows": summary.workflows,
                              "device_samples": summary.device_samples, "skipped_rows": summary.skipped_rows}
 
@@ -263,7 +263,7 @@ class Demo:
                 f"{n}: {t['status']}" for n, t in self.report.traces.items() if t["status"] != "done"))
 
     def analyze(self) -> None:
-        analyze_pending(self.store)
+        analyze_pending(self.store, cache_dir=self.settings.home / "cache" / "traces", host_id=self.settings.host_id)
         # The replayed fleet is judged on real time; the local jobs, a minute or two old, on demo time.
         detect(self.store)
         # judged from their first step on: a start-up (imports, allocation) is no part of how a job uses a device
@@ -297,7 +297,7 @@ class Demo:
                             "devices_freed_planned": len(plan.devices_freed)}
         if not plan.moves:
             raise DemoError("the PACK plan has no moves (no local device is wholly idle or underused)")
-        actions = apply_plan(self.store, plan.plan_id)
+        actions = apply_plan(self.store, plan.plan_id, settings=self.settings)
         states = drive_until_done(self.store, [a.id for a in actions], settings=self.settings, timeout_s=180)
         with self.store.session() as s:
             for action_id, state in states.items():

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR
 from enforcer.sim.model import ReadReport
 from enforcer.sim.readers.alibaba import read_alibaba_series
 from enforcer.sim.readers.common import numeric, read_csv
 from store.errors import InvalidInput
+from store.headroom import LANE_FACTOR, PERSISTENT_FACTOR
 
 
 @dataclass(slots=True)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
+from enforcer.fleet_state import read_fleet_state
 from enforcer.sim.model import GIB, NodeSpec, ReadReport, SimJob, Trace
 from store.db import Store
-from store.models import Device, ProcessSample, StepStat, Workflow
+from store.models import ProcessSample, StepStat, Workflow
 
 DEFAULT_DEVICE_MEM = 80 * GIB
 
@@ -14,7 +15,8 @@ DEFAULT_DEVICE_MEM = 80 * GIB
 def read_store(store: Store) -> Trace:
     """One job per workflow: arrival = created_at; work = its steps' time from step_stats (sum of n_steps x
     mean_s), else last_seen - created_at; memory = its SDK profile (P, E), else the peak process memory sampled;
-    util = its mean sampled SM utilisation. The cluster is the recorded devices (grouped by host).
+    util = its mean sampled SM utilisation. The cluster is the fleet state's usable devices (grouped by host), each
+    with its whole memory: the what-if replays the recorded jobs from an empty fleet.
     Workflows with no duration are skipped and counted."""
     report = ReadReport(f"store {store.url.render_as_string(hide_password=True)}")
     with store.session() as s:
@@ -29,8 +31,8 @@ def read_store(store: Store) -> Trace:
                 .group_by(ProcessSample.workflow_id)
             ).all()
         }
-        devices = s.execute(select(Device.host_id, Device.memory_total, Device.name)
-                            .where(Device.state == "ok")).all()
+        state = read_fleet_state(s)
+        devices = [(d.host, d.memory_total, d.kind) for d in state.devices.values()]
     report.rows = len(workflows)
     jobs = []
     for w in workflows:

@@ -10,6 +10,7 @@ from store.placements import FAILURE_LABEL
 from ui.dashboard import actions, charts
 from ui.dashboard.common import ago, cached, device_page, fresh, report
 from ui.dashboard.findings_view import finding_cards
+from ui.dashboard.state_queries import workflow_placement
 
 PROGRESS_REFRESH_S = 3.0
 PROGRESS = {"pending": (0.15, "waiting for the agent"), "capturing": (0.6, "capturing"),
@@ -65,6 +66,12 @@ if (info.get("labels") or {}).get(FAILURE_LABEL):  # why fleetlens saw it fail, 
 tab_telemetry, tab_findings, tab_traces = st.tabs(["Telemetry", "Findings", "Traces & profiling"])
 
 with tab_telemetry:
+    for where in workflow_placement(ctx.store, choice):  # from the enforcer's fleet state, as the planner sees it
+        lane = f"lane {where['lane_id']}" if where["lane_id"] is not None else "the whole device"
+        shared = (f"; shares its lane with {', '.join(where['lane_mates'])}" if where["lane_mates"] else "") + (
+            f"; beside {', '.join(where['beside'])}" if where["beside"] else "")
+        st.caption(f"placed on device {where['device_id']} ({where['host']}), {lane}{shared}; the device's free "
+                   f"capacity {int(where['free_capacity']) / 2**30:.1f} GiB")
     try:
         series = cached(ctx, "workflow_series", choice, ctx.window)
         steps = cached(ctx, "workflow_steps", choice, ctx.window)
@@ -78,11 +85,17 @@ with tab_telemetry:
         else:
             st.info(f"No samples of this workflow in the last {ctx.window_label}.")
     else:
-        m = st.columns(3)
-        m[0].metric("Mean utilisation", f"{series.util.mean():.0%}" if series.util.notna().any() else "–")
-        m[1].metric("Mean SM active", f"{series.sm_active.mean():.0%}" if series.sm_active.notna().any() else "–")
+        m = st.columns(4)
+        own = series["own_util"] if "own_util" in series else pd.Series(dtype=float)
+        util = own if own.notna().any() else series.util  # its own when its processes report one
+        m[0].metric("Mean utilisation", f"{util.mean():.0%}" if util.notna().any() else "–",
+                    help="its own processes' utilisation, what the detectors judge it by" if own.notna().any()
+                    else "its devices' utilisation (its processes report none of their own)")
+        m[1].metric("Device utilisation", f"{series.util.mean():.0%}" if series.util.notna().any() else "–",
+                    help="its devices' utilisation, lane-mates included: the context")
+        m[2].metric("Mean SM active", f"{series.sm_active.mean():.0%}" if series.sm_active.notna().any() else "–")
         peak, total = series.mem_used.max(), series.mem_total.max()
-        m[2].metric("Peak memory", f"{peak / 2**30:.1f} GiB" if pd.notna(peak) else "–",
+        m[3].metric("Peak memory", f"{peak / 2**30:.1f} GiB" if pd.notna(peak) else "–",
                     help=f"of {total / 2**30:.0f} GiB device memory" if pd.notna(total) else None)
         st.plotly_chart(charts.workflow_series(series))
         if ctx.window.uses_rollups and (series["source"] == "raw").any():

@@ -1,7 +1,7 @@
-"""slurm: what Slurm says of its jobs (slurm_jobs), and which actuator carries an action out (actions.engine, detail)
+"""slurm: what Slurm says of its jobs (slurm_jobs), and what an actuator needs to carry a move on (actions.detail)
 
-Revision ID: 0007_slurm
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-26 05:25:00
 
 collector.importers.slurm writes one slurm_jobs row per Slurm job it sees (workflow `slurm-<id>`); the Slurm actuator
@@ -16,8 +16,8 @@ from sqlalchemy.dialects import postgresql
 
 from alembic import op
 
-revision: str = '0007_slurm'
-down_revision: str | None = '0006'
+revision: str = '0008'
+down_revision: str | None = '0007'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -27,7 +27,6 @@ FLOAT = sa.Double()
 
 def upgrade() -> None:
     with op.batch_alter_table("actions") as batch_op:
-        batch_op.add_column(sa.Column("engine", sa.String(length=16), nullable=True))
         batch_op.add_column(sa.Column("detail", JSON, nullable=True))
     op.create_table(
         "slurm_jobs",
@@ -65,4 +64,3 @@ def downgrade() -> None:
     op.drop_table("slurm_jobs")
     with op.batch_alter_table("actions") as batch_op:
         batch_op.drop_column("detail")
-        batch_op.drop_column("engine")

@@ -1,7 +1,7 @@
 """sweeps: hyper-parameter sweeps sized by Fluid, and every start, resize, hold-back and end of their trials
 
-Revision ID: 0007_sweeps
-Revises: 0006
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-11-26 05:30:00
 """
 
@@ -12,8 +12,8 @@ from sqlalchemy.dialects import postgresql
 
 from alembic import op
 
-revision: str = '0007_sweeps'
-down_revision: str | None = '0006'
+revision: str = '0009'
+down_revision: str | None = '0008'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,87 @@
+"""What the agent holds between two flushes: the batch of sample rows (as spooled, by device index), the processes it
+saw, and the counters a test or `--once` reads back."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
+from typing import Any
+
+from collector.command_runner import Outcome
+from collector.sources.base import DeviceReading
+from store.samples import DEVICE_METRICS, PROCESS_METRICS
+
+BATCH_VERSION = 1
+
+# A sample row in memory and in the spool names its device by index on the host, not by id in the store:
+# the agent can sample (and spool) before it ever reached the database to learn its device ids. A row is
+# [device index, *FIELDS]; the batch names its fields, so a spooled batch is read by name, whatever the order.
+DEVICE_FIELDS: tuple[str, ...] = ("ts", *DEVICE_METRICS)
+PROCESS_FIELDS: tuple[str, ...] = ("workflow_id", "pid", "ts", *PROCESS_METRICS)
+device_metrics = attrgetter(*DEVICE_METRICS)
+process_metrics = attrgetter(*PROCESS_METRICS)
+
+
+@dataclass
+class AgentStats:
+    """Counters a test or `--once` can read back."""
+
+    rounds: int = 0  # sampling rounds
+    device_rows: int = 0  # device sample rows taken
+    process_rows: int = 0
+    flushes: int = 0
+    batches_written: int = 0  # batches the database took directly
+    batches_spooled: int = 0
+    batches_resent: int = 0  # spooled batches later sent
+    rows_dropped: int = 0  # rows that could not be written (unknown device)
+    sample_errors: int = 0
+    commands: list[Outcome] = field(default_factory=list)
+    # seconds each fresh batch took to write, the latest ones (a load test reads the percentiles)
+    write_s: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+
+
+@dataclass
+class KnownProcess:
+    """What the agent knows of one process it saw on a device."""
+
+    pid: int
+    start_time: float
+    workflow_id: str
+    id_source: str
+    cmdline: str | None = None
+    username: str | None = None
+    checked_at: float = 0.0
+
+
+class Batch:
+    """Rows taken since the last flush, plus the workflows and processes they refer to."""
+
+    def __init__(self) -> None:
+        self.devices: list[list[Any]] = []
+        self.processes: list[list[Any]] = []
+        self.workflows: dict[str, str] = {}  # workflow id -> id_source
+        self.seen: dict[int, KnownProcess] = {}
+        self.lost: set[int] = set()
+        self.found: set[int] = set()  # devices that answered again after being lost
+
+    @property
+    def rows(self) -> int:
+        return len(self.devices) + len(self.processes)
+
+    def to_json(self, host_id: str) -> dict[str, Any]:
+        return {
+            "v": BATCH_VERSION, "host_id": host_id, "device_fields": list(DEVICE_FIELDS),
+            "process_fields": list(PROCESS_FIELDS), "devices": self.devices, "processes": self.processes,
+            "workflows": self.workflows,
+        }
+
+
+def device_row(r: DeviceReading) -> list[Any]:
+    return [r.index, r.ts, *device_metrics(r)]
+
+
+def row_getter(columns: tuple[str, ...], names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """A function taking a row whose values are `names` to the tuple of `columns` (all of which it must name)."""
+    return itemgetter(*[names.index(c) for c in columns])

@@ -1,0 +1,181 @@
+"""The fleet as the enforcer believes it is, read once per cycle, with the one rule for a device's free capacity.
+
+Admission (`fleetlens run`), the planner, consolidation and the dashboard all start from a `FleetState`: the usable
+devices with their memory and the memory no placement explains (`unmanaged`), the open lanes, the active and
+pending placements with the memory they were admitted with, the lanes reserved for moves under way, and per placed
+workflow whether it may be moved and which hosts can read its checkpoints. Nothing else in the enforcer computes
+"capacity minus memory we do not manage": `FleetState.free_capacity` is the rule, and a property test checks that
+every consumer ends up with the same number per device.
+
+The rule: a device's free capacity is its memory less `unmanaged`, where `unmanaged` is the larger of what the latest
+process samples show workflows not placed on it using, and what the latest device sample shows in use beyond what
+its placements explain (a lane placement explains its P' + E; a whole-device placement the whole device, which is
+all its holder's; a lane opened for a job on its way, its share of the lane). See store.device_memory for the two
+views.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from store.checkpoints import readable_hosts_by_workflow
+from store.device_memory import unplaced_memory
+from store.models import Action, Device, Lane, Placement, Team, Workflow
+from store.settings import Settings
+from store.workflows import is_movable
+
+# action states after which a move is over (the lanes it opened are no longer reserved for it)
+MOVE_OVER = ("resumed", "rolled_back", "failed")
+PLACED = ("active", "pending")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    device_id: int
+    host: str
+    kind: str  # the model name (policies match jobs to kinds)
+    index: int
+    memory_total: int  # bytes (0: unknown)
+    unmanaged: int  # bytes in use that no placement explains: never handed out
+
+
+@dataclass(frozen=True, slots=True)
+class LaneState:
+    lane_id: int
+    device_id: int
+    size: int
+    compute_share: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementState:
+    """One job on one device, as admitted: `p_prime` is P' (None: its memory is unknown), `ephemeral` its E."""
+
+    placement_id: int
+    workflow_id: str
+    device_id: int
+    lane_id: int | None  # None: the whole device
+    host: str
+    pid: int | None
+    p_prime: int | None
+    ephemeral: int | None
+    compute_share: float | None
+    state: str  # 'active' or 'pending'
+
+
+@dataclass(frozen=True, slots=True)
+class Arriving:
+    """A lane opened for a job whose move is still under way: reserved for it whatever else happens."""
+
+    workflow_id: str
+    device_id: int
+    lane: LaneState
+    share: int  # bytes of the lane reserved for this job (the lane split evenly among those on their way)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowState:
+    workflow_id: str
+    state: str
+    managed: bool
+    team: str | None
+    movable: bool  # opted in (per workflow or team) and running
+    # hosts that said lately they can read its checkpoint location; None: no storage facts were read
+    readable_hosts: frozenset[str] | None
+
+
+@dataclass
+class FleetState:
+    now: float
+    devices: dict[int, DeviceState] = field(default_factory=dict)
+    lanes: dict[int, LaneState] = field(default_factory=dict)
+    placements: list[PlacementState] = field(default_factory=list)
+    arriving: list[Arriving] = field(default_factory=list)
+    workflows: dict[str, WorkflowState] = field(default_factory=dict)
+
+    def free_capacity(self, device_id: int) -> int:
+        """The one rule: what admission may hand out on the device (lanes included), its memory less `unmanaged`."""
+        d = self.devices[device_id]
+        return max(0, d.memory_total - d.unmanaged)
+
+    def placements_on(self, device_id: int, states: tuple[str, ...] = PLACED) -> list[PlacementState]:
+        return [p for p in self.placements if p.device_id == device_id and p.state in states]
+
+    def active(self) -> list[PlacementState]:
+        return [p for p in self.placements if p.state == "active"]
+
+
+def read_fleet_state(session: Session, *, now: float | None = None, settings: Settings | None = None,
+                     host_id: str | None = None) -> FleetState:
+    """Read the fleet once: every usable device (of `host_id` only, if given), its lanes, placements, moves under way,
+    and, with `settings`, each placed workflow's movability (teams from FLEETLENS_MOVABLE_TEAMS too) and the hosts
+    that can read its checkpoints (probes younger than `storage_probe_max_age_s`). Without `settings` the storage
+    facts are left out (`readable_hosts` None) and only the teams the store marks movable count."""
+    now = time.time() if now is None else now
+    query = select(Device).where(Device.state == "ok")
+    if host_id is not None:
+        query = query.where(Device.host_id == host_id)
+    rows = list(session.scalars(query.order_by(Device.id)))
+    ids = [d.id for d in rows]
+    state = FleetState(now=now)
+    state.lanes = {lane.id: LaneState(lane.id, lane.device_id, int(lane.size_bytes), float(lane.compute_share))
+                   for lane in session.scalars(select(Lane).where(Lane.device_id.in_(ids), Lane.state == "open"))}
+    placed_rows = session.execute(
+        select(Placement, Workflow).join(Workflow, Workflow.id == Placement.workflow_id)
+        .where(Placement.device_id.in_(ids), Placement.state.in_(PLACED)).order_by(Placement.id)).all()
+    state.placements = [PlacementState(
+        p.id, p.workflow_id, p.device_id, p.lane_id, p.host_id, p.pid,
+        None if p.mem_persistent is None else int(p.mem_persistent),
+        None if p.mem_ephemeral is None else int(p.mem_ephemeral), p.compute_share, p.state)
+        for p, _ in placed_rows]
+    state.arriving = _arriving(session, ids)
+    totals = {d.id: int(d.memory_total or 0) for d in rows}
+    unmanaged = _unmanaged(session, state, totals)
+    state.devices = {d.id: DeviceState(d.id, d.host_id, d.name or "", d.index, totals[d.id], unmanaged.get(d.id, 0))
+                     for d in rows}
+    workflows = {wf.id: wf for _, wf in placed_rows}
+    teams = set(session.scalars(select(Team.name).where(Team.movable.is_(True))))
+    if settings is not None:
+        teams |= set(settings.movable_teams)
+        readable = readable_hosts_by_workflow(session, workflows.values(), max_age_s=settings.storage_probe_max_age_s,
+                                              now=now)
+    for wf in workflows.values():
+        movable = is_movable(session, wf) or (bool(wf.managed) and wf.team in teams)
+        state.workflows[wf.id] = WorkflowState(
+            wf.id, wf.state, bool(wf.managed), wf.team, movable and wf.state == "running",
+            readable[wf.id] if settings is not None else None)
+    return state
+
+
+def _arriving(session: Session, device_ids: list[int]) -> list[Arriving]:
+    rows = session.execute(
+        select(Action.workflow_id, Action.to_device_id, Lane)
+        .join(Lane, Lane.id == Action.to_lane_id)
+        .where(Action.state.not_in(MOVE_OVER), Lane.state == "open", Action.to_device_id.in_(device_ids))
+        .order_by(Action.id)).all()
+    per_lane: dict[int, int] = defaultdict(int)
+    for _, _, lane in rows:
+        per_lane[lane.id] += 1
+    return [Arriving(workflow_id, device_id,
+                     LaneState(lane.id, lane.device_id, int(lane.size_bytes), float(lane.compute_share)),
+                     int(lane.size_bytes) // per_lane[lane.id])
+            for workflow_id, device_id, lane in rows]
+
+
+def _unmanaged(session: Session, state: FleetState, totals: dict[int, int]) -> dict[int, int]:
+    """Per device, the bytes in use no placement explains (the module docstring says how)."""
+    placed: dict[int, set[str]] = defaultdict(set)
+    explained: dict[int, int] = defaultdict(int)
+    for p in state.placements:
+        placed[p.device_id].add(p.workflow_id)
+        explained[p.device_id] += (p.p_prime or 0) + (p.ephemeral or 0) if p.lane_id is not None \
+            else totals.get(p.device_id, 0)  # a whole device is all its holder's
+    for a in state.arriving:
+        if a.workflow_id not in placed[a.device_id]:  # not there yet: its share of the lane is spoken for
+            explained[a.device_id] += a.share
+    return unplaced_memory(session, list(totals), placed, explained)
