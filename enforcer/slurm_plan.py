@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from enforcer.actuators.base import Move
-from enforcer.lanes import LANE_FACTOR, PERSISTENT_FACTOR
+from store.headroom import charged, lane_size
 from store.slurm import GPU_TO_SHARD_VERSION
 
 
@@ -58,7 +58,7 @@ def plan_slurm_moves(holdings: list[SlurmHolding], *, busy: frozenset[str] = fro
         if h.memory is None:
             want = max(want, h.count)  # unknown memory runs alone first: it keeps what it holds
         elif h.device_memory:
-            lane = LANE_FACTOR * (PERSISTENT_FACTOR * h.memory[0] + h.memory[1])
+            lane = lane_size(charged(h.memory[0]), h.memory[1])
             want = max(want, math.ceil(lane / (h.device_memory / h.shards_per_gpu)))
         if h.gres_kind == "gpu":
             if h.used * h.shards_per_gpu < h.count * h.shards_per_gpu - 1:

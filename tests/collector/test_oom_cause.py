@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.oom import ran_out_of_memory
-from collector.oom import oom_cause
+from collector.oom import oom_cause, ran_out_of_memory
 from store.db import Store
 from store.models import Lane, Placement, Workflow
 from store.placements import FAILURE_LABEL, end_placements
