@@ -26,7 +26,7 @@ from store.db import Store
 from store.models import Device, Host, Placement, Workflow
 from store.models import SlurmJob as SlurmJobRow
 from store.registry import DeviceSpec, register_devices, register_host
-from store.settings import Settings, get_settings
+from store.settings import Settings
 from store.slurm import SlurmJob, SlurmNode, SlurmView, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli
 from store.workflows import upsert_workflow
@@ -54,10 +54,9 @@ def read_view(cli: SlurmCli) -> SlurmView:
     return SlurmView(version=version, nodes=nodes, jobs=jobs)
 
 
-def import_slurm(store: Store, settings: Settings | None = None, *, cli: SlurmCli | None = None,
+def import_slurm(store: Store, settings: Settings, *, cli: SlurmCli | None = None,
                  now: float | None = None) -> SlurmImport:
     """Read the cluster and record it (one transaction)."""
-    settings = settings or get_settings()
     view = read_view(cli or SlurmCli.from_settings(settings))
     return record_view(store, view, settings, now=time.time() if now is None else now)
 
