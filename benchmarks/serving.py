@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -56,23 +57,38 @@ def line(case: str, load: float, k: float, alpha: float, ours, res: dict, eps: f
     }
 
 
-def run_case(name: str, fit: Prepared, score: Prepared, n_gpus: int, configs, pooled_of=None) -> list[dict]:
-    out = []
-    for load, k, alpha in configs:
-        eps = tune_eps(fit, load, k, alpha, n_gpus)
-        res = run_policies(score, load, k, alpha, n_gpus, eps=eps, pick="rate")
-        rec = line(name, load, k, alpha, res["ours"], res, eps, n_gpus=n_gpus)
-        out.append(rec)
-        print(json.dumps(rec), flush=True)
-        if pooled_of is not None:
-            peps = tune_eps(fit, load, k, alpha, n_gpus, pooled=True)
-            pooled = run_policies(score, load, k, alpha, n_gpus, which=("ours",), eps=peps, pick="rate",
-                                  pooled=True)["ours"]
-            prec = line(f"{name}_pooled", load, k, alpha, pooled, res, peps, n_gpus=n_gpus,
+_PREP: dict[str, tuple[Prepared, Prepared]] = {}
+
+
+def _load(data: str) -> None:
+    """Each worker reads the traces once: (fit half, scored half) per case."""
+    trace = read_alibaba_requests(Path(data))
+    fit, score = trace.split()
+    _PREP["alibaba"] = (prepare(fit, fit), prepare(fit, score))
+    _PREP["alibaba_fixed_times"] = (prepare(fit, fit, fixed_times=True), prepare(fit, score, fixed_times=True))
+    for kind in ("code", "conv"):
+        afit, ascore = read_azure_requests(Path(data), kind).split()
+        _PREP[f"azure_{kind}"] = (prepare(afit, afit), prepare(afit, ascore))
+
+
+def _tune(task: tuple[str, float, float, bool, int]) -> tuple[tuple[str, float, float, bool], float]:
+    """eps for (case, load, k), tuned on the fit half at alpha = 0.1 and used for every alpha."""
+    case, load, k, pooled, n_gpus = task
+    return (case, load, k, pooled), tune_eps(_PREP[case][0], load, k, 0.1, n_gpus, pooled=pooled)
+
+
+def _run(task: tuple[str, float, float, float, int, dict]) -> list[dict]:
+    case, load, k, alpha, n_gpus, eps = task
+    score = _PREP[case][1]
+    e = eps.get((case, load, k, False), 0.5)
+    res = run_policies(score, load, k, alpha, n_gpus, eps=e)
+    out = [line(case, load, k, alpha, res["ours"], res, e, n_gpus=n_gpus)]
+    if case == "alibaba":
+        pe = eps[(case, load, k, True)]
+        pooled = run_policies(score, load, k, alpha, n_gpus, which=("ours",), eps=pe, pooled=True)["ours"]
+        out.append(line("alibaba_pooled", load, k, alpha, pooled, res, pe, n_gpus=n_gpus,
                         per_app_over_pooled=round(res["ours"].finish_rate / pooled.finish_rate, 4)
-                        if pooled.finish_rate else None)
-            out.append(prec)
-            print(json.dumps(prec), flush=True)
+                        if pooled.finish_rate else None))
     return out
 
 
@@ -81,22 +97,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="/work/shared/data/serving")
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="k <= 2 and alpha in {0.05, 0.3} only")
+    ap.add_argument("--workers", type=int, default=2, help="processes (one per core)")
     args = ap.parse_args(argv)
     t0 = time.time()
     configs = [(lo, k, a) for lo in LOADS for k in KS for a in ALPHAS]
     if args.quick:
         configs = [c for c in configs if c[1] <= 2 and c[2] in (0.05, 0.3)]
-    data = Path(args.data)
-    trace = read_alibaba_requests(data)
+    cases = ("alibaba", "alibaba_fixed_times", "azure_code", "azure_conv")
+    # with every time known (the fixed-times control) no request is ever between 0 and 1: eps does nothing there
+    tunes = [(c, lo, k, pooled, args.gpus) for c in cases if c != "alibaba_fixed_times"
+             for lo, k in sorted({(lo, k) for lo, k, _ in configs}) for pooled in ((False, True) if c == "alibaba"
+                                                                                    else (False,))]
+    lines: list[dict] = []
+    with mp.get_context("fork").Pool(args.workers, initializer=_load, initargs=(args.data,)) as pool:
+        eps = dict(pool.map(_tune, tunes))
+        tasks = [(c, lo, k, a, args.gpus, eps) for c in cases for lo, k, a in configs]
+        for out in pool.imap(_run, tasks):
+            for rec in out:
+                lines.append(rec)
+                print(json.dumps(rec), flush=True)
+    trace = read_alibaba_requests(Path(args.data))
     fit, score = trace.split()
-    lines = []
-    lines += run_case("alibaba", prepare(fit, fit), prepare(fit, score), args.gpus, configs, pooled_of=True)
-    lines += run_case("alibaba_fixed_times", prepare(fit, fit, fixed_times=True),
-                      prepare(fit, score, fixed_times=True), args.gpus, configs)
-    for kind in ("code", "conv"):
-        az = read_azure_requests(data, kind)
-        afit, ascore = az.split()
-        lines += run_case(f"azure_{kind}", prepare(afit, afit), prepare(afit, ascore), args.gpus, configs)
 
     def sel(case: str) -> list[dict]:
         return [r for r in lines if r["case"] == case and r["k"] <= 2]

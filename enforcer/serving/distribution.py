@@ -47,8 +47,7 @@ class TimeGrid:
 
     def indices(self, x: np.ndarray) -> np.ndarray:
         """Cells of many times; negative times give -1 (callers read probability 0 there)."""
-        i = np.floor(np.asarray(x, dtype=float) / self.step)
-        return np.where(i < 0, -1, np.minimum(i, self.cells - 1)).astype(np.int64)
+        return np.floor(np.clip(np.asarray(x, dtype=float) / self.step, -1.0, self.cells - 1)).astype(np.int64)
 
 
 class Distributions:

@@ -3,7 +3,8 @@ the system whose rule it borrows:
 
 - ClockworkLike: a point estimate (the application's mean time), earliest deadline first across batching groups,
   requests dropped once the estimate says they cannot make their deadline, and the largest batch (members in
-  deadline order, skipping one that would break the batch) whose estimated time meets every member's deadline.
+  deadline order, skipping one that would break the batch) whose estimated time meets every member's deadline;
+  a batch still running when all its members are past their deadlines is stopped (dropped, counted).
 - Oracle: the Clockwork rule with each request's exact time instead of the mean.
 - NexusLike: a batch size profiled per group (the largest b with 2 * g(b) * mean <= SLO, Nexus's rule that a
   request may wait one batch and run in the next), FIFO; never drops.
@@ -22,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from enforcer.serving.distribution import batch_cost
-from enforcer.serving.policy import DEFAULT_MAX_BATCH, RequestView, Selection
+from enforcer.serving.policy import DEFAULT_MAX_BATCH, RequestView, Selection, queued
 
 
 class _PointEstimateEDF:
@@ -30,8 +31,9 @@ class _PointEstimateEDF:
 
     drops = True
 
-    def __init__(self, alpha: float, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+    def __init__(self, alpha: float, max_batch: int = DEFAULT_MAX_BATCH, stop_running: bool = False) -> None:
         self.max_batch = max_batch
+        self.stop_running = stop_running
         self.g = [batch_cost(b, alpha) if b else 0.0 for b in range(max_batch + 1)]
 
     def estimates(self, ids: np.ndarray, view: RequestView) -> np.ndarray:
@@ -39,22 +41,18 @@ class _PointEstimateEDF:
 
     def select(self, now: float, queues: Mapping[int, list[int]], view: RequestView) -> Selection:
         sel = Selection()
-        best = None
-        for group, q in queues.items():
-            if not q:
-                continue
-            ids = np.asarray(q)
-            est = self.estimates(ids, view)
-            dl = view.deadlines(ids)
-            alive = now + est <= dl
-            if not alive.all():
-                sel.drop.extend(int(i) for i in ids[~alive])
-                ids, est, dl = ids[alive], est[alive], dl[alive]
-            if ids.size and (best is None or dl.min() < best[0]):
-                best = (float(dl.min()), ids, est, dl)
-        if best is None:
+        ids = queued(queues)
+        est = self.estimates(ids, view)
+        dl = view.deadlines(ids)
+        alive = now + est <= dl
+        if not alive.all():
+            sel.drop.extend(int(i) for i in ids[~alive])
+            ids, est, dl = ids[alive], est[alive], dl[alive]
+        if ids.size == 0:
             return sel
-        _, ids, est, dl = best
+        groups = view.groups(ids)
+        mine = groups == groups[int(np.argmin(dl))]
+        ids, est, dl = ids[mine], est[mine], dl[mine]
         chosen: list[int] = []
         longest, earliest = 0.0, np.inf
         for j in np.argsort(dl, kind="stable"):
@@ -65,6 +63,9 @@ class _PointEstimateEDF:
                 chosen.append(int(j))
                 longest, earliest = lo, ed
         sel.batch = [int(ids[j]) for j in chosen]
+        if self.stop_running and chosen:
+            # a point estimate says nothing once the batch overruns it: stop when every member is late
+            sel.stop_after = float(dl[chosen].max()) - now
         return sel
 
     def completed(self, group: int, batch: Sequence[int], exec_time: float, view: RequestView) -> None:
@@ -106,12 +107,12 @@ class _FifoBatcher:
 
     def select(self, now: float, queues: Mapping[int, list[int]], view: RequestView) -> Selection:
         sel = Selection()
+        groups = [g for g, q in queues.items() if q]
+        heads = view.arrivals([queues[g][0] for g in groups]) if groups else []
         best = None
-        for group, q in queues.items():
-            if q and self.ready(now, group, q, view):
-                head = float(view.arrivals(q[:1])[0])
-                if best is None or head < best[0]:
-                    best = (head, group, q)
+        for group, head in zip(groups, heads, strict=True):
+            if (best is None or head < best[0]) and self.ready(now, group, queues[group], view):
+                best = (float(head), group, queues[group])
         if best is None:
             sel.wake_at = self.wake(queues, view)
             return sel

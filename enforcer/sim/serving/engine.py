@@ -45,6 +45,9 @@ class Workload:
     def arrivals(self, ids: Sequence[int]) -> np.ndarray:
         return self.arrival[ids]
 
+    def groups(self, ids: Sequence[int]) -> np.ndarray:
+        return self.group[ids]
+
 
 @dataclass
 class SimResult:
@@ -52,7 +55,8 @@ class SimResult:
     n: int
     on_time: int = 0
     late: int = 0
-    dropped: int = 0
+    dropped: int = 0  # by the policy, from the queue or stopped while running
+    stopped: int = 0  # of which stopped while running
     left_queued: int = 0
     busy_gpu_s: float = 0.0
     batches: int = 0
@@ -86,7 +90,7 @@ def simulate(work: Workload, policy: BatchPolicy, n_gpus: int, alpha: float,
     res.finished_at = np.full(n, np.nan)
     queues: dict[int, list[int]] = {}
     state = np.zeros(n, dtype=np.int8)  # 0 waiting/unseen, 1 running, 2 on time, 3 late, 4 dropped
-    running: list[tuple[float, int, int, list[int], float]] = []
+    running: list[tuple[float, int, int, list[int], float, bool]] = []
     seq = 0
     free = n_gpus
     wake: float | None = None
@@ -106,8 +110,13 @@ def simulate(work: Workload, policy: BatchPolicy, n_gpus: int, alpha: float,
         if t_wake <= now:
             wake = None
         while running and running[0][0] <= now:
-            end, _, grp, batch, exec_time = heapq.heappop(running)
+            end, _, grp, batch, exec_time, stopped = heapq.heappop(running)
             free += 1
+            if stopped:
+                res.stopped += len(batch)
+                res.dropped += len(batch)
+                state[batch] = 4
+                continue
             for r in batch:
                 ok = end <= deadline[r] + 1e-9
                 state[r] = 2 if ok else 3
@@ -143,14 +152,17 @@ def simulate(work: Workload, policy: BatchPolicy, n_gpus: int, alpha: float,
                 queues[grp] = [r for r in q if r not in taken]
             g = batch_cost(len(batch), alpha)
             exec_time = g * float(true_time[batch].max())
+            stopped = sel.stop_after is not None and sel.stop_after < exec_time
+            if stopped:
+                exec_time = max(0.0, sel.stop_after)
             seq += 1
-            heapq.heappush(running, (now + exec_time, seq, grp, batch, exec_time))
+            heapq.heappush(running, (now + exec_time, seq, grp, batch, exec_time, stopped))
             state[batch] = 1
             free -= 1
             res.busy_gpu_s += exec_time
             res.batches += 1
             res.batch_sizes.append(len(batch))
-            if grid is not None and sel.predicted_cdf is not None:
+            if grid is not None and sel.predicted_cdf is not None and not stopped:
                 res.batch_times.append(exec_time)
                 cells = grid.indices(res.ks_grid / g)
                 res.ks_pred_sum += sel.predicted_cdf[cells]

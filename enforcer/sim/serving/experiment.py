@@ -20,6 +20,7 @@ MIN_FIT = 20  # an application with fewer fit requests borrows its model's, else
 NON_DROPPING = ("nexus_like", "clipper_like", "triton_like")
 DROPPING = ("clockwork_like",)
 TRITON_DELAY_OF_MEDIAN = 0.25
+GRID_QUANTILE = 0.999
 
 
 @dataclass
@@ -68,7 +69,9 @@ def prepare(fit: RequestTrace, score: RequestTrace, *, fixed_times: bool = False
         med = {a: float(np.median(s)) for a, s in samples.items()}
         samples = {a: np.array([m]) for a, m in med.items()}
         time = np.array([med[apps[i]] for i in app])
-    grid = TimeGrid.covering(max(float(fit.time.max()), float(time.max())))
+    # The grid spans the 99.9th percentile of the times (longer ones share its last cell): the CDF is read to
+    # within one cell, and a cell of a tenth of the longest time would blur the tails a deadline is judged on.
+    grid = TimeGrid.covering(float(np.quantile(np.concatenate([fit.time, time]), GRID_QUANTILE)))
     dists = Distributions(grid, apps, [samples[a] for a in apps])
     pool = np.concatenate([samples[a] for a in apps]) if fixed_times else fit.time
     pooled = Distributions(grid, ["pooled"], [pool])
@@ -108,7 +111,7 @@ def run_policies(prep: Prepared, load: float, k: float, alpha: float, n_gpus: in
                  which: tuple[str, ...] = ("ours", "clockwork_like", "nexus_like", "clipper_like", "triton_like",
                                            "oracle"),
                  eps: float = DEFAULT_EPS, max_batch: int = DEFAULT_MAX_BATCH, pick: str = "edf",
-                 pooled: bool = False) -> dict[str, SimResult]:
+                 pooled: bool = False, **ours_kw) -> dict[str, SimResult]:
     work, slo = workload(prep, load, n_gpus, k)
     gmean, gslo, gmed = group_stats(prep, slo)
     out: dict[str, SimResult] = {}
@@ -116,9 +119,9 @@ def run_policies(prep: Prepared, load: float, k: float, alpha: float, n_gpus: in
         if name == "ours":
             if pooled:
                 pol = DistributionAware(prep.pooled, alpha, eps=eps, max_batch=max_batch, pick=pick,
-                                        app_row=np.zeros(len(prep.apps), dtype=np.int64))
+                                        app_row=np.zeros(len(prep.apps), dtype=np.int64), **ours_kw)
             else:
-                pol = DistributionAware(prep.dists, alpha, eps=eps, max_batch=max_batch, pick=pick)
+                pol = DistributionAware(prep.dists, alpha, eps=eps, max_batch=max_batch, pick=pick, **ours_kw)
             out[name] = simulate(work, pol, n_gpus, alpha, grid=prep.dists.grid)
             continue
         pol = {
@@ -132,7 +135,7 @@ def run_policies(prep: Prepared, load: float, k: float, alpha: float, n_gpus: in
     return out
 
 
-EPS_CHOICES = (0.4, 0.6, 0.8)
+EPS_CHOICES = (0.5, 0.65, 0.8)
 
 
 def tune_eps(fit_prep: Prepared, load: float, k: float, alpha: float, n_gpus: int, *, pooled: bool = False,
@@ -142,7 +145,7 @@ def tune_eps(fit_prep: Prepared, load: float, k: float, alpha: float, n_gpus: in
     the load; it is chosen on the data the distributions came from, never on the half being scored)."""
     best = None
     for eps in choices:
-        r = run_policies(fit_prep, load, k, alpha, n_gpus, which=("ours",), eps=eps, pick="rate",
+        r = run_policies(fit_prep, load, k, alpha, n_gpus, which=("ours",), eps=eps,
                          pooled=pooled)["ours"]
         if best is None or r.on_time > best[0]:
             best = (r.on_time, eps)
