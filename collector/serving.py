@@ -136,9 +136,10 @@ class ServingRecorder:
             raise InvalidInput(f"serving {app!r}: execution time {exec_s!r} s is not positive (end before start?)")
         if batch_size < 1:
             raise InvalidInput(f"serving {app!r}: batch size {batch_size} < 1")
-        if arrival < self._last_wall - 60.0:
+        if arrival < self._last_wall - 60.0:  # the wall clock was set back: keep the durations, file it late
             self.clock_steps_back += 1
-            arrival = self._last_wall
+            shift = self._last_wall - arrival
+            arrival, start, end = arrival + shift, start + shift, end + shift
         self._last_wall = max(self._last_wall, arrival)
         wait = start - arrival
         latency = end - arrival
