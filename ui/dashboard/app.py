@@ -23,6 +23,7 @@ pages = st.navigation(
                 url_path="findings"),
         st.Page(HERE / "views" / "enforcement.py", title="Enforcement", icon=":material/swap_horiz:",
                 url_path="enforcement"),
+        st.Page(HERE / "views" / "serving.py", title="Serving", icon=":material/speed:", url_path="serving"),
     ]
 )
 pages.run()

@@ -37,6 +37,7 @@ from store.models import (
     Trace,
     Workflow,
 )
+from store.serving import AppWindow, app_windows
 
 RAW_LIMIT_S = 6 * 3600  # longer windows read rollups
 HOUR = 3600.0
@@ -499,3 +500,9 @@ def lanes(store: Store) -> pd.DataFrame:
         .order_by(Lane.device_id, Lane.id)
     )
     return _frame(store, stmt)
+
+
+def serving_windows(store: Store, window: Window) -> list[AppWindow]:
+    """Each serving application's minutes over the window (store.serving): counts, histograms, SLO."""
+    with store.session() as s:
+        return app_windows(s, window.start, window.end)

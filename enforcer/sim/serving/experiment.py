@@ -113,6 +113,14 @@ def run_policies(prep: Prepared, load: float, k: float, alpha: float, n_gpus: in
                  eps: float = DEFAULT_EPS, max_batch: int = DEFAULT_MAX_BATCH, pick: str = "edf",
                  pooled: bool = False, **ours_kw) -> dict[str, SimResult]:
     work, slo = workload(prep, load, n_gpus, k)
+    return simulate_policies(prep, work, slo, alpha, n_gpus, which=which, eps=eps, max_batch=max_batch,
+                             pick=pick, pooled=pooled, **ours_kw)
+
+
+def simulate_policies(prep: Prepared, work: Workload, slo: np.ndarray, alpha: float, n_gpus: int, *,
+                      which: tuple[str, ...], eps: float = DEFAULT_EPS, max_batch: int = DEFAULT_MAX_BATCH,
+                      pick: str = "edf", pooled: bool = False, **ours_kw) -> dict[str, SimResult]:
+    """Each named scheduler on `work` (deadlines already set from `slo`, one per application)."""
     gmean, gslo, gmed = group_stats(prep, slo)
     out: dict[str, SimResult] = {}
     for name in which:
@@ -133,7 +141,6 @@ def run_policies(prep: Prepared, load: float, k: float, alpha: float, n_gpus: in
         }[name]()
         out[name] = simulate(work, pol, n_gpus, alpha)
     return out
-
 
 EPS_CHOICES = (0.5, 0.65, 0.8)
 
