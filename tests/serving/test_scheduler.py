@@ -9,9 +9,9 @@ import pytest
 from enforcer.serving.distribution import Distributions, TimeGrid, batch_cost
 from enforcer.serving.live import RequestQueue
 from enforcer.serving.policy import DistributionAware
-from enforcer.serving.rightsize import prepare_workflow, rightsize
 from enforcer.sim.serving.engine import Workload, simulate
 from enforcer.sim.serving.experiment import prepare, run_policies
+from enforcer.sim.serving.rightsize import prepare_workflow, rightsize
 from enforcer.sim.serving.traces import RequestTrace, read_alibaba_requests, read_azure_requests
 from store.errors import InvalidInput, NotFound
 from store.migrations import upgrade

@@ -9,9 +9,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from enforcer.serving.rightsize import SCHEDULERS, RightSize, prepare_workflow, rightsize
 from enforcer.sim.readers.alibaba import read_alibaba
 from enforcer.sim.serving.experiment import prepare
+from enforcer.sim.serving.rightsize import SCHEDULERS, RightSize, prepare_workflow, rightsize
 from enforcer.sim.serving.traces import read_alibaba_requests
 from store import latency_sketch as ls
 from store.errors import InvalidInput

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from enforcer.serving.rightsize import SCHEDULERS, prepare_workflow, rightsize
+from enforcer.sim.serving.rightsize import SCHEDULERS, prepare_workflow, rightsize
 from store.errors import FleetlensError
 from ui.dashboard import serving_charts
 from ui.dashboard.common import context, fresh, report
