@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.ui.helpers import assert_clean, metrics, page, texts
-from tests.ui.serving_seed import WORKFLOW, seed_serving
+from tests.ui.serving_seed import seed_serving
 from tests.ui.test_browser import CHROMIUM, ROOT, _free_port
 
 
@@ -70,9 +70,10 @@ def test_serving_page_renders_in_chromium(empty_store) -> None:
                 pg.set_default_timeout(90_000)
                 pg.goto(f"{url}/serving")
                 expect(pg.get_by_role("heading", name="Serving", exact=True)).to_be_visible()
-                expect(pg.get_by_text(WORKFLOW).first).to_be_visible()
+                expect(pg.get_by_text("Requests served").first).to_be_visible()
                 expect(pg.get_by_role("heading", name="Latency against the SLO")).to_be_visible()
                 expect(pg.get_by_text("Right size:", exact=False).first).to_be_visible()
+                expect(pg.get_by_text("with ours (holds 4)", exact=False).first).to_be_visible()
                 pg.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2")
                 pg.wait_for_timeout(1000)
                 shot = ROOT / ".pytest_cache" / "serving.png"
