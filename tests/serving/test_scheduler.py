@@ -9,6 +9,7 @@ import pytest
 from enforcer.serving.distribution import Distributions, TimeGrid, batch_cost
 from enforcer.serving.live import RequestQueue
 from enforcer.serving.policy import DistributionAware
+from enforcer.sim.serving.baselines import ClockworkLike
 from enforcer.sim.serving.engine import Workload, simulate
 from enforcer.sim.serving.experiment import prepare, run_policies
 from enforcer.sim.serving.rightsize import prepare_workflow, rightsize
@@ -130,3 +131,23 @@ def test_rightsize_of_a_stored_serving_workflow(any_store) -> None:
     assert rs.needed["ours"] is not None and rs.needed["ours"] <= rs.needed["nexus_like"]
     with pytest.raises(NotFound):
         prepare_workflow(any_store, "no-such-service")
+
+
+def test_a_running_batch_that_can_no_longer_make_it_is_stopped_and_counted() -> None:
+    d = _dists()
+    long = d.index_of["long"]
+    n = 200
+    rng = np.random.default_rng(3)
+    arr = np.sort(rng.uniform(0, 400, n))
+    times = rng.uniform(1, 9, n)
+    work = Workload(arr, np.full(n, long), np.zeros(n, dtype=np.int64), times, arr + 5.0)
+    pol = DistributionAware(d, alpha=0.1, eps=0.2, stop_running=True, stop_eps=0.1)
+    res = simulate(work, pol, 1, 0.1)
+    plain = simulate(work, DistributionAware(d, alpha=0.1, eps=0.2), 1, 0.1)
+    assert res.stopped > 0 and res.stopped <= res.dropped
+    assert res.on_time + res.late + res.dropped + res.left_queued == n
+    # a stopped batch frees the device for requests that can still make it (here: at least as many on time)
+    assert res.busy_gpu_s < plain.busy_gpu_s and res.on_time >= plain.on_time
+    # the point-estimate baseline stops a batch once all its members are late: one at a time, none ends late
+    cw = simulate(work, ClockworkLike(d.mean, 0.1, max_batch=1, stop_running=True), 1, 0.1)
+    assert cw.late == 0 and cw.stopped > 0

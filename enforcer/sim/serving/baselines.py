@@ -75,8 +75,9 @@ class _PointEstimateEDF:
 class ClockworkLike(_PointEstimateEDF):
     name = "clockwork_like"
 
-    def __init__(self, mean_by_app: np.ndarray, alpha: float, max_batch: int = DEFAULT_MAX_BATCH) -> None:
-        super().__init__(alpha, max_batch)
+    def __init__(self, mean_by_app: np.ndarray, alpha: float, max_batch: int = DEFAULT_MAX_BATCH,
+                 stop_running: bool = False) -> None:
+        super().__init__(alpha, max_batch, stop_running)
         self.mean_by_app = mean_by_app
 
     def estimates(self, ids: np.ndarray, view: RequestView) -> np.ndarray:
