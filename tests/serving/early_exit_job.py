@@ -25,7 +25,7 @@ from enforcer.serving.live import RequestQueue
 
 LAYERS = 24
 WIDTH = 512
-REPEAT = 16  # each layer applied this many times: a request takes milliseconds, above the CPU's jitter
+REPEAT = 48  # each layer applied this many times: a request takes milliseconds, above the CPU's jitter
 STATIC_LAYERS = 6
 
 

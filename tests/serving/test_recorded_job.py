@@ -34,10 +34,10 @@ def run_job(workflow: str, *args: str) -> dict:
 
 def test_serving_findings_fire_and_stay_quiet_on_a_recorded_early_exit_job(agent) -> None:
     # tight: the dynamic app's SLO is 1.2 x its profiled median (many requests run longer alone), on one device
-    tight = run_job("svc-tight", "--requests", "160", "--rate", "15", "--devices", "1", "--slo-dynamic", "1.2",
+    tight = run_job("svc-tight", "--requests", "160", "--rate", "12", "--devices", "1", "--slo-dynamic", "1.2",
                     "--slo-static", "2000")
     # roomy: 3 s SLOs for both, light load, four devices held
-    roomy = run_job("svc-roomy", "--requests", "160", "--rate", "15", "--devices", "4", "--slo-floor", "3",
+    roomy = run_job("svc-roomy", "--requests", "160", "--rate", "12", "--devices", "4", "--slo-floor", "3",
                     "--slo-dynamic", "1", "--slo-static", "1")
     for out in (tight, roomy):
         assert out["served"] + out["shed"] == out["submitted"] == 160
@@ -52,6 +52,8 @@ def test_serving_findings_fire_and_stay_quiet_on_a_recorded_early_exit_job(agent
         assert sum(w.dropped for k, w in windows.items() if k[0] == wf) == out["shed"]
     assert windows[("svc-tight", "dynamic")].slo_s == pytest.approx(tight["slos"]["dynamic"])
 
+    # enough served requests for the rules to judge (ServingThresholds.min_requests = 50)
+    assert min(w.n for w in windows.values()) >= 50, {k: (w.n, w.dropped) for k, w in windows.items()}
     specs = detect_serving(agent.store, now=now)
     fired = {(f.rule, f.workflow_id, f.subject) for f in specs}
     assert (SLO_MISSES, "svc-tight", "dynamic") in fired
