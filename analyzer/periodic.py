@@ -9,6 +9,7 @@ from typing import Any
 
 from analyzer.ranking import rank_with_waste
 from analyzer.rollups import apply_retention, rollup
+from analyzer.serving.rules import detect_serving
 from analyzer.slurm_holders import find_slurm_holders_without_processes
 from analyzer.telemetry import detect
 from analyzer.traces import analyze_batch, analyze_pending, pending_batches
@@ -47,6 +48,7 @@ def detect_telemetry(store: Store, settings: Settings, *, now: float | None = No
     The fleet's recoverable and held GPU-hours per day come from the one waste function (analyzer.waste).
     """
     found = detect(store, now, chunk_devices=settings.detect_chunk_devices)
+    found = [*found, *detect_serving(store, now=now)]  # serving workflows: judged by latency, not utilisation
     _, w = rank_with_waste(store, now)
     return {"findings": len(found), "by_rule": dict(Counter(f.rule for f in found)),
             "workflows": sorted({f.workflow_id for f in found}),

@@ -20,6 +20,8 @@ Requests and what their replies carry:
   its kernels run; `end` with `again: false` gives the turn up for good (the job left its loop). Outside a lane
   the job never sends it.
 - `bye`    {outcome: "finished"|"failed"|"stopped", last_step}: the job is leaving.
+- `serving` {minutes: [minute records], devices, slos}: a serving loop's per-application per-minute request
+  histograms (collector.serving; store.serving describes a record). Reply: ok, or an error naming the bad record.
 
 A StepBatch is {first_step, last_step, n_steps, ts_start, ts_end, mean_s, p50_s, p95_s, max_s,
 mem_persistent, mem_peak, mem_source}: memory in bytes (None when unknown), mem_source "cuda" or "rss".
@@ -47,6 +49,7 @@ CHECKPOINT_DONE = "checkpoint_done"
 CHECKPOINT_FAILED = "checkpoint_failed"
 GATE = "gate"
 BYE = "bye"
+SERVING = "serving"
 
 # fields every request of an op must carry, on top of op / workflow / pid
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -59,6 +62,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     CHECKPOINT_FAILED: ("request_id", "error"),
     GATE: ("lane", "step", "phase"),
     BYE: ("outcome",),
+    SERVING: ("minutes",),
 }
 OPS = frozenset(REQUIRED)
 BATCH_FIELDS = (
@@ -108,6 +112,8 @@ def check_request(message: dict[str, Any]) -> str:
         for batch in batches:
             if not isinstance(batch, dict) or any(batch.get(f) is None for f in BATCH_FIELDS):
                 raise ProtocolError(f"each steps batch needs {', '.join(BATCH_FIELDS)}")
+    if op == SERVING and not isinstance(message["minutes"], list):
+        raise ProtocolError("serving.minutes must be a list")
     return op
 
 

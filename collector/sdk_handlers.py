@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session
 
 from collector import protocol as p
+from collector.serving_sink import ServingSink
 from store import profiling
 from store.db import Store
 from store.device_memory import MEM_STEPS_LABEL
@@ -96,6 +97,7 @@ class SdkHandlers:
         self._outcomes: dict[tuple[str, int], str] = {}  # (wf, pid) -> what the job said in its goodbye
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.serving = ServingSink()  # serving loops' request histograms (collector.serving)
 
     # ---- the socket server's entry point -------------------------------------------------------------
 
@@ -192,6 +194,7 @@ class SdkHandlers:
             with self._lock:
                 ops_before = len(self._ops)
             self._write_steps()
+            self.serving.write(self.store)
             self._run_ops(ops_before)
             self._refresh_profiles()
 
@@ -353,6 +356,10 @@ class SdkHandlers:
             if self._note_memory((wf, pid), batches):
                 self._dirty_mem.add(wf)
         return self._instructions(msg)
+
+    def _on_serving(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.serving.handle(msg)
+        return {"ok": True}
 
     def _on_profile_done(self, msg: dict[str, Any]) -> dict[str, Any]:
         request_id, wf, rank = int(msg["request_id"]), msg["workflow"], int(msg.get("rank") or 0)

@@ -20,6 +20,7 @@ from ui.cli import profile as _profile  # noqa: F401  (registers profile)
 from ui.cli import prometheus as _prometheus  # noqa: F401  (registers import-prometheus, metrics-serve)
 from ui.cli import run as _run  # noqa: F401  (registers run, move, drive)
 from ui.cli import serve as _serve  # noqa: F401  (registers serve)
+from ui.cli import serving as _serving  # noqa: F401  (registers serving slo, show, rightsize)
 from ui.cli import simulate as _simulate  # noqa: F401  (registers simulate)
 from ui.cli import slurm as _slurm  # noqa: F401  (registers slurm-import)
 from ui.cli.app import app, err_console

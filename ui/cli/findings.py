@@ -12,6 +12,7 @@ from rich.table import Table
 from analyzer.period_rows import PER_DAY
 from analyzer.ranking import costed, findings_frame, rank_with_waste, teams_of
 from analyzer.rollups import apply_retention, rollup
+from analyzer.serving.rules import detect_serving
 from analyzer.telemetry import detect as detect_findings
 from analyzer.telemetry import load_thresholds
 from analyzer.waste import held_from_rollups, waste
@@ -87,15 +88,21 @@ def detect(
     thresholds: Path | None = typer.Option(None, "--thresholds", help="Another thresholds TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """Run the telemetry detectors over the store's samples and record their findings."""
+    """Run the telemetry detectors over the store's samples, and the serving rules over serving workflows'
+    requests; record their findings."""
     if window_hours is not None and window_hours <= 0:
         raise InvalidInput(f"--window-hours must be positive, got {window_hours}")
     th = load_thresholds(thresholds)
     found = detect_findings(open_store(), now=now, window_s=None if window_hours is None else window_hours * 3600,
                             thresholds=th)
     store = open_store()
+    serving = detect_serving(store, now=now)  # serving workflows: judged by latency (analyzer/serving)
     frame = findings_frame(store)
-    frame = frame[frame["id"].isin([f.id for f in found])]
+    serving_keys = {(f.rule, f.workflow_id) for f in serving}
+    frame = frame[frame["id"].isin([f.id for f in found])
+                  | pd.Series(list(zip(frame["rule"], frame["workflow_id"], strict=True)), index=frame.index,
+                              dtype=object).isin(serving_keys)]
+    found = [*found, *serving]
     held = held_from_rollups(store, now)
     summary = {
         rule: {"findings": len(fs), "workflows": int(fs["workflow_id"].nunique()),

@@ -24,6 +24,7 @@ pages = st.navigation(
         st.Page(HERE / "views" / "enforcement.py", title="Enforcement", icon=":material/swap_horiz:",
                 url_path="enforcement"),
         st.Page(HERE / "views" / "sweeps.py", title="Sweeps", icon=":material/tune:", url_path="sweeps"),
+        st.Page(HERE / "views" / "serving.py", title="Serving", icon=":material/speed:", url_path="serving"),
     ]
 )
 pages.run()

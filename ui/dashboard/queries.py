@@ -32,6 +32,7 @@ from store.models import (
     Rollup,
     Workflow,
 )
+from store.serving import AppWindow, app_windows
 from store.sweeps import events as sweep_event_rows
 from store.sweeps import gpu_use, labelled_trials
 from store.sweeps import sweeps as sweep_rows
@@ -386,3 +387,9 @@ def sweep_events(store: Store, sweep_id: str, gpus: int) -> tuple[pd.DataFrame, 
 def sweep_trials(store: Store) -> pd.DataFrame:
     """Trials grouped into sweeps by FLEETLENS_SWEEP (tuners other than Ray Tune): sweep, trial, workflow, state."""
     return pd.DataFrame(labelled_trials(store), columns=["sweep", "trial", "workflow", "state", "last_seen"])
+
+
+def serving_windows(store: Store, window: Window) -> list[AppWindow]:
+    """Each serving application's minutes over the window (store.serving): counts, histograms, SLO."""
+    with store.session() as s:
+        return app_windows(s, window.start, window.end)

@@ -1,0 +1,116 @@
+"""Serving ingest: requests per second one host's serving loops record and the agent stores, without losing any.
+
+An agent (SdkHandlers behind the real socket server, its own process, a SQLite store) serves PROCS serving
+processes, each recording REQUESTS requests of APPS applications as fast as it can through the SDK's serving
+mode (collector.serving: per-minute histograms, flushed about once a second). The figure is requests stored per
+second of wall time, from the first request to the last one in the store, and the store's counts must equal what
+was recorded. The anchor, in the same run: the same SDK path with one message per request (what a per-request
+protocol costs). One JSON line; the target is at least 10,000 requests/s with none lost.
+
+Run: PYTHONPATH=. python benchmarks/serving_ingest.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from store.db import Store  # noqa: E402
+from store.serving import app_windows  # noqa: E402
+from store.settings import Settings  # noqa: E402
+
+PROCS = 2
+REQUESTS = 200_000  # per process
+ANCHOR_REQUESTS = 3_000  # per process, one message each
+APPS = 8
+TARGET = 10_000.0
+
+SERVE = """
+import sys
+from store.db import Store
+from store.migrations import upgrade
+from store.settings import Settings
+from collector.sdk_handlers import SdkHandlers
+from collector.socket_server import SocketServer
+s = Settings(home=sys.argv[1])
+store = Store.from_settings(s); upgrade(store)
+handlers = SdkHandlers(store, "bench-host", s, sync_interval_s=0.5)
+with SocketServer(s.socket_path, handlers):
+    print("ready", flush=True)
+    sys.stdin.read()
+handlers.close()
+"""
+
+LOOP = """
+import sys, time
+from collector.serving import ServingRecorder
+from store.settings import Settings
+home, wf, n, apps, per_message = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+rec = ServingRecorder(wf, settings=Settings(home=home), slos={f"app{i}": 0.05 for i in range(apps)})
+names = [f"app{i}" for i in range(apps)]
+t = time.time()
+for i in range(n):
+    a = t + i * 1e-4
+    rec.record(names[i % apps], arrival=a, start=a + 1e-4, end=a + 1e-4 + 0.001 * (1 + i % 97), batch_size=4)
+    if per_message:
+        rec.flush(force=True)
+rec.close()
+print(rec.sent, rec.lost, flush=True)
+"""
+
+
+def stored(store: Store, wf: str) -> int:
+    with store.session() as s:
+        return sum(w.n + w.dropped for w in app_windows(s, 0.0, time.time() + 1e6, [wf]))
+
+
+def run(home: Path, store: Store, wf: str, n: int, per_message: bool) -> tuple[float, int, int]:
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", LOOP, str(home), wf, str(n), str(APPS),
+                               "1" if per_message else "0"], stdout=subprocess.PIPE, text=True)
+             for _ in range(PROCS)]
+    sent = lost = 0
+    for p in procs:
+        out, _ = p.communicate(timeout=1800)
+        s, lo = out.split()
+        sent, lost = sent + int(s), lost + int(lo)
+    want = n * PROCS
+    while stored(store, wf) < want and time.perf_counter() - t0 < 600:
+        time.sleep(0.1)
+    return time.perf_counter() - t0, stored(store, wf), lost
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "h"
+        home.mkdir()
+        agent = subprocess.Popen([sys.executable, "-c", SERVE, str(home)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert agent.stdout.readline().strip() == "ready"
+            store = Store.from_settings(Settings(home=home))
+            wall, got, lost = run(home, store, "bench-serving", REQUESTS, per_message=False)
+            a_wall, a_got, a_lost = run(home, store, "bench-serving-anchor", ANCHOR_REQUESTS, per_message=True)
+            store.dispose()
+        finally:
+            agent.stdin.close()
+            agent.wait(timeout=60)
+    want = REQUESTS * PROCS
+    rate, anchor = got / wall, a_got / a_wall
+    print(json.dumps({
+        "benchmark": "serving_ingest", "processes": PROCS, "applications": APPS, "requests": want,
+        "stored": got, "lost": lost, "requests_per_s": round(rate, 1), "wall_s": round(wall, 2),
+        "anchor": "one message per request", "anchor_requests": ANCHOR_REQUESTS * PROCS, "anchor_stored": a_got,
+        "anchor_requests_per_s": round(anchor, 1), "ratio_to_anchor": round(rate / anchor, 2),
+        "target_requests_per_s": TARGET, "meets_target": rate >= TARGET and got == want and lost == 0,
+    }))
+
+
+if __name__ == "__main__":
+    main()

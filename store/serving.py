@@ -1,0 +1,192 @@
+"""Serving workflows in the store: per-application per-minute request histograms (merged, never overwritten),
+SLOs per application, and the reads the findings, right-sizing and the dashboard share.
+
+A minute record (what the SDK sends through the agent) is a dict with app, minute, n, dropped, met (or None),
+exec_sum, exec_sumsq, wait_sum, latency_sum, batch_sum, exec_hist, latency_hist (store.latency_sketch dicts).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from store import latency_sketch as ls
+from store.errors import InvalidInput
+from store.models import ServingApp, ServingMinute
+
+SUM_FIELDS = ("exec_sum", "exec_sumsq", "wait_sum", "latency_sum")
+COUNT_FIELDS = ("n", "dropped", "batch_sum")
+
+
+def check_minute(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """A minute record made safe to store: InvalidInput names what is wrong (no application, a negative count,
+    histogram counts that do not add up to n)."""
+    if not isinstance(rec, Mapping):
+        raise InvalidInput("serving minute: a record must be an object")
+    app = rec.get("app")
+    if not isinstance(app, str) or not app.strip():
+        raise InvalidInput("serving minute: a request with no application (app must be a non-empty string)")
+    minute = rec.get("minute")
+    if not isinstance(minute, int | float) or isinstance(minute, bool) or not math.isfinite(minute):
+        raise InvalidInput(f"serving minute for {app!r}: minute {minute!r} is not a time")
+    out: dict[str, Any] = {"app": app[:255], "minute": float(minute) - float(minute) % 60.0}
+    for f in COUNT_FIELDS:
+        v = rec.get(f, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InvalidInput(f"serving minute for {app!r}: {f}={v!r} is not a whole number >= 0")
+        out[f] = v
+    for f in SUM_FIELDS:
+        v = rec.get(f, 0.0)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise InvalidInput(f"serving minute for {app!r}: {f}={v!r} is not a finite number >= 0")
+        out[f] = float(v)
+    met = rec.get("met")
+    if met is not None and (isinstance(met, bool) or not isinstance(met, int) or not 0 <= met <= out["n"]):
+        raise InvalidInput(f"serving minute for {app!r}: met={met!r} is not a count between 0 and n")
+    out["met"] = met
+    for f in ("exec_hist", "latency_hist"):
+        hist = ls.from_json(rec.get(f))
+        if ls.total(hist) != out["n"]:
+            raise InvalidInput(f"serving minute for {app!r}: {f} counts {ls.total(hist)} requests, n says {out['n']}")
+        out[f] = hist
+    return out
+
+
+def merge_minutes(session: Session, workflow_id: str, records: Iterable[Mapping[str, Any]], *,
+                  devices: int = 1) -> int:
+    """Add checked minute records into the workflow's rows (creating them); returns the requests added."""
+    added = 0
+    for rec in records:
+        r = rec if isinstance(rec.get("exec_hist"), dict) and all(
+            isinstance(k, int) for k in rec["exec_hist"]) else check_minute(rec)
+        row = session.get(ServingMinute, (workflow_id, r["app"], r["minute"]))
+        if row is None:
+            row = ServingMinute(workflow_id=workflow_id, app=r["app"], minute=r["minute"], n=0, dropped=0,
+                                met=None, exec_sum=0.0, exec_sumsq=0.0, wait_sum=0.0, latency_sum=0.0,
+                                batch_sum=0, devices=devices, exec_hist={}, latency_hist={})
+            session.add(row)
+        for f in COUNT_FIELDS + SUM_FIELDS:
+            setattr(row, f, getattr(row, f) + r[f])
+        if r["met"] is not None:
+            row.met = (row.met or 0) + r["met"]
+        row.devices = max(row.devices or 1, devices)
+        row.exec_hist = ls.to_json(ls.merge(ls.from_json(row.exec_hist), r["exec_hist"]))
+        row.latency_hist = ls.to_json(ls.merge(ls.from_json(row.latency_hist), r["latency_hist"]))
+        added += r["n"]
+    session.flush()
+    return added
+
+
+def set_slo(session: Session, workflow_id: str, app: str, slo_s: float | None, *, target: float = 0.99,
+            now: float | None = None) -> ServingApp:
+    if not app:
+        raise InvalidInput("SLO: name the application")
+    if slo_s is not None and not (slo_s > 0 and math.isfinite(slo_s)):
+        raise InvalidInput(f"SLO for {app!r}: {slo_s!r} is not a positive number of seconds")
+    if not 0 < target <= 1:
+        raise InvalidInput(f"SLO target for {app!r}: {target!r} is not a share in (0, 1]")
+    row = session.get(ServingApp, (workflow_id, app))
+    if row is None:
+        row = ServingApp(workflow_id=workflow_id, app=app)
+        session.add(row)
+    row.slo_s, row.target, row.updated_at = slo_s, target, time.time() if now is None else now
+    session.flush()
+    return row
+
+
+@dataclass
+class AppWindow:
+    """One application of one serving workflow over a window: counts exact, quantiles to 1 %."""
+
+    workflow_id: str
+    app: str
+    n: int = 0
+    dropped: int = 0
+    met_exact: int | None = None
+    exec_sum: float = 0.0
+    exec_sumsq: float = 0.0
+    latency_sum: float = 0.0
+    wait_sum: float = 0.0
+    batch_sum: int = 0
+    devices: int = 1
+    slo_s: float | None = None
+    target: float = 0.99
+    exec_hist: dict[int, int] = field(default_factory=dict)
+    latency_hist: dict[int, int] = field(default_factory=dict)
+    minutes: list[tuple[float, int, int, int | None]] = field(default_factory=list)  # (minute, n, dropped, met)
+    first: float = math.inf
+    last: float = -math.inf
+
+    @property
+    def exec_mean(self) -> float:
+        return self.exec_sum / self.n if self.n else math.nan
+
+    @property
+    def exec_cv(self) -> float:
+        if self.n < 2:
+            return math.nan
+        mean = self.exec_mean
+        var = max(0.0, self.exec_sumsq / self.n - mean * mean)
+        return math.sqrt(var) / mean if mean > 0 else math.nan
+
+    @property
+    def exec_cv_quartiles(self) -> float:
+        """The CV estimated from the quartiles, (q75 - q25) / (1.349 q50): the CV itself for a normal distribution,
+        but not inflated by a few stalls (a shared host's other processes holding the core)."""
+        q25, q50, q75 = ls.quantiles(self.exec_hist, (0.25, 0.5, 0.75))
+        return (q75 - q25) / (1.349 * q50) if q50 and q50 > 0 else math.nan
+
+    def met(self) -> int | None:
+        """Requests served within the SLO: the SDK's exact count when it knew the SLO for every minute, else from
+        the latency histogram (to within one 2 % bucket); None without an SLO."""
+        if self.slo_s is None:
+            return None
+        if self.met_exact is not None and all(m[3] is not None for m in self.minutes):
+            return self.met_exact
+        return ls.count_at_most(self.latency_hist, self.slo_s)
+
+    def attainment(self) -> float | None:
+        """Share of requests (served or shed) that met the SLO."""
+        met = self.met()
+        total = self.n + self.dropped
+        return None if met is None or total == 0 else met / total
+
+
+def app_windows(session: Session, since: float, until: float,
+                workflow_ids: Iterable[str] | None = None) -> list[AppWindow]:
+    """Every serving application with requests in [since, until), its minutes summed, with its SLO."""
+    q = select(ServingMinute).where(ServingMinute.minute >= since - 60.0, ServingMinute.minute < until)
+    if workflow_ids is not None:
+        q = q.where(ServingMinute.workflow_id.in_(list(workflow_ids)))
+    out: dict[tuple[str, str], AppWindow] = {}
+    for row in session.scalars(q.order_by(ServingMinute.minute)):
+        if row.minute + 60.0 <= since:
+            continue
+        w = out.setdefault((row.workflow_id, row.app), AppWindow(row.workflow_id, row.app))
+        w.n += row.n
+        w.dropped += row.dropped
+        if row.met is not None:
+            w.met_exact = (w.met_exact or 0) + row.met
+        w.exec_sum += row.exec_sum
+        w.exec_sumsq += row.exec_sumsq
+        w.latency_sum += row.latency_sum
+        w.wait_sum += row.wait_sum
+        w.batch_sum += row.batch_sum
+        w.devices = max(w.devices, row.devices or 1)
+        ls.merge(w.exec_hist, row.exec_hist or {})
+        ls.merge(w.latency_hist, row.latency_hist or {})
+        w.minutes.append((row.minute, row.n, row.dropped, row.met))
+        w.first, w.last = min(w.first, row.minute), max(w.last, row.minute + 60.0)
+    if out:
+        for slo in session.scalars(select(ServingApp).where(
+                ServingApp.workflow_id.in_({k[0] for k in out}))):
+            w = out.get((slo.workflow_id, slo.app))
+            if w is not None:
+                w.slo_s, w.target = slo.slo_s, slo.target
+    return list(out.values())

@@ -1,0 +1,36 @@
+"""`fleetlens detect`, `findings` and `rank` include the serving rules; `fleetlens serving` sets SLOs, shows the
+applications and right-sizes a stored serving workflow; a user's mistake is one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+from tests.ui.serving_seed import WORKFLOW, seed_serving
+from ui.cli import run
+
+
+def test_detect_findings_and_rank_include_serving(cli_store, capsys) -> None:
+    seed_serving(cli_store)
+    assert run(["detect", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"serving.dynamic_runtime", "serving.over_provisioned"} <= set(out["rules"])
+    assert out["rules"]["serving.over_provisioned"]["gpu_hours_per_day"] > 0
+    assert run(["findings", "--json"]) == 0
+    rules = {f["rule"] for f in json.loads(capsys.readouterr().out)}
+    assert "serving.over_provisioned" in rules
+    assert run(["rank", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)
+    assert WORKFLOW in json.dumps(ranked)
+
+
+def test_serving_commands(cli_store, capsys) -> None:
+    seed_serving(cli_store)
+    assert run(["serving", "slo", WORKFLOW, "img2img", "0.5", "--target", "0.95"]) == 0
+    assert run(["serving", "show"]) == 0
+    shown = capsys.readouterr().out
+    assert "img2img" in shown and "0.5" in shown
+    assert run(["serving", "rightsize", WORKFLOW, "--scheduler", "ours", "--scheduler", "clockwork_like"]) == 0
+    assert "right size:" in capsys.readouterr().out
+    assert run(["serving", "rightsize", WORKFLOW, "--scheduler", "fifo"]) == 2
+    assert "one of ours" in capsys.readouterr().err
+    assert run(["serving", "slo", WORKFLOW, "img2img", "-1"]) == 2

@@ -1,0 +1,90 @@
+"""The Serving page: AppTest on a seeded store (the numbers are the store's), and a real browser (Debian's
+chromium through Playwright) rendering it with its charts and the right-sizing answer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.ui.helpers import assert_clean, metrics, page, texts
+from tests.ui.serving_seed import seed_serving
+from tests.ui.test_browser import CHROMIUM, ROOT, _free_port
+
+
+def test_serving_page_shows_the_stores_counts_and_a_right_size(empty_store) -> None:
+    counts = seed_serving(empty_store)
+    at = page("serving")
+    assert_clean(at)
+    shown = metrics(at)
+    assert shown["Requests served"] == f"{sum(counts.values()):,}"
+    assert shown["Requests shed"] == "8"  # one per app every fifth minute of 20
+    assert shown["Devices held"] == "4"
+    success = texts(at.success)
+    assert "Right size:" in success and "(holds 4)" in success
+
+
+def test_serving_page_without_serving_data_says_how_to_record(empty_store) -> None:
+    at = page("serving")
+    assert_clean(at)
+    assert "collector.serving" in texts(at.info)
+
+
+@pytest.mark.browser
+def test_serving_page_renders_in_chromium(empty_store) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (the Makefile's test target does)")
+    from playwright.sync_api import expect, sync_playwright
+
+    seed_serving(empty_store)
+    port = _free_port()
+    fleetlens = Path(sys.executable).with_name("fleetlens")
+    proc = subprocess.Popen([str(fleetlens), "ui", "--port", str(port), "--address", "127.0.0.1"],
+                            env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, f"`fleetlens ui` exited with {proc.returncode}"
+            assert time.time() < deadline, "the dashboard did not answer its health check within 60 s"
+            time.sleep(0.5)
+        expect.set_options(timeout=90_000)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            try:
+                pg = browser.new_page(viewport={"width": 1400, "height": 1800})
+                pg.set_default_timeout(90_000)
+                pg.goto(f"{url}/serving")
+                expect(pg.get_by_role("heading", name="Serving", exact=True)).to_be_visible()
+                expect(pg.get_by_text("Requests served").first).to_be_visible()
+                expect(pg.get_by_role("heading", name="Latency against the SLO")).to_be_visible()
+                expect(pg.get_by_text("Right size:", exact=False).first).to_be_visible()
+                expect(pg.get_by_text("with ours (holds 4)", exact=False).first).to_be_visible()
+                pg.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2")
+                pg.wait_for_timeout(1000)
+                shot = ROOT / ".pytest_cache" / "serving.png"
+                if shot.parent.is_dir():
+                    pg.screenshot(path=str(shot), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the process group this test started, nothing else
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
