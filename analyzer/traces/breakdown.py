@@ -36,10 +36,7 @@ def _idle_gaps(t: ParsedTrace, g: pd.DataFrame, consecutive_kernel_delay_us: flo
     gap_start = np.concatenate([[-np.inf], run_end[np.flatnonzero(new)[1:] - 1]])
     gap_end = first["ts"].to_numpy(float)
     # when the CPU launched the kernel that ends the gap (HTA's "ts_runtime")
-    corr = first["index_correlation"].to_numpy() if "index_correlation" in first else np.zeros(len(first))
-    launch_ts = t.df["ts"].reindex(corr[corr > 0]).to_numpy(float)
-    runtime_ts = np.full(len(first), np.nan)
-    runtime_ts[corr > 0] = launch_ts
+    runtime_ts = first["launch_ts"].to_numpy(float)
     cause = np.where(
         runtime_ts > gap_start, "host_wait",
         np.where(gap_end - gap_start < consecutive_kernel_delay_us, "kernel_wait", "other_idle"),

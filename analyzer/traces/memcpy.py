@@ -51,11 +51,9 @@ def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
     nbytes = cp["bytes"].clip(lower=0) if "bytes" in cp else pd.Series(0, index=cp.index)
     # the CPU call that issued each copy (cudaMemcpyAsync / hipMemcpyWithStream): a copy into pageable host
     # memory keeps it waiting until the copy, and all the work queued before it, is done
-    corr = cp["index_correlation"] if "index_correlation" in cp else pd.Series(0, index=cp.index)
-    launch = df["dur"].reindex(corr.where(corr > 0).dropna().astype("int64").to_numpy())
-    cpu_call = pd.Series(launch.to_numpy(), index=corr[corr > 0].index).reindex(cp.index).fillna(0.0)
+    cpu_call = cp["launch_dur"].fillna(0.0)
     frame = pd.DataFrame({"direction": parts["direction"], "host_memory": host, "bytes": nbytes,
-                          "dur": cp["dur"], "ts": cp["ts"] - t.df["ts"].min(), "cpu_call": cpu_call,
+                          "dur": cp["dur"], "ts": cp["ts"] - t.facts["t0"], "cpu_call": cpu_call,
                           "idle_after": _idle_after(t, cp["end"].to_numpy(float))})
     out = (frame.groupby(["direction", "host_memory"])
            .agg(count=("dur", "size"), bytes=("bytes", "sum"), total_us=("dur", "sum"), first_ts_us=("ts", "min"),

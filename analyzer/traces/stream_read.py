@@ -1,0 +1,372 @@
+"""Read a Kineto trace of any size into the columns the questions need, in memory bounded by settings.
+
+The events come in batches from analyzer.traces.stream_json (one block of text at a time) and go straight into
+NumPy columns, names and categories as codes of one symbol table: no Python object is kept per event. Kept in
+columns: the device's kernels, copies and memsets, and the CPU calls the questions look at one by one (profiler
+steps, synchronisations, DataLoader spans, arithmetic operators). Every other event only updates whole-trace facts
+(count, first and last time, categories, CPU call names, launch calls' CPU time). The CPU calls that carry a
+correlation id go to a temporary file (32 bytes each) and are joined to the device events after the read, with
+HTA's rule (transform_correlation_to_index: the last CPU event of a correlation id wins), so that each device
+event knows when and for how long its launch ran.
+
+The frame built from the columns has the reference reader's (analyzer.traces.parse) values for every row it
+holds; tests/analyzer/test_trace_streaming.py holds the summaries and findings equal on every shared trace.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.traces.cpu_work import MATH_OPS
+from analyzer.traces.dataloader import DATALOADER_RE
+from analyzer.traces.errors import InvalidTrace
+from analyzer.traces.events import LAUNCH_RE, SYNC_NAMES
+from analyzer.traces.parse import GPU_CATS, STEP_RE, ParsedTrace, check_file_only, finish, rank_of
+from analyzer.traces.stream_json import EventStream, NotKineto, TraceCut
+
+KEEP, LAUNCH = 1, 2
+GPU_CAT_SET = frozenset(GPU_CATS)
+GPU_SIDE_NAMES = ("Event Sync", "Context Sync")  # HTA counts these as device events whatever their stream
+SPILL = np.dtype([("corr", "i8"), ("idx", "i8"), ("ts", "f8"), ("dur", "f8")])
+BYTES_PER_ROW = 96  # a kept event's columns, with the frame built from them
+Progress = Callable[[int, int, int], None]  # (file bytes read, file size, events read)
+
+
+class TruncatedTrace(InvalidTrace):
+    """A trace cut short (or corrupt part way): `partial` is the analysis of its complete steps, when it has any."""
+
+    def __init__(self, path: str, problem: str, partial: ParsedTrace | None) -> None:
+        super().__init__(path, problem)
+        self.partial = partial
+
+
+def _stream_number(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _flags(name: str) -> int:
+    f = KEEP if (STEP_RE.match(name) or name in SYNC_NAMES or DATALOADER_RE.search(name) or MATH_OPS.match(name)) \
+        else 0
+    return f | (LAUNCH if LAUNCH_RE.search(name) else 0)
+
+
+def _array(values: list[Any]) -> np.ndarray:
+    arr = np.array(values)
+    if arr.dtype.kind not in "if":  # a missing value among them
+        arr = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+    return arr
+
+
+class _Columns:
+    """Columns grown one batch at a time (a list of arrays per column, joined once at the end)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
+        self.rows = 0
+
+    def add(self, lists: tuple[list[Any], ...]) -> None:
+        if not lists[0]:
+            return
+        for n, values in zip(self.names, lists, strict=True):
+            self.parts[n].append(_array(values))
+        self.rows += len(lists[0])
+
+    def column(self, name: str) -> np.ndarray:
+        parts = self.parts.pop(name)
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+GPU_COLS = ("index", "name", "cat", "ts", "dur", "stream", "correlation", "bytes")
+CPU_COLS = ("index", "name", "cat", "ts", "dur", "stream", "correlation")
+
+
+class StreamedColumns:
+    """The state of one streaming read: columns, symbol table, whole-trace facts, the spilled correlations."""
+
+    def __init__(self, spill_dir: str | None, max_rows: int | None, path: Path) -> None:
+        self.path = path
+        self.symbols: dict[Any, int] = {}
+        self.table: list[str] = []
+        self.flags: list[int] = []
+        self.gpu = _Columns(GPU_COLS)
+        self.cpu = _Columns(CPU_COLS)
+        self.launch_ts: list[np.ndarray] = []
+        self.launch_dur: list[np.ndarray] = []
+        self.launch_codes: set[int] = set()
+        self.cat_codes: set[int] = set()
+        self.cpu_codes: set[int] = set()
+        self.events = 0  # kept events (HTA's frame rows)
+        self.position = 0  # events read, kept or not
+        self.float_ts = False
+        self.t0 = math.inf
+        self.t_end = -math.inf
+        self.last_cpu_ts = -math.inf
+        self.last_gpu_end = -math.inf
+        self.max_rows = max_rows
+        self.spill = tempfile.TemporaryFile(dir=spill_dir, prefix="fleetlens-corr-")
+        self.spilled = 0
+
+    def code(self, name: Any) -> int:
+        c = self.symbols.get(name)
+        if c is None:
+            c = self.symbols[name] = len(self.table)
+            text = str(name)
+            self.table.append(text)
+            self.flags.append(_flags(text))
+        return c
+
+    def add(self, batch: list[Any]) -> None:  # noqa: C901, PLR0912, PLR0915  (one pass per event, kept flat for speed)
+        symbols, flags, code = self.symbols, self.flags, self.code
+        gi, gn, gc, gt, gd, gs, gr, gb = [], [], [], [], [], [], [], []
+        ci, cn, cc, ct, cd, cs, cr = [], [], [], [], [], [], []
+        si, sr, st, sd = [], [], [], []
+        lt, ld = [], []
+        all_ts, kept_dur, kept_ts = [], [], []
+        cpu_codes, cat_codes = self.cpu_codes, self.cat_codes
+        side = {symbols.get(n) for n in GPU_SIDE_NAMES} - {None}
+        base = self.position
+        for i, e in enumerate(batch):
+            if e.__class__ is not dict:
+                raise InvalidTrace(str(self.path), f"has malformed events (event {base + i} is not an object)")
+            ts = e.get("ts")
+            all_ts.append(ts)
+            dur = e.get("dur")
+            cat = e.get("cat")
+            if dur is None or cat is None or cat == "Trace":
+                continue
+            kept_ts.append(ts)
+            kept_dur.append(dur)
+            name = e.get("name")
+            n = symbols.get(name)
+            if n is None:
+                n = code(name)
+                side = {symbols.get(x) for x in GPU_SIDE_NAMES} - {None}
+            k = symbols.get(cat)
+            if k is None:
+                k = code(cat)
+            cat_codes.add(k)
+            a = e.get("args")
+            if a.__class__ is dict:
+                stream = a.get("stream", -1)
+                corr = a.get("correlation", -1)
+                if stream.__class__ is not int:
+                    stream = _stream_number(stream)
+            else:
+                stream = corr = -1
+            idx = base + i
+            if stream >= 0:
+                if cat in GPU_CAT_SET:
+                    gi.append(idx)
+                    gn.append(n)
+                    gc.append(k)
+                    gt.append(ts)
+                    gd.append(dur)
+                    gs.append(stream)
+                    gr.append(corr)
+                    gb.append(a.get("bytes", -1) if a.__class__ is dict else -1)
+                elif corr < -1 and n not in side:
+                    si.append(idx), sr.append(corr), st.append(ts), sd.append(dur)
+                continue
+            cpu_codes.add(n)
+            f = flags[n]
+            if f:
+                if f & KEEP:
+                    ci.append(idx)
+                    cn.append(n)
+                    cc.append(k)
+                    ct.append(ts)
+                    cd.append(dur)
+                    cs.append(stream)
+                    cr.append(corr)
+                if f & LAUNCH:
+                    lt.append(ts)
+                    ld.append(dur)
+                    self.launch_codes.add(n)
+            if corr != -1 and n not in side:
+                si.append(idx)
+                sr.append(corr)
+                st.append(ts)
+                sd.append(dur)
+        self.position += len(batch)
+        self.events += len(kept_ts)
+        if _array(all_ts).dtype.kind != "i":
+            self.float_ts = True
+        if kept_ts:
+            kt, kd = _array(kept_ts), _array(kept_dur)
+            self.t0 = min(self.t0, float(np.nanmin(kt)))
+            self.t_end = max(self.t_end, float(np.nanmax(kt + kd)))
+        if ct:
+            self.last_cpu_ts = max(self.last_cpu_ts, float(np.nanmax(_array(ct))))
+        if gt:
+            self.last_gpu_end = max(self.last_gpu_end, float(np.nanmax(_array(gt) + _array(gd))))
+        self.gpu.add((gi, gn, gc, gt, gd, gs, gr, gb))
+        self.cpu.add((ci, cn, cc, ct, cd, cs, cr))
+        if lt:
+            self.launch_ts.append(_array(lt).astype(np.float64))
+            self.launch_dur.append(_array(ld).astype(np.float64))
+        if si:
+            rec = np.empty(len(si), SPILL)
+            rec["idx"], rec["corr"], rec["ts"], rec["dur"] = si, sr, _array(st), _array(sd)
+            rec.tofile(self.spill)
+            self.spilled += len(si)
+        if self.max_rows is not None and self.gpu.rows + self.cpu.rows > self.max_rows:
+            raise InvalidTrace(
+                str(self.path),
+                f"has more device events than the memory limit allows ({self.gpu.rows + self.cpu.rows:,} kept after "
+                f"{self.position:,} events); raise FLEETLENS_TRACE_MEMORY_MB or capture fewer steps")
+
+    # -- after the read ------------------------------------------------------------------------------------------
+
+    def _round(self, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """HTA's nanosecond rounding (round_down_time_stamps) when the trace has fractional or missing times."""
+        if self.float_ts:
+            ts = ts.astype(np.float64)
+            end = np.floor(ts + dur)
+            ts = np.ceil(ts)
+            if not (np.isnan(ts).any() or np.isnan(end).any()):
+                ts, end = ts.astype(np.int64), end.astype(np.int64)
+            return ts, end - ts, end
+        return ts, dur, ts + dur
+
+    def _launches(self, gpu_corr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each device event: the index, start and CPU time of its launch (HTA's correlation join), -1/NaN else."""
+        n = len(gpu_corr)
+        link, lts, ldur = np.full(n, -1, np.int64), np.full(n, np.nan), np.full(n, np.nan)
+        wanted = np.unique(gpu_corr[gpu_corr >= 0])
+        if not len(wanted) or not self.spilled:
+            return link, lts, ldur
+        self.spill.flush()
+        self.spill.seek(0)
+        found = []
+        chunk = 1 << 18
+        while True:
+            rec = np.fromfile(self.spill, SPILL, count=chunk)
+            if not len(rec):
+                break
+            found.append(rec[np.isin(rec["corr"], wanted)])
+        m = np.concatenate(found)
+        if not len(m):
+            return link, lts, ldur
+        order = np.argsort(m["corr"], kind="stable")
+        sc = m["corr"][order]
+        last = order[np.r_[np.flatnonzero(np.diff(sc)), len(sc) - 1]]  # the last CPU event of each id wins
+        keys = m["corr"][last]
+        pos = np.clip(np.searchsorted(keys, gpu_corr), 0, len(keys) - 1)
+        hit = (gpu_corr >= 0) & (keys[pos] == gpu_corr)
+        ts, dur, _ = self._round(m["ts"][last][pos[hit]], m["dur"][last][pos[hit]])
+        link[hit] = m["idx"][last][pos[hit]]
+        lts[hit], ldur[hit] = ts, dur
+        return link, lts, ldur
+
+    def frame(self) -> tuple[pd.DataFrame, dict[str, Any]]:
+        g_corr = self.gpu.column("correlation").astype(np.int64)
+        link, lts, ldur = self._launches(g_corr)
+        self.spill.close()
+        cols: dict[str, np.ndarray] = {}
+        for name in ("index", "name", "cat", "ts", "dur", "stream"):
+            cols[name] = np.concatenate([self.gpu.column(name), self.cpu.column(name)])
+        c_corr = self.cpu.column("correlation").astype(np.int64)
+        cols["correlation"] = np.concatenate([g_corr, c_corr])
+        cols["bytes"] = np.concatenate([self.gpu.column("bytes"), np.full(len(c_corr), -1)])
+        cols["ts"], cols["dur"], cols["end"] = self._round(cols["ts"], cols["dur"])
+        fallback = np.minimum(cols["correlation"], 0)
+        cols["index_correlation"] = np.where(np.r_[link, np.full(len(c_corr), -1)] >= 0,
+                                             np.r_[link, np.full(len(c_corr), -1)], fallback)
+        cols["launch_ts"] = np.r_[lts, np.full(len(c_corr), np.nan)]
+        cols["launch_dur"] = np.r_[ldur, np.full(len(c_corr), np.nan)]
+        order = np.argsort(cols["index"], kind="stable")
+        df = pd.DataFrame({k: (v[order] if len(v) else v.astype(np.int64)) for k, v in cols.items()})
+        del cols
+        df["stream"] = df["stream"].astype(np.int64)
+        df.index = pd.Index(df["index"].to_numpy())
+        df["s_name"] = pd.Categorical.from_codes(df["name"].astype(np.int64), categories=pd.Index(self.table))
+        df["s_cat"] = pd.Categorical.from_codes(df["cat"].astype(np.int64), categories=pd.Index(self.table))
+        _, launch_durs, _ = self._round(np.concatenate(self.launch_ts) if self.launch_ts else np.empty(0),
+                                        np.concatenate(self.launch_dur) if self.launch_dur else np.empty(0))
+        t0, t_end = self.t0, self.t_end
+        if self.float_ts:
+            t0, t_end = float(math.ceil(t0)), float(math.floor(t_end))
+        facts = {"events": self.events, "t0": t0, "t_end": t_end,
+                 "cats": {self.table[c] for c in self.cat_codes}, "cpu_names": {self.table[c] for c in self.cpu_codes},
+                 "launch_durs": launch_durs, "launch_names": sorted(self.table[c] for c in self.launch_codes)}
+        return df, facts
+
+
+def _complete_part(cols: StreamedColumns, df: pd.DataFrame) -> tuple[pd.DataFrame, float] | None:
+    """The events of the complete steps before a cut: steps that ended before the last CPU call and the last
+    device event read (the file holds each track in time order). None when no step is complete."""
+    cpu = df[df["stream"].lt(0)]
+    steps = cpu[cpu["s_name"].astype(str).str.match(STEP_RE.pattern) & cpu["s_cat"].isin(["user_annotation",
+                                                                                          "cpu_op"])]
+    if steps.empty:
+        return None
+    frontier = cols.last_cpu_ts
+    if np.isfinite(cols.last_gpu_end):
+        frontier = min(frontier, cols.last_gpu_end)
+    done = steps[steps["end"] <= frontier]
+    if done.empty:
+        return None
+    cut = float(done["end"].max())
+    return df[df["ts"] < cut], cut
+
+
+def stream_trace(path: str | Path, *, block_bytes: int = 8 << 20, max_rows: int | None = None,
+                 spill_dir: str | None = None, progress: Progress | None = None) -> ParsedTrace:
+    """Read one trace file with the streaming reader; raises InvalidTrace (TruncatedTrace for a cut file)."""
+    p = Path(path)
+    size = check_file_only(p)
+    done = [0]
+
+    def on_raw(n: int) -> None:
+        done[0] += n
+
+    stream = EventStream(p, block_bytes, on_raw)
+    cols = StreamedColumns(spill_dir, max_rows, p)
+    cut: TraceCut | None = None
+    try:
+        for batch in stream.batches():
+            cols.add(batch)
+            if progress:
+                progress(done[0], size, stream.events)
+    except TraceCut as exc:
+        cut = exc
+    except NotKineto as exc:
+        cols.spill.close()
+        msg = str(exc)
+        raise InvalidTrace(str(p), msg if msg.startswith("is ") else f"is JSON but not a trace: {msg}") from None
+    if progress:
+        progress(done[0], size, stream.events)
+    if cut is None and cols.events == 0:
+        cols.spill.close()
+        if cols.position:
+            raise InvalidTrace(str(p), "has no complete ('X') events with a duration")
+        raise InvalidTrace(str(p), "has no events (traceEvents is empty)")
+    df, facts = cols.frame() if cols.events else (None, None)
+    warnings: list[str] = []
+    rank = rank_of(stream.meta, p, warnings)
+    if cut is None:
+        return finish(p, rank, stream.meta, df, facts, warnings)
+    where = (f"after {cut.events:,} whole events ({cut.text_bytes / 2**20:.1f} MiB of JSON text, "
+             f"{done[0] / 2**20:.1f} of {size / 2**20:.1f} MiB of the file read)")
+    problem = f"{cut.problem}; the read stopped {where}"
+    part = _complete_part(cols, df) if df is not None else None
+    if part is None:
+        raise TruncatedTrace(str(p), f"{problem}; no profiler step is complete before the cut", None)
+    kept, at = part
+    facts["t_end"] = min(facts["t_end"], at)
+    warnings.append(f"truncated: only the complete steps before the cut are analysed ({where})")
+    partial = finish(p, rank, stream.meta, kept.copy(), facts, warnings)
+    n = len(partial.steps)
+    raise TruncatedTrace(str(p), f"{problem}; the {n} complete step{'s' if n != 1 else ''} before the cut "
+                                 "were analysed", partial)
