@@ -36,7 +36,7 @@ GPU_CAT_SET = frozenset(GPU_CATS)
 GPU_SIDE_NAMES = ("Event Sync", "Context Sync")  # HTA counts these as device events whatever their stream
 SPILL = np.dtype([("corr", "i8"), ("idx", "i8"), ("ts", "f8"), ("dur", "f8")])
 BYTES_PER_ROW = 96  # a kept event's columns, with the frame built from them
-Progress = Callable[[int, int, int], None]  # (file bytes read, file size, events read)
+ReadProgress = Callable[[int, int, int], None]  # (file bytes read, file size, events read)
 
 
 class TruncatedTrace(InvalidTrace):
@@ -322,7 +322,7 @@ def _complete_part(cols: StreamedColumns, df: pd.DataFrame) -> tuple[pd.DataFram
 
 
 def stream_trace(path: str | Path, *, block_bytes: int = 8 << 20, max_rows: int | None = None,
-                 spill_dir: str | None = None, progress: Progress | None = None) -> ParsedTrace:
+                 spill_dir: str | None = None, progress: ReadProgress | None = None) -> ParsedTrace:
     """Read one trace file with the streaming reader; raises InvalidTrace (TruncatedTrace for a cut file)."""
     p = Path(path)
     size = check_file_only(p)
