@@ -26,7 +26,7 @@ def top_kernels(t: ParsedTrace, n: int = 10) -> pd.DataFrame:
              max_us=("dur", "max"))
         .reset_index()
     )
-    grouped["name"] = grouped["s_name"].astype(str)
+    grouped["name"] = grouped["s_name"].astype(object)
     # ties broken by name: the symbol codes follow a set's order, which changes from one process to the next
     grouped = grouped.sort_values(["total_us", "name"], ascending=[False, True], kind="mergesort")
     grouped["share"] = grouped["total_us"] / float(k["dur"].sum())
@@ -76,7 +76,7 @@ def tensor_core_usage(t: ParsedTrace) -> dict:
     is_mm = cats.map({n: bool(MATMUL_RE.search(str(n))) for n in cats.cat.categories}).astype(bool)
     total = float(comp["dur"].sum())
     non_tc_mm = comp[is_mm & ~is_tc]
-    top = (non_tc_mm.assign(name=non_tc_mm["s_name"].astype(str)).groupby("name")["dur"].sum()
+    top = (non_tc_mm.assign(name=non_tc_mm["s_name"].astype(object)).groupby("name")["dur"].sum()
            .sort_values(ascending=False).head(5))
     return {
         "computation_us": total,

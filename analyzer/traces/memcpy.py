@@ -43,7 +43,7 @@ def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
     cp = df[df["stream"].ge(0) & df["s_cat"].isin(["gpu_memcpy", "Memcpy"])]
     if cp.empty:
         return pd.DataFrame(columns=COLUMNS)
-    parts = cp["s_name"].astype(str).str.extract(MEMCPY_RE)
+    parts = cp["s_name"].astype(object).str.extract(MEMCPY_RE)
     parts.columns = ["direction", "src", "dst"]
     parts["direction"] = parts["direction"].fillna("unknown")
     host = [_host_memory(d, s if isinstance(s, str) else None, x if isinstance(x, str) else None)

@@ -22,7 +22,7 @@ def comm_comp_overlap(t: ParsedTrace) -> dict:
     both = g[g["kind"].isin(["COMMUNICATION", "COMPUTATION"])]
     union_us = union_length(both["ts"].to_numpy(float), both["end"].to_numpy(float))
     overlap = comm_us + comp_us - union_us
-    top = (comm.assign(name=comm["s_name"].astype(str)).groupby("name")["dur"].agg(["size", "sum"])
+    top = (comm.assign(name=comm["s_name"].astype(object)).groupby("name")["dur"].agg(["size", "sum"])
            .sort_values("sum", ascending=False).head(5))
     return {
         "communication_us": comm_us,

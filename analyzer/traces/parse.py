@@ -177,7 +177,7 @@ def _find_steps(df: pd.DataFrame, facts: dict[str, Any]) -> pd.DataFrame:
     cats = df["s_name"].cat.categories
     step_of = {code: int(m.group(1)) for code, name in enumerate(cats) if (m := STEP_RE.match(str(name)))}
     cpu = df[df["name"].isin(list(step_of)) & df["stream"].lt(0) & df["s_cat"].isin(["user_annotation", "cpu_op"])]
-    spans = cpu[["ts", "dur", "name"]].assign(step=cpu["name"].map(step_of), name=cpu["s_name"].astype(str))
+    spans = cpu[["ts", "dur", "name"]].assign(step=cpu["name"].map(step_of), name=cpu["s_name"].astype(object))
     spans = spans.drop_duplicates("step").sort_values("ts")
     if spans.empty:
         # no steps: a micro-benchmark; take the span the GPU was in use (from the first launch), else all

@@ -76,7 +76,7 @@ def _text_blocks(path: Path, block_bytes: int, on_raw: Callable[[int], None] | N
 class EventStream:
     """Read one trace file's events in batches; `meta` holds every top-level key but traceEvents once done."""
 
-    def __init__(self, path: Path, block_bytes: int = 8 << 20,
+    def __init__(self, path: Path, block_bytes: int = 2 << 20,
                  on_raw: Callable[[int], None] | None = None) -> None:
         self.path = path
         self.block_bytes = max(int(block_bytes), 1 << 16)
@@ -84,6 +84,7 @@ class EventStream:
         self.meta: dict[str, Any] = {}
         self.events = 0  # whole events decoded so far
         self.text_bytes = 0  # JSON text consumed by those events (and the header)
+        self.bad_at: int | None = None  # where in the buffer the text stopped being JSON
 
     def _cut(self, problem: str) -> TraceCut:
         return TraceCut(problem, self.events, self.text_bytes)
@@ -132,7 +133,7 @@ class EventStream:
 
     def _take(self, buf: bytearray, final: bool = False) -> list[Any] | None:
         """Decode the whole events at the front of buf ('[' + events...) and drop them from it."""
-        end = len(buf)
+        end = len(buf) if self.bad_at is None else min(len(buf), self.bad_at)
         for _ in range(TRIES):
             m = None
             pos = buf.rfind(b"}", 0, end)
@@ -154,6 +155,8 @@ class EventStream:
             self.events += len(batch)
             self.text_bytes += comma + 1
             del buf[1:m.end() - 1]  # keep the '[' and the next event's '{'
+            if self.bad_at is not None:
+                self.bad_at -= m.end() - 2
             return batch
         if final:
             return None
@@ -165,7 +168,8 @@ class EventStream:
         try:
             orjson.loads(bytes(buf))
         except orjson.JSONDecodeError as exc:
-            raise self._cut(f"is not valid JSON ({exc.msg} at byte {self.text_bytes + exc.pos - 1} of the text)") \
+            self.bad_at = exc.pos
+            raise self._cut(f"is not valid JSON ({exc.msg} at byte {self.text_bytes + exc.pos - 1:,} of the text)") \
                 from None
         raise self._cut("is not valid JSON")
 
@@ -175,6 +179,7 @@ class EventStream:
             rest = orjson.loads(b'{"traceEvents":' + bytes(buf))
         except orjson.JSONDecodeError as exc:
             # the last events may be whole: give them, then say where the text stops
+            self.bad_at = max(exc.pos - len(b'{"traceEvents":'), 0)
             while len(buf) > 2 and (batch := self._take(buf, final=True)):
                 yield batch
             if buf[1:].strip():

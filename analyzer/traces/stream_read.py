@@ -35,6 +35,7 @@ KEEP, LAUNCH = 1, 2
 GPU_CAT_SET = frozenset(GPU_CATS)
 GPU_SIDE_NAMES = ("Event Sync", "Context Sync")  # HTA counts these as device events whatever their stream
 SPILL = np.dtype([("corr", "i8"), ("idx", "i8"), ("ts", "f8"), ("dur", "f8")])
+GAP_IDS = 1000  # a wider gap between correlation ids read means calls are missing there
 BYTES_PER_ROW = 96  # a kept event's columns, with the frame built from them
 ReadProgress = Callable[[int, int, int], None]  # (file bytes read, file size, events read)
 
@@ -103,6 +104,7 @@ class StreamedColumns:
         self.cpu = _Columns(CPU_COLS)
         self.launch_ts: list[np.ndarray] = []
         self.launch_dur: list[np.ndarray] = []
+        self.launch_corr: list[np.ndarray] = []
         self.launch_codes: set[int] = set()
         self.cat_codes: set[int] = set()
         self.cpu_codes: set[int] = set()
@@ -111,8 +113,6 @@ class StreamedColumns:
         self.float_ts = False
         self.t0 = math.inf
         self.t_end = -math.inf
-        self.last_cpu_ts = -math.inf
-        self.last_gpu_end = -math.inf
         self.max_rows = max_rows
         self.spill = tempfile.TemporaryFile(dir=spill_dir, prefix="fleetlens-corr-")
         self.spilled = 0
@@ -131,7 +131,7 @@ class StreamedColumns:
         gi, gn, gc, gt, gd, gs, gr, gb = [], [], [], [], [], [], [], []
         ci, cn, cc, ct, cd, cs, cr = [], [], [], [], [], [], []
         si, sr, st, sd = [], [], [], []
-        lt, ld = [], []
+        lt, ld, lc = [], [], []
         all_ts, kept_dur, kept_ts = [], [], []
         cpu_codes, cat_codes = self.cpu_codes, self.cat_codes
         side = {symbols.get(n) for n in GPU_SIDE_NAMES} - {None}
@@ -192,6 +192,7 @@ class StreamedColumns:
                 if f & LAUNCH:
                     lt.append(ts)
                     ld.append(dur)
+                    lc.append(corr)
                     self.launch_codes.add(n)
             if corr != -1 and n not in side:
                 si.append(idx)
@@ -206,15 +207,12 @@ class StreamedColumns:
             kt, kd = _array(kept_ts), _array(kept_dur)
             self.t0 = min(self.t0, float(np.nanmin(kt)))
             self.t_end = max(self.t_end, float(np.nanmax(kt + kd)))
-        if ct:
-            self.last_cpu_ts = max(self.last_cpu_ts, float(np.nanmax(_array(ct))))
-        if gt:
-            self.last_gpu_end = max(self.last_gpu_end, float(np.nanmax(_array(gt) + _array(gd))))
         self.gpu.add((gi, gn, gc, gt, gd, gs, gr, gb))
         self.cpu.add((ci, cn, cc, ct, cd, cs, cr))
         if lt:
             self.launch_ts.append(_array(lt).astype(np.float64))
             self.launch_dur.append(_array(ld).astype(np.float64))
+            self.launch_corr.append(_array(lc).astype(np.int64))
         if si:
             rec = np.empty(len(si), SPILL)
             rec["idx"], rec["corr"], rec["ts"], rec["dur"] = si, sr, _array(st), _array(sd)
@@ -270,9 +268,9 @@ class StreamedColumns:
         return link, lts, ldur
 
     def frame(self) -> tuple[pd.DataFrame, dict[str, Any]]:
+        self.gpu_rows = self.gpu.rows
         g_corr = self.gpu.column("correlation").astype(np.int64)
         link, lts, ldur = self._launches(g_corr)
-        self.spill.close()
         cols: dict[str, np.ndarray] = {}
         for name in ("index", "name", "cat", "ts", "dur", "stream"):
             cols[name] = np.concatenate([self.gpu.column(name), self.cpu.column(name)])
@@ -303,25 +301,63 @@ class StreamedColumns:
         return df, facts
 
 
-def _complete_part(cols: StreamedColumns, df: pd.DataFrame) -> tuple[pd.DataFrame, float] | None:
-    """The events of the complete steps before a cut: steps that ended before the last CPU call and the last
-    device event read (the file holds each track in time order). None when no step is complete."""
+def _covered(cols: StreamedColumns) -> list[tuple[float, float]]:
+    """The stretches of time whose CPU calls with a correlation id were all read: the ids are given out one after
+    another, so a run of ids read without a gap wider than GAP_IDS covers the time from its first to its last call
+    (Kineto filters a few calls out, which leaves gaps of up to ~140 ids in whole traces)."""
+    cols.spill.flush()
+    cols.spill.seek(0)
+    rec = np.fromfile(cols.spill, SPILL)
+    rec = rec[rec["corr"] >= 0]
+    if not len(rec):
+        return []
+    rec = rec[np.argsort(rec["corr"], kind="stable")]
+    ts, _, _ = cols._round(rec["ts"], rec["dur"])
+    ts = ts.astype(np.float64)
+    breaks = np.flatnonzero(np.diff(rec["corr"]) > GAP_IDS) + 1
+    return [(float(part.min()), float(part.max())) for part in np.split(ts, breaks) if len(part)]
+
+
+def _complete_part(cols: StreamedColumns, df: pd.DataFrame, meta: dict[str, Any]) -> tuple[pd.DataFrame, int] | None:
+    """The events of the complete steps before a cut, with how many steps that is; None when no step is complete.
+
+    Kineto writes the device's events and the launch calls as its activity buffers fill, not in time order (a
+    ring: the ids may start mid-trace and wrap round), so the time of the last event read says nothing of what is
+    missing. A step is complete when its whole window lies in a stretch whose CPU calls were all read (by
+    correlation id, _covered), no launch call in it lost its device event, and no device event from it or the step
+    after lost its launch call. A trace that names a device but was cut before any device event has no complete
+    step; a trace without device events is judged by its CPU calls alone."""
     cpu = df[df["stream"].lt(0)]
-    steps = cpu[cpu["s_name"].astype(str).str.match(STEP_RE.pattern) & cpu["s_cat"].isin(["user_annotation",
-                                                                                          "cpu_op"])]
-    if steps.empty:
+    steps = cpu[cpu["s_name"].astype(object).str.match(STEP_RE.pattern)
+                & cpu["s_cat"].isin(["user_annotation", "cpu_op"])].sort_values("ts")
+    gpu = df[df["stream"].ge(0)]
+    if steps.empty or (meta.get("deviceProperties") and gpu.empty):
         return None
-    frontier = cols.last_cpu_ts
-    if np.isfinite(cols.last_gpu_end):
-        frontier = min(frontier, cols.last_gpu_end)
-    done = steps[steps["end"] <= frontier]
-    if done.empty:
+    w0, w1 = steps["ts"].to_numpy(float), steps["end"].to_numpy(float)
+    unsure: list[tuple[float, float]] = []  # stretches of time whose events may be missing
+    if len(gpu):
+        lag = (gpu["ts"] - gpu["launch_ts"]).max()  # a device event runs at most this long after its launch
+        lag = float(lag) if np.isfinite(lag) else 0.0
+        spans = sorted(_covered(cols))
+        edges = [-math.inf, *[x for span in spans for x in span], math.inf]
+        # launch calls may be missing between the stretches read; their device events ran up to `lag` later
+        unsure += [(a, b + lag) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+        if cols.launch_corr:
+            corr = np.concatenate(cols.launch_corr)
+            ts, _, _ = cols._round(np.concatenate(cols.launch_ts), np.concatenate(cols.launch_dur))
+            lost = (corr >= 0) & ~np.isin(corr, gpu["correlation"].to_numpy())
+            unsure += [(t, t + lag) for t in np.asarray(ts, float)[lost]]  # its device event is missing
+        orphan = gpu[gpu["correlation"].ge(0) & gpu["launch_ts"].isna()]
+        unsure += [(t - lag, t) for t in orphan["ts"].to_numpy(float)]  # its launch call is missing
+    ok = np.array([not any(a < e and s < b for a, b in unsure) for s, e in zip(w0, w1, strict=True)], bool)
+    if not ok.any():
         return None
-    cut = float(done["end"].max())
-    return df[df["ts"] < cut], cut
+    # every event read stays (a complete step's idle time depends on the busy stretch before it); the incomplete
+    # steps' own spans go, so that they are no steps of the analysis
+    return df.drop(index=steps.index[~ok]), int(ok.sum())
 
 
-def stream_trace(path: str | Path, *, block_bytes: int = 8 << 20, max_rows: int | None = None,
+def stream_trace(path: str | Path, *, block_bytes: int = 2 << 20, max_rows: int | None = None,
                  spill_dir: str | None = None, progress: ReadProgress | None = None) -> ParsedTrace:
     """Read one trace file with the streaming reader; raises InvalidTrace (TruncatedTrace for a cut file)."""
     p = Path(path)
@@ -333,6 +369,14 @@ def stream_trace(path: str | Path, *, block_bytes: int = 8 << 20, max_rows: int 
 
     stream = EventStream(p, block_bytes, on_raw)
     cols = StreamedColumns(spill_dir, max_rows, p)
+    try:
+        return _read(p, size, stream, cols, done, progress)
+    finally:
+        cols.spill.close()
+
+
+def _read(p: Path, size: int, stream: EventStream, cols: StreamedColumns, done: list[int],
+          progress: ReadProgress | None) -> ParsedTrace:
     cut: TraceCut | None = None
     try:
         for batch in stream.batches():
@@ -342,17 +386,17 @@ def stream_trace(path: str | Path, *, block_bytes: int = 8 << 20, max_rows: int 
     except TraceCut as exc:
         cut = exc
     except NotKineto as exc:
-        cols.spill.close()
         msg = str(exc)
         raise InvalidTrace(str(p), msg if msg.startswith("is ") else f"is JSON but not a trace: {msg}") from None
     if progress:
         progress(done[0], size, stream.events)
     if cut is None and cols.events == 0:
-        cols.spill.close()
         if cols.position:
             raise InvalidTrace(str(p), "has no complete ('X') events with a duration")
         raise InvalidTrace(str(p), "has no events (traceEvents is empty)")
-    df, facts = cols.frame() if cols.events else (None, None)
+    if cut is not None and cols.events == 0:
+        raise TruncatedTrace(str(p), f"{cut.problem}; the read stopped before the first whole event", None)
+    df, facts = cols.frame()
     warnings: list[str] = []
     rank = rank_of(stream.meta, p, warnings)
     if cut is None:
@@ -360,13 +404,11 @@ def stream_trace(path: str | Path, *, block_bytes: int = 8 << 20, max_rows: int 
     where = (f"after {cut.events:,} whole events ({cut.text_bytes / 2**20:.1f} MiB of JSON text, "
              f"{done[0] / 2**20:.1f} of {size / 2**20:.1f} MiB of the file read)")
     problem = f"{cut.problem}; the read stopped {where}"
-    part = _complete_part(cols, df) if df is not None else None
+    part = _complete_part(cols, df, stream.meta)
     if part is None:
         raise TruncatedTrace(str(p), f"{problem}; no profiler step is complete before the cut", None)
-    kept, at = part
-    facts["t_end"] = min(facts["t_end"], at)
-    warnings.append(f"truncated: only the complete steps before the cut are analysed ({where})")
+    kept, n = part
+    warnings.append(f"truncated: only the {n} complete steps read are analysed (the read stopped {where})")
     partial = finish(p, rank, stream.meta, kept.copy(), facts, warnings)
-    n = len(partial.steps)
-    raise TruncatedTrace(str(p), f"{problem}; the {n} complete step{'s' if n != 1 else ''} before the cut "
+    raise TruncatedTrace(str(p), f"{problem}; the {n} complete step{'s' if n != 1 else ''} read before the cut "
                                  "were analysed", partial)

@@ -18,7 +18,7 @@ def sync_calls(t: ParsedTrace) -> pd.DataFrame:
     return pd.DataFrame({
         "step": calls["iteration"].to_numpy(),
         "kind": calls["name"].map(codes).to_numpy(),
-        "name": calls["s_name"].astype(str).to_numpy(),
+        "name": calls["s_name"].astype(object).to_numpy(),
         "ts_us": (calls["ts"] - t.facts["t0"]).to_numpy(),
         "dur_us": calls["dur"].to_numpy(),
     }).sort_values("ts_us").reset_index(drop=True)
