@@ -3,7 +3,7 @@
 Builds traces of 0.1, 0.5 and 2 GB of JSON text (gzipped on disk) by repeating the steps of the shared 16-rank A100
 trace, each copy shifted in time past the one before and with fresh correlation, flow and external ids and
 step numbers, written one copy at a time into a temporary folder (deleted afterwards). For each size, in fresh
-subprocesses: our whole analysis (time, peak RSS from ru_maxrss) and the anchor, a gunzip plus incremental decode
+subprocesses: our whole analysis (time, peak RSS: the process's VmHWM) and the anchor, a gunzip plus incremental decode
 of every event with nothing kept (analyzer.traces.stream_json). One JSON line per size.
 Targets: ours_peak_mib <= 1024 at 2 GB, growth from 0.5 to 2 GB <= 100 MiB, ratio_to_bare_stream <= 2.5.
 """
@@ -24,25 +24,31 @@ SOURCE = ROOT.parent / "shared" / "data" / "traces" / "a100_80gb_16rank_rank0_tr
 SIZES_MB = [100, 500, 2000]
 ID_ARGS = ("correlation", "External id", "Ev Idx", "Python id", "Python parent id")
 
-OURS = """
-import resource, sys, time
+PEAK = """
+def peak():  # this process's own high-water mark (ru_maxrss would carry the parent's across exec)
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM"))
+"""
+
+OURS = PEAK + """
+import sys, time
 from analyzer.traces.run import analyze_paths
 import hta.common.trace_symbol_table, hta.utils.utils  # imported before the clock, as the anchor imports orjson
 t = time.perf_counter()
 res = analyze_paths([sys.argv[1]])
 assert not res.errors, res.errors
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, res.summaries[0]["n_steps"])
+print(time.perf_counter() - t, peak(), res.summaries[0]["n_steps"])
 """
 
-BARE = """
-import resource, sys, time
+BARE = PEAK + """
+import sys, time
 from pathlib import Path
 from analyzer.traces.stream_json import EventStream
 t = time.perf_counter()
 n = 0
 for batch in EventStream(Path(sys.argv[1]), 2 << 20).batches():  # the reader's default block (trace_block_mb)
     n += len(batch)
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, n)
+print(time.perf_counter() - t, peak(), n)
 """
 
 
@@ -108,6 +114,13 @@ def build(path: Path, size_mb: int) -> int:
     return written
 
 
+def _build_apart(path: Path, size_mb: int) -> int:
+    """Build in a child process, so that this one stays small (its children are measured)."""
+    out = subprocess.run([sys.executable, __file__, "--build", str(path), str(size_mb)], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
 def _measure(code: str, path: Path) -> tuple[float, int, int]:
     out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
                          check=True)
@@ -116,11 +129,14 @@ def _measure(code: str, path: Path) -> tuple[float, int, int]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--build"]:
+        print(build(Path(sys.argv[2]), int(sys.argv[3])))
+        return
     sizes = [int(a) for a in sys.argv[1:]] or SIZES_MB
     with tempfile.TemporaryDirectory(prefix="fleetlens-trace-memory-") as tmp:
         for size_mb in sizes:
             path = Path(tmp) / f"trace_{size_mb}mb.json.gz"
-            text = build(path, size_mb)
+            text = _build_apart(path, size_mb)
             print(f"# {size_mb} MB: {text / 1e6:.0f} MB of text, {path.stat().st_size / 1e6:.0f} MB gzipped",
                   file=sys.stderr, flush=True)
             bare_s, bare_rss, events = _measure(BARE, path)

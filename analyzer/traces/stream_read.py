@@ -35,6 +35,7 @@ KEEP, LAUNCH = 1, 2
 GPU_CAT_SET = frozenset(GPU_CATS)
 GPU_SIDE_NAMES = ("Event Sync", "Context Sync")  # HTA counts these as device events whatever their stream
 SPILL = np.dtype([("corr", "i8"), ("idx", "i8"), ("ts", "f8"), ("dur", "f8")])
+SPILL_CHUNK = 1 << 16  # spilled records read back at a time (2 MiB)
 GAP_IDS = 1000  # a wider gap between correlation ids read means calls are missing there
 BYTES_PER_ROW = 96  # a kept event's columns, with the frame built from them
 ReadProgress = Callable[[int, int, int], None]  # (file bytes read, file size, events read)
@@ -247,12 +248,13 @@ class StreamedColumns:
         self.spill.flush()
         self.spill.seek(0)
         found = []
-        chunk = 1 << 18
         while True:
-            rec = np.fromfile(self.spill, SPILL, count=chunk)
+            rec = np.fromfile(self.spill, SPILL, count=SPILL_CHUNK)
             if not len(rec):
                 break
-            found.append(rec[np.isin(rec["corr"], wanted)])
+            # a sorted search, not np.isin: its lookup table spans the whole id range (tens of MB on a large trace)
+            at = np.clip(np.searchsorted(wanted, rec["corr"]), 0, len(wanted) - 1)
+            found.append(rec[wanted[at] == rec["corr"]])
         m = np.concatenate(found)
         if not len(m):
             return link, lts, ldur
@@ -268,28 +270,39 @@ class StreamedColumns:
         return link, lts, ldur
 
     def frame(self) -> tuple[pd.DataFrame, dict[str, Any]]:
+        """The kept events as one frame in file order, built a column at a time (each column's parts freed as it
+        is joined), with the whole-trace facts."""
         self.gpu_rows = self.gpu.rows
         g_corr = self.gpu.column("correlation").astype(np.int64)
         link, lts, ldur = self._launches(g_corr)
-        cols: dict[str, np.ndarray] = {}
-        for name in ("index", "name", "cat", "ts", "dur", "stream"):
-            cols[name] = np.concatenate([self.gpu.column(name), self.cpu.column(name)])
-        c_corr = self.cpu.column("correlation").astype(np.int64)
-        cols["correlation"] = np.concatenate([g_corr, c_corr])
-        cols["bytes"] = np.concatenate([self.gpu.column("bytes"), np.full(len(c_corr), -1)])
-        cols["ts"], cols["dur"], cols["end"] = self._round(cols["ts"], cols["dur"])
-        fallback = np.minimum(cols["correlation"], 0)
-        cols["index_correlation"] = np.where(np.r_[link, np.full(len(c_corr), -1)] >= 0,
-                                             np.r_[link, np.full(len(c_corr), -1)], fallback)
-        cols["launch_ts"] = np.r_[lts, np.full(len(c_corr), np.nan)]
-        cols["launch_dur"] = np.r_[ldur, np.full(len(c_corr), np.nan)]
-        order = np.argsort(cols["index"], kind="stable")
-        df = pd.DataFrame({k: (v[order] if len(v) else v.astype(np.int64)) for k, v in cols.items()})
-        del cols
-        df["stream"] = df["stream"].astype(np.int64)
-        df.index = pd.Index(df["index"].to_numpy())
-        df["s_name"] = pd.Categorical.from_codes(df["name"].astype(np.int64), categories=pd.Index(self.table))
-        df["s_cat"] = pd.Categorical.from_codes(df["cat"].astype(np.int64), categories=pd.Index(self.table))
+        n_cpu = self.cpu.rows
+        none = np.full(n_cpu, -1, np.int64)
+
+        def both(name: str) -> np.ndarray:
+            return np.concatenate([self.gpu.column(name), self.cpu.column(name)])
+
+        index = both("index")
+        order = np.argsort(index, kind="stable")
+        # the event's position in the file is the frame's index (HTA's "index" column is not repeated)
+        df = pd.DataFrame(index=pd.Index(index[order]))
+        del index
+        ts, dur, end = self._round(both("ts"), both("dur"))
+        df["ts"], df["dur"], df["end"] = ts[order], dur[order], end[order]
+        del ts, dur, end
+        for name, kind in (("name", np.int32), ("cat", np.int32), ("stream", np.int64)):
+            df[name] = both(name).astype(kind)[order]
+        corr = np.concatenate([g_corr, self.cpu.column("correlation").astype(np.int64)])
+        df["correlation"] = corr[order]
+        df["bytes"] = np.concatenate([self.gpu.column("bytes"), none])[order]
+        linked = np.concatenate([link, none])
+        df["index_correlation"] = np.where(linked >= 0, linked, np.minimum(corr, 0))[order]
+        del corr, linked
+        df["launch_ts"] = np.concatenate([lts, np.full(n_cpu, np.nan)])[order]
+        df["launch_dur"] = np.concatenate([ldur, np.full(n_cpu, np.nan)])[order]
+        del order, link, lts, ldur
+        table = pd.Index(self.table)
+        df["s_name"] = pd.Categorical.from_codes(df["name"].to_numpy(), categories=table)
+        df["s_cat"] = pd.Categorical.from_codes(df["cat"].to_numpy(), categories=table)
         _, launch_durs, _ = self._round(np.concatenate(self.launch_ts) if self.launch_ts else np.empty(0),
                                         np.concatenate(self.launch_dur) if self.launch_dur else np.empty(0))
         t0, t_end = self.t0, self.t_end
