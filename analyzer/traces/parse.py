@@ -26,6 +26,7 @@ import pandas as pd
 import psutil
 
 from analyzer.traces.errors import InvalidTrace
+from analyzer.traces.names import LAUNCH_RE
 from analyzer.traces.read_events import read_events
 
 log = logging.getLogger(__name__)
@@ -146,8 +147,6 @@ def rank_of(meta: dict[str, Any], p: Path, warnings: list[str]) -> int:
 
 def whole_trace_facts(df: pd.DataFrame) -> dict[str, Any]:
     """The facts a question needs about every event, from a frame that holds every event (the reference reader)."""
-    from analyzer.traces.events import LAUNCH_RE  # noqa: PLC0415  (events imports this module)
-
     cpu = df["stream"].lt(0)
     codes = [i for i, n in enumerate(df["s_name"].cat.categories) if LAUNCH_RE.search(str(n))]
     launches = df[df["name"].isin(codes) & cpu]

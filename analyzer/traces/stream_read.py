@@ -27,7 +27,7 @@ import pandas as pd
 from analyzer.traces.cpu_work import MATH_OPS
 from analyzer.traces.dataloader import DATALOADER_RE
 from analyzer.traces.errors import InvalidTrace
-from analyzer.traces.events import LAUNCH_RE, SYNC_NAMES
+from analyzer.traces.names import LAUNCH_RE, SYNC_NAMES
 from analyzer.traces.parse import GPU_CATS, STEP_RE, ParsedTrace, check_file_only, finish, rank_of
 from analyzer.traces.stream_json import EventStream, NotKineto, TraceCut
 
