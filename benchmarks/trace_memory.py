@@ -25,6 +25,10 @@ SIZES_MB = [100, 500, 2000]
 ID_ARGS = ("correlation", "External id", "Ev Idx", "Python id", "Python parent id")
 
 PEAK = """
+import os
+def cpu():  # this process's CPU time: on a shared machine, less swayed by other work than the wall clock
+    t = os.times()
+    return t.user + t.system
 def peak():  # this process's own high-water mark (ru_maxrss would carry the parent's across exec)
     with open("/proc/self/status") as fh:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM"))
@@ -34,21 +38,21 @@ OURS = PEAK + """
 import sys, time
 from analyzer.traces.run import analyze_paths
 import hta.common.trace_symbol_table, hta.utils.utils  # imported before the clock, as the anchor imports orjson
-t = time.perf_counter()
+t, c = time.perf_counter(), cpu()
 res = analyze_paths([sys.argv[1]])
 assert not res.errors, res.errors
-print(time.perf_counter() - t, peak(), res.summaries[0]["n_steps"])
+print(time.perf_counter() - t, cpu() - c, peak(), res.summaries[0]["n_steps"])
 """
 
 BARE = PEAK + """
 import sys, time
 from pathlib import Path
 from analyzer.traces.stream_json import EventStream
-t = time.perf_counter()
+t, c = time.perf_counter(), cpu()
 n = 0
 for batch in EventStream(Path(sys.argv[1]), 2 << 20).batches():  # the reader's default block (trace_block_mb)
     n += len(batch)
-print(time.perf_counter() - t, peak(), n)
+print(time.perf_counter() - t, cpu() - c, peak(), n)
 """
 
 
@@ -121,11 +125,11 @@ def _build_apart(path: Path, size_mb: int) -> int:
     return int(out.stdout.split()[-1])
 
 
-def _measure(code: str, path: Path) -> tuple[float, int, int]:
+def _measure(code: str, path: Path) -> tuple[float, float, int, int]:
     out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
                          check=True)
-    secs, rss, n = out.stdout.split()[-3:]
-    return float(secs), int(rss), int(n)
+    secs, cpu_s, rss, n = out.stdout.split()[-4:]
+    return float(secs), float(cpu_s), int(rss), int(n)
 
 
 def main() -> None:
@@ -139,13 +143,15 @@ def main() -> None:
             text = _build_apart(path, size_mb)
             print(f"# {size_mb} MB: {text / 1e6:.0f} MB of text, {path.stat().st_size / 1e6:.0f} MB gzipped",
                   file=sys.stderr, flush=True)
-            bare_s, bare_rss, events = _measure(BARE, path)
-            ours_s, ours_rss, steps = _measure(OURS, path)
+            bare_s, bare_cpu, bare_rss, events = _measure(BARE, path)
+            ours_s, ours_cpu, ours_rss, steps = _measure(OURS, path)
             print(json.dumps({
                 "size_mb": round(text / 1e6), "events": events, "steps": steps,
                 "ours_s": round(ours_s, 2), "ours_peak_mib": round(ours_rss / 2**20, 1),
                 "bare_stream_s": round(bare_s, 2), "bare_stream_peak_mib": round(bare_rss / 2**20, 1),
                 "ratio_to_bare_stream": round(ours_s / bare_s, 2),
+                "ours_cpu_s": round(ours_cpu, 2), "bare_stream_cpu_s": round(bare_cpu, 2),
+                "cpu_ratio_to_bare_stream": round(ours_cpu / bare_cpu, 2),
             }), flush=True)
             path.unlink()
 

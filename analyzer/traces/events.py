@@ -46,8 +46,9 @@ def _classify(t: ParsedTrace) -> pd.DataFrame:
     kind[df["s_cat"].iloc[order].isin(["gpu_memcpy", "Memcpy", "gpu_memset", "Memset"]).to_numpy()] = "MEMORY"
     kind[kind == "OTHER"] = "COMPUTATION"
     g = pd.DataFrame(index=df.index[order])
-    for col in ("ts", "end", "dur"):
-        g[col] = df[col].to_numpy()[order]
+    # times as floats once (every question computes with them as floats), durations as they are (sums)
+    g["ts"], g["end"] = df["ts"].to_numpy(float)[order], df["end"].to_numpy(float)[order]
+    g["dur"] = df["dur"].to_numpy()[order]
     g["s_name"] = pd.Categorical.from_codes(names, categories=table)
     g["s_cat"] = pd.Categorical.from_codes(df["s_cat"].cat.codes.to_numpy()[order], categories=table)
     # one byte a row, not a string object (a large trace has millions of device events)

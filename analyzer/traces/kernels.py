@@ -37,13 +37,13 @@ def launch_stats(t: ParsedTrace, tiny_kernel_us: float = 10.0) -> dict:
     """How kernels were launched: counts per step, CPU launch cost, launch-to-start delay, tiny kernels."""
     k = _kernels(t)
     steps = max(len(t.steps), 1)
-    durs = pd.Series(t.facts["launch_durs"])  # every launch call's CPU time, also those without a kernel
+    calls, cpu_us = t.facts["launch_calls"], t.facts["launch_us"]  # every launch call, also those without a kernel
     res = {
         "kernels": int(len(k)),
         "kernels_per_step": len(k) / steps,
-        "launch_calls": int(len(durs)),
-        "launch_cpu_mean_us": float(durs.mean()) if len(durs) else None,
-        "launch_cpu_total_us": float(durs.sum()),
+        "launch_calls": int(calls),
+        "launch_cpu_mean_us": cpu_us / calls if calls else None,
+        "launch_cpu_total_us": float(cpu_us),
         "tiny_kernel_us": tiny_kernel_us,
         "tiny_kernels": int(k["dur"].lt(tiny_kernel_us).sum()) if len(k) else 0,
         "tiny_kernels_per_step": float(k["dur"].lt(tiny_kernel_us).sum()) / steps if len(k) else 0.0,

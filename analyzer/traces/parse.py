@@ -53,7 +53,7 @@ class ParsedTrace:
     warnings: list[str] = field(default_factory=list)
     # whole-trace facts, so that `df` may hold only the events the questions look at one by one (the streaming
     # reader keeps the device's events and the CPU calls named in analyzer.traces.events): events, t0, t_end,
-    # cats, cpu_names, launch_durs (CPU time of every kernel launch call), launch_names
+    # cats, cpu_names, launch_calls and launch_us (every kernel launch call, and their CPU time), launch_names
     facts: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -153,7 +153,7 @@ def whole_trace_facts(df: pd.DataFrame) -> dict[str, Any]:
     return {"events": int(len(df)), "t0": float(df["ts"].min()), "t_end": float((df["ts"] + df["dur"]).max()),
             "cats": {str(c) for c in df["s_cat"].unique()},
             "cpu_names": {str(n) for n in df.loc[cpu, "s_name"].unique()},
-            "launch_durs": launches["dur"].to_numpy(),
+            "launch_calls": int(len(launches)), "launch_us": float(launches["dur"].sum()),
             "launch_names": sorted({str(n) for n in launches["s_name"].unique()})}
 
 

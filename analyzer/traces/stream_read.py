@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,10 @@ from analyzer.traces.names import LAUNCH_RE, SYNC_NAMES
 from analyzer.traces.parse import GPU_CATS, STEP_RE, ParsedTrace, check_file_only, finish, rank_of
 from analyzer.traces.stream_json import EventStream, NotKineto, TraceCut
 
-KEEP, LAUNCH = 1, 2
+KEEP, LAUNCH, MATH_ONLY = 1, 2, 4  # MATH_ONLY: only a CPU-only trace's arithmetic share reads these calls
 GPU_CAT_SET = frozenset(GPU_CATS)
 GPU_SIDE_NAMES = ("Event Sync", "Context Sync")  # HTA counts these as device events whatever their stream
-SPILL = np.dtype([("corr", "i8"), ("idx", "i8"), ("ts", "f8"), ("dur", "f8")])
+SPILL = np.dtype([("corr", "i8"), ("idx", "i8"), ("ts", "f8"), ("dur", "f8"), ("launch", "i1")])
 SPILL_CHUNK = 1 << 16  # spilled records read back at a time (2 MiB)
 GAP_IDS = 1000  # a wider gap between correlation ids read means calls are missing there
 BYTES_PER_ROW = 96  # a kept event's columns, with the frame built from them
@@ -57,8 +57,9 @@ def _stream_number(value: Any) -> int:
 
 
 def _flags(name: str) -> int:
-    f = KEEP if (STEP_RE.match(name) or name in SYNC_NAMES or DATALOADER_RE.search(name) or MATH_OPS.match(name)) \
-        else 0
+    f = KEEP if (STEP_RE.match(name) or name in SYNC_NAMES or DATALOADER_RE.search(name)) else 0
+    if not f and MATH_OPS.match(name):
+        f = KEEP | MATH_ONLY
     return f | (LAUNCH if LAUNCH_RE.search(name) else 0)
 
 
@@ -67,6 +68,9 @@ def _array(values: list[Any]) -> np.ndarray:
     if arr.dtype.kind not in "if":  # a missing value among them
         arr = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
     return arr
+
+
+NARROW = frozenset({"name", "cat", "stream"})
 
 
 class _Columns:
@@ -81,7 +85,10 @@ class _Columns:
         if not lists[0]:
             return
         for n, values in zip(self.names, lists, strict=True):
-            self.parts[n].append(_array(values))
+            arr = _array(values)
+            if n in NARROW and arr.dtype.kind == "i" and len(arr) and -2**31 < arr.min() and arr.max() < 2**31:
+                arr = arr.astype(np.int32)  # symbol codes and streams: half the memory while the read goes on
+            self.parts[n].append(arr)
         self.rows += len(lists[0])
 
     def column(self, name: str) -> np.ndarray:
@@ -103,9 +110,6 @@ class StreamedColumns:
         self.flags: list[int] = []
         self.gpu = _Columns(GPU_COLS)
         self.cpu = _Columns(CPU_COLS)
-        self.launch_ts: list[np.ndarray] = []
-        self.launch_dur: list[np.ndarray] = []
-        self.launch_corr: list[np.ndarray] = []
         self.launch_codes: set[int] = set()
         self.cat_codes: set[int] = set()
         self.cpu_codes: set[int] = set()
@@ -132,7 +136,7 @@ class StreamedColumns:
         gi, gn, gc, gt, gd, gs, gr, gb = [], [], [], [], [], [], [], []
         ci, cn, cc, ct, cd, cs, cr = [], [], [], [], [], [], []
         si, sr, st, sd = [], [], [], []
-        lt, ld, lc = [], [], []
+        sl = []
         all_ts, kept_dur, kept_ts = [], [], []
         cpu_codes, cat_codes = self.cpu_codes, self.cat_codes
         side = {symbols.get(n) for n in GPU_SIDE_NAMES} - {None}
@@ -177,7 +181,7 @@ class StreamedColumns:
                     gr.append(corr)
                     gb.append(a.get("bytes", -1) if a.__class__ is dict else -1)
                 elif corr < -1 and n not in side:
-                    si.append(idx), sr.append(corr), st.append(ts), sd.append(dur)
+                    si.append(idx), sr.append(corr), st.append(ts), sd.append(dur), sl.append(0)
                 continue
             cpu_codes.add(n)
             f = flags[n]
@@ -190,16 +194,17 @@ class StreamedColumns:
                     cd.append(dur)
                     cs.append(stream)
                     cr.append(corr)
-                if f & LAUNCH:
-                    lt.append(ts)
-                    ld.append(dur)
-                    lc.append(corr)
-                    self.launch_codes.add(n)
-            if corr != -1 and n not in side:
+            launch = f & LAUNCH
+            if launch:
+                self.launch_codes.add(n)
+            # to the file: CPU calls with a correlation id (for the join), and every launch call (their count and
+            # CPU time are whole-trace facts)
+            if launch or (corr != -1 and n not in side):
                 si.append(idx)
-                sr.append(corr)
+                sr.append(corr if n not in side else -1)
                 st.append(ts)
                 sd.append(dur)
+                sl.append(1 if launch else 0)
         self.position += len(batch)
         self.events += len(kept_ts)
         if _array(all_ts).dtype.kind != "i":
@@ -210,13 +215,9 @@ class StreamedColumns:
             self.t_end = max(self.t_end, float(np.nanmax(kt + kd)))
         self.gpu.add((gi, gn, gc, gt, gd, gs, gr, gb))
         self.cpu.add((ci, cn, cc, ct, cd, cs, cr))
-        if lt:
-            self.launch_ts.append(_array(lt).astype(np.float64))
-            self.launch_dur.append(_array(ld).astype(np.float64))
-            self.launch_corr.append(_array(lc).astype(np.int64))
         if si:
             rec = np.empty(len(si), SPILL)
-            rec["idx"], rec["corr"], rec["ts"], rec["dur"] = si, sr, _array(st), _array(sd)
+            rec["idx"], rec["corr"], rec["ts"], rec["dur"], rec["launch"] = si, sr, _array(st), _array(sd), sl
             rec.tofile(self.spill)
             self.spilled += len(si)
         if self.max_rows is not None and self.gpu.rows + self.cpu.rows > self.max_rows:
@@ -238,6 +239,23 @@ class StreamedColumns:
             return ts, end - ts, end
         return ts, dur, ts + dur
 
+    def spilled_chunks(self) -> Iterator[np.ndarray]:
+        """The spilled records, SPILL_CHUNK at a time."""
+        self.spill.flush()
+        self.spill.seek(0)
+        while len(rec := np.fromfile(self.spill, SPILL, count=SPILL_CHUNK)):
+            yield rec
+
+    def launch_facts(self) -> tuple[int, float]:
+        """How many launch calls the trace has, and their CPU time (rounded as the frame's times are)."""
+        calls, total = 0, 0.0
+        for rec in self.spilled_chunks():
+            rec = rec[rec["launch"] == 1]
+            _, dur, _ = self._round(rec["ts"], rec["dur"])
+            calls += len(rec)
+            total += float(np.sum(dur, dtype=np.float64))
+        return calls, total
+
     def _launches(self, gpu_corr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each device event: the index, start and CPU time of its launch (HTA's correlation join), -1/NaN else."""
         n = len(gpu_corr)
@@ -245,13 +263,8 @@ class StreamedColumns:
         wanted = np.unique(gpu_corr[gpu_corr >= 0])
         if not len(wanted) or not self.spilled:
             return link, lts, ldur
-        self.spill.flush()
-        self.spill.seek(0)
         found = []
-        while True:
-            rec = np.fromfile(self.spill, SPILL, count=SPILL_CHUNK)
-            if not len(rec):
-                break
+        for rec in self.spilled_chunks():
             # a sorted search, not np.isin: its lookup table spans the whole id range (tens of MB on a large trace)
             at = np.clip(np.searchsorted(wanted, rec["corr"]), 0, len(wanted) - 1)
             found.append(rec[wanted[at] == rec["corr"]])
@@ -282,15 +295,22 @@ class StreamedColumns:
             return np.concatenate([self.gpu.column(name), self.cpu.column(name)])
 
         index = both("index")
-        order = np.argsort(index, kind="stable")
+        names = both("name")
+        # a trace with device events judges arithmetic on the device: its CPU arithmetic calls are not needed
+        keep = (np.ones(len(index), bool) if not self.gpu.rows else
+                np.r_[np.ones(self.gpu.rows, bool), (np.asarray(self.flags, np.int8)[names[self.gpu.rows:]]
+                                                     & MATH_ONLY) == 0])
+        order = np.flatnonzero(keep)[np.argsort(index[keep], kind="stable")]
         # the event's position in the file is the frame's index (HTA's "index" column is not repeated)
         df = pd.DataFrame(index=pd.Index(index[order]))
         del index
         ts, dur, end = self._round(both("ts"), both("dur"))
         df["ts"], df["dur"], df["end"] = ts[order], dur[order], end[order]
         del ts, dur, end
-        for name, kind in (("name", np.int32), ("cat", np.int32), ("stream", np.int64)):
-            df[name] = both(name).astype(kind)[order]
+        df["name"] = names[order]
+        del names
+        df["stream"] = both("stream").astype(np.int64)[order]
+        cat = both("cat")[order]
         corr = np.concatenate([g_corr, self.cpu.column("correlation").astype(np.int64)])
         df["correlation"] = corr[order]
         df["bytes"] = np.concatenate([self.gpu.column("bytes"), none])[order]
@@ -302,15 +322,15 @@ class StreamedColumns:
         del order, link, lts, ldur
         table = pd.Index(self.table)
         df["s_name"] = pd.Categorical.from_codes(df["name"].to_numpy(), categories=table)
-        df["s_cat"] = pd.Categorical.from_codes(df["cat"].to_numpy(), categories=table)
-        _, launch_durs, _ = self._round(np.concatenate(self.launch_ts) if self.launch_ts else np.empty(0),
-                                        np.concatenate(self.launch_dur) if self.launch_dur else np.empty(0))
+        df["s_cat"] = pd.Categorical.from_codes(cat, categories=table)
+        launch_calls, launch_us = self.launch_facts()
         t0, t_end = self.t0, self.t_end
         if self.float_ts:
             t0, t_end = float(math.ceil(t0)), float(math.floor(t_end))
         facts = {"events": self.events, "t0": t0, "t_end": t_end,
                  "cats": {self.table[c] for c in self.cat_codes}, "cpu_names": {self.table[c] for c in self.cpu_codes},
-                 "launch_durs": launch_durs, "launch_names": sorted(self.table[c] for c in self.launch_codes)}
+                 "launch_calls": launch_calls, "launch_us": launch_us,
+                 "launch_names": sorted(self.table[c] for c in self.launch_codes)}
         return df, facts
 
 
@@ -318,10 +338,8 @@ def _covered(cols: StreamedColumns) -> list[tuple[float, float]]:
     """The stretches of time whose CPU calls with a correlation id were all read: the ids are given out one after
     another, so a run of ids read without a gap wider than GAP_IDS covers the time from its first to its last call
     (Kineto filters a few calls out, which leaves gaps of up to ~140 ids in whole traces)."""
-    cols.spill.flush()
-    cols.spill.seek(0)
-    rec = np.fromfile(cols.spill, SPILL)
-    rec = rec[rec["corr"] >= 0]
+    parts = [rec[["corr", "ts", "dur"]][rec["corr"] >= 0] for rec in cols.spilled_chunks()]
+    rec = np.concatenate(parts) if parts else np.empty(0, SPILL)
     if not len(rec):
         return []
     rec = rec[np.argsort(rec["corr"], kind="stable")]
@@ -355,11 +373,12 @@ def _complete_part(cols: StreamedColumns, df: pd.DataFrame, meta: dict[str, Any]
         edges = [-math.inf, *[x for span in spans for x in span], math.inf]
         # launch calls may be missing between the stretches read; their device events ran up to `lag` later
         unsure += [(a, b + lag) for a, b in zip(edges[::2], edges[1::2], strict=True)]
-        if cols.launch_corr:
-            corr = np.concatenate(cols.launch_corr)
-            ts, _, _ = cols._round(np.concatenate(cols.launch_ts), np.concatenate(cols.launch_dur))
-            lost = (corr >= 0) & ~np.isin(corr, gpu["correlation"].to_numpy())
-            unsure += [(t, t + lag) for t in np.asarray(ts, float)[lost]]  # its device event is missing
+        seen = np.unique(gpu["correlation"].to_numpy())
+        for rec in cols.spilled_chunks():
+            rec = rec[(rec["launch"] == 1) & (rec["corr"] >= 0)]
+            lost = ~np.isin(rec["corr"], seen, kind="sort")
+            ts, _, _ = cols._round(rec["ts"][lost], rec["dur"][lost])
+            unsure += [(t, t + lag) for t in np.asarray(ts, float)]  # its device event is missing
         orphan = gpu[gpu["correlation"].ge(0) & gpu["launch_ts"].isna()]
         unsure += [(t - lag, t) for t in orphan["ts"].to_numpy(float)]  # its launch call is missing
     ok = np.array([not any(a < e and s < b for a, b in unsure) for s, e in zip(w0, w1, strict=True)], bool)
