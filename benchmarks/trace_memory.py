@@ -6,6 +6,7 @@ step numbers, written one copy at a time into a temporary folder (deleted afterw
 subprocesses: our whole analysis (time, peak RSS: the process's VmHWM) and the anchor, a gunzip plus incremental decode
 of every event with nothing kept (analyzer.traces.stream_json). One JSON line per size.
 Targets: ours_peak_mib <= 1024 at 2 GB, growth from 0.5 to 2 GB <= 100 MiB, ratio_to_bare_stream <= 2.5.
+`--ranks N MB`: N ranks of MB each analysed in one call against one alone (the ranks share the bound).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import sys, time
 from analyzer.traces.run import analyze_paths
 import hta.common.trace_symbol_table, hta.utils.utils  # imported before the clock, as the anchor imports orjson
 t, c = time.perf_counter(), cpu()
-res = analyze_paths([sys.argv[1]])
+res = analyze_paths(sys.argv[1:])  # several files: the ranks of one job, read one after another
 assert not res.errors, res.errors
 print(time.perf_counter() - t, cpu() - c, peak(), res.summaries[0]["n_steps"])
 """
@@ -125,16 +126,35 @@ def _build_apart(path: Path, size_mb: int) -> int:
     return int(out.stdout.split()[-1])
 
 
-def _measure(code: str, path: Path) -> tuple[float, float, int, int]:
-    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
+def _measure(code: str, *paths: Path) -> tuple[float, float, int, int]:
+    out = subprocess.run([sys.executable, "-c", code, *map(str, paths)], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     secs, cpu_s, rss, n = out.stdout.split()[-4:]
     return float(secs), float(cpu_s), int(rss), int(n)
 
 
+def _ranks(n: int, size_mb: int) -> None:
+    """n ranks of size_mb each analysed together (one call), against one of them alone: the same bound."""
+    with tempfile.TemporaryDirectory(prefix="fleetlens-trace-memory-") as tmp:
+        one = Path(tmp) / "rank0.json.gz"
+        _build_apart(one, size_mb)
+        paths = [one]
+        for r in range(1, n):
+            paths.append(Path(tmp) / f"rank{r}.json.gz")
+            paths[-1].hardlink_to(one)
+        alone_s, _, alone_rss, _ = _measure(OURS, one)
+        all_s, _, all_rss, _ = _measure(OURS, *paths)
+        print(json.dumps({"ranks": n, "size_mb_each": size_mb, "one_rank_s": round(alone_s, 2),
+                          "one_rank_peak_mib": round(alone_rss / 2**20, 1), "all_ranks_s": round(all_s, 2),
+                          "all_ranks_peak_mib": round(all_rss / 2**20, 1)}), flush=True)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--build"]:
         print(build(Path(sys.argv[2]), int(sys.argv[3])))
+        return
+    if sys.argv[1:2] == ["--ranks"]:
+        _ranks(int(sys.argv[2]), int(sys.argv[3]))
         return
     sizes = [int(a) for a in sys.argv[1:]] or SIZES_MB
     with tempfile.TemporaryDirectory(prefix="fleetlens-trace-memory-") as tmp:

@@ -45,7 +45,7 @@ def _classify(t: ParsedTrace) -> pd.DataFrame:
     kind = kinds[names]
     kind[df["s_cat"].iloc[order].isin(["gpu_memcpy", "Memcpy", "gpu_memset", "Memset"]).to_numpy()] = "MEMORY"
     kind[kind == "OTHER"] = "COMPUTATION"
-    g = pd.DataFrame(index=df.index[order])
+    g = pd.DataFrame(index=pd.RangeIndex(len(order)))  # positions: no question looks a device event up by index
     # times as floats once (every question computes with them as floats), durations as they are (sums)
     g["ts"], g["end"] = df["ts"].to_numpy(float)[order], df["end"].to_numpy(float)[order]
     g["dur"] = df["dur"].to_numpy()[order]

@@ -295,6 +295,7 @@ class StreamedColumns:
             return np.concatenate([self.gpu.column(name), self.cpu.column(name)])
 
         index = both("index")
+        self.gpu_index = index[:self.gpu.rows].copy()
         names = both("name")
         # a trace with device events judges arithmetic on the device: its CPU arithmetic calls are not needed
         keep = (np.ones(len(index), bool) if not self.gpu.rows else
@@ -309,14 +310,13 @@ class StreamedColumns:
         del ts, dur, end
         df["name"] = names[order]
         del names
-        df["stream"] = both("stream").astype(np.int64)[order]
+        df["stream"] = both("stream")[order]
         cat = both("cat")[order]
-        corr = np.concatenate([g_corr, self.cpu.column("correlation").astype(np.int64)])
-        df["correlation"] = corr[order]
+        # the correlation ids stay beside the frame, for the device events only (a cut file's complete steps are
+        # judged by them); no question reads them once each device event carries its launch
+        self.cpu.column("correlation")
+        self.gpu_corr = g_corr
         df["bytes"] = np.concatenate([self.gpu.column("bytes"), none])[order]
-        linked = np.concatenate([link, none])
-        df["index_correlation"] = np.where(linked >= 0, linked, np.minimum(corr, 0))[order]
-        del corr, linked
         df["launch_ts"] = np.concatenate([lts, np.full(n_cpu, np.nan)])[order]
         df["launch_dur"] = np.concatenate([ldur, np.full(n_cpu, np.nan)])[order]
         del order, link, lts, ldur
@@ -373,13 +373,14 @@ def _complete_part(cols: StreamedColumns, df: pd.DataFrame, meta: dict[str, Any]
         edges = [-math.inf, *[x for span in spans for x in span], math.inf]
         # launch calls may be missing between the stretches read; their device events ran up to `lag` later
         unsure += [(a, b + lag) for a, b in zip(edges[::2], edges[1::2], strict=True)]
-        seen = np.unique(gpu["correlation"].to_numpy())
+        corr = pd.Series(cols.gpu_corr, index=cols.gpu_index)
+        seen = np.unique(cols.gpu_corr)
         for rec in cols.spilled_chunks():
             rec = rec[(rec["launch"] == 1) & (rec["corr"] >= 0)]
             lost = ~np.isin(rec["corr"], seen, kind="sort")
             ts, _, _ = cols._round(rec["ts"][lost], rec["dur"][lost])
             unsure += [(t, t + lag) for t in np.asarray(ts, float)]  # its device event is missing
-        orphan = gpu[gpu["correlation"].ge(0) & gpu["launch_ts"].isna()]
+        orphan = gpu[(corr.reindex(gpu.index).to_numpy() >= 0) & gpu["launch_ts"].isna().to_numpy()]
         unsure += [(t - lag, t) for t in orphan["ts"].to_numpy(float)]  # its launch call is missing
     ok = np.array([not any(a < e and s < b for a, b in unsure) for s, e in zip(w0, w1, strict=True)], bool)
     if not ok.any():
