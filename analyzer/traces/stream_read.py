@@ -263,22 +263,24 @@ class StreamedColumns:
         wanted = np.unique(gpu_corr[gpu_corr >= 0])
         if not len(wanted) or not self.spilled:
             return link, lts, ldur
-        found = []
+        # per wanted id: the last CPU event read with it (HTA's merge lets the last one win), filled a chunk at a
+        # time, so that nothing larger than the device events' own ids is held
+        w_idx = np.full(len(wanted), -1, np.int64)
+        w_ts, w_dur = np.full(len(wanted), np.nan), np.full(len(wanted), np.nan)
         for rec in self.spilled_chunks():
             # a sorted search, not np.isin: its lookup table spans the whole id range (tens of MB on a large trace)
             at = np.clip(np.searchsorted(wanted, rec["corr"]), 0, len(wanted) - 1)
-            found.append(rec[wanted[at] == rec["corr"]])
-        m = np.concatenate(found)
-        if not len(m):
-            return link, lts, ldur
-        order = np.argsort(m["corr"], kind="stable")
-        sc = m["corr"][order]
-        last = order[np.r_[np.flatnonzero(np.diff(sc)), len(sc) - 1]]  # the last CPU event of each id wins
-        keys = m["corr"][last]
-        pos = np.clip(np.searchsorted(keys, gpu_corr), 0, len(keys) - 1)
-        hit = (gpu_corr >= 0) & (keys[pos] == gpu_corr)
-        ts, dur, _ = self._round(m["ts"][last][pos[hit]], m["dur"][last][pos[hit]])
-        link[hit] = m["idx"][last][pos[hit]]
+            hit = np.flatnonzero(wanted[at] == rec["corr"])
+            if not len(hit):
+                continue
+            _, first_from_end = np.unique(at[hit][::-1], return_index=True)
+            last = hit[len(hit) - 1 - first_from_end]  # the last record of each id in this chunk
+            w_idx[at[last]], w_ts[at[last]], w_dur[at[last]] = rec["idx"][last], rec["ts"][last], rec["dur"][last]
+        found = w_idx >= 0
+        pos = np.clip(np.searchsorted(wanted, gpu_corr), 0, len(wanted) - 1)
+        hit = (gpu_corr >= 0) & (wanted[pos] == gpu_corr) & found[pos]
+        ts, dur, _ = self._round(w_ts[pos[hit]], w_dur[pos[hit]])
+        link[hit] = w_idx[pos[hit]]
         lts[hit], ldur[hit] = ts, dur
         return link, lts, ldur
 
