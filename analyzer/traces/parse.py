@@ -149,7 +149,7 @@ def whole_trace_facts(df: pd.DataFrame) -> dict[str, Any]:
     """The facts a question needs about every event, from a frame that holds every event (the reference reader)."""
     cpu = df["stream"].lt(0)
     codes = [i for i, n in enumerate(df["s_name"].cat.categories) if LAUNCH_RE.search(str(n))]
-    launches = df[df["name"].isin(codes) & cpu]
+    launches = df[df["s_name"].cat.codes.isin(codes) & cpu]
     return {"events": int(len(df)), "t0": float(df["ts"].min()), "t_end": float((df["ts"] + df["dur"]).max()),
             "cats": {str(c) for c in df["s_cat"].unique()},
             "cpu_names": {str(n) for n in df.loc[cpu, "s_name"].unique()},
@@ -175,8 +175,9 @@ def _find_steps(df: pd.DataFrame, facts: dict[str, Any]) -> pd.DataFrame:
     """ProfilerStep#N spans on the CPU; without them the whole trace is one step (a micro-benchmark)."""
     cats = df["s_name"].cat.categories
     step_of = {code: int(m.group(1)) for code, name in enumerate(cats) if (m := STEP_RE.match(str(name)))}
-    cpu = df[df["name"].isin(list(step_of)) & df["stream"].lt(0) & df["s_cat"].isin(["user_annotation", "cpu_op"])]
-    spans = cpu[["ts", "dur", "name"]].assign(step=cpu["name"].map(step_of), name=cpu["s_name"].astype(object))
+    codes = df["s_name"].cat.codes
+    cpu = df[codes.isin(list(step_of)) & df["stream"].lt(0) & df["s_cat"].isin(["user_annotation", "cpu_op"])]
+    spans = cpu[["ts", "dur"]].assign(step=codes[cpu.index].map(step_of), name=cpu["s_name"].astype(object))
     spans = spans.drop_duplicates("step").sort_values("ts")
     if spans.empty:
         # no steps: a micro-benchmark; take the span the GPU was in use (from the first launch), else all

@@ -297,20 +297,19 @@ class StreamedColumns:
             return np.concatenate([self.gpu.column(name), self.cpu.column(name)])
 
         index = both("index")
-        self.gpu_index = index[:self.gpu.rows].copy()
         names = both("name")
         # a trace with device events judges arithmetic on the device: its CPU arithmetic calls are not needed
         keep = (np.ones(len(index), bool) if not self.gpu.rows else
                 np.r_[np.ones(self.gpu.rows, bool), (np.asarray(self.flags, np.int8)[names[self.gpu.rows:]]
                                                      & MATH_ONLY) == 0])
         order = np.flatnonzero(keep)[np.argsort(index[keep], kind="stable")]
-        # the event's position in the file is the frame's index (HTA's "index" column is not repeated)
-        df = pd.DataFrame(index=pd.Index(index[order]))
+        # rows by position: no question looks an event up by its place in the file (HTA's index is not kept)
+        df = pd.DataFrame(index=pd.RangeIndex(len(order)))
         del index
         ts, dur, end = self._round(both("ts"), both("dur"))
         df["ts"], df["dur"], df["end"] = ts[order], dur[order], end[order]
         del ts, dur, end
-        df["name"] = names[order]
+        name = names[order]
         del names
         df["stream"] = both("stream")[order]
         cat = both("cat")[order]
@@ -323,7 +322,7 @@ class StreamedColumns:
         df["launch_dur"] = np.concatenate([ldur, np.full(n_cpu, np.nan)])[order]
         del order, link, lts, ldur
         table = pd.Index(self.table)
-        df["s_name"] = pd.Categorical.from_codes(df["name"].to_numpy(), categories=table)
+        df["s_name"] = pd.Categorical.from_codes(name, categories=table)
         df["s_cat"] = pd.Categorical.from_codes(cat, categories=table)
         launch_calls, launch_us = self.launch_facts()
         t0, t_end = self.t0, self.t_end
@@ -375,21 +374,21 @@ def _complete_part(cols: StreamedColumns, df: pd.DataFrame, meta: dict[str, Any]
         edges = [-math.inf, *[x for span in spans for x in span], math.inf]
         # launch calls may be missing between the stretches read; their device events ran up to `lag` later
         unsure += [(a, b + lag) for a, b in zip(edges[::2], edges[1::2], strict=True)]
-        corr = pd.Series(cols.gpu_corr, index=cols.gpu_index)
         seen = np.unique(cols.gpu_corr)
         for rec in cols.spilled_chunks():
             rec = rec[(rec["launch"] == 1) & (rec["corr"] >= 0)]
             lost = ~np.isin(rec["corr"], seen, kind="sort")
             ts, _, _ = cols._round(rec["ts"][lost], rec["dur"][lost])
             unsure += [(t, t + lag) for t in np.asarray(ts, float)]  # its device event is missing
-        orphan = gpu[(corr.reindex(gpu.index).to_numpy() >= 0) & gpu["launch_ts"].isna().to_numpy()]
+        # the device rows keep their file order, as the correlation ids beside the frame do
+        orphan = gpu[(cols.gpu_corr >= 0) & gpu["launch_ts"].isna().to_numpy()]
         unsure += [(t - lag, t) for t in orphan["ts"].to_numpy(float)]  # its launch call is missing
     ok = np.array([not any(a < e and s < b for a, b in unsure) for s, e in zip(w0, w1, strict=True)], bool)
     if not ok.any():
         return None
     # every event read stays (a complete step's idle time depends on the busy stretch before it); the incomplete
     # steps' own spans go, so that they are no steps of the analysis
-    return df.drop(index=steps.index[~ok]), int(ok.sum())
+    return df.drop(index=steps.index[~ok]).reset_index(drop=True), int(ok.sum())
 
 
 def stream_trace(path: str | Path, *, block_bytes: int = 2 << 20, max_rows: int | None = None,
