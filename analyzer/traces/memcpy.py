@@ -48,7 +48,8 @@ def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
     parts["direction"] = parts["direction"].fillna("unknown")
     host = [_host_memory(d, s if isinstance(s, str) else None, x if isinstance(x, str) else None)
             for d, s, x in parts.itertuples(index=False)]
-    nbytes = cp["bytes"].clip(lower=0) if "bytes" in cp else pd.Series(0, index=cp.index)
+    nbytes = cp["bytes"].astype(np.int64 if cp["bytes"].dtype.kind == "i" else np.float64).clip(lower=0) \
+        if "bytes" in cp else pd.Series(0, index=cp.index)
     # the CPU call that issued each copy (cudaMemcpyAsync / hipMemcpyWithStream): a copy into pageable host
     # memory keeps it waiting until the copy, and all the work queued before it, is done
     cpu_call = cp["launch_dur"].fillna(0.0)

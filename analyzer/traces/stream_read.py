@@ -317,7 +317,11 @@ class StreamedColumns:
         # judged by them); no question reads them once each device event carries its launch
         self.cpu.column("correlation")
         self.gpu_corr = g_corr
-        df["bytes"] = np.concatenate([self.gpu.column("bytes"), none])[order]
+        nbytes = np.concatenate([self.gpu.column("bytes"), none])[order]
+        if nbytes.dtype.kind == "i" and (not len(nbytes) or nbytes.max() < 2**31):
+            nbytes = nbytes.astype(np.int32)  # only copies have sizes; the questions sum them as int64
+        df["bytes"] = nbytes
+        del nbytes
         df["launch_ts"] = np.concatenate([lts, np.full(n_cpu, np.nan)])[order]
         df["launch_dur"] = np.concatenate([ldur, np.full(n_cpu, np.nan)])[order]
         del order, link, lts, ldur
