@@ -12,6 +12,7 @@ from analyzer.rules import TraceFinding, load_thresholds, rules_not_judged, run_
 from analyzer.rules.straggler import straggler_verdict
 from analyzer.traces.cache import load_trace
 from analyzer.traces.errors import InvalidTrace
+from analyzer.traces.memory import release_freed_memory
 from analyzer.traces.parse import ParsedTrace
 from analyzer.traces.stream_read import TruncatedTrace
 from analyzer.traces.summary import summarize
@@ -95,6 +96,7 @@ def analyze_one(path: str | Path, *, thresholds: dict | None = None, cache_dir: 
         progress(str(path), "analysing")
     result = _summarize(parsed, th)
     del parsed
+    release_freed_memory()  # the next rank of the job starts from the same size
     return result
 
 

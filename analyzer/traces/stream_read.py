@@ -27,6 +27,7 @@ import pandas as pd
 from analyzer.traces.cpu_work import MATH_OPS
 from analyzer.traces.dataloader import DATALOADER_RE
 from analyzer.traces.errors import InvalidTrace
+from analyzer.traces.memory import release_freed_memory
 from analyzer.traces.names import LAUNCH_RE, SYNC_NAMES
 from analyzer.traces.parse import GPU_CATS, STEP_RE, ParsedTrace, check_file_only, finish, rank_of
 from analyzer.traces.stream_json import EventStream, NotKineto, TraceCut
@@ -435,6 +436,7 @@ def _read(p: Path, size: int, stream: EventStream, cols: StreamedColumns, done: 
     if cut is not None and cols.events == 0:
         raise TruncatedTrace(str(p), f"{cut.problem}; the read stopped before the first whole event", None)
     df, facts = cols.frame()
+    release_freed_memory()  # the read's buffers and column parts, before the analysis needs room
     warnings: list[str] = []
     rank = rank_of(stream.meta, p, warnings)
     if cut is None:
