@@ -93,6 +93,11 @@ class Settings(BaseSettings):
     profile_top_n: int = Field(5, ge=0)  # the periodic profile traces this many workflows, most GPU-hours first
     profile_steps: int = Field(20, ge=1)  # steps each periodic profile captures
     analyze_batch_size: int = Field(4, ge=1)  # traces one mapped task of the analyze DAG analyses
+    # streaming trace reader: JSON text decoded per block, and the most memory one trace's kept columns may take
+    # (the device's events and the CPU calls the questions name, ~96 bytes each); several ranks are read one after
+    # another, so a job's ranks share the same bound
+    trace_block_mb: int = Field(2, ge=1)
+    trace_memory_mb: int = Field(1024, ge=16)
     detect_chunk_devices: int = Field(400, ge=0)  # devices the detectors read at once (0: the whole fleet)
 
     # enforcer

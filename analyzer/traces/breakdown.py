@@ -19,35 +19,31 @@ COLUMNS = ["step", "step_us", "computation_us", "communication_us", "memory_us",
            "host_wait_us", "kernel_wait_us", "other_idle_us"]
 
 
-def _union_in_windows(ev: pd.DataFrame, w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
-    s, e = merge_intervals(ev["ts"].to_numpy(float), ev["end"].to_numpy(float))
+def _union_in_windows(g: pd.DataFrame, mask: np.ndarray | None, w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
+    ts, end = g["ts"].to_numpy(float), g["end"].to_numpy(float)
+    s, e = merge_intervals(ts, end) if mask is None else merge_intervals(ts[mask], end[mask])
     return clipped_total(s, e, w0, w1)
 
 
-def _idle_gaps(t: ParsedTrace, g: pd.DataFrame, consecutive_kernel_delay_us: float) -> pd.DataFrame:
-    """Every stretch with nothing running on the device, and why (the kernel that ends it decides)."""
-    order = g.sort_values("ts")
-    s, e = order["ts"].to_numpy(float), order["end"].to_numpy(float)
+CAUSES = ("host_wait", "kernel_wait", "other_idle")
+
+
+def _idle_gaps(g: pd.DataFrame, consecutive_kernel_delay_us: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every stretch with nothing running on the device, and why (the kernel that ends it decides): start, end and
+    cause (an index into CAUSES) arrays, on whole columns (a large trace has millions of device events)."""
+    s, e = g["ts"].to_numpy(float), g["end"].to_numpy(float)  # gpu_events come in time order: no copies
     run_end = np.maximum.accumulate(e)
     new = np.empty(len(s), bool)
     new[0] = True
     new[1:] = s[1:] > run_end[:-1]
-    first = order[new]  # the kernel that starts each busy interval
-    gap_start = np.concatenate([[-np.inf], run_end[np.flatnonzero(new)[1:] - 1]])
-    gap_end = first["ts"].to_numpy(float)
+    first = np.flatnonzero(new)  # the kernel that starts each busy interval
+    gap_start = np.concatenate([[-np.inf], run_end[first[1:] - 1]])
+    gap_end = s[first]
     # when the CPU launched the kernel that ends the gap (HTA's "ts_runtime")
-    corr = first["index_correlation"].to_numpy() if "index_correlation" in first else np.zeros(len(first))
-    launch_ts = t.df["ts"].reindex(corr[corr > 0]).to_numpy(float)
-    runtime_ts = np.full(len(first), np.nan)
-    runtime_ts[corr > 0] = launch_ts
-    cause = np.where(
-        runtime_ts > gap_start, "host_wait",
-        np.where(gap_end - gap_start < consecutive_kernel_delay_us, "kernel_wait", "other_idle"),
-    )
-    cause[0] = "other_idle"  # before the first kernel
-    gaps = pd.DataFrame({"start": gap_start, "end": gap_end, "cause": cause})
-    tail = pd.DataFrame({"start": [run_end[-1]], "end": [np.inf], "cause": ["other_idle"]})
-    return pd.concat([gaps, tail], ignore_index=True)
+    runtime_ts = g["launch_ts"].to_numpy(float)[first]
+    cause = np.where(runtime_ts > gap_start, 0, np.where(gap_end - gap_start < consecutive_kernel_delay_us, 1, 2))
+    cause[0] = 2  # before the first kernel
+    return (np.append(gap_start, run_end[-1]), np.append(gap_end, np.inf), np.append(cause, 2))
 
 
 def step_breakdown(t: ParsedTrace, consecutive_kernel_delay_us: float = 30.0) -> pd.DataFrame:
@@ -59,20 +55,20 @@ def step_breakdown(t: ParsedTrace, consecutive_kernel_delay_us: float = 30.0) ->
         for col in COLUMNS[2:]:
             out[col] = None
         return out
-    comp = _union_in_windows(g[g["kind"].eq("COMPUTATION")], w0, w1)
-    comp_comm = _union_in_windows(g[g["kind"].isin(["COMPUTATION", "COMMUNICATION"])], w0, w1)
-    busy = _union_in_windows(g, w0, w1)
+    comp = _union_in_windows(g, g["kind"].eq("COMPUTATION").to_numpy(), w0, w1)
+    comp_comm = _union_in_windows(g, g["kind"].isin(["COMPUTATION", "COMMUNICATION"]).to_numpy(), w0, w1)
+    busy = _union_in_windows(g, None, w0, w1)
     out["computation_us"] = comp
     out["communication_us"] = comp_comm - comp
     out["memory_us"] = busy - comp_comm
     out["idle_us"] = (w1 - w0) - busy
-    gaps = _idle_gaps(t, g, consecutive_kernel_delay_us)
+    gap_start, gap_end, gap_cause = _idle_gaps(g, consecutive_kernel_delay_us)
     lo, hi = min(float(w0.min()), float(g["ts"].min())), max(float(w1.max()), float(g["end"].max()))
-    for cause in ("host_wait", "kernel_wait", "other_idle"):
-        part = gaps[gaps["cause"].eq(cause)]
+    for i, cause in enumerate(CAUSES):
+        part = gap_cause == i
         # finite bounds: the cumulative sums in clipped_total must not mix in infinities
-        starts = np.clip(part["start"].to_numpy(float), lo, hi)
-        ends = np.clip(part["end"].to_numpy(float), lo, hi)
+        starts = np.clip(gap_start[part], lo, hi)
+        ends = np.clip(gap_end[part], lo, hi)
         out[f"{cause}_us"] = clipped_total(starts, ends, w0, w1)
     return out
 

@@ -13,10 +13,21 @@ import pickle
 import tempfile
 from pathlib import Path
 
-from analyzer.traces.parse import ParsedTrace, parse_trace
+from analyzer.traces.parse import ParsedTrace
+from analyzer.traces.stream_read import BYTES_PER_ROW, ReadProgress, stream_trace
+from store.settings import get_settings
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = "4"  # bump when ParsedTrace or the parse changes
+CACHE_VERSION = "5"  # bump when ParsedTrace or the parse changes
+
+
+def read_trace(path: str | Path, memory_budget: int | None = None,
+                read_progress: ReadProgress | None = None) -> ParsedTrace:
+    """The streaming reader with the settings' bounds (`memory_budget`, bytes, overrides trace_memory_mb)."""
+    s = get_settings()
+    budget = memory_budget if memory_budget is not None else s.trace_memory_mb << 20
+    return stream_trace(path, block_bytes=s.trace_block_mb << 20, max_rows=max(budget // BYTES_PER_ROW, 1),
+                        progress=read_progress)
 
 
 def cache_key(path: str | Path) -> str:
@@ -28,14 +39,15 @@ def cache_key(path: str | Path) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
-def load_trace(path: str | Path, cache_dir: Path | None = None, memory_budget: int | None = None) -> ParsedTrace:
+def load_trace(path: str | Path, cache_dir: Path | None = None, memory_budget: int | None = None,
+               read_progress: ReadProgress | None = None) -> ParsedTrace:
     """Parse a trace, or read it from the cache when the same file (path, size, mtime) was parsed before."""
     if cache_dir is None:
-        return parse_trace(path, memory_budget)
+        return read_trace(path, memory_budget, read_progress)
     try:
         file = Path(cache_dir) / f"{cache_key(path)}.pkl"
     except OSError:
-        return parse_trace(path, memory_budget)  # parse_trace names the problem
+        return read_trace(path, memory_budget, read_progress)  # read_trace names the problem
     if file.exists():
         try:
             with file.open("rb") as fh:
@@ -45,7 +57,7 @@ def load_trace(path: str | Path, cache_dir: Path | None = None, memory_budget: i
                 return cached
         except Exception as exc:  # a broken cache entry is only a cache miss
             log.warning("ignoring unreadable cache entry %s: %s", file, exc)
-    parsed = parse_trace(path, memory_budget)
+    parsed = read_trace(path, memory_budget, read_progress)
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=file.parent, suffix=".tmp")

@@ -26,7 +26,7 @@ def math_per_step(t: ParsedTrace) -> pd.DataFrame:
     df = t.df
     cats = df["s_name"].cat.categories
     codes = [i for i, n in enumerate(cats) if MATH_OPS.match(str(n))]
-    ops = df[df["stream"].lt(0) & df["name"].isin(codes) & df["dur"].gt(0)]
+    ops = df[df["stream"].lt(0) & df["s_name"].cat.codes.isin(codes) & df["dur"].gt(0)]
     w0, w1 = step_windows(t)
     s, e = merge_intervals(ops["ts"].to_numpy(float), ops["end"].to_numpy(float))
     starts = np.sort(ops["ts"].to_numpy(float))

@@ -17,7 +17,7 @@ def dataloader_per_step(t: ParsedTrace) -> pd.DataFrame:
     """One row per step: DataLoader time (us), calls, and share of the step's wall time."""
     df = t.df
     codes = [i for i, n in enumerate(df["s_name"].cat.categories) if DATALOADER_RE.search(str(n))]
-    spans = df[df["name"].isin(codes) & df["stream"].lt(0)]
+    spans = df[df["s_name"].cat.codes.isin(codes) & df["stream"].lt(0)]
     w0, w1 = step_windows(t)
     s, e = merge_intervals(spans["ts"].to_numpy(float), spans["end"].to_numpy(float))
     inside = clipped_total(s, e, w0, w1)

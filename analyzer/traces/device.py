@@ -26,9 +26,8 @@ COUNTER_CATS = {"cuda_profiler_range"}
 def device_kind(t: ParsedTrace) -> dict[str, Any]:
     """{"kind", "label", "name", "why", "kernel_timeline", "no_timeline_reason"} for one rank's trace."""
     df = t.df
-    cats = {str(c) for c in df["s_cat"].unique()}
-    cpu_names = df.loc[df["stream"].lt(0), "s_name"]
-    names = [str(n) for n in cpu_names.cat.remove_unused_categories().cat.categories] if len(cpu_names) else []
+    cats = set(t.facts["cats"])
+    names = sorted(t.facts["cpu_names"])
     props = t.meta.get("deviceProperties") or []
     dev_name = t.device_name
     votes = {k: sum(1 for n in names if rx.match(n)) for k, rx in RUNTIME.items()}

@@ -2,38 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
+# the name patterns live in names.py (the readers use them too); importable from here as before
+from analyzer.traces.names import LAUNCH_RE, MATMUL_RE, SYNC_NAMES, TENSOR_CORE_RE  # noqa: F401
 from analyzer.traces.parse import GPU_CATS, ParsedTrace
-
-# Tensor-core kernels by name: NVIDIA HMMA/IMMA paths (xmma, *_tensorop, sm80+ cutlass/cuBLASLt, wgmma, tf32/fp16
-# gemm variants, flash attention) and AMD MFMA (rocBLAS/Tensile "Cijk_..._MI<m>x<n>x<k>").
-TENSOR_CORE_RE = re.compile(
-    r"xmma|hmma|imma|wgmma|tensorop|_s1688|_h1688|_s16816|_h16816|_i8816|sm8\d_|sm9\d_|cutlass.*(?:tf32|f16|bf16)"
-    r"|gemm.*(?:tf32|fp16|bf16|f16|_h\d)|flash_?(?:fwd|bwd|attn)|fmha|_MI\d+x\d+x\d+",
-    re.IGNORECASE,
-)
-# Kernels that do matrix multiplies or convolutions: where tensor cores apply at all
-MATMUL_RE = re.compile(r"(?<!fb)gemm|gemv|conv|fprop|dgrad|wgrad|matmul|Cijk_|xmma|cutlass|fmha|flash", re.IGNORECASE)
-SYNC_NAMES = {
-    "cudaStreamSynchronize": "stream_sync",
-    "hipStreamSynchronize": "stream_sync",
-    "cudaDeviceSynchronize": "device_sync",
-    "hipDeviceSynchronize": "device_sync",
-    "cudaEventSynchronize": "event_sync",
-    "hipEventSynchronize": "event_sync",
-    "mtiaStreamSynchronize": "stream_sync",
-    "mtiaDeviceSynchronize": "device_sync",
-    "mtiaEventSynchronize": "event_sync",
-    "aten::item": "item",
-    "aten::_local_scalar_dense": "local_scalar_dense",
-}
-LAUNCH_RE = re.compile(
-    r"(cuda|hip|cu|hipExtModule|mtia)LaunchKernel|cudaLaunchKernelExC|cudaGraphLaunch|LaunchCooperative"
-)
 
 
 def gpu_events(t: ParsedTrace) -> pd.DataFrame:
@@ -46,22 +20,41 @@ def gpu_events(t: ParsedTrace) -> pd.DataFrame:
     return g
 
 
+GPU_COLUMNS = ["ts", "end", "dur", "s_name", "s_cat", "launch_ts"]  # what the questions read of a device event
+KINDS = ["COMPUTATION", "COMMUNICATION", "MEMORY"]
+
+
 def _classify(t: ParsedTrace) -> pd.DataFrame:
     df = t.df
-    g = df[df["stream"].ge(0) & df["s_cat"].isin(GPU_CATS)].copy()
-    if g.empty:
+    rows = np.flatnonzero((df["stream"].ge(0) & df["s_cat"].isin(GPU_CATS)).to_numpy())
+    if not len(rows):
+        g = df.iloc[:0][GPU_COLUMNS]
         g["kind"] = pd.Series(dtype=str)
         return g
     # HTA (and the torch it pulls in) loads on the first trace analysed, so the CLI and the agent start light
     from hta.utils.utils import get_kernel_type
 
-    names = g["s_name"].astype("category").cat.remove_unused_categories()
-    kind_of = {n: get_kernel_type(str(n)) for n in names.cat.categories}
-    g["kind"] = names.map(kind_of).astype(str)
-    mem = g["s_cat"].isin(["gpu_memcpy", "Memcpy", "gpu_memset", "Memset"])
-    g.loc[mem, "kind"] = "MEMORY"
-    g.loc[g["kind"].eq("OTHER"), "kind"] = "COMPUTATION"
-    return g.sort_values("ts")
+    # built a column at a time, already in time order (the permutation sort_values("ts") gives, ties included),
+    # so that a large trace's device events are never copied whole more than once
+    order = rows[np.argsort(df["ts"].to_numpy()[rows], kind="quicksort")]
+    names = df["s_name"].cat.codes.to_numpy()[order]
+    used = np.unique(names)
+    table = df["s_name"].cat.categories
+    kinds = np.full(len(table), "", dtype=object)
+    kinds[used] = [get_kernel_type(str(table[c])) for c in used]
+    kind = kinds[names]
+    kind[df["s_cat"].iloc[order].isin(["gpu_memcpy", "Memcpy", "gpu_memset", "Memset"]).to_numpy()] = "MEMORY"
+    kind[kind == "OTHER"] = "COMPUTATION"
+    g = pd.DataFrame(index=pd.RangeIndex(len(order)))  # positions: no question looks a device event up by index
+    # times as floats once (every question computes with them as floats), durations as they are (sums)
+    g["ts"], g["end"] = df["ts"].to_numpy(float)[order], df["end"].to_numpy(float)[order]
+    g["dur"] = df["dur"].to_numpy()[order]
+    g["s_name"] = pd.Categorical.from_codes(names, categories=table)
+    g["s_cat"] = pd.Categorical.from_codes(df["s_cat"].cat.codes.to_numpy()[order], categories=table)
+    # one byte a row, not a string object (a large trace has millions of device events)
+    g["launch_ts"] = df["launch_ts"].to_numpy()[order]
+    g["kind"] = pd.Categorical(kind, categories=KINDS)
+    return g
 
 
 def cpu_events(t: ParsedTrace) -> pd.DataFrame:
@@ -72,8 +65,10 @@ def merge_intervals(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.nda
     """Union of intervals as sorted disjoint (start, end) arrays."""
     if len(ts) == 0:
         return np.empty(0), np.empty(0)
-    order = np.argsort(ts, kind="stable")
-    s, e = np.asarray(ts, float)[order], np.asarray(end, float)[order]
+    s, e = np.asarray(ts, float), np.asarray(end, float)
+    if not (s[1:] >= s[:-1]).all():  # device events come sorted already: no copies then
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
     run_end = np.maximum.accumulate(e)
     new = np.empty(len(s), bool)
     new[0] = True

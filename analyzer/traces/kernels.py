@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzer.traces.events import LAUNCH_RE, MATMUL_RE, TENSOR_CORE_RE, gpu_events
+from analyzer.traces.events import MATMUL_RE, TENSOR_CORE_RE, gpu_events
 from analyzer.traces.parse import ParsedTrace
 
 
@@ -25,9 +25,10 @@ def top_kernels(t: ParsedTrace, n: int = 10) -> pd.DataFrame:
         .agg(kind=("kind", "first"), count=("dur", "size"), total_us=("dur", "sum"), mean_us=("dur", "mean"),
              max_us=("dur", "max"))
         .reset_index()
-        .sort_values("total_us", ascending=False)
     )
-    grouped["name"] = grouped["s_name"].astype(str)
+    grouped["name"] = grouped["s_name"].astype(object)
+    # ties broken by name: the symbol codes follow a set's order, which changes from one process to the next
+    grouped = grouped.sort_values(["total_us", "name"], ascending=[False, True], kind="mergesort")
     grouped["share"] = grouped["total_us"] / float(k["dur"].sum())
     return grouped.head(n)[cols].reset_index(drop=True)
 
@@ -36,15 +37,13 @@ def launch_stats(t: ParsedTrace, tiny_kernel_us: float = 10.0) -> dict:
     """How kernels were launched: counts per step, CPU launch cost, launch-to-start delay, tiny kernels."""
     k = _kernels(t)
     steps = max(len(t.steps), 1)
-    df = t.df
-    launch_codes = [i for i, n in enumerate(df["s_name"].cat.categories) if LAUNCH_RE.search(str(n))]
-    launches = df[df["name"].isin(launch_codes) & df["stream"].lt(0)]
+    calls, cpu_us = t.facts["launch_calls"], t.facts["launch_us"]  # every launch call, also those without a kernel
     res = {
         "kernels": int(len(k)),
         "kernels_per_step": len(k) / steps,
-        "launch_calls": int(len(launches)),
-        "launch_cpu_mean_us": float(launches["dur"].mean()) if len(launches) else None,
-        "launch_cpu_total_us": float(launches["dur"].sum()),
+        "launch_calls": int(calls),
+        "launch_cpu_mean_us": cpu_us / calls if calls else None,
+        "launch_cpu_total_us": float(cpu_us),
         "tiny_kernel_us": tiny_kernel_us,
         "tiny_kernels": int(k["dur"].lt(tiny_kernel_us).sum()) if len(k) else 0,
         "tiny_kernels_per_step": float(k["dur"].lt(tiny_kernel_us).sum()) / steps if len(k) else 0.0,
@@ -53,12 +52,11 @@ def launch_stats(t: ParsedTrace, tiny_kernel_us: float = 10.0) -> dict:
         "kernel_median_us": float(k["dur"].median()) if len(k) else None,
         "launch_delay_mean_us": None,
         "launch_delay_p95_us": None,
-        "launch_names": sorted({str(n) for n in launches["s_name"].unique()}),
+        "launch_names": list(t.facts["launch_names"]),
     }
-    if len(k) and "index_correlation" in k:
-        linked = k[k["index_correlation"].gt(0)]
-        runtime_ts = df["ts"].reindex(linked["index_correlation"].to_numpy()).to_numpy(float)
-        delay = linked["ts"].to_numpy(float) - runtime_ts
+    if len(k):
+        linked = k[k["launch_ts"].notna()]
+        delay = linked["ts"].to_numpy(float) - linked["launch_ts"].to_numpy(float)
         delay = delay[~np.isnan(delay)]
         if len(delay):
             res["launch_delay_mean_us"] = float(delay.mean())
@@ -78,7 +76,7 @@ def tensor_core_usage(t: ParsedTrace) -> dict:
     is_mm = cats.map({n: bool(MATMUL_RE.search(str(n))) for n in cats.cat.categories}).astype(bool)
     total = float(comp["dur"].sum())
     non_tc_mm = comp[is_mm & ~is_tc]
-    top = (non_tc_mm.assign(name=non_tc_mm["s_name"].astype(str)).groupby("name")["dur"].sum()
+    top = (non_tc_mm.assign(name=non_tc_mm["s_name"].astype(object)).groupby("name")["dur"].sum()
            .sort_values(ascending=False).head(5))
     return {
         "computation_us": total,

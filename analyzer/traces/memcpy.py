@@ -43,19 +43,18 @@ def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
     cp = df[df["stream"].ge(0) & df["s_cat"].isin(["gpu_memcpy", "Memcpy"])]
     if cp.empty:
         return pd.DataFrame(columns=COLUMNS)
-    parts = cp["s_name"].astype(str).str.extract(MEMCPY_RE)
+    parts = cp["s_name"].astype(object).str.extract(MEMCPY_RE)
     parts.columns = ["direction", "src", "dst"]
     parts["direction"] = parts["direction"].fillna("unknown")
     host = [_host_memory(d, s if isinstance(s, str) else None, x if isinstance(x, str) else None)
             for d, s, x in parts.itertuples(index=False)]
-    nbytes = cp["bytes"].clip(lower=0) if "bytes" in cp else pd.Series(0, index=cp.index)
+    nbytes = cp["bytes"].astype(np.int64 if cp["bytes"].dtype.kind == "i" else np.float64).clip(lower=0) \
+        if "bytes" in cp else pd.Series(0, index=cp.index)
     # the CPU call that issued each copy (cudaMemcpyAsync / hipMemcpyWithStream): a copy into pageable host
     # memory keeps it waiting until the copy, and all the work queued before it, is done
-    corr = cp["index_correlation"] if "index_correlation" in cp else pd.Series(0, index=cp.index)
-    launch = df["dur"].reindex(corr.where(corr > 0).dropna().astype("int64").to_numpy())
-    cpu_call = pd.Series(launch.to_numpy(), index=corr[corr > 0].index).reindex(cp.index).fillna(0.0)
+    cpu_call = cp["launch_dur"].fillna(0.0)
     frame = pd.DataFrame({"direction": parts["direction"], "host_memory": host, "bytes": nbytes,
-                          "dur": cp["dur"], "ts": cp["ts"] - t.df["ts"].min(), "cpu_call": cpu_call,
+                          "dur": cp["dur"], "ts": cp["ts"] - t.facts["t0"], "cpu_call": cpu_call,
                           "idle_after": _idle_after(t, cp["end"].to_numpy(float))})
     out = (frame.groupby(["direction", "host_memory"])
            .agg(count=("dur", "size"), bytes=("bytes", "sum"), total_us=("dur", "sum"), first_ts_us=("ts", "min"),

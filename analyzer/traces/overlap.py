@@ -12,17 +12,18 @@ from analyzer.traces.parse import ParsedTrace
 
 def comm_comp_overlap(t: ParsedTrace) -> dict:
     g = gpu_events(t)
-    comm = g[g["kind"].eq("COMMUNICATION")]
-    comp = g[g["kind"].eq("COMPUTATION")]
-    comm_us = union_length(comm["ts"].to_numpy(float), comm["end"].to_numpy(float))
+    # masks over whole columns: a large trace's device events are not copied per kind
+    ts, end = g["ts"].to_numpy(float), g["end"].to_numpy(float)
+    is_comm, is_comp = g["kind"].eq("COMMUNICATION").to_numpy(), g["kind"].eq("COMPUTATION").to_numpy()
+    comm_us = union_length(ts[is_comm], end[is_comm])
     if comm_us <= 0:
         return {"communication_us": 0.0, "overlap_us": 0.0, "overlap_ratio": None, "exposed_communication_us": 0.0,
                 "top_comm_kernels": []}
-    comp_us = union_length(comp["ts"].to_numpy(float), comp["end"].to_numpy(float))
-    both = g[g["kind"].isin(["COMMUNICATION", "COMPUTATION"])]
-    union_us = union_length(both["ts"].to_numpy(float), both["end"].to_numpy(float))
+    comp_us = union_length(ts[is_comp], end[is_comp])
+    union_us = union_length(ts[is_comm | is_comp], end[is_comm | is_comp])
     overlap = comm_us + comp_us - union_us
-    top = (comm.assign(name=comm["s_name"].astype(str)).groupby("name")["dur"].agg(["size", "sum"])
+    comm = g.loc[is_comm, ["s_name", "dur"]]
+    top = (comm.assign(name=comm["s_name"].astype(object)).groupby("name")["dur"].agg(["size", "sum"])
            .sort_values("sum", ascending=False).head(5))
     return {
         "communication_us": comm_us,

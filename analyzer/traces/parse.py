@@ -26,6 +26,7 @@ import pandas as pd
 import psutil
 
 from analyzer.traces.errors import InvalidTrace
+from analyzer.traces.names import LAUNCH_RE
 from analyzer.traces.read_events import read_events
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,13 @@ class ParsedTrace:
     path: str
     rank: int
     meta: dict[str, Any]
-    df: pd.DataFrame  # HTA columns + s_name/s_cat (categorical) + iteration
+    df: pd.DataFrame  # HTA columns + s_name/s_cat (categorical) + launch_ts/launch_dur + iteration
     steps: pd.DataFrame  # step, name, ts, end, dur (CPU ProfilerStep spans or one fallback window)
     warnings: list[str] = field(default_factory=list)
+    # whole-trace facts, so that `df` may hold only the events the questions look at one by one (the streaming
+    # reader keeps the device's events and the CPU calls named in analyzer.traces.events): events, t0, t_end,
+    # cats, cpu_names, launch_calls and launch_us (every kernel launch call, and their CPU time), launch_names
+    facts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int | None:
@@ -74,8 +79,8 @@ def _uncompressed_size(path: Path) -> int:
     return size
 
 
-def check_trace_file(path: str | Path, memory_budget: int | None = None) -> int:
-    """Refuse what cannot be a trace before reading it; returns the expected JSON text size in bytes."""
+def check_file_only(path: str | Path) -> int:
+    """Refuse what cannot be a trace file before reading it; returns its size in bytes."""
     p = Path(path)
     if not p.exists():
         raise InvalidTrace(str(p), "no such file")
@@ -85,6 +90,14 @@ def check_trace_file(path: str | Path, memory_budget: int | None = None) -> int:
         raise InvalidTrace(str(p), "is not a trace: the name must end in .json or .json.gz")
     if p.stat().st_size == 0:
         raise InvalidTrace(str(p), "is empty (0 bytes); the profiler did not finish writing it")
+    return p.stat().st_size
+
+
+def check_trace_file(path: str | Path, memory_budget: int | None = None) -> int:
+    """Refuse what cannot be a trace, or what this reader cannot hold, before reading it; returns the expected JSON
+    text size in bytes."""
+    p = Path(path)
+    check_file_only(p)
     text_size = _uncompressed_size(p)
     budget = memory_budget if memory_budget is not None else psutil.virtual_memory().available
     need = int(text_size * MEMORY_PER_TEXT_BYTE)
@@ -121,7 +134,7 @@ def _read_json(p: Path) -> Any:
         raise InvalidTrace(str(p), f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
 
 
-def _rank_of(meta: dict[str, Any], p: Path, warnings: list[str]) -> int:
+def rank_of(meta: dict[str, Any], p: Path, warnings: list[str]) -> int:
     info = meta.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, dict) else None
     if isinstance(rank, int):
@@ -132,20 +145,47 @@ def _rank_of(meta: dict[str, Any], p: Path, warnings: list[str]) -> int:
     return 0
 
 
-def _find_steps(df: pd.DataFrame) -> pd.DataFrame:
+def whole_trace_facts(df: pd.DataFrame) -> dict[str, Any]:
+    """The facts a question needs about every event, from a frame that holds every event (the reference reader)."""
+    cpu = df["stream"].lt(0)
+    codes = [i for i, n in enumerate(df["s_name"].cat.categories) if LAUNCH_RE.search(str(n))]
+    launches = df[df["s_name"].cat.codes.isin(codes) & cpu]
+    return {"events": int(len(df)), "t0": float(df["ts"].min()), "t_end": float((df["ts"] + df["dur"]).max()),
+            "cats": {str(c) for c in df["s_cat"].unique()},
+            "cpu_names": {str(n) for n in df.loc[cpu, "s_name"].unique()},
+            "launch_calls": int(len(launches)), "launch_us": float(launches["dur"].sum()),
+            "launch_names": sorted({str(n) for n in launches["s_name"].unique()})}
+
+
+def add_launch_columns(df: pd.DataFrame) -> None:
+    """launch_ts / launch_dur: start and CPU time of the linked event (the launch of a kernel), NaN without one."""
+    if "index_correlation" not in df.columns:
+        df["launch_ts"] = np.nan
+        df["launch_dur"] = np.nan
+        return
+    corr = df["index_correlation"].to_numpy()
+    linked = corr > 0
+    for col, src in (("launch_ts", "ts"), ("launch_dur", "dur")):
+        vals = np.full(len(df), np.nan)
+        vals[linked] = df[src].reindex(corr[linked]).to_numpy(float)
+        df[col] = vals
+
+
+def _find_steps(df: pd.DataFrame, facts: dict[str, Any]) -> pd.DataFrame:
     """ProfilerStep#N spans on the CPU; without them the whole trace is one step (a micro-benchmark)."""
     cats = df["s_name"].cat.categories
     step_of = {code: int(m.group(1)) for code, name in enumerate(cats) if (m := STEP_RE.match(str(name)))}
-    cpu = df[df["name"].isin(list(step_of)) & df["stream"].lt(0) & df["s_cat"].isin(["user_annotation", "cpu_op"])]
-    spans = cpu[["ts", "dur", "name"]].assign(step=cpu["name"].map(step_of), name=cpu["s_name"].astype(str))
+    codes = df["s_name"].cat.codes
+    cpu = df[codes.isin(list(step_of)) & df["stream"].lt(0) & df["s_cat"].isin(["user_annotation", "cpu_op"])]
+    spans = cpu[["ts", "dur"]].assign(step=codes[cpu.index].map(step_of), name=cpu["s_name"].astype(object))
     spans = spans.drop_duplicates("step").sort_values("ts")
     if spans.empty:
         # no steps: a micro-benchmark; take the span the GPU was in use (from the first launch), else all
         gpu = df[df["stream"].ge(0) & df["s_cat"].isin(GPU_CATS)]
         if gpu.empty:
-            ts0, ts1, name = float(df["ts"].min()), float((df["ts"] + df["dur"]).max()), "whole trace"
+            ts0, ts1, name = facts["t0"], facts["t_end"], "whole trace"
         else:
-            launches = df.loc[df.index.intersection(gpu["index_correlation"][gpu["index_correlation"].gt(0)]), "ts"]
+            launches = gpu["launch_ts"].dropna()
             ts0 = float(min(gpu["ts"].min(), launches.min() if len(launches) else np.inf))
             ts1, name = float((gpu["ts"] + gpu["dur"]).max()), "GPU active span"
         spans = pd.DataFrame({"step": [0], "name": [name], "ts": [ts0], "dur": [ts1 - ts0]})
@@ -160,14 +200,13 @@ def _assign_iterations(df: pd.DataFrame, steps: pd.DataFrame) -> None:
     pos = np.searchsorted(starts, ts, side="right") - 1
     ok = (pos >= 0) & (ts < ends[np.clip(pos, 0, None)])
     it = np.where(ok, steps["step"].to_numpy()[np.clip(pos, 0, None)], -1)
-    df["iteration"] = it
-    if "index_correlation" in df.columns:
-        corr = df["index_correlation"].to_numpy()
-        gpu = (df["stream"].to_numpy() >= 0) & (corr > 0)
-        by_index = pd.Series(it, index=df.index)
-        linked = by_index.reindex(corr[gpu]).to_numpy()
-        df.loc[gpu, "iteration"] = np.where(np.isnan(linked), -1, linked).astype(np.int64)
-    df["iteration"] = df["iteration"].astype(np.int32)
+    # a device event takes the step its launch started in
+    launch = df["launch_ts"].to_numpy(float)
+    gpu = (df["stream"].to_numpy() >= 0) & ~np.isnan(launch)
+    lpos = np.searchsorted(starts, launch[gpu], side="right") - 1
+    lok = (lpos >= 0) & (launch[gpu] < ends[np.clip(lpos, 0, None)])
+    it[gpu] = np.where(lok, steps["step"].to_numpy()[np.clip(lpos, 0, None)], -1)
+    df["iteration"] = it.astype(np.int32)
 
 
 def _diagnose(p: Path, exc: Exception | None) -> InvalidTrace:
@@ -216,14 +255,21 @@ def parse_trace(path: str | Path, memory_budget: int | None = None) -> ParsedTra
     finally:
         hta_log.setLevel(level)
     warnings: list[str] = []
-    rank = _rank_of(meta, p, warnings)
+    rank = rank_of(meta, p, warnings)
 
     table = symbols.get_sym_table()
     df["s_name"] = pd.Categorical.from_codes(df["name"].astype(np.int64), categories=table)
     df["s_cat"] = pd.Categorical.from_codes(df["cat"].astype(np.int64), categories=table)
     df["end"] = df["ts"] + df["dur"]
-    steps = _find_steps(df)
+    add_launch_columns(df)
+    return finish(p, rank, meta, df, whole_trace_facts(df), warnings)
+
+
+def finish(p: Path, rank: int, meta: dict[str, Any], df: pd.DataFrame, facts: dict[str, Any],
+           warnings: list[str]) -> ParsedTrace:
+    """Steps and iterations over an event frame (every event, or the streaming reader's selection)."""
+    steps = _find_steps(df, facts)
     if steps["name"].iloc[0] in ("whole trace", "GPU active span"):
         warnings.append(f"no ProfilerStep#N spans: one step taken over the {steps['name'].iloc[0]}")
     _assign_iterations(df, steps)
-    return ParsedTrace(path=str(p), rank=rank, meta=meta, df=df, steps=steps, warnings=warnings)
+    return ParsedTrace(path=str(p), rank=rank, meta=meta, df=df, steps=steps, warnings=warnings, facts=facts)

@@ -12,11 +12,15 @@ from analyzer.rules import TraceFinding, load_thresholds, rules_not_judged, run_
 from analyzer.rules.straggler import straggler_verdict
 from analyzer.traces.cache import load_trace
 from analyzer.traces.errors import InvalidTrace
+from analyzer.traces.memory import release_freed_memory
+from analyzer.traces.parse import ParsedTrace
+from analyzer.traces.stream_read import TruncatedTrace
 from analyzer.traces.summary import summarize
 
 log = logging.getLogger(__name__)
 TRACE_SUFFIXES = (".json", ".json.gz")
 Progress = Callable[[str, str], None]  # (path, stage) -> None
+ReadProgress = Callable[[str, int, int, int], None]  # (path, file bytes read, file size, events read)
 
 
 @dataclass
@@ -62,26 +66,45 @@ def job_ranks(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(best.values()) if len(best) >= 2 else []
 
 
-def analyze_one(path: str | Path, *, thresholds: dict | None = None, cache_dir: Path | None = None,
-                memory_budget: int | None = None, progress: Progress | None = None
-                ) -> tuple[dict[str, Any], list[TraceFinding]]:
-    """Summary and per-rank findings of one trace file; raises InvalidTrace for a bad file."""
-    th = thresholds or load_thresholds()
-    if progress:
-        progress(str(path), "parsing")
-    parsed = load_trace(path, cache_dir=cache_dir, memory_budget=memory_budget)
-    if progress:
-        progress(str(path), "analysing")
+def _summarize(parsed: ParsedTrace, th: dict) -> tuple[dict[str, Any], list[TraceFinding]]:
     summary = summarize(parsed, consecutive_kernel_delay_us=th["common"]["consecutive_kernel_delay_us"],
                         tiny_kernel_us=th["common"]["tiny_kernel_us"])
-    del parsed
     summary["rules_not_judged"] = rules_not_judged(summary)
     return summary, run_rules(summary, th)
 
 
+def analyze_one(path: str | Path, *, thresholds: dict | None = None, cache_dir: Path | None = None,
+                memory_budget: int | None = None, progress: Progress | None = None,
+                read_progress: ReadProgress | None = None) -> tuple[dict[str, Any], list[TraceFinding]]:
+    """Summary and per-rank findings of one trace file; raises InvalidTrace for a bad file (TruncatedTrace, with
+    the summary and findings of its complete steps as `partial_result`, for a file cut short).
+
+    The file is read by the streaming reader, in memory bounded by settings (trace_block_mb, trace_memory_mb;
+    `memory_budget`, in bytes, overrides the latter)."""
+    th = thresholds or load_thresholds()
+    if progress:
+        progress(str(path), "parsing")
+    try:
+        parsed = load_trace(path, cache_dir=cache_dir, memory_budget=memory_budget,
+                            read_progress=(lambda *a: read_progress(str(path), *a)) if read_progress else None)
+    except TruncatedTrace as exc:
+        if exc.partial is not None:
+            exc.partial_result = _summarize(exc.partial, th)
+            exc.partial = None
+        raise
+    if progress:
+        progress(str(path), "analysing")
+    result = _summarize(parsed, th)
+    del parsed
+    release_freed_memory()  # the next rank of the job starts from the same size
+    return result
+
+
 def analyze_paths(paths: Iterable[str | Path], *, thresholds: dict | None = None, cache_dir: Path | None = None,
-                  memory_budget: int | None = None, progress: Progress | None = None) -> AnalysisResult:
-    """Analyse trace files (one rank per file) and the set they form; bad files land in `errors`."""
+                  memory_budget: int | None = None, progress: Progress | None = None,
+                  read_progress: ReadProgress | None = None) -> AnalysisResult:
+    """Analyse trace files (one rank per file, read one after another: a job's ranks share one memory bound) and
+    the set they form; bad files land in `errors`, and a truncated file's complete steps are still analysed."""
     th = thresholds or load_thresholds()
     result = AnalysisResult()
     files: list[Path] = []
@@ -93,7 +116,15 @@ def analyze_paths(paths: Iterable[str | Path], *, thresholds: dict | None = None
     for f in files:
         try:
             summary, found = analyze_one(f, thresholds=th, cache_dir=cache_dir, memory_budget=memory_budget,
-                                         progress=progress)
+                                         progress=progress, read_progress=read_progress)
+        except TruncatedTrace as exc:
+            log.warning("%s", exc)
+            result.errors[exc.path] = exc.problem
+            partial = getattr(exc, "partial_result", None)
+            if partial is not None:
+                result.summaries.append(partial[0])
+                result.findings.extend(partial[1])
+            continue
         except InvalidTrace as exc:
             log.warning("%s", exc)
             result.errors[exc.path] = exc.problem

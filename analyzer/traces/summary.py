@@ -40,7 +40,7 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny_kernel_us: float = 10.0,
               top_n: int = 10) -> dict[str, Any]:
     """Everything the rules, the reports and the charts need about one rank."""
-    t0 = float(t.df["ts"].min())
+    t0 = float(t.facts["t0"])
     gpu = has_gpu(t)
     bd = step_breakdown(t, consecutive_kernel_delay_us)
     dl = dataloader_per_step(t)
@@ -67,7 +67,7 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
         "device_kind": device_kind(t),
         "has_gpu": gpu,
         "warnings": list(t.warnings),
-        "events": int(len(t.df)),
+        "events": int(t.facts["events"]),
         "trace_start_us": t0,
         "steps": _records(steps[["step", "name", "start_ms", "end_ms", "dur"]].rename(columns={"dur": "dur_us"})),
         "n_steps": n_steps,

@@ -14,12 +14,12 @@ def sync_calls(t: ParsedTrace) -> pd.DataFrame:
     """Every synchronising CPU call: step, kind, name, ts (us from trace start), dur (us)."""
     df = t.df
     codes = {i: SYNC_NAMES[str(n)] for i, n in enumerate(df["s_name"].cat.categories) if str(n) in SYNC_NAMES}
-    calls = df[df["name"].isin(list(codes)) & df["stream"].lt(0)]
+    calls = df[df["s_name"].cat.codes.isin(list(codes)) & df["stream"].lt(0)]
     return pd.DataFrame({
         "step": calls["iteration"].to_numpy(),
-        "kind": calls["name"].map(codes).to_numpy(),
-        "name": calls["s_name"].astype(str).to_numpy(),
-        "ts_us": (calls["ts"] - df["ts"].min()).to_numpy(),
+        "kind": calls["s_name"].cat.codes.map(codes).to_numpy(),
+        "name": calls["s_name"].astype(object).to_numpy(),
+        "ts_us": (calls["ts"] - t.facts["t0"]).to_numpy(),
         "dur_us": calls["dur"].to_numpy(),
     }).sort_values("ts_us").reset_index(drop=True)
 

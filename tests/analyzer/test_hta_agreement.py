@@ -1,6 +1,7 @@
 """Our breakdowns against HolisticTraceAnalysis's own analyses (TraceAnalysis) on the shared traces.
 
-Our traces are read into the frame HTA's parser makes (tests/analyzer/test_trace_reader.py); the breakdowns are
+Our traces are read by the streaming reader (the reference reader's frame, held equal to HTA's parser by
+tests/analyzer/test_trace_reader.py, for the events the questions need); the breakdowns are
 ours, computed per step window and over the whole device. Two differences are by design and each test states
 which one it meets:
 - TraceAnalysis drops the events of the last profiler step; our summary keeps every step.
@@ -21,8 +22,9 @@ import pytest
 
 from analyzer.traces.breakdown import step_breakdown
 from analyzer.traces.overlap import comm_comp_overlap
-from analyzer.traces.parse import ParsedTrace, parse_trace
+from analyzer.traces.parse import ParsedTrace
 from analyzer.traces.run import analyze_one
+from analyzer.traces.stream_read import stream_trace
 from tests.conftest import TRACES
 
 pytestmark = pytest.mark.slow
@@ -58,7 +60,7 @@ def _as_hta_sees_it(t: ParsedTrace, stream: int | None = None) -> ParsedTrace:
 @pytest.fixture(scope="module")
 def rank3(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hta")
-    return _hta(tmp, RANK3), parse_trace(TRACES / RANK3)
+    return _hta(tmp, RANK3), stream_trace(TRACES / RANK3)
 
 
 def test_temporal_breakdown_and_overlap_agree_with_hta(rank3):
@@ -107,7 +109,7 @@ def test_idle_time_breakdown_agrees_with_hta_per_stream(tmp_path, name):
     ta = _hta(tmp_path, name)
     rank = 3 if name == RANK3 else 0
     hta = ta.get_idle_time_breakdown(ranks=[rank], visualize=False, show_idle_interval_stats=False)[0]
-    ours = parse_trace(TRACES / name)
+    ours = stream_trace(TRACES / name)
     assert len(hta["stream"].unique()) >= 2
     for stream, rows in hta.groupby("stream"):
         expected = rows.set_index("idle_category")["idle_time"]

@@ -44,3 +44,40 @@ def test_store_option_registers_and_analyses(fleet_home, capsys):
         traces = s.scalars(select(Trace)).all()
         assert [(t.status, t.workflow_id) for t in traces] == [("analyzed", "alexnet")]
     store.dispose()
+
+
+A100 = TRACES / "a100_80gb_16rank_rank0_training.json.gz"
+
+
+def test_progress_bar_on_a_terminal_shows_bytes_events_and_time(fleet_home, capsys, monkeypatch):
+    import io  # noqa: PLC0415
+
+    from rich.console import Console  # noqa: PLC0415
+
+    import ui.cli.analyze as cli_analyze  # noqa: PLC0415
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli_analyze, "err_console", Console(file=screen, force_terminal=True, width=160))
+    assert run(["analyze", str(A100), "--no-cache"]) == 0
+    shown = screen.getvalue()
+    size_mb = A100.stat().st_size / 1e6
+    assert "reading a100_80gb_16rank_rank0_training.json.gz" in shown
+    assert f"{size_mb:.1f}/{size_mb:.1f} MB" in shown  # bytes read of the file, up to the whole file
+    assert "108,936 events" in shown  # every event of the trace, counted as read
+    assert "0:00:" in shown  # elapsed time
+
+
+def test_json_output_has_no_progress(fleet_home, capsys, monkeypatch):
+    import io  # noqa: PLC0415
+
+    from rich.console import Console  # noqa: PLC0415
+
+    import ui.cli.analyze as cli_analyze  # noqa: PLC0415
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli_analyze, "err_console", Console(file=screen, force_terminal=True, width=160))
+    assert run(["analyze", str(A100), "--no-cache", "--json"]) == 0
+    assert screen.getvalue() == ""
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["traces"][0]["events"] > 0
+    assert captured.err == ""

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from analyzer.report import print_report
 from analyzer.report_html import render_html
@@ -24,18 +24,24 @@ def _run_with_progress(paths: list[str], cache_dir: Path | None, quiet: bool) ->
     except InvalidInput:
         files = []
     large = any(f.exists() and f.stat().st_size >= LARGE_TRACE_BYTES for f in files)
-    if quiet or not large:
+    if quiet or not large or not err_console.is_terminal:
         return analyze_paths(paths, cache_dir=cache_dir)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+    # bytes of the file read, events decoded, time: the read is most of an analysis
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TextColumn("{task.fields[events]:,} events"), TimeElapsedColumn(),
                   console=err_console, transient=True) as progress:
-        task = progress.add_task("analysing traces", total=len(files))
+        tasks: dict[str, TaskID] = {}
+
+        def read(path: str, done: int, size: int, events: int) -> None:
+            if path not in tasks:
+                tasks[path] = progress.add_task(f"reading {Path(path).name}", total=size, events=0)
+            progress.update(tasks[path], completed=done, events=events)
 
         def step(path: str, stage: str) -> None:
-            if stage == "analysing":
-                progress.advance(task)  # parsing, the long part, is done
-            progress.update(task, description=f"{stage} {Path(path).name}")
+            if path in tasks:
+                progress.update(tasks[path], description=f"{stage} {Path(path).name}")
 
-        return analyze_paths(paths, cache_dir=cache_dir, progress=step)
+        return analyze_paths(paths, cache_dir=cache_dir, progress=step, read_progress=read)
 
 
 @app.command()
