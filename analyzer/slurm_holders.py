@@ -10,7 +10,8 @@ from sqlalchemy import select
 
 from store.db import Store
 from store.findings import FindingSpec, upsert_findings
-from store.models import Host, Process, SlurmJob, Workflow
+from store.models import Host, Process, Workflow
+from store.models_slurm import SlurmJob
 
 RULE = "slurm_gpus_without_process"
 

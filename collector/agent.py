@@ -18,11 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
-from sqlalchemy.exc import IntegrityError
 
 from collector import attribution
-from collector.agent_batch import AgentStats, Batch, KnownProcess, device_row, process_metrics, row_getter
+from collector.agent_batch import AgentStats, Batch, KnownProcess, device_row, process_metrics, sample_rows
 from collector.agent_hooks import install_job_hooks, make_sdk_handlers
+from collector.agent_store import record_host, touch_new_workflows
 from collector.command_runner import CommandRunner, Outcome
 from collector.job_reaper import REAPER, ReaperHost
 from collector.metrics import serve_agent_metrics
@@ -37,17 +37,10 @@ from store.errors import DatabaseUnavailable
 from store.ingest import write_samples
 from store.registry import (
     DeviceSpec,
-    SeenProcess,
     device_ids,
-    mark_device_lost,
-    record_processes,
     register_devices,
     register_host,
-    touch_host,
-    touch_open_processes,
-    touch_workflows,
 )
-from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -381,7 +374,8 @@ class Agent:
                     payload = None  # written: from here on a failure must not spool it a second time
                     self.stats.batches_written += 1
                 try:
-                    self._record_host(batch)
+                    self._recorded = record_host(self.store, self.host_id, batch, self.source, self._device_ids,
+                                                 self._recorded)
                 except DatabaseUnavailable:
                     raise
                 except Exception:  # bookkeeping only: the samples are in; log it and reconcile next time
@@ -417,74 +411,16 @@ class Agent:
         indexes = {row[0] for row in payload["devices"]} | {row[0] for row in payload["processes"]}
         if not indexes <= ids.keys():
             ids = {**ids, **self._known_devices(host_id)}
-        self._touch_workflows(payload["workflows"])
-        # Rows as tuples in the sample rows' column order, picked by name: no per-row dict on the hot path.
-        # A batch row with its store keys in front, (device_id, host_id, *row[1:]), is read by one itemgetter.
-        device_rows, process_rows, dropped = [], [], 0
-        to_device_row = row_getter(DEVICE_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["device_fields"]))
-        to_process_row = row_getter(PROCESS_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["process_fields"]))
-        for row in payload["devices"]:
-            device_id = ids.get(row[0])
-            if device_id is None:
-                dropped += 1
-                continue
-            device_rows.append(to_device_row((device_id, host_id, *row[1:])))
-        for row in payload["processes"]:
-            device_id = ids.get(row[0])
-            if device_id is None:
-                dropped += 1
-                continue
-            process_rows.append(to_process_row((device_id, host_id, *row[1:])))
+        touch_new_workflows(self.store, payload["workflows"], self._known_workflows)
+        device_rows, process_rows, dropped = sample_rows(payload, ids)
         if dropped:
             self.stats.rows_dropped += dropped
             log.error("%d sample rows name devices host %s never registered; dropped", dropped, host_id)
         write_samples(self.store, device_rows, process_rows)
 
-    def _touch_workflows(self, workflows: dict[str, str]) -> None:
-        """Create the workflows this agent has not registered yet; mark all of them seen (one UPDATE)."""
-        if not workflows:
-            return
-        now = time.time()
-        new = {w: src for w, src in workflows.items() if w not in self._known_workflows}
-        for attempt in (1, 2):
-            try:
-                with self.store.session() as session:
-                    touch_workflows(session, new, workflows, now)
-                break
-            except IntegrityError:
-                # another host's agent created the same workflow (one job on two hosts) between our
-                # check and our insert: the second attempt finds its row
-                if attempt == 2:
-                    raise
-        self._known_workflows.update(new)
-
     def _known_devices(self, host_id: str) -> dict[int, int]:
         with self.store.session() as session:
             return device_ids(session, host_id)
-
-    def _record_host(self, batch: Batch) -> None:
-        """Heartbeat, lost and returned devices, and the processes seen in this batch."""
-        with self.store.session() as session:
-            touch_host(session, self.host_id)
-            for index in batch.lost:
-                if index in self._device_ids and mark_device_lost(session, self._device_ids[index]):
-                    log.error("device %d of host %s was lost under running jobs: see their device_lost actions "
-                              "(`fleetlens` dashboard, enforcement); nothing was stopped", index, self.host_id)
-            if batch.found:
-                specs = [DeviceSpec(d.index, d.uuid, d.name, d.memory_total, d.cpu_cores)
-                         for d in self.source.devices() if d.index in batch.found]
-                self._device_ids.update(register_devices(session, self.host_id, specs, source=self.source.name))
-            if not (batch.seen or batch.rows):
-                return
-            keys = frozenset((p.pid, p.start_time) for p in batch.seen.values())
-            if keys == self._recorded:
-                # the same processes as last time: one UPDATE instead of a row-by-row reconciliation
-                touch_open_processes(session, self.host_id)
-            else:
-                seen = [SeenProcess(p.pid, p.start_time, p.workflow_id, p.cmdline, p.username)
-                        for p in batch.seen.values()]
-                record_processes(session, self.host_id, seen)
-                self._recorded = keys
 
     def flush_sdk(self) -> None:
         """Write the step statistics the jobs reported over the socket (an outage leaves them buffered)."""

@@ -27,9 +27,7 @@ FLEETLENS_LANE turns on the per-step lane gate; RANK (or FLEETLENS_RANK) is the 
 
 from __future__ import annotations
 
-import gzip
 import itertools
-import json
 import logging
 import math
 import os
@@ -43,13 +41,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from collector import attribution
 from collector import protocol as p
+from collector.job_capture import TraceCapture, trace_folder
+from collector.job_memory import StepMemory
+from collector.job_origin import default_workflow_id, start_step
+from collector.sdk_settings import job_settings
 from collector.slurm_job import SlurmSide
 from collector.turns import CudaStepWaiter, LeaseKeeper, TurnMemory
-from store.errors import ConfigError, InvalidInput
-from store.paths import path_component, trace_dir_for
-from store.settings import Settings, get_settings
+from store.errors import InvalidInput
+from store.paths import path_component
+from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,10 @@ def job(
     settings: Settings | None = None,
     step_done: StepDoneFn | None = None,
 ) -> Job:
-    """A `Job` to use as a context manager around the training loop (see the module's docstring)."""
+    """A `Job` to use as a context manager around the training loop (see the module's docstring). Without
+    `settings`, the job's environment is read here, once (collector.sdk_settings)."""
+    if settings is None:
+        settings = job_settings()
     return Job(name, total_steps=total_steps, checkpoint=checkpoint, restore=restore, workflow=workflow,
                rank=rank, settings=settings, step_done=step_done)
 
@@ -81,22 +85,6 @@ def cuda_step_waiter(torch: Any) -> StepDoneFn:
     """A step-done waiter for CUDA: record an event on the current stream after the step's last kernel was queued,
     then block (without spinning: a blocking event) until the device has run it."""
     return CudaStepWaiter(torch)
-
-
-def default_workflow_id(settings: Settings) -> tuple[str, str]:
-    """(workflow id, how it was found): FLEETLENS_WORKFLOW, else what the agent's attribution says of this
-    process (Slurm job, Kubernetes pod, command line), so step times and device samples meet in one workflow."""
-    if settings.workflow:
-        return settings.workflow, "env"
-    try:
-        result = attribution.attribute(os.getpid())
-        if isinstance(result, tuple):
-            return str(result[0]), str(result[1])
-        if result is not None:
-            return str(result.workflow_id), str(getattr(result, "id_source", "cmdline"))
-    except Exception:  # attribution is best effort here; the command line below is always there
-        log.debug("attribution of this process failed", exc_info=True)
-    return " ".join(sys.orig_argv) or sys.executable, "cmdline"
 
 
 class Job:
@@ -111,13 +99,13 @@ class Job:
         restore: RestoreFn | None = None,
         workflow: str | None = None,
         rank: int | None = None,
-        settings: Settings | None = None,
+        settings: Settings,
         step_done: StepDoneFn | None = None,
     ) -> None:
         if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
                                         or total_steps < 0):
             raise InvalidInput(f"total_steps must be a whole number of steps >= 0, not {total_steps!r}")
-        self.settings = settings or get_settings()
+        self.settings = settings
         self.name = name
         self.total_steps = total_steps
         self._checkpoint_fn = checkpoint
@@ -151,9 +139,8 @@ class Job:
         self._next_flush = 0.0
         self._torch: Any = None
         self._cuda = False
-        self._mem_persistent: int | None = None
-        self._mem_peak: int | None = None
-        self._capture: _Capture | None = None
+        self._step_memory = StepMemory()  # the CPU's until start() finds CUDA
+        self._capture: TraceCapture | None = None
         self._finished_captures: list[dict[str, Any]] = []  # filled by capture threads, sent by the loop
         self._capture_threads: list[threading.Thread] = []
         self._started = False
@@ -185,13 +172,15 @@ class Job:
             self._slurm.install()
             if self.resume_from is None:
                 self.resume_from = self._slurm.resume_path()
-        self._resume()
+        self.start_step = start_step(self.resume_from, self._restore_fn, self.settings.resume_step)
         if self._slurm is not None:
             self._slurm.started(self.start_step)
         self._torch = sys.modules.get("torch")  # only a job that uses torch has CUDA memory to watch
         if self.settings.memory_fraction is not None:
             self._apply_memory_fraction(self.settings.memory_fraction)
         self._cuda = bool(self._torch is not None and self._torch.cuda.is_available())
+        if self._cuda:
+            self._step_memory = StepMemory(self._torch)
         if self._cuda and self.lane is not None:
             turn = self.memory_fraction_applied
             idle = self.settings.idle_memory_fraction if turn is not None else None
@@ -269,7 +258,7 @@ class Job:
         last = clock()
         while limit is None or self._step < limit:
             if cuda:
-                self._cuda_begin()
+                self._step_memory.begin()
             if in_lane:  # the turn covers data loading too: a batch the loader puts on the GPU is within its cap
                 self.gate()
             try:
@@ -294,7 +283,7 @@ class Job:
             last = now
             self._step += 1
             if cuda:
-                self._cuda_end()
+                self._step_memory.end()
             if in_lane:
                 self._end_turn(self._step - 1, again=True)
             if self._capture is not None:
@@ -338,21 +327,7 @@ class Job:
         except Exception:
             log.debug("releasing the lane turn failed", exc_info=True)
 
-    # ---- resume and memory -----------------------------------------------------------------------------
-
-    def _resume(self) -> None:
-        if self.resume_from is not None:
-            if not self.resume_from.exists():
-                raise ConfigError(
-                    f"FLEETLENS_RESUME_FROM names {self.resume_from}, which does not exist; "
-                    "point it at a checkpoint the job saved, or unset it to start from step 0"
-                )
-            step = self._restore_fn(str(self.resume_from)) if self._restore_fn is not None else None
-            if step is None:
-                step = self.settings.resume_step
-            self.start_step = int(step or 0)
-        elif self.settings.resume_step is not None:
-            self.start_step = self.settings.resume_step
+    # ---- memory -----------------------------------------------------------------------------
 
     def _apply_memory_fraction(self, fraction: float) -> None:
         torch = self._torch
@@ -362,35 +337,6 @@ class Job:
         if torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(fraction)
             self.memory_fraction_applied = fraction
-
-    def _cuda_begin(self) -> None:
-        cuda = self._torch.cuda
-        cuda.reset_peak_memory_stats()
-        allocated = cuda.memory_allocated()  # what lives across steps: weights, optimizer state, ...
-        if self._mem_persistent is None or allocated > self._mem_persistent:
-            self._mem_persistent = allocated
-
-    def _cuda_end(self) -> None:
-        # reserved, not allocated: the memory cap counts reserved segments, fragmentation included
-        peak = self._torch.cuda.max_memory_reserved()
-        if self._mem_peak is None or peak > self._mem_peak:
-            self._mem_peak = peak
-
-    def _memory(self) -> tuple[int | None, int | None, str | None]:
-        """(persistent, peak, source) for the batch being summarised."""
-        if self._cuda:
-            result = self._mem_persistent, self._mem_peak, "cuda"
-            self._mem_persistent = self._mem_peak = None
-            return result if result[0] is not None else (None, None, None)
-        try:  # on the CPU: resident memory between steps, and the process's high-water mark
-            import resource
-
-            import psutil
-
-            rss = psutil.Process().memory_info().rss
-            return rss, max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024), "rss"
-        except Exception:
-            return None, None, None
 
     # ---- talking to the agent --------------------------------------------------------------------------
 
@@ -402,7 +348,7 @@ class Job:
         times = self._times
         if times:
             n, ordered, total = len(times), sorted(times), math.fsum(times)
-            persistent, peak, source = self._memory()
+            persistent, peak, source = self._step_memory.summary()
             wall = time.time()
             self._outbox.append({
                 "first_step": self._step - n, "last_step": self._step - 1, "n_steps": n,
@@ -513,24 +459,11 @@ class Job:
                                  error=f"already capturing request #{self._capture.request_id}"))
             return
         try:
-            folder = self._trace_folder(request.get("trace_dir"), request_id)
-            self._capture = _Capture(self, request_id, steps, folder)
+            folder = trace_folder(self.settings.trace_dir, self.workflow_id, request.get("trace_dir"), request_id)
+            self._capture = TraceCapture(self, request_id, steps, folder)
         except Exception as exc:
             log.warning("cannot start profiling: %s", exc)
             self._send(self._msg(p.PROFILE_FAILED, request_id=request_id, error=f"{type(exc).__name__}: {exc}"))
-
-    def _trace_folder(self, suggested: str | None, request_id: int) -> Path:
-        """The agent's folder for the request if this job can write there, else the job's own FLEETLENS_HOME."""
-        candidates = [Path(suggested)] if suggested else []
-        candidates.append(trace_dir_for(self.settings.trace_dir, self.workflow_id, request_id))
-        for folder in candidates:
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-                if os.access(folder, os.W_OK):
-                    return folder
-            except OSError:
-                continue
-        raise ConfigError(f"no trace folder can be written: {', '.join(map(str, candidates))}")
 
     def _capture_step(self) -> None:
         capture = self._capture
@@ -556,108 +489,3 @@ class Job:
             if sent is None:
                 return
             self._finished_captures.pop(0)
-
-
-class _Capture:
-    """One on-demand trace: torch.profiler over the next N steps, then gzipped Kineto JSON with the rank set."""
-
-    def __init__(self, owner: Job, request_id: int, steps: int, folder: Path) -> None:
-        import torch
-        from torch.profiler import ProfilerAction, ProfilerActivity, profile
-
-        self.owner, self.request_id, self.steps, self.folder = owner, request_id, steps, folder
-        self.first_step = owner.step
-        self.recorded = 0
-        self.done = False
-        self._ready_called = False
-        self._actions = ProfilerAction
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        # a schedule makes torch mark each step (ProfilerStep#k), which HTA needs to find iterations
-        self.profiler = profile(activities=activities, schedule=self._schedule, on_trace_ready=self._ready)
-        self.profiler.start()
-
-    def _schedule(self, step: int) -> Any:
-        if step < self.steps - 1:
-            return self._actions.RECORD
-        return self._actions.RECORD_AND_SAVE if step == self.steps - 1 else self._actions.NONE
-
-    def step(self) -> None:
-        self.recorded += 1
-        self.profiler.step()
-        self.done = self._ready_called or self.recorded >= self.steps
-
-    def finish(self) -> None:
-        """Stop the profiler (saving what it has, if the job ends early)."""
-        try:
-            self.profiler.stop()
-        except Exception as exc:
-            log.debug("profiler stop failed", exc_info=True)
-            if not self._ready_called:
-                self._result(error=f"the profiler failed to stop: {exc}")
-                return
-        if not self._ready_called:
-            self._result(error="the job ended before any step was captured")
-
-    def _ready(self, prof: Any) -> None:
-        self._ready_called = True
-        if self.recorded == 0:
-            self._result(error="the job ended before any step was captured")
-            return
-        owner = self.owner
-        stem = f"rank{owner.rank}.{path_component(socket.gethostname())}.{owner.pid}"
-        raw = self.folder / f".{stem}.raw"  # names HTA does not read (it reads *.json and *.gz)
-        try:
-            prof.export_chrome_trace(str(raw))
-        except Exception as exc:
-            self._result(error=f"exporting the trace failed: {exc}")
-            return
-        thread = threading.Thread(target=self._write, args=(raw, self.folder / f"{stem}.pt.trace.json.gz"),
-                                  name="fleetlens-trace-writer", daemon=True)
-        owner._capture_threads.append(thread)
-        thread.start()
-
-    def _write(self, raw: Path, final: Path) -> None:
-        """Rank into distributedInfo (first, where HTA looks for it), gzip, rename into place."""
-        partial = final.with_name(final.name + ".partial")
-        try:
-            with open(raw, encoding="utf-8") as f:
-                data = json.load(f)
-            info = {k: v for k, v in (data.get("distributedInfo") or {}).items() if k != "rank"}
-            world, backend = _world()
-            info.setdefault("world_size", world)
-            info.setdefault("backend", backend)
-            data.pop("distributedInfo", None)
-            trace = {"distributedInfo": {"rank": self.owner.rank, **info}, **data, "fleetlens": {
-                "workflow": self.owner.workflow_id, "request_id": self.request_id, "first_step": self.first_step,
-                "steps": self.recorded, "pid": self.owner.pid,
-            }}
-            with gzip.open(partial, "wt", encoding="utf-8", compresslevel=6) as f:
-                json.dump(trace, f)
-            os.replace(partial, final)
-            self._result(path=str(final), size_bytes=final.stat().st_size)
-        except Exception as exc:
-            partial.unlink(missing_ok=True)
-            self._result(error=f"writing the trace failed: {type(exc).__name__}: {exc}")
-        finally:
-            raw.unlink(missing_ok=True)
-
-    def _result(self, *, path: str | None = None, size_bytes: int | None = None, error: str | None = None) -> None:
-        result: dict[str, Any] = {"request_id": self.request_id}
-        if path is not None:
-            result.update(path=path, size_bytes=size_bytes, steps=self.recorded, first_step=self.first_step)
-        else:
-            result["error"] = error
-        self.owner._capture_finished(result)
-
-
-def _world() -> tuple[int, str]:
-    """(world size, backend) of torch.distributed when it runs, else a single process."""
-    dist = getattr(sys.modules.get("torch"), "distributed", None)
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_world_size(), str(dist.get_backend())
-    except Exception:
-        pass
-    return 1, "none"

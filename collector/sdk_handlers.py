@@ -26,15 +26,15 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session
 
 from collector import protocol as p
+from collector.sdk_memory import ProcessMemory, as_int, note_memory, record_workflow_memory, workflow_memory
+from collector.sdk_workflows import touch_fields, touch_workflow
 from collector.serving_sink import ServingSink
 from store import profiling
 from store.db import Store
-from store.device_memory import MEM_STEPS_LABEL
 from store.errors import DatabaseUnavailable, FleetlensError
-from store.models import StepStat, Workflow
+from store.models import StepStat
 from store.paths import trace_dir_for
 from store.settings import Settings
-from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class SdkHandlers:
         self._profiles: dict[str, list[_OpenProfile]] = {}  # workflow -> its open requests
         self._jobs: dict[tuple[str, int], dict[str, Any]] = {}
         # (wf, pid) -> P, E, source, and how many steps the memory was seen for
-        self._mem: dict[tuple[str, int], tuple[int | None, int | None, str, int]] = {}
+        self._mem: ProcessMemory = {}
         self._dirty_mem: set[str] = set()
         self._step_rows: deque[dict[str, Any]] = deque()
         self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
@@ -237,25 +237,17 @@ class SdkHandlers:
         with self._lock:
             rows = list(self._step_rows)
             dirty = set(self._dirty_mem)
-            mem = {wf: self._workflow_memory(wf) for wf in dirty}
+            mem = {wf: workflow_memory(self._mem, wf) for wf in dirty}
         if not rows and not mem:
             return
         touches = {r["workflow_id"]: r["_touch"] for r in rows if "_touch" in r}
         try:
             with self.store.session() as session:
                 for touch in touches.values():  # the workflow row must exist before its step rows
-                    self._touch_workflow(session, touch)
+                    touch_workflow(session, touch)
                 session.add_all(StepStat(**{k: v for k, v in r.items() if k != "_touch"}) for r in rows)
-                for wf, (persistent, ephemeral, source, steps) in mem.items():
-                    workflow = session.get(Workflow, wf)
-                    if workflow is None or source is None:
-                        continue
-                    workflow.mem_persistent, workflow.mem_ephemeral = persistent, ephemeral
-                    labels = workflow.labels or {}
-                    if labels.get("mem_source") == source:  # a restarted job's count starts again: keep the most
-                        steps = max(steps, int(labels.get(MEM_STEPS_LABEL) or 0))
-                    if labels.get("mem_source") != source or labels.get(MEM_STEPS_LABEL) != steps:
-                        workflow.labels = {**labels, "mem_source": source, MEM_STEPS_LABEL: steps}
+                for wf, figures in mem.items():
+                    record_workflow_memory(session, wf, figures)
         except DatabaseUnavailable:
             raise  # kept for the next try
         except Exception:  # rows the database refuses would block every later row: drop them, loudly
@@ -320,11 +312,11 @@ class SdkHandlers:
 
     def _on_hello(self, msg: dict[str, Any]) -> dict[str, Any]:
         self._seen(msg, step=msg.get("start_step"))
-        touch = _touch_fields(msg)
+        touch = touch_fields(msg)
         restart = int(msg.get("rank") or 0) == 0
 
         def work(session: Session) -> None:
-            workflow = self._touch_workflow(session, touch)
+            workflow = touch_workflow(session, touch)
             if restart and workflow.state in ("finished", "failed"):
                 workflow.state = "running"  # the same workflow started again
 
@@ -343,17 +335,17 @@ class SdkHandlers:
         for b in batches:
             row = {f: b[f] for f in p.BATCH_FIELDS}
             row.update(workflow_id=wf, host_id=self.host_id, pid=pid, rank=rank,
-                       mem_persistent=_int(b.get("mem_persistent")), mem_peak=_int(b.get("mem_peak")),
+                       mem_persistent=as_int(b.get("mem_persistent")), mem_peak=as_int(b.get("mem_peak")),
                        mem_source=b.get("mem_source") if b.get("mem_source") in ("cuda", "rss") else None)
             rows.append(row)
         if rows:
-            rows[0]["_touch"] = _touch_fields(msg)  # the workflow row must exist before its step rows
+            rows[0]["_touch"] = touch_fields(msg)  # the workflow row must exist before its step rows
         with self._lock:
             self._step_rows.extend(rows)
             while len(self._step_rows) > MAX_QUEUED_STEP_ROWS:
                 self._step_rows.popleft()
                 self._dropped_rows += 1
-            if self._note_memory((wf, pid), batches):
+            if note_memory(self._mem, (wf, pid), batches):
                 self._dirty_mem.add(wf)
         return self._instructions(msg)
 
@@ -363,7 +355,7 @@ class SdkHandlers:
 
     def _on_profile_done(self, msg: dict[str, Any]) -> dict[str, Any]:
         request_id, wf, rank = int(msg["request_id"]), msg["workflow"], int(msg.get("rank") or 0)
-        path, steps, size = msg["path"], _int(msg.get("steps")), _int(msg.get("size_bytes"))
+        path, steps, size = msg["path"], as_int(msg.get("steps")), as_int(msg.get("size_bytes"))
 
         def work(session: Session) -> None:
             try:
@@ -390,7 +382,7 @@ class SdkHandlers:
         return self._checkpoint_answer(msg, {"status": "done", "path": msg["path"], "step": int(msg["step"])})
 
     def _on_checkpoint_failed(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return self._checkpoint_answer(msg, {"status": "failed", "path": None, "step": _int(msg.get("step")),
+        return self._checkpoint_answer(msg, {"status": "failed", "path": None, "step": as_int(msg.get("step")),
                                              "error": str(msg["error"])})
 
     def _on_gate(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -407,10 +399,10 @@ class SdkHandlers:
             self._jobs.pop((wf, pid), None)
             self._outcomes[(wf, pid)] = outcome
         if int(msg.get("rank") or 0) == 0 and outcome in ("finished", "failed"):
-            touch = _touch_fields(msg)
+            touch = touch_fields(msg)
 
             def work(session: Session) -> None:
-                workflow = self._touch_workflow(session, touch)
+                workflow = touch_workflow(session, touch)
                 if workflow.state == "running":  # a job being moved ("moving") is the enforcer's to settle
                     workflow.state = outcome
 
@@ -434,54 +426,6 @@ class SdkHandlers:
         for key in [k for k, job in self._jobs.items() if now - job["last_seen"] > JOB_FORGET_S]:
             del self._jobs[key]
             self._mem.pop(key, None)
-
-    @staticmethod
-    def _touch_workflow(session: Session, touch: dict[str, Any]) -> Workflow:
-        wf = touch["workflow"]
-        existing = session.get(Workflow, wf)
-        if existing is not None:  # a managed or known workflow: only fill what it lacks
-            fields = {"declared_steps": touch["total_steps"]} if existing.declared_steps is None and touch[
-                "total_steps"] else {}
-            workflow = upsert_workflow(session, wf, **fields)
-        else:
-            workflow = upsert_workflow(session, wf, id_source=touch["id_source"], name=touch["name"],
-                                       declared_steps=touch["total_steps"])
-        if touch.get("sweep"):  # a trial of a sweep (FLEETLENS_SWEEP): grouped with the sweep's other trials
-            sweep = {"sweep": touch["sweep"], "trial": touch.get("trial") or wf}
-            if any((workflow.labels or {}).get(k) != v for k, v in sweep.items()):
-                workflow.labels = {**(workflow.labels or {}), **sweep}
-        return workflow
-
-    def _note_memory(self, key: tuple[str, int], batches: list[dict[str, Any]]) -> bool:
-        """Keep each process's (P, E) at the largest it has shown, and the steps it was seen for; True when that
-        changed. Call under the lock."""
-        before = self._mem.get(key)
-        persistent, ephemeral, source, steps = before or (None, None, "", 0)
-        for b in batches:
-            src, mp, peak = b.get("mem_source"), _int(b.get("mem_persistent")), _int(b.get("mem_peak"))
-            if src not in ("cuda", "rss") or mp is None or (source == "cuda" and src != "cuda"):
-                continue
-            if src != source:  # CUDA numbers replace host-memory ones
-                persistent, ephemeral, source, steps = None, None, src, 0
-            persistent = max(persistent or 0, mp)
-            if peak is not None:
-                ephemeral = max(ephemeral or 0, peak - mp)
-            steps += max(1, _int(b.get("n_steps")) or 1)
-        if not source:
-            return False
-        self._mem[key] = (persistent, ephemeral, source, steps)
-        return self._mem[key] != before
-
-    def _workflow_memory(self, wf: str) -> tuple[int | None, int | None, str | None, int]:
-        """The workflow's P and E: the largest over its processes, CUDA numbers preferred; and the most steps any
-        of its processes was seen for. Call under the lock."""
-        mine = [v for k, v in self._mem.items() if k[0] == wf]
-        if not mine:
-            return None, None, None, 0
-        best = "cuda" if any(v[2] == "cuda" for v in mine) else "rss"
-        values = [v for v in mine if v[2] == best]
-        return (max((v[0] for v in values if v[0] is not None), default=None),
-                max((v[1] for v in values if v[1] is not None), default=None), best, max(v[3] for v in values))
 
     def _checkpoint_answer(self, msg: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -524,20 +468,3 @@ def _claimer(request_id: int, now: float) -> Callable[[Session], None]:
         profiling.claim(session, request_id, now=now)
 
     return work
-
-
-def _touch_fields(msg: dict[str, Any]) -> dict[str, Any]:
-    total = _int(msg.get("total_steps"))
-    return {"workflow": msg["workflow"], "id_source": str(msg.get("id_source") or "env")[:16],
-            "name": str(msg["name"])[:255] if msg.get("name") else None, "total_steps": total or None,
-            "sweep": str(msg["sweep"])[:255] if msg.get("sweep") else None,
-            "trial": str(msg["trial"])[:255] if msg.get("trial") else None}
-
-
-def _int(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None

@@ -30,9 +30,10 @@ from types import TracebackType
 from typing import Any
 
 from collector import protocol as p
+from collector.sdk_settings import job_settings
 from store import latency_sketch as ls
 from store.errors import InvalidInput
-from store.settings import Settings, get_settings
+from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class ServingRecorder:
 
     def __init__(self, workflow: str | None = None, *, slos: dict[str, float] | None = None, devices: int = 1,
                  settings: Settings | None = None, cuda: bool | None = None) -> None:
-        self.settings = settings or get_settings()
+        self.settings = settings if settings is not None else job_settings()  # the SDK's entry point
         if devices < 1:
             raise InvalidInput(f"devices={devices}: a service holds at least one device")
         self.workflow_id = workflow or self.settings.workflow or "serving"

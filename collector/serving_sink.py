@@ -11,7 +11,8 @@ from typing import Any
 from store import latency_sketch as ls
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput
-from store.models import ServingApp, Workflow
+from store.models import Workflow
+from store.models_serving import ServingApp
 from store.serving import COUNT_FIELDS, SUM_FIELDS, check_minute, merge_minutes, set_slo
 from store.workflows import upsert_workflow
 

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from enforcer.lanes import Admission, Fleet, Job, lane_request
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import Admission, Job, lane_request
 from enforcer.planner import unreadable_refusal
 from store.errors import InvalidInput
 from store.headroom import LANE_FACTOR, PERSISTENT_FACTOR
@@ -241,7 +242,7 @@ def fits_alone(size: Size, capacity: int) -> bool:
 class Packing:
     """Devices, who is where and how much memory and compute each holds: the state plans and simulations change.
 
-    Memory goes through Salus's admission (enforcer.lanes.Fleet): each shareable job opens its own lane, a job
+    Memory goes through Salus's admission (enforcer.lane_fleet.Fleet): each shareable job opens its own lane, a job
     that may not share holds its device whole. Compute is the sum of the jobs' p95 utilisation per device.
     `hosts` names each device's host (device id -> host) where moves must respect storage.
     """

@@ -22,7 +22,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from enforcer.fleet_state import read_fleet_state
-from enforcer.lanes import Fleet, Job, lane_request
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import Job, lane_request
 from enforcer.policies import get_policy
 from store.checkpoints import check_location, is_local, local_path, location_for
 from store.db import Store

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from enforcer.interference import InterferenceModel
-from enforcer.lanes import Admission, Fleet, Job, Lane
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import Admission, Job, Lane
 from enforcer.policies import Policy, get_policy
 
 REFUSED_UNREADABLE = "refused: not safe to move"  # the skipped-count key of jobs kept for want of readable storage

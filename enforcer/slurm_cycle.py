@@ -16,7 +16,7 @@ from store.db import Store
 from store.device_memory import known_memory
 from store.errors import FleetlensError
 from store.models import Action, Device, Host, Placement, ProcessSample, Workflow
-from store.models import SlurmJob as SlurmJobRow
+from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
 
 log = logging.getLogger(__name__)

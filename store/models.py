@@ -9,10 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Boolean,
-    Double,
     ForeignKey,
     Index,
     Integer,
@@ -21,16 +19,9 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
-# 64-bit surrogate keys on PostgreSQL; SQLite only auto-increments INTEGER PRIMARY KEY.
-BigId = BigInteger().with_variant(Integer, "sqlite")
-Json = JSON().with_variant(JSONB(), "postgresql")
-
-
-class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: Json, list[Any]: Json, float: Double}
+from store.models_base import Base, BigId
 
 
 class Host(Base):
@@ -214,41 +205,6 @@ class StepStat(Base):
     # resident set between steps and the process's high-water mark, a rough stand-in)
     mem_source: Mapped[str | None] = mapped_column(String(8))
 
-
-class ServingMinute(Base):
-    """One serving application's requests in one minute (by arrival), as the job SDK's serving mode measured them:
-    exact counts and sums, and execution-time and latency histograms (store.latency_sketch: quantiles to 1 %).
-    Several hosts or flushes add into the same row."""
-
-    __tablename__ = "serving_minutes"
-    __table_args__ = (Index("ix_serving_minutes_minute", "minute"),)
-
-    workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), primary_key=True)
-    app: Mapped[str] = mapped_column(String(255), primary_key=True)
-    minute: Mapped[float] = mapped_column(primary_key=True)  # epoch seconds of the minute's start
-    n: Mapped[int] = mapped_column(BigInteger, default=0)  # requests served (a batch's members each count)
-    dropped: Mapped[int] = mapped_column(BigInteger, default=0)  # shed by the scheduler: counted, never served
-    met: Mapped[int | None] = mapped_column(BigInteger)  # served within the SLO the SDK knew; None: no SLO then
-    exec_sum: Mapped[float] = mapped_column(default=0.0)
-    exec_sumsq: Mapped[float] = mapped_column(default=0.0)
-    wait_sum: Mapped[float] = mapped_column(default=0.0)
-    latency_sum: Mapped[float] = mapped_column(default=0.0)
-    batch_sum: Mapped[int] = mapped_column(BigInteger, default=0)  # sum over requests of their batch's size
-    devices: Mapped[int] = mapped_column(Integer, default=1)  # devices the service held (largest reported)
-    exec_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    latency_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
-
-
-class ServingApp(Base):
-    """A serving application's SLO: the latency (queue wait + execution) its requests must meet."""
-
-    __tablename__ = "serving_apps"
-
-    workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), primary_key=True)
-    app: Mapped[str] = mapped_column(String(255), primary_key=True)
-    slo_s: Mapped[float | None]
-    target: Mapped[float] = mapped_column(default=0.99)  # the share of requests that must meet slo_s
-    updated_at: Mapped[float]
 
 
 class ProfileRequest(Base):
@@ -500,60 +456,6 @@ class HostStorage(Base):
     checked_at: Mapped[float]
 
 
-class SlurmJob(Base):
-    """What Slurm last said of one job (collector.importers.slurm): its request, what it holds, and whether it opted
-    in to be moved. The workflow `slurm-<id>` is the same id the agent gives the job's processes."""
-
-    __tablename__ = "slurm_jobs"
-
-    workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), primary_key=True)
-    job_id: Mapped[int] = mapped_column(BigInteger, index=True)
-    submit_time: Mapped[float]  # with the id, tells a job from a later one that reuses its id
-    name: Mapped[str | None] = mapped_column(String(255))
-    user: Mapped[str | None] = mapped_column(String(255))
-    account: Mapped[str | None] = mapped_column(String(255))
-    partition: Mapped[str | None] = mapped_column(String(255))
-    state: Mapped[str] = mapped_column(String(32))  # Slurm's job_state: PENDING, RUNNING, ...
-    reason: Mapped[str | None] = mapped_column(Text)  # Slurm's state_reason (held, waiting for resources, ...)
-    node: Mapped[str | None] = mapped_column(String(255))
-    time_limit_s: Mapped[float | None]  # None: no limit
-    gres: Mapped[str | None] = mapped_column(String(255))  # the request, e.g. "shard:2" or "gpu:1"
-    gpus: Mapped[int] = mapped_column(Integer, default=0)  # whole GPUs requested
-    shards: Mapped[int] = mapped_column(Integer, default=0)  # shards requested
-    gpu_indices: Mapped[list[Any]] = mapped_column(default=list)  # the node's GPUs it holds (either way)
-    requeue: Mapped[bool] = mapped_column(Boolean, default=False)
-    restart_count: Mapped[int] = mapped_column(Integer, default=0)
-    comment: Mapped[str | None] = mapped_column(Text)
-    opted_in: Mapped[bool] = mapped_column(Boolean, default=False)
-    not_movable_reason: Mapped[str | None] = mapped_column(Text)  # why it is observed and advised only
-    seen_at: Mapped[float] = mapped_column(index=True)
-
-
-class Sweep(Base):
-    """A hyper-parameter sweep: a Ray Tune experiment (or the trials sharing FLEETLENS_SWEEP) sized by Fluid."""
-
-    __tablename__ = "sweeps"
-
-    id: Mapped[str] = mapped_column(String(255), primary_key=True)
-    engine: Mapped[str] = mapped_column(String(32), default="ray_tune")
-    gpus: Mapped[int] = mapped_column(Integer)
-    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)  # c, d, eta, restart_s, mode
-    created_at: Mapped[float]
-
-
-class SweepEvent(Base):
-    """One step of a sweep's trial: start (at its base width), resize, keep (held back, and why), finish, died."""
-
-    __tablename__ = "sweep_events"
-    __table_args__ = (Index("ix_sweep_events_sweep_seq", "sweep_id", "seq"),)
-
-    id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
-    seq: Mapped[int] = mapped_column(Integer)
-    ts: Mapped[float]
-    trial_id: Mapped[str] = mapped_column(String(255))
-    kind: Mapped[str] = mapped_column(String(16))
-    old_width: Mapped[float]
-    new_width: Mapped[float]
-    steps_left: Mapped[float | None]
-    reason: Mapped[str] = mapped_column(Text, default="")
+# The newer concerns' tables live in their own modules; importing them here puts them in Base.metadata,
+# so alembic, create_all and the schema check see every table.
+from store import models_serving, models_slurm, models_sweeps  # noqa: E402, F401

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from store import latency_sketch as ls
 from store.errors import InvalidInput
-from store.models import ServingApp, ServingMinute
+from store.models_serving import ServingApp, ServingMinute
 
 SUM_FIELDS = ("exec_sum", "exec_sumsq", "wait_sum", "latency_sum")
 COUNT_FIELDS = ("n", "dropped", "batch_sum")

@@ -11,7 +11,8 @@ from sqlalchemy import func, select
 
 from store.db import Store
 from store.errors import InvalidInput, NotFound
-from store.models import Sweep, SweepEvent, Workflow
+from store.models import Workflow
+from store.models_sweeps import Sweep, SweepEvent
 
 KINDS = ("start", "resize", "keep", "wait", "finish", "died")
 

@@ -26,9 +26,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from collector.job import job
+from collector.sdk_settings import job_settings
 from store.errors import FleetlensError
 from store.paths import path_component
-from store.settings import get_settings
 
 MODES = ("healthy", "input-bound", "idle-holder", "tiny")
 CHECKPOINT_GLOB = "step-*.pt"
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                           else "cpu")
     model = build_model(args.width, args.hidden).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    settings = get_settings()
+    settings = job_settings()  # the SDK's one way to read a job's settings
     if args.resume:  # an explicit --resume wins over the environment
         settings = settings.model_copy(update={"resume_from": Path(args.resume)})
     saved: list[dict[str, Any]] = []

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from store.db import Store
 from store.models import Device, Host, Placement, Workflow
-from store.models import SlurmJob as SlurmJobRow
+from store.models_slurm import SlurmJob as SlurmJobRow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
 from store.slurm import SlurmJob, SlurmNode, SlurmView, parse_jobs, parse_nodes

@@ -37,59 +37,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
 from collector.sources.base import DeviceInfo, DeviceReading, ProcessReading, SourceUnavailable
+from collector.sources.nvml_device import (
+    MIG_INDEX_BASE,
+    PERMANENT,
+    PROCESS_CALLS,
+    STALE,
+    Lost,
+    NvmlDevice,
+    as_fraction,
+    as_text,
+)
 
 log = logging.getLogger(__name__)
 
-# errors that say the metric will never be readable on this device: stop asking
-_PERMANENT = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch")
-# answers that say a handle no longer names a device (a MIG instance destroyed, a GPU reset): enumerate again
-_STALE = ("NVMLError_InvalidArgument", "NVMLError_NotFound")
-MIG_INDEX_BASE = 1000
-# newest first; the unversioned name is tried last: in nvidia-ml-py 12+ it is v3 behind a version check
-_PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
-                  "nvmlDeviceGetComputeRunningProcesses")
-
-
 class GpusUnreadable(SourceUnavailable):
     """NVML started (the driver is there) but could not list the GPUs: said as a warning, not a quiet fallback."""
-
-
-class _Lost(Exception):
-    """The GPU fell off the bus while we read it."""
-
-
-def _fraction(percent: float | None) -> float | None:
-    if percent is None:
-        return None
-    return min(max(float(percent) / 100.0, 0.0), 1.0)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@dataclass
-class _Dev:
-    """One device the source samples: a whole GPU, or one MIG device of a GPU in MIG mode."""
-
-    index: int
-    handle: Any  # None: no handle could be had (sampled as lost)
-    physical: int  # the NVML index of the GPU it is (or is a slice of)
-    parent: Any = None  # the parent GPU's handle, for a MIG device
-    gpu_instance: int | None = None  # MIG: the GPU instance id (GPM reads per GPU instance)
-    info: DeviceInfo | None = None
-    unsupported: set[str] = field(default_factory=set)
-    proc_ts: int = 0  # last process-utilisation timestamp seen (µs)
-    gpm: list[Any] | None = None
-    xids: int | None = None
-    memory_api: str | None = None  # "v2" | "v1", once known
-    process_call: str | None = None  # the running-processes call this driver answers
 
 
 class NvmlSource:
@@ -114,7 +81,7 @@ class NvmlSource:
             ) from exc
         self._open = True
         self._events: Any = None
-        self._devs: list[_Dev] = []
+        self._devs: list[NvmlDevice] = []
         try:
             self._devs = self._enumerate(warn=True)
         except nv.NVMLError as exc:
@@ -126,23 +93,23 @@ class NvmlSource:
 
     # ------------------------------------------------------------------------------------------- setup
 
-    def _enumerate(self, *, warn: bool) -> list[_Dev]:
+    def _enumerate(self, *, warn: bool) -> list[NvmlDevice]:
         """The devices as NVML has them now (raises NVMLError only when it cannot count the GPUs)."""
         nv = self.nvml
-        devs: list[_Dev] = []
+        devs: list[NvmlDevice] = []
         for i in range(nv.nvmlDeviceGetCount()):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(i)
             except nv.NVMLError as exc:
                 if warn:
                     log.warning("NVML cannot open GPU %d (%s): listed as lost; the other GPUs are sampled", i, exc)
-                devs.append(_Dev(index=i, handle=None, physical=i))
+                devs.append(NvmlDevice(index=i, handle=None, physical=i))
                 continue
             migs = self._mig_devices(i, handle)
-            devs.extend(migs or [_Dev(index=i, handle=handle, physical=i)])
+            devs.extend(migs or [NvmlDevice(index=i, handle=handle, physical=i)])
         return devs
 
-    def _mig_devices(self, i: int, handle: Any) -> list[_Dev]:
+    def _mig_devices(self, i: int, handle: Any) -> list[NvmlDevice]:
         nv = self.nvml
         try:
             if int(nv.nvmlDeviceGetMigMode(handle)[0]) != nv.NVML_DEVICE_MIG_ENABLE:
@@ -160,7 +127,7 @@ class NvmlSource:
                 gi = int(nv.nvmlDeviceGetGpuInstanceId(mig))
             except nv.NVMLError:
                 gi = None
-            found.append(_Dev(index=MIG_INDEX_BASE * (i + 1) + k, handle=mig, physical=i, parent=handle,
+            found.append(NvmlDevice(index=MIG_INDEX_BASE * (i + 1) + k, handle=mig, physical=i, parent=handle,
                               gpu_instance=gi))
         return found
 
@@ -170,35 +137,35 @@ class NvmlSource:
             dev.gpm = self._gpm_open(dev) if self._use_gpm and dev.handle is not None else None
         self._events = self._events_open()
 
-    def _info(self, dev: _Dev) -> DeviceInfo:
+    def _info(self, dev: NvmlDevice) -> DeviceInfo:
         nv = self.nvml
         uuid, name, total = f"nvml-index-{dev.index}", "NVIDIA GPU", None
         if dev.handle is None:
             return DeviceInfo(index=dev.index, uuid=uuid, name=name, memory_total=None)
         try:
-            uuid = _text(nv.nvmlDeviceGetUUID(dev.handle))
+            uuid = as_text(nv.nvmlDeviceGetUUID(dev.handle))
         except nv.NVMLError:
             pass  # a lost GPU at start still gets a row, marked lost by its first sample
         try:
-            name = _text(nv.nvmlDeviceGetName(dev.handle))
+            name = as_text(nv.nvmlDeviceGetName(dev.handle))
         except nv.NVMLError:
             pass
         try:
             mem = self._memory(dev)
-        except _Lost:
+        except Lost:
             mem = None
         total = None if mem is None else int(mem.total)
         parent_uuid = weight = None
         if dev.parent is not None:
             try:
-                parent_uuid = _text(nv.nvmlDeviceGetUUID(dev.parent))
+                parent_uuid = as_text(nv.nvmlDeviceGetUUID(dev.parent))
             except nv.NVMLError:
                 pass
             weight = self._slice_weight(dev, total)
         return DeviceInfo(index=dev.index, uuid=uuid, name=name, memory_total=total, parent_uuid=parent_uuid,
                           slice_weight=weight)
 
-    def _slice_weight(self, dev: _Dev, total: int | None) -> float | None:
+    def _slice_weight(self, dev: NvmlDevice, total: int | None) -> float | None:
         """A MIG device's share of its parent: of the SMs where NVML tells them, else of the memory."""
         nv = self.nvml
         try:
@@ -214,7 +181,7 @@ class NvmlSource:
             return None
         return None if not total or not parent_total else min(1.0, total / parent_total)
 
-    def _gpm_open(self, dev: _Dev) -> list[Any] | None:
+    def _gpm_open(self, dev: NvmlDevice) -> list[Any] | None:
         """[previous sample, current sample, previous taken?(, request)] when the GPU supports GPM, else None."""
         nv = self.nvml
         try:
@@ -288,8 +255,8 @@ class NvmlSource:
 
     # ------------------------------------------------------------------------------------------- reading
 
-    def _call(self, dev: _Dev, fn_name: str, *args: Any) -> Any:
-        """One NVML call for a device; None when that metric is unavailable, _Lost when the GPU is gone."""
+    def _call(self, dev: NvmlDevice, fn_name: str, *args: Any) -> Any:
+        """One NVML call for a device; None when that metric is unavailable, Lost when the GPU is gone."""
         if fn_name in dev.unsupported:
             return None
         nv = self.nvml
@@ -300,28 +267,28 @@ class NvmlSource:
         try:
             return fn(dev.handle, *args)
         except nv.NVMLError_GpuIsLost:
-            raise _Lost from None
+            raise Lost from None
         except nv.NVMLLibraryMismatchError:
             dev.unsupported.add(fn_name)  # the binding wants a newer driver for this name: never again
             return None
         except nv.NVMLError as exc:
             kind = type(exc).__name__
-            if kind in _PERMANENT:
+            if kind in PERMANENT:
                 dev.unsupported.add(fn_name)
-            elif kind in _STALE:
+            elif kind in STALE:
                 self._stale = True
             return None
 
-    def _memory(self, dev: _Dev) -> Any:
+    def _memory(self, dev: NvmlDevice) -> Any:
         """Memory info, v2 where the driver has it (and says which was used), else v1."""
         nv = self.nvml
         if dev.memory_api != "v1":
             try:
                 mem = nv.nvmlDeviceGetMemoryInfo(dev.handle, version=nv.nvmlMemory_v2)
             except nv.NVMLError_GpuIsLost:
-                raise _Lost from None
+                raise Lost from None
             except (nv.NVMLError, nv.NVMLLibraryMismatchError, AttributeError, TypeError) as exc:
-                if type(exc).__name__ not in (*_PERMANENT, "NVMLLibraryMismatchError", "AttributeError", "TypeError"):
+                if type(exc).__name__ not in (*PERMANENT, "NVMLLibraryMismatchError", "AttributeError", "TypeError"):
                     return None  # a passing failure: no figure this time, v2 tried again next time
                 dev.memory_api = "v1"
                 log.info("GPU %d: this driver has no nvmlDeviceGetMemoryInfo_v2 (%s); memory used is read with v1, "
@@ -349,19 +316,19 @@ class NvmlSource:
             reading = DeviceReading(index=dev.index, ts=self._clock())
             try:
                 if dev.handle is None:
-                    raise _Lost
+                    raise Lost
                 self._read_device(dev, reading)
-            except _Lost:
+            except Lost:
                 reading.lost = True
                 reading.processes = []
             readings.append(reading)
         return readings
 
-    def _read_device(self, dev: _Dev, r: DeviceReading) -> None:
+    def _read_device(self, dev: NvmlDevice, r: DeviceReading) -> None:
         nv = self.nvml
         util = None if dev.parent is not None else self._call(dev, "nvmlDeviceGetUtilizationRates")
         if util is not None:
-            r.gpu_util, r.mem_util = _fraction(util.gpu), _fraction(util.memory)
+            r.gpu_util, r.mem_util = as_fraction(util.gpu), as_fraction(util.memory)
         mem = self._memory(dev)
         if mem is not None:
             r.mem_used, r.mem_total = int(mem.used), int(mem.total)
@@ -384,7 +351,7 @@ class NvmlSource:
         self._read_gpm(dev, r)
         r.processes = self._read_processes(dev)
 
-    def _read_gpm(self, dev: _Dev, r: DeviceReading) -> None:
+    def _read_gpm(self, dev: NvmlDevice, r: DeviceReading) -> None:
         state = dev.gpm
         if state is None:
             return
@@ -396,9 +363,9 @@ class NvmlSource:
             else:
                 nv.nvmlGpmSampleGet(dev.handle, cur)
         except nv.NVMLError_GpuIsLost:
-            raise _Lost from None
+            raise Lost from None
         except nv.NVMLError as exc:
-            if type(exc).__name__ in _PERMANENT:
+            if type(exc).__name__ in PERMANENT:
                 dev.gpm = None
             return
         state[0], state[1], state[2] = cur, prev, True
@@ -418,20 +385,20 @@ class NvmlSource:
         try:
             nv.nvmlGpmMetricsGet(md)
         except nv.NVMLError_GpuIsLost:
-            raise _Lost from None
+            raise Lost from None
         except nv.NVMLError:
             return
         values = [
-            _fraction(md.metrics[k].value) if md.metrics[k].nvmlReturn == nv.NVML_SUCCESS else None
+            as_fraction(md.metrics[k].value) if md.metrics[k].nvmlReturn == nv.NVML_SUCCESS else None
             for k in range(len(wanted))
         ]
         r.sm_active, r.sm_occupancy, r.tensor_active = values[:3]
         if dev.parent is not None and r.gpu_util is None:
             r.gpu_util = values[3]  # graphics-engine activity of the GPU instance: MIG's utilisation
 
-    def _running(self, dev: _Dev) -> list[Any] | None:
+    def _running(self, dev: NvmlDevice) -> list[Any] | None:
         """The running compute processes through the newest call this driver answers (None: unavailable)."""
-        calls = (dev.process_call,) if dev.process_call else _PROCESS_CALLS
+        calls = (dev.process_call,) if dev.process_call else PROCESS_CALLS
         for name in calls:
             if name in dev.unsupported:
                 continue
@@ -443,7 +410,7 @@ class NvmlSource:
                 return None  # a passing failure of a call that exists: no list this time
         return None
 
-    def _read_processes(self, dev: _Dev) -> list[ProcessReading]:
+    def _read_processes(self, dev: NvmlDevice) -> list[ProcessReading]:
         procs: dict[int, ProcessReading] = {}
         for p in self._running(dev) or ():
             pid, used = int(p.pid), getattr(p, "usedGpuMemory", None)
@@ -454,11 +421,11 @@ class NvmlSource:
         try:
             samples = nv.nvmlDeviceGetProcessUtilization(dev.handle, dev.proc_ts)
         except nv.NVMLError_GpuIsLost:
-            raise _Lost from None
+            raise Lost from None
         except nv.NVMLError_NotFound:
             samples = []  # no process ran a kernel since the last call: a normal answer
         except nv.NVMLError as exc:
-            if type(exc).__name__ in _PERMANENT:
+            if type(exc).__name__ in PERMANENT:
                 dev.unsupported.add("nvmlDeviceGetProcessUtilization")
             return list(procs.values())  # SM utilisation unknown this time: missing, not 0
         # each field read once: pynvml structures make every attribute access a Python call
@@ -475,7 +442,7 @@ class NvmlSource:
         for reading in procs.values():
             seen = latest.get(reading.pid)
             # NVML answered for the interval: a process without a sample in it ran no kernel
-            reading.sm_util = 0.0 if seen is None else _fraction(seen[1])
+            reading.sm_util = 0.0 if seen is None else as_fraction(seen[1])
         return list(procs.values())
 
     def _drain_xid_events(self) -> None:

@@ -38,7 +38,7 @@ from store.checkpoints import digest, record_checkpoint
 from store.db import Store
 from store.errors import InvalidInput, NotFound, UpstreamUnavailable
 from store.models import Action, ActionEvent, Device
-from store.models import SlurmJob as SlurmJobRow
+from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
 from store.slurm import SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli, SlurmRefused

@@ -19,7 +19,8 @@ import numpy as np
 
 from enforcer.discipline import JOB_ORDER
 from enforcer.interference import InterferenceModel, default_model
-from enforcer.lanes import Admission, Fleet, Job
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import Admission, Job
 
 DEFAULT_MAX_SLOWDOWN = 1.5
 

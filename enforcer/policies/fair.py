@@ -8,7 +8,8 @@ from typing import ClassVar
 import numpy as np
 
 from enforcer.discipline import LEAST_ATTAINED
-from enforcer.lanes import Fleet, Job
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import Job
 from enforcer.policies.base import Policy
 
 

@@ -9,7 +9,8 @@ from typing import ClassVar
 import numpy as np
 
 from enforcer.discipline import ROUND_ROBIN
-from enforcer.lanes import Fleet, Job
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import Job
 from enforcer.policies.base import Policy
 
 

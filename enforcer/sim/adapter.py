@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from enforcer.lanes import Admission, Fleet, Job
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import Admission, Job
 from enforcer.policies import Policy, get_policy
 from enforcer.sim.tiresias import TiresiasScheduler
 

@@ -24,7 +24,8 @@ import numpy as np
 
 from enforcer.discipline import LEAST_ATTAINED, Turn, shares
 from enforcer.interference import InterferenceModel
-from enforcer.lanes import Admission, Fleet, Job
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import Admission, Job
 from enforcer.sim.convert import to_lane_job
 from enforcer.sim.metrics import summarize
 from enforcer.sim.model import NodeSpec, SimJob

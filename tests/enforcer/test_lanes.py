@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enforcer.lanes import DeviceLanes, Fleet, Job, lane_request, remaining_time
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import DeviceLanes, Job, lane_request, remaining_time
 
 GB = 2**30
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from enforcer.lanes import Fleet, Job
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import Job
 from enforcer.policies import Policy, get_policy, policy_names, register
 from store.errors import InvalidInput
 

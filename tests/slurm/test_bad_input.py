@@ -11,7 +11,8 @@ from sqlalchemy import select
 
 from collector.importers.slurm import import_slurm, record_view
 from store.errors import InvalidInput, UpstreamUnavailable
-from store.models import Placement, SlurmJob
+from store.models import Placement
+from store.models_slurm import SlurmJob
 from store.settings import Settings, get_settings
 from store.slurm import Gres, SlurmView, held_indices, parse_gres, parse_indices, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli

@@ -14,7 +14,8 @@ from collector.importers.slurm import import_slurm
 from enforcer.actuators.base import Move, Step
 from enforcer.actuators.slurm import SlurmActuator
 from store.checkpoints import digest
-from store.models import Action, ActionEvent, Checkpoint, SlurmJob
+from store.models import Action, ActionEvent, Checkpoint
+from store.models_slurm import SlurmJob
 from tests.slurm.cluster import job_processes, train_command
 
 pytestmark = pytest.mark.slurm

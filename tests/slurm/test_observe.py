@@ -15,7 +15,7 @@ from enforcer.actuators.slurm import SlurmActuator
 from enforcer.cycle import run_cycle
 from store.errors import InvalidInput
 from store.models import Action, Device, Host, Placement, ProcessSample, Workflow
-from store.models import SlurmJob as SlurmJobRow
+from store.models_slurm import SlurmJob as SlurmJobRow
 
 pytestmark = pytest.mark.slurm
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from collector.importers.slurm import import_slurm
-from store.models import SlurmJob
+from store.models_slurm import SlurmJob
 
 pytestmark = pytest.mark.slurm
 

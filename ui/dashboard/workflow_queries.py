@@ -16,11 +16,11 @@ from store.models import (
     ProcessSample,
     ProfileRequest,
     Rollup,
-    SlurmJob,
     StepStat,
     Trace,
     Workflow,
 )
+from store.models_slurm import SlurmJob
 from ui.dashboard.queries import HOUR, Window, _bucket, _frame
 
 

@@ -1,0 +1,73 @@
+"""What the agent writes to the store for a batch besides its samples: workflows first seen, the host's heartbeat,
+its lost and found devices, and the processes it saw."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sqlalchemy.exc import IntegrityError
+
+from collector.agent_batch import Batch
+from collector.sources.base import DeviceSource
+from store.db import Store
+from store.registry import (
+    DeviceSpec,
+    SeenProcess,
+    mark_device_lost,
+    record_processes,
+    register_devices,
+    touch_host,
+    touch_open_processes,
+    touch_workflows,
+)
+
+log = logging.getLogger(__name__)
+
+
+def touch_new_workflows(store: Store, workflows: dict[str, str], known: set[str]) -> None:
+    """Create the workflows this agent has not registered yet (`known`, which this adds to); mark all of them seen
+    (one UPDATE)."""
+    if not workflows:
+        return
+    now = time.time()
+    new = {w: src for w, src in workflows.items() if w not in known}
+    for attempt in (1, 2):
+        try:
+            with store.session() as session:
+                touch_workflows(session, new, workflows, now)
+            break
+        except IntegrityError:
+            # another host's agent created the same workflow (one job on two hosts) between our
+            # check and our insert: the second attempt finds its row
+            if attempt == 2:
+                raise
+    known.update(new)
+
+
+def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, device_ids: dict[int, int],
+                recorded: frozenset[tuple[int, float]] | None) -> frozenset[tuple[int, float]] | None:
+    """Heartbeat, lost and returned devices (found ones added to `device_ids`), and the processes seen in this batch.
+    `recorded` is the processes recorded last time; returns what is recorded now."""
+    with store.session() as session:
+        touch_host(session, host_id)
+        for index in batch.lost:
+            if index in device_ids and mark_device_lost(session, device_ids[index]):
+                log.error("device %d of host %s was lost under running jobs: see their device_lost actions "
+                          "(`fleetlens` dashboard, enforcement); nothing was stopped", index, host_id)
+        if batch.found:
+            specs = [DeviceSpec(d.index, d.uuid, d.name, d.memory_total, d.cpu_cores)
+                     for d in source.devices() if d.index in batch.found]
+            device_ids.update(register_devices(session, host_id, specs, source=source.name))
+        if not (batch.seen or batch.rows):
+            return recorded
+        keys = frozenset((p.pid, p.start_time) for p in batch.seen.values())
+        if keys == recorded:
+            # the same processes as last time: one UPDATE instead of a row-by-row reconciliation
+            touch_open_processes(session, host_id)
+        else:
+            seen = [SeenProcess(p.pid, p.start_time, p.workflow_id, p.cmdline, p.username)
+                    for p in batch.seen.values()]
+            record_processes(session, host_id, seen)
+            recorded = keys
+    return recorded

@@ -1,0 +1,46 @@
+"""The schema of serving: per-minute request measurements and each serving application's SLO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from store.models_base import Base
+
+
+class ServingMinute(Base):
+    """One serving application's requests in one minute (by arrival), as the job SDK's serving mode measured them:
+    exact counts and sums, and execution-time and latency histograms (store.latency_sketch: quantiles to 1 %).
+    Several hosts or flushes add into the same row."""
+
+    __tablename__ = "serving_minutes"
+    __table_args__ = (Index("ix_serving_minutes_minute", "minute"),)
+
+    workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), primary_key=True)
+    app: Mapped[str] = mapped_column(String(255), primary_key=True)
+    minute: Mapped[float] = mapped_column(primary_key=True)  # epoch seconds of the minute's start
+    n: Mapped[int] = mapped_column(BigInteger, default=0)  # requests served (a batch's members each count)
+    dropped: Mapped[int] = mapped_column(BigInteger, default=0)  # shed by the scheduler: counted, never served
+    met: Mapped[int | None] = mapped_column(BigInteger)  # served within the SLO the SDK knew; None: no SLO then
+    exec_sum: Mapped[float] = mapped_column(default=0.0)
+    exec_sumsq: Mapped[float] = mapped_column(default=0.0)
+    wait_sum: Mapped[float] = mapped_column(default=0.0)
+    latency_sum: Mapped[float] = mapped_column(default=0.0)
+    batch_sum: Mapped[int] = mapped_column(BigInteger, default=0)  # sum over requests of their batch's size
+    devices: Mapped[int] = mapped_column(Integer, default=1)  # devices the service held (largest reported)
+    exec_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    latency_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class ServingApp(Base):
+    """A serving application's SLO: the latency (queue wait + execution) its requests must meet."""
+
+    __tablename__ = "serving_apps"
+
+    workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), primary_key=True)
+    app: Mapped[str] = mapped_column(String(255), primary_key=True)
+    slo_s: Mapped[float | None]
+    target: Mapped[float] = mapped_column(default=0.99)  # the share of requests that must meet slo_s
+    updated_at: Mapped[float]

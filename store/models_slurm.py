@@ -1,0 +1,39 @@
+"""The schema of Slurm: what Slurm last said of each job it runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from store.models_base import Base
+
+
+class SlurmJob(Base):
+    """What Slurm last said of one job (collector.importers.slurm): its request, what it holds, and whether it opted
+    in to be moved. The workflow `slurm-<id>` is the same id the agent gives the job's processes."""
+
+    __tablename__ = "slurm_jobs"
+
+    workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    submit_time: Mapped[float]  # with the id, tells a job from a later one that reuses its id
+    name: Mapped[str | None] = mapped_column(String(255))
+    user: Mapped[str | None] = mapped_column(String(255))
+    account: Mapped[str | None] = mapped_column(String(255))
+    partition: Mapped[str | None] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(32))  # Slurm's job_state: PENDING, RUNNING, ...
+    reason: Mapped[str | None] = mapped_column(Text)  # Slurm's state_reason (held, waiting for resources, ...)
+    node: Mapped[str | None] = mapped_column(String(255))
+    time_limit_s: Mapped[float | None]  # None: no limit
+    gres: Mapped[str | None] = mapped_column(String(255))  # the request, e.g. "shard:2" or "gpu:1"
+    gpus: Mapped[int] = mapped_column(Integer, default=0)  # whole GPUs requested
+    shards: Mapped[int] = mapped_column(Integer, default=0)  # shards requested
+    gpu_indices: Mapped[list[Any]] = mapped_column(default=list)  # the node's GPUs it holds (either way)
+    requeue: Mapped[bool] = mapped_column(Boolean, default=False)
+    restart_count: Mapped[int] = mapped_column(Integer, default=0)
+    comment: Mapped[str | None] = mapped_column(Text)
+    opted_in: Mapped[bool] = mapped_column(Boolean, default=False)
+    not_movable_reason: Mapped[str | None] = mapped_column(Text)  # why it is observed and advised only
+    seen_at: Mapped[float] = mapped_column(index=True)
