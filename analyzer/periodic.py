@@ -13,6 +13,7 @@ from analyzer.serving.rules import detect_serving
 from analyzer.slurm_holders import find_slurm_holders_without_processes
 from analyzer.telemetry import detect
 from analyzer.traces import analyze_batch, analyze_pending, pending_batches
+from analyzer.traces.cache import TraceBounds
 from store.db import Store
 from store.partitions import adopt_early_rows, ensure_partitions
 from store.settings import Settings
@@ -58,7 +59,8 @@ def detect_telemetry(store: Store, settings: Settings, *, now: float | None = No
 
 def analyze_traces(store: Store, settings: Settings, *, limit: int | None = None) -> dict[str, int]:
     """Analyse every registered trace not analysed yet; returns {"analyzed": n, "failed": m}."""
-    return analyze_pending(store, limit=limit, cache_dir=settings.home / "cache" / "traces", host_id=settings.host_id)
+    return analyze_pending(store, limit=limit, cache_dir=settings.home / "cache" / "traces", host_id=settings.host_id,
+                           bounds=TraceBounds.from_settings(settings))
 
 
 def trace_batches(store: Store, settings: Settings) -> list[list[int]]:
@@ -69,7 +71,7 @@ def trace_batches(store: Store, settings: Settings) -> list[list[int]]:
 def analyze_trace_batch(store: Store, settings: Settings, trace_ids: list[int]) -> dict[str, list[int]]:
     """Analyse one batch of traces; returns their ids by outcome ({"analyzed", "failed", "skipped"})."""
     return analyze_batch(store, [int(i) for i in trace_ids], cache_dir=settings.home / "cache" / "traces",
-                         host_id=settings.host_id)
+                         host_id=settings.host_id, bounds=TraceBounds.from_settings(settings))
 
 
 def analyze(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:

@@ -11,22 +11,35 @@ import logging
 import os
 import pickle
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from analyzer.traces.parse import ParsedTrace
 from analyzer.traces.stream_read import BYTES_PER_ROW, ReadProgress, stream_trace
-from store.settings import get_settings
+from store.settings import Settings
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = "5"  # bump when ParsedTrace or the parse changes
 
 
-def read_trace(path: str | Path, memory_budget: int | None = None,
-                read_progress: ReadProgress | None = None) -> ParsedTrace:
-    """The streaming reader with the settings' bounds (`memory_budget`, bytes, overrides trace_memory_mb)."""
-    s = get_settings()
-    budget = memory_budget if memory_budget is not None else s.trace_memory_mb << 20
-    return stream_trace(path, block_bytes=s.trace_block_mb << 20, max_rows=max(budget // BYTES_PER_ROW, 1),
+@dataclass(frozen=True)
+class TraceBounds:
+    """How the streaming reader is bounded: the JSON it decodes at once, and the most its kept columns may hold
+    (FLEETLENS_TRACE_BLOCK_MB, FLEETLENS_TRACE_MEMORY_MB; the defaults are theirs)."""
+
+    block_bytes: int = 2 << 20
+    memory_bytes: int = 1024 << 20
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TraceBounds:
+        return cls(block_bytes=settings.trace_block_mb << 20, memory_bytes=settings.trace_memory_mb << 20)
+
+
+def read_trace(path: str | Path, bounds: TraceBounds, memory_budget: int | None = None,
+               read_progress: ReadProgress | None = None) -> ParsedTrace:
+    """The streaming reader within `bounds` (`memory_budget`, bytes, overrides its memory_bytes)."""
+    budget = memory_budget if memory_budget is not None else bounds.memory_bytes
+    return stream_trace(path, block_bytes=bounds.block_bytes, max_rows=max(budget // BYTES_PER_ROW, 1),
                         progress=read_progress)
 
 
@@ -40,14 +53,14 @@ def cache_key(path: str | Path) -> str:
 
 
 def load_trace(path: str | Path, cache_dir: Path | None = None, memory_budget: int | None = None,
-               read_progress: ReadProgress | None = None) -> ParsedTrace:
+               read_progress: ReadProgress | None = None, bounds: TraceBounds = TraceBounds()) -> ParsedTrace:
     """Parse a trace, or read it from the cache when the same file (path, size, mtime) was parsed before."""
     if cache_dir is None:
-        return read_trace(path, memory_budget, read_progress)
+        return read_trace(path, bounds, memory_budget, read_progress)
     try:
         file = Path(cache_dir) / f"{cache_key(path)}.pkl"
     except OSError:
-        return read_trace(path, memory_budget, read_progress)  # read_trace names the problem
+        return read_trace(path, bounds, memory_budget, read_progress)  # read_trace names the problem
     if file.exists():
         try:
             with file.open("rb") as fh:
@@ -57,7 +70,7 @@ def load_trace(path: str | Path, cache_dir: Path | None = None, memory_budget: i
                 return cached
         except Exception as exc:  # a broken cache entry is only a cache miss
             log.warning("ignoring unreadable cache entry %s: %s", file, exc)
-    parsed = read_trace(path, memory_budget, read_progress)
+    parsed = read_trace(path, bounds, memory_budget, read_progress)
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=file.parent, suffix=".tmp")

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 
 from analyzer.rules import load_thresholds, run_set_rules
+from analyzer.traces.cache import TraceBounds
 from analyzer.traces.errors import InvalidTrace
 from analyzer.traces.run import analyze_one
 from store import profiling
@@ -39,7 +40,8 @@ def _workflow_for(session, trace: Trace) -> Workflow:
 
 
 def analyze_trace(store: Store, trace_id: int, *, cache_dir: Path, host_id: str | None = None,
-                  thresholds: dict | None = None, memory_budget: int | None = None) -> dict[str, Any]:
+                  thresholds: dict | None = None, memory_budget: int | None = None,
+                  bounds: TraceBounds = TraceBounds()) -> dict[str, Any]:
     """Analyse one registered trace; returns {"status", "error", "findings", "summary"}.
 
     A bad file marks the trace failed with the reason (the error is returned, not raised); an unknown
@@ -54,7 +56,8 @@ def analyze_trace(store: Store, trace_id: int, *, cache_dir: Path, host_id: str 
         trace.status, trace.error = "analyzing", None
         path, written_on = trace.path, trace.host_id
     try:
-        summary, found = analyze_one(path, thresholds=th, cache_dir=cache_dir, memory_budget=memory_budget)
+        summary, found = analyze_one(path, thresholds=th, cache_dir=cache_dir, memory_budget=memory_budget,
+                                     bounds=bounds)
     except Exception as exc:  # every failure is recorded; only InvalidTrace is the file's fault
         reason = exc.problem if isinstance(exc, InvalidTrace) else f"analysis failed: {type(exc).__name__}: {exc}"
         here = host_id
@@ -98,7 +101,7 @@ def _set_rules(session, trace: Trace, th: dict, gpus: int) -> list:
 
 
 def analyze_pending(store: Store, *, cache_dir: Path, host_id: str | None = None, limit: int | None = None,
-                    thresholds: dict | None = None) -> dict[str, int]:
+                    thresholds: dict | None = None, bounds: TraceBounds = TraceBounds()) -> dict[str, int]:
     """Analyse every trace still 'registered' (oldest first); returns {"analyzed": n, "failed": m}."""
     with store.session() as session:
         query = select(Trace.id).where(Trace.status == "registered").order_by(Trace.created_at, Trace.id)
@@ -108,7 +111,7 @@ def analyze_pending(store: Store, *, cache_dir: Path, host_id: str | None = None
     counts = {"analyzed": 0, "failed": 0}
     th = thresholds or load_thresholds()
     for trace_id in ids:
-        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir, host_id=host_id)
+        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir, host_id=host_id, bounds=bounds)
         counts[res["status"]] += 1
     return counts
 
@@ -126,7 +129,7 @@ def pending_batches(store: Store, batch_size: int) -> list[list[int]]:
 
 
 def analyze_batch(store: Store, trace_ids: list[int], *, cache_dir: Path, host_id: str | None = None,
-                  thresholds: dict | None = None) -> dict[str, list[int]]:
+                  thresholds: dict | None = None, bounds: TraceBounds = TraceBounds()) -> dict[str, list[int]]:
     """Analyse the traces of one batch that are still to do: 'registered', or 'analyzing' when a worker died in the
     middle of one (its retry lands here; findings are upserted, so nothing is counted twice). Traces another try
     already finished are skipped, and an id no longer in the store too. Returns the ids by outcome."""
@@ -138,7 +141,7 @@ def analyze_batch(store: Store, trace_ids: list[int], *, cache_dir: Path, host_i
         if status not in ("registered", "analyzing"):
             out["skipped"].append(trace_id)
             continue
-        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir, host_id=host_id)
+        res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir, host_id=host_id, bounds=bounds)
         out[res["status"]].append(trace_id)
     return out
 

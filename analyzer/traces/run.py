@@ -10,7 +10,7 @@ from typing import Any
 
 from analyzer.rules import TraceFinding, load_thresholds, rules_not_judged, run_rules, run_set_rules
 from analyzer.rules.straggler import straggler_verdict
-from analyzer.traces.cache import load_trace
+from analyzer.traces.cache import TraceBounds, load_trace
 from analyzer.traces.errors import InvalidTrace
 from analyzer.traces.memory import release_freed_memory
 from analyzer.traces.parse import ParsedTrace
@@ -75,17 +75,18 @@ def _summarize(parsed: ParsedTrace, th: dict) -> tuple[dict[str, Any], list[Trac
 
 def analyze_one(path: str | Path, *, thresholds: dict | None = None, cache_dir: Path | None = None,
                 memory_budget: int | None = None, progress: Progress | None = None,
-                read_progress: ReadProgress | None = None) -> tuple[dict[str, Any], list[TraceFinding]]:
+                read_progress: ReadProgress | None = None, bounds: TraceBounds = TraceBounds()
+                ) -> tuple[dict[str, Any], list[TraceFinding]]:
     """Summary and per-rank findings of one trace file; raises InvalidTrace for a bad file (TruncatedTrace, with
     the summary and findings of its complete steps as `partial_result`, for a file cut short).
 
-    The file is read by the streaming reader, in memory bounded by settings (trace_block_mb, trace_memory_mb;
+    The file is read by the streaming reader within `bounds` (the caller's settings: trace_block_mb, trace_memory_mb;
     `memory_budget`, in bytes, overrides the latter)."""
     th = thresholds or load_thresholds()
     if progress:
         progress(str(path), "parsing")
     try:
-        parsed = load_trace(path, cache_dir=cache_dir, memory_budget=memory_budget,
+        parsed = load_trace(path, cache_dir=cache_dir, memory_budget=memory_budget, bounds=bounds,
                             read_progress=(lambda *a: read_progress(str(path), *a)) if read_progress else None)
     except TruncatedTrace as exc:
         if exc.partial is not None:
@@ -102,7 +103,7 @@ def analyze_one(path: str | Path, *, thresholds: dict | None = None, cache_dir: 
 
 def analyze_paths(paths: Iterable[str | Path], *, thresholds: dict | None = None, cache_dir: Path | None = None,
                   memory_budget: int | None = None, progress: Progress | None = None,
-                  read_progress: ReadProgress | None = None) -> AnalysisResult:
+                  read_progress: ReadProgress | None = None, bounds: TraceBounds = TraceBounds()) -> AnalysisResult:
     """Analyse trace files (one rank per file, read one after another: a job's ranks share one memory bound) and
     the set they form; bad files land in `errors`, and a truncated file's complete steps are still analysed."""
     th = thresholds or load_thresholds()
@@ -116,7 +117,7 @@ def analyze_paths(paths: Iterable[str | Path], *, thresholds: dict | None = None
     for f in files:
         try:
             summary, found = analyze_one(f, thresholds=th, cache_dir=cache_dir, memory_budget=memory_budget,
-                                         progress=progress, read_progress=read_progress)
+                                         progress=progress, read_progress=read_progress, bounds=bounds)
         except TruncatedTrace as exc:
             log.warning("%s", exc)
             result.errors[exc.path] = exc.problem

@@ -19,10 +19,12 @@ import pytest
 from analyzer.rules import rules_not_judged, run_rules, run_set_rules
 from analyzer.rules.straggler import straggler_verdict
 from analyzer.traces import InvalidTrace
+from analyzer.traces.cache import TraceBounds
 from analyzer.traces.parse import parse_trace
 from analyzer.traces.run import analyze_one, analyze_paths, job_ranks
 from analyzer.traces.stream_read import TruncatedTrace, stream_trace
 from analyzer.traces.summary import summarize
+from store.settings import Settings
 from tests.conftest import TRACES
 
 ALL = sorted(p.name for p in TRACES.glob("*.json.gz"))
@@ -147,6 +149,14 @@ def test_corrupt_text_in_the_middle_names_the_place(tmp_path):
 def test_memory_limit_refuses_a_trace_whose_columns_would_pass_it():
     with pytest.raises(InvalidTrace, match="memory limit"):
         analyze_one(TRACES / A100, memory_budget=256 * 1024)
+
+
+def test_the_bounds_come_from_the_callers_settings(tmp_path: Path):
+    bounds = TraceBounds.from_settings(Settings(home=tmp_path, trace_block_mb=3, trace_memory_mb=16))
+    assert (bounds.block_bytes, bounds.memory_bytes) == (3 << 20, 16 << 20)
+    tight = TraceBounds(block_bytes=1 << 20, memory_bytes=256 * 1024)
+    assert "memory limit" in analyze_paths([TRACES / A100], bounds=tight).errors[str(TRACES / A100)]
+    assert not analyze_paths([TRACES / A100], bounds=bounds).errors
 
 
 def test_progress_reports_bytes_and_events_up_to_the_whole_file():

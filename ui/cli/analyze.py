@@ -10,6 +10,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Ta
 
 from analyzer.report import print_report
 from analyzer.report_html import render_html
+from analyzer.traces.cache import TraceBounds
 from analyzer.traces.jobs import analyze_trace, register_trace
 from analyzer.traces.run import AnalysisResult, analyze_paths, expand_paths
 from store.errors import InvalidInput
@@ -18,14 +19,14 @@ from ui.cli.app import app, console, err_console, open_store, settings
 LARGE_TRACE_BYTES = 256 * 1024  # show a progress bar once a file takes more than a blink
 
 
-def _run_with_progress(paths: list[str], cache_dir: Path | None, quiet: bool) -> AnalysisResult:
+def _run_with_progress(paths: list[str], cache_dir: Path | None, quiet: bool, bounds: TraceBounds) -> AnalysisResult:
     try:
         files = expand_paths(paths)
     except InvalidInput:
         files = []
     large = any(f.exists() and f.stat().st_size >= LARGE_TRACE_BYTES for f in files)
     if quiet or not large or not err_console.is_terminal:
-        return analyze_paths(paths, cache_dir=cache_dir)
+        return analyze_paths(paths, cache_dir=cache_dir, bounds=bounds)
     # bytes of the file read, events decoded, time: the read is most of an analysis
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                   TextColumn("{task.fields[events]:,} events"), TimeElapsedColumn(),
@@ -41,7 +42,7 @@ def _run_with_progress(paths: list[str], cache_dir: Path | None, quiet: bool) ->
             if path in tasks:
                 progress.update(tasks[path], description=f"{stage} {Path(path).name}")
 
-        return analyze_paths(paths, cache_dir=cache_dir, progress=step, read_progress=read)
+        return analyze_paths(paths, cache_dir=cache_dir, progress=step, read_progress=read, bounds=bounds)
 
 
 @app.command()
@@ -59,7 +60,7 @@ def analyze(
     cache_dir = None if no_cache else s.home / "cache" / "traces"
     if store:
         return _analyze_into_store(paths, workflow, as_json, cache_dir)
-    result = _run_with_progress(paths, cache_dir, quiet=as_json)
+    result = _run_with_progress(paths, cache_dir, quiet=as_json, bounds=TraceBounds.from_settings(s))
     if as_json:
         console.print_json(json.dumps(result.as_dict(gpus)))
     else:
@@ -79,7 +80,8 @@ def _analyze_into_store(paths: list[str], workflow: str | None, as_json: bool, c
     out, failed = [], False
     for f in files:
         trace_id = register_trace(st, f, workflow_id=workflow)
-        res = analyze_trace(st, trace_id, cache_dir=cache_dir or s.home / "cache" / "traces", host_id=s.host_id)
+        res = analyze_trace(st, trace_id, cache_dir=cache_dir or s.home / "cache" / "traces", host_id=s.host_id,
+                            bounds=TraceBounds.from_settings(s))
         failed |= res["status"] == "failed"
         out.append({"trace_id": trace_id, "path": str(f), "status": res["status"], "error": res["error"],
                     "findings": res["findings"]})

@@ -34,6 +34,7 @@ from analyzer.rollups import rollup
 from analyzer.telemetry import detect
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds, scaled
 from analyzer.traces import analyze_pending
+from analyzer.traces.cache import TraceBounds
 from collector.recordings.load import load_into_store
 from enforcer.migration import drive_until_done
 from enforcer.plan_store import apply_plan, make_plan
@@ -263,7 +264,8 @@ class Demo:
                 f"{n}: {t['status']}" for n, t in self.report.traces.items() if t["status"] != "done"))
 
     def analyze(self) -> None:
-        analyze_pending(self.store, cache_dir=self.settings.home / "cache" / "traces", host_id=self.settings.host_id)
+        analyze_pending(self.store, cache_dir=self.settings.home / "cache" / "traces", host_id=self.settings.host_id,
+                        bounds=TraceBounds.from_settings(self.settings))
         # The replayed fleet is judged on real time; the local jobs, a minute or two old, on demo time.
         detect(self.store)
         # judged from their first step on: a start-up (imports, allocation) is no part of how a job uses a device
