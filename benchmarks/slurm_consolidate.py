@@ -34,6 +34,7 @@ import psutil  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from collector.importers.slurm import import_slurm  # noqa: E402
+from enforcer.actuators.drive import drive_actions  # noqa: E402
 from enforcer.actuators.slurm import TERMINAL, SlurmActuator  # noqa: E402
 from enforcer.slurm_cycle import run_slurm_cycle  # noqa: E402
 from store.db import Store  # noqa: E402
@@ -185,7 +186,8 @@ def measure(bench: Bench) -> int:
     while quiet < 5 and cycles < 400:
         cycles += 1
         version = import_slurm(store, settings).version
-        result = run_slurm_cycle(store, settings, apply=True, now=time.time(), actuator=actuator, drive_s=0)
+        result = run_slurm_cycle(store, settings, apply=True, now=time.time(), actuator=actuator)
+        drive_actions(store, settings)  # one step of each move, as the enforcement cycle takes it
         with store.session() as s:
             open_moves = s.scalars(select(Action.id).where(Action.engine == "slurm",
                                                            Action.state.not_in(TERMINAL))).all()

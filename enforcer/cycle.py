@@ -51,9 +51,10 @@ def run_cycle(
     finally:
         _record_outcome(store, result.plan_id, outcome)
     consolidation = _consolidate(store, settings, apply, now)
-    driven = _drive(store, settings)
-    # Slurm jobs (FLEETLENS_SLURM) are moved by the Slurm actuator, never by the agents' migration above
+    # Slurm jobs (FLEETLENS_SLURM) are planned and begun here; the driver below carries them on through the Slurm
+    # actuator, never through the agents' migration
     slurm = run_slurm_cycle(store, settings, apply=apply, now=now) if settings.slurm else None
+    driven = _drive(store, settings)
     return {"plan_id": result.plan_id, "policy": result.policy, **result.summary(), "outcome": outcome,
             "consolidation": consolidation, "driven": driven, "slurm": slurm}
 

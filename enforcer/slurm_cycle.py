@@ -1,11 +1,10 @@
 """The Slurm part of an enforcement cycle (FLEETLENS_SLURM): plan from what the Slurm import recorded and the jobs'
-samples, hand the moves of jobs that opted in to the Slurm actuator, and advance the moves under way one step each.
+samples, and hand the moves of jobs that opted in to the Slurm actuator (the cycle's driver carries them on).
 Nothing is signalled, held or changed unless enforcement is on and the job opted in (the actuator checks again)."""
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from sqlalchemy import func, select
@@ -55,10 +54,9 @@ def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[Slur
 
 
 def run_slurm_cycle(store: Store, settings: Settings, *, apply: bool, now: float,
-                    actuator: SlurmActuator | None = None, drive_s: float | None = None) -> dict[str, Any]:
-    """Plan, begin the moves (when applying), advance the unfinished ones: one step each, again every second for up
-    to `drive_s` (default FLEETLENS_ENFORCE_DRIVE_S) while any is unfinished; a summary for the cycle's result.
-    What is left is carried on by the next cycle (each step is decided from what the store and Slurm say then)."""
+                    actuator: SlurmActuator | None = None) -> dict[str, Any]:
+    """Plan, and begin the moves when applying; a summary for the cycle's result. The cycle's driver
+    (enforcer.actuators.drive) carries the moves on through the Slurm actuator, like every engine's."""
     actuator = actuator or SlurmActuator(store, settings)
     with store.session() as session:
         busy = frozenset(session.scalars(select(Action.workflow_id).where(
@@ -74,21 +72,5 @@ def run_slurm_cycle(store: Store, settings: Settings, *, apply: bool, now: float
                 begun.append(actuator.begin(move, now=now))
             except FleetlensError as exc:
                 errors.append(str(exc))
-    outcomes: dict[str, list[str]] = {}
-    deadline = time.monotonic() + (settings.enforce_drive_s if drive_s is None else drive_s)
-    while True:
-        with store.session() as session:
-            unfinished = list(session.scalars(select(Action.id).where(Action.engine == "slurm",
-                                                                      Action.state.not_in(TERMINAL))))
-        for action_id in unfinished:
-            try:
-                steps = [o.step.value for o in actuator.advance(action_id, now=now)]
-                outcomes.setdefault(str(action_id), []).extend(steps)
-            except FleetlensError as exc:
-                errors.append(f"action {action_id}: {exc}")
-        if not unfinished or time.monotonic() >= deadline:
-            break
-        time.sleep(1.0)
-        now = time.time()
     return {"mode": "enforce" if apply else "dry_run", "moves": [m.workflow_id for m in moves], "begun": begun,
-            "advice": {a.workflow_id: a.message for a in advice}, "advanced": outcomes, "errors": errors}
+            "advice": {a.workflow_id: a.message for a in advice}, "errors": errors}

@@ -219,26 +219,25 @@ def record_host_event(session: Session, host_id: str, kind: str, level: str, mes
                           message=message, detail=dict(detail or {})))
 
 
-def busy_gpu_lane_devices(session: Session, host_id: str) -> dict[int, str]:
-    """{lane id: its GPU's UUID} for the lanes busy_gpu_lanes lists."""
-    rows = session.execute(
-        select(Lane.id, Device.uuid).join(Device, Device.id == Lane.device_id)
+def _busy_gpu_lane_rows(session: Session, host_id: str, column: Any) -> Any:
+    """(lane id, `column`) for the open lanes on this host's GPUs (nvml devices) that hold a live job."""
+    return session.execute(
+        select(Lane.id, column).join(Device, Device.id == Lane.device_id)
         .where(Device.host_id == host_id, Device.source == "nvml", Lane.state == "open",
                select(Placement.id).where(Placement.lane_id == Lane.id,
                                           Placement.state.in_(("active", "pending"))).exists())
     )
-    return {int(lane_id): str(uuid) for lane_id, uuid in rows}
+
+
+def busy_gpu_lane_devices(session: Session, host_id: str) -> dict[int, str]:
+    """{lane id: its GPU's UUID} for the lanes busy_gpu_lanes lists."""
+    return {int(lane_id): str(uuid) for lane_id, uuid in _busy_gpu_lane_rows(session, host_id, Device.uuid)}
 
 
 def busy_gpu_lanes(session: Session, host_id: str) -> dict[int, float]:
     """{lane id: compute share} for the open lanes on this host's GPUs (nvml devices) that hold a live job."""
-    rows = session.execute(
-        select(Lane.id, Lane.compute_share).join(Device, Device.id == Lane.device_id)
-        .where(Device.host_id == host_id, Device.source == "nvml", Lane.state == "open",
-               select(Placement.id).where(Placement.lane_id == Lane.id,
-                                          Placement.state.in_(("active", "pending"))).exists())
-    )
-    return {int(lane_id): float(share) for lane_id, share in rows}
+    return {int(lane_id): float(share)
+            for lane_id, share in _busy_gpu_lane_rows(session, host_id, Lane.compute_share)}
 
 
 # ---- bulk registration for importers and recordings (many rows, few statements) -----------------------------------

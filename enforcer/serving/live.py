@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from enforcer.serving.distribution import Distributions
-from enforcer.serving.policy import DEFAULT_EPS, DEFAULT_MAX_BATCH, DistributionAware
+from enforcer.serving.policy import DEFAULT_EPS, DEFAULT_MAX_BATCH, ArrayRequestView, DistributionAware
 from store.errors import InvalidInput
 
 
@@ -53,7 +53,7 @@ class LiveBatch:
         return [r.arrival for r in self.requests]
 
 
-class _View:
+class _View(ArrayRequestView):
     """Growing arrays indexed by request id (the policy's RequestView)."""
 
     def __init__(self) -> None:
@@ -68,18 +68,6 @@ class _View:
                 arr = getattr(self, name)
                 setattr(self, name, np.concatenate([arr, np.zeros_like(arr)]))
         self.app[i], self.group[i], self.arrival[i], self.deadline[i] = app, group, arrival, deadline
-
-    def apps(self, ids: Sequence[int]) -> np.ndarray:
-        return self.app[ids]
-
-    def deadlines(self, ids: Sequence[int]) -> np.ndarray:
-        return self.deadline[ids]
-
-    def arrivals(self, ids: Sequence[int]) -> np.ndarray:
-        return self.arrival[ids]
-
-    def groups(self, ids: Sequence[int]) -> np.ndarray:
-        return self.group[ids]
 
 
 class RequestQueue:

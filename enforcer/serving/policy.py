@@ -46,6 +46,28 @@ class RequestView(Protocol):
     def groups(self, ids: Sequence[int]) -> np.ndarray: ...
 
 
+class ArrayRequestView:
+    """A RequestView over per-request arrays indexed by id (`app`, `group`, `arrival`, `deadline`): the simulator's
+    workload and the live queue both keep their requests so."""
+
+    app: np.ndarray
+    group: np.ndarray
+    arrival: np.ndarray
+    deadline: np.ndarray
+
+    def apps(self, ids: Sequence[int]) -> np.ndarray:
+        return self.app[ids]
+
+    def deadlines(self, ids: Sequence[int]) -> np.ndarray:
+        return self.deadline[ids]
+
+    def arrivals(self, ids: Sequence[int]) -> np.ndarray:
+        return self.arrival[ids]
+
+    def groups(self, ids: Sequence[int]) -> np.ndarray:
+        return self.group[ids]
+
+
 def queued(queues: Mapping[int, list[int]]) -> np.ndarray:
     """Every queued id, all groups together (one numpy pass instead of one per group)."""
     return np.fromiter(itertools.chain.from_iterable(queues.values()), dtype=np.int64)

@@ -6,18 +6,17 @@ or still queued when the trace ends (both of the last two are counted, never los
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from enforcer.serving.distribution import TimeGrid, batch_cost
-from enforcer.serving.policy import BatchPolicy
+from enforcer.serving.policy import ArrayRequestView, BatchPolicy
 from store.errors import InvalidInput
 
 
 @dataclass
-class Workload:
+class Workload(ArrayRequestView):
     """Requests sorted by arrival (seconds from 0); `app` and `group` are indices; `time` is each request's true
     execution time alone; `deadline` is arrival + its application's SLO."""
 
@@ -35,18 +34,6 @@ class Workload:
             raise InvalidInput("workload: arrivals must be sorted (a clock that goes backwards)")
         if np.any(~(self.time > 0)):
             raise InvalidInput("workload: every execution time must be positive")
-
-    def apps(self, ids: Sequence[int]) -> np.ndarray:
-        return self.app[ids]
-
-    def deadlines(self, ids: Sequence[int]) -> np.ndarray:
-        return self.deadline[ids]
-
-    def arrivals(self, ids: Sequence[int]) -> np.ndarray:
-        return self.arrival[ids]
-
-    def groups(self, ids: Sequence[int]) -> np.ndarray:
-        return self.group[ids]
 
 
 @dataclass
