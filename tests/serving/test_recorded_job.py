@@ -13,7 +13,7 @@ import time
 import pytest
 
 from analyzer.ranking import rank_with_waste
-from analyzer.serving.rules import DYNAMIC_RUNTIME, OVER_PROVISIONED, SLO_MISSES, detect_serving
+from analyzer.serving.rules import DYNAMIC_RUNTIME, OVER_PROVISIONED, SLO_MISSES, ServingThresholds, detect_serving
 from store.findings import open_findings
 from store.serving import app_windows
 from tests.conftest import PROJECT_ROOT
@@ -54,7 +54,12 @@ def test_serving_findings_fire_and_stay_quiet_on_a_recorded_early_exit_job(agent
 
     # enough served requests for the rules to judge (ServingThresholds.min_requests = 50)
     assert min(w.n for w in windows.values()) >= 50, {k: (w.n, w.dropped) for k, w in windows.items()}
-    specs = detect_serving(agent.store, now=now)
+    # The CPU time of identical work on this shared VM varies: 120 runs of the static app's layers, alone, gave a
+    # quartile CV of 0.10-0.22 (fastest 0.6x the median), and a CI run under the other worker's load crossed the
+    # default 0.3. GPU kernels do not vary so; here the threshold sits between that noise and the dynamic app's
+    # ~1.0 (geometric exits: quartiles at 2, 5 and 9 layers), with room on both sides.
+    th = ServingThresholds(cv_threshold=0.6)
+    specs = detect_serving(agent.store, now=now, th=th)
     fired = {(f.rule, f.workflow_id, f.subject) for f in specs}
     assert (SLO_MISSES, "svc-tight", "dynamic") in fired
     assert (SLO_MISSES, "svc-tight", "static") not in fired
