@@ -299,6 +299,9 @@ class Agent:
                 seen[proc.pid] = proc
                 process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *process_metrics(p)])
         self.latest = readings
+        if isinstance(self._sdk_handler, SdkHandlers):  # NVML's half of each process's context measurement
+            self._sdk_handler.note_process_memory(
+                [(p.pid, p.mem_used, r.ts) for r in readings if not r.lost for p in r.processes])
         with self._batch_lock:
             batch = self._batch
             batch.devices.extend(device_rows)

@@ -355,6 +355,7 @@ class Job:
                 "ts_start": wall - total, "ts_end": wall, "mean_s": total / n,
                 "p50_s": ordered[(n - 1) // 2], "p95_s": ordered[max(0, math.ceil(0.95 * n) - 1)],
                 "max_s": ordered[-1], "mem_persistent": persistent, "mem_peak": peak, "mem_source": source,
+                "mem_reserved": self._step_memory.reserved(),
             })
             times.clear()  # in place: steps() holds this list
         self._next_flush = now + self.settings.sdk_flush_interval_s

@@ -28,6 +28,16 @@ class StepMemory:
         if self._mem_peak is None or peak > self._mem_peak:
             self._mem_peak = peak
 
+    def reserved(self) -> int | None:
+        """What the caching allocator holds now (CUDA only): with NVML's figure for this process, the agent
+        measures the memory outside it (collector.sdk_context)."""
+        if not self._cuda:
+            return None
+        try:
+            return int(self._torch.cuda.memory_reserved())
+        except Exception:
+            return None
+
     def summary(self) -> tuple[int | None, int | None, str | None]:
         """(persistent, peak, source) for the batch being summarised."""
         if self._cuda:

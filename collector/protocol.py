@@ -24,7 +24,9 @@ Requests and what their replies carry:
   histograms (collector.serving; store.serving describes a record). Reply: ok, or an error naming the bad record.
 
 A StepBatch is {first_step, last_step, n_steps, ts_start, ts_end, mean_s, p50_s, p95_s, max_s,
-mem_persistent, mem_peak, mem_source}: memory in bytes (None when unknown), mem_source "cuda" or "rss".
+mem_persistent, mem_peak, mem_source, mem_reserved}: memory in bytes (None when unknown), mem_source "cuda" or
+"rss"; mem_reserved the CUDA caching allocator's reserved bytes at the batch's end (the agent pairs it with NVML's
+figure for the process to measure the memory outside the allocator).
 """
 
 from __future__ import annotations

@@ -26,7 +26,15 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session
 
 from collector import protocol as p
-from collector.sdk_memory import ProcessMemory, as_int, note_memory, record_workflow_memory, workflow_memory
+from collector.sdk_context import ContextMeter
+from collector.sdk_memory import (
+    ProcessMemory,
+    as_int,
+    note_memory,
+    record_workflow_context,
+    record_workflow_memory,
+    workflow_memory,
+)
 from collector.sdk_workflows import touch_fields, touch_workflow
 from collector.serving_sink import ServingSink
 from store import profiling
@@ -91,6 +99,7 @@ class SdkHandlers:
         # (wf, pid) -> P, E, source, and how many steps the memory was seen for
         self._mem: ProcessMemory = {}
         self._dirty_mem: set[str] = set()
+        self._context = ContextMeter()  # C per process: NVML's used memory less the allocator's reserved
         self._step_rows: deque[dict[str, Any]] = deque()
         self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
         self._dropped_rows = 0
@@ -238,6 +247,7 @@ class SdkHandlers:
             rows = list(self._step_rows)
             dirty = set(self._dirty_mem)
             mem = {wf: workflow_memory(self._mem, wf) for wf in dirty}
+            contexts = {wf: self._context.workflow_context(wf) for wf in dirty}
         if not rows and not mem:
             return
         touches = {r["workflow_id"]: r["_touch"] for r in rows if "_touch" in r}
@@ -248,6 +258,7 @@ class SdkHandlers:
                 session.add_all(StepStat(**{k: v for k, v in r.items() if k != "_touch"}) for r in rows)
                 for wf, figures in mem.items():
                     record_workflow_memory(session, wf, figures)
+                    record_workflow_context(session, wf, contexts[wf])
         except DatabaseUnavailable:
             raise  # kept for the next try
         except Exception:  # rows the database refuses would block every later row: drop them, loudly
@@ -347,7 +358,20 @@ class SdkHandlers:
                 self._dropped_rows += 1
             if note_memory(self._mem, (wf, pid), batches):
                 self._dirty_mem.add(wf)
+            for b in batches:
+                if b.get("mem_source") == "cuda" and self._context.note_reserved(
+                        wf, pid, as_int(b.get("mem_reserved")), float(b["ts_end"])):
+                    self._dirty_mem.add(wf)
         return self._instructions(msg)
+
+    def note_process_memory(self, readings: list[tuple[int, int | None, float]]) -> None:
+        """The agent's NVML readings of processes' used device memory, (pid, bytes, ts): paired with the SDK's
+        reserved bytes of the same process, they measure its memory outside the allocator (collector.sdk_context)."""
+        with self._lock:
+            for pid, used, ts in readings:
+                wf = self._context.note_nvml(pid, used, ts)
+                if wf is not None:
+                    self._dirty_mem.add(wf)
 
     def _on_serving(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.serving.handle(msg)
@@ -398,6 +422,7 @@ class SdkHandlers:
         with self._lock:
             self._jobs.pop((wf, pid), None)
             self._outcomes[(wf, pid)] = outcome
+            self._context.forget(pid)
         if int(msg.get("rank") or 0) == 0 and outcome in ("finished", "failed"):
             touch = touch_fields(msg)
 

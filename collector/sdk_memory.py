@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from store.device_memory import MEM_STEPS_LABEL
+from store.device_memory import CONTEXT_LABEL, MEM_STEPS_LABEL
 from store.models import Workflow
 
 # (workflow, pid) -> P, E, source, and how many steps the memory was seen for
@@ -59,6 +59,19 @@ def record_workflow_memory(session: Session, wf: str,
         steps = max(steps, int(labels.get(MEM_STEPS_LABEL) or 0))
     if labels.get("mem_source") != source or labels.get(MEM_STEPS_LABEL) != steps:
         workflow.labels = {**labels, "mem_source": source, MEM_STEPS_LABEL: steps}
+
+
+def record_workflow_context(session: Session, wf: str, context: int | None) -> None:
+    """Put a workflow's measured C (collector.sdk_context) on its row (labels, store.device_memory.CONTEXT_LABEL),
+    where admission and the fleet state read it (store.device_memory.known_context)."""
+    if context is None:
+        return
+    workflow = session.get(Workflow, wf)
+    if workflow is None:
+        return
+    labels = workflow.labels or {}
+    if labels.get(CONTEXT_LABEL) != int(context):
+        workflow.labels = {**labels, CONTEXT_LABEL: int(context)}
 
 
 def as_int(value: Any) -> int | None:

@@ -111,7 +111,9 @@ class Size:
     why: str  # declared | steady | short_history | growing | no_samples
 
     def lane_job(self) -> Job:
-        return Job(self.job_id, persistent=self.mem, ephemeral=0, util=self.util, exclusive=not self.shareable)
+        # context 0: `mem` is what NVML showed of the job's processes, their CUDA contexts and workspaces included
+        return Job(self.job_id, persistent=self.mem, ephemeral=0, util=self.util, exclusive=not self.shareable,
+                   context=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +289,8 @@ class Packing:
     def admission(self, i: int, size: Size) -> Admission | None:
         device = self.fleet.devices[i]
         if not size.shareable:
-            return device.admit_whole(Job(size.job_id, persistent=0)) if fits_alone(size, device.capacity) else None
+            return device.admit_whole(Job(size.job_id, persistent=0, context=0)) \
+                if fits_alone(size, device.capacity) else None
         adm = device.admit(size.lane_job(), whole=False)
         if adm is None or not adm.new_lane:
             return None  # own lane only: jobs of one lane take turns, which co-located services do not
@@ -298,7 +301,7 @@ class Packing:
         if adm is None:
             return False
         job = Job(size.job_id, persistent=0 if not size.shareable else size.mem, util=size.util,
-                  exclusive=not size.shareable)
+                  exclusive=not size.shareable, context=0)
         self.fleet.bind([adm], job)
         self.where[size.job_id] = i
         self.on.setdefault(i, set()).add(size.job_id)

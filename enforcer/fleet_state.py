@@ -9,22 +9,25 @@ every consumer ends up with the same number per device.
 
 The rule: a device's free capacity is its memory less `unmanaged`, where `unmanaged` is the larger of what the latest
 process samples show workflows not placed on it using, and what the latest device sample shows in use beyond what
-its placements explain (a lane placement explains its P' + E; a whole-device placement the whole device, which is
-all its holder's; a lane opened for a job on its way, its share of the lane). See store.device_memory for the two
-views.
+its placements explain (a lane placement explains its P' + E plus its context C, the memory its process holds
+outside the caching allocator, which NVML counts and admission charges beside the lane; a whole-device placement the
+whole device, which is all its holder's; a lane opened for a job on its way, its share of the lane). See
+store.device_memory for the two views, and enforcer.lanes for C. A placement's C is its workflow's measured one
+(store.device_memory.known_context), else its device's default: Settings.context_mb on NVML GPUs, 0 on `cpu` and
+replayed devices (no CUDA context there, or one already inside the replayed figures).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from store.checkpoints import readable_hosts_by_workflow
-from store.device_memory import unplaced_memory
+from store.device_memory import known_context, unplaced_memory
 from store.models import Action, Device, Lane, Placement, Team, Workflow
 from store.settings import Settings
 from store.workflows import is_movable
@@ -42,6 +45,7 @@ class DeviceState:
     index: int
     memory_total: int  # bytes (0: unknown)
     unmanaged: int  # bytes in use that no placement explains: never handed out
+    context_default: int = 0  # C charged a job on it whose own is not measured (enforcer.lanes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,7 @@ class PlacementState:
     ephemeral: int | None
     compute_share: float | None
     state: str  # 'active' or 'pending'
+    context: int | None = None  # C as measured (store.device_memory.known_context); None: the device's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +108,13 @@ class FleetState:
         d = self.devices[device_id]
         return max(0, d.memory_total - d.unmanaged)
 
+    def context_charge(self, p: PlacementState) -> int:
+        """C charged beside the lanes for a placement: none for a whole device (its lane holds it), else its
+        measured C, else its device's default."""
+        if p.lane_id is None:
+            return 0
+        return self.devices[p.device_id].context_default if p.context is None else p.context
+
     def placements_on(self, device_id: int, states: tuple[str, ...] = PLACED) -> list[PlacementState]:
         return [p for p in self.placements if p.device_id == device_id and p.state in states]
 
@@ -115,7 +127,8 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
     """Read the fleet once: every usable device (of `host_id` only, if given), its lanes, placements, moves under way,
     and, with `settings`, each placed workflow's movability (teams from FLEETLENS_MOVABLE_TEAMS too) and the hosts
     that can read its checkpoints (probes younger than `storage_probe_max_age_s`). Without `settings` the storage
-    facts are left out (`readable_hosts` None) and only the teams the store marks movable count."""
+    facts are left out (`readable_hosts` None), only the teams the store marks movable count, and no device charges
+    a default context (every caller that admits or plans passes its settings)."""
     now = time.time() if now is None else now
     query = select(Device).where(Device.state == "ok")
     if host_id is not None:
@@ -131,13 +144,16 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
     state.placements = [PlacementState(
         p.id, p.workflow_id, p.device_id, p.lane_id, p.host_id, p.pid,
         None if p.mem_persistent is None else int(p.mem_persistent),
-        None if p.mem_ephemeral is None else int(p.mem_ephemeral), p.compute_share, p.state)
-        for p, _ in placed_rows]
+        None if p.mem_ephemeral is None else int(p.mem_ephemeral), p.compute_share, p.state, known_context(wf))
+        for p, wf in placed_rows]
     state.arriving = _arriving(session, ids)
     totals = {d.id: int(d.memory_total or 0) for d in rows}
+    default = settings.context_bytes if settings is not None else 0
+    # the device kinds whose jobs hold a CUDA context NVML counts: GPUs read through NVML
+    state.devices = {d.id: DeviceState(d.id, d.host_id, d.name or "", d.index, totals[d.id], 0,
+                                       default if d.source == "nvml" else 0) for d in rows}
     unmanaged = _unmanaged(session, state, totals)
-    state.devices = {d.id: DeviceState(d.id, d.host_id, d.name or "", d.index, totals[d.id], unmanaged.get(d.id, 0))
-                     for d in rows}
+    state.devices = {i: replace(d, unmanaged=unmanaged.get(i, 0)) for i, d in state.devices.items()}
     workflows = {wf.id: wf for _, wf in placed_rows}
     teams = set(session.scalars(select(Team.name).where(Team.movable.is_(True))))
     if settings is not None:
@@ -173,8 +189,8 @@ def _unmanaged(session: Session, state: FleetState, totals: dict[int, int]) -> d
     explained: dict[int, int] = defaultdict(int)
     for p in state.placements:
         placed[p.device_id].add(p.workflow_id)
-        explained[p.device_id] += (p.p_prime or 0) + (p.ephemeral or 0) if p.lane_id is not None \
-            else totals.get(p.device_id, 0)  # a whole device is all its holder's
+        explained[p.device_id] += (p.p_prime or 0) + (p.ephemeral or 0) + state.context_charge(p) \
+            if p.lane_id is not None else totals.get(p.device_id, 0)  # a whole device is all its holder's
     for a in state.arriving:
         if a.workflow_id not in placed[a.device_id]:  # not there yet: its share of the lane is spoken for
             explained[a.device_id] += a.share

@@ -24,6 +24,7 @@ class FleetArrays:
     host: np.ndarray  # host code per device
     kind: np.ndarray  # kind code per device
     alive: np.ndarray
+    context_default: np.ndarray  # C charged per device to a job whose own is not measured
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Fleet:
     """Many devices' lanes plus per-device numpy columns, so a policy filters and scores a fleet in one pass.
 
     Devices are addressed by their position `i` in `devices` for speed; `index_of[device_id]` maps back.
+    `context_default` is the C (enforcer.lanes) each device charges a job whose own is not measured: entry points
+    pass Settings.context_bytes; 0 suits only fleets whose jobs' memory already includes it (trace replays).
     """
 
     devices: list[DeviceLanes] = field(default_factory=list)
@@ -43,12 +46,16 @@ class Fleet:
     _kind_masks: dict[frozenset[str], np.ndarray] = field(default_factory=dict)
     _host_masks: dict[frozenset[str], np.ndarray] = field(default_factory=dict)
     _lane_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    context_default: int = 0
 
     # ---- building
-    def add_device(self, device_id: int, capacity: int, *, kind: str = "", host: str = "") -> DeviceLanes:
+    def add_device(self, device_id: int, capacity: int, *, kind: str = "", host: str = "",
+                   context_default: int | None = None) -> DeviceLanes:
+        """Add a device; `context_default` (default: the fleet's) is the C it charges a job not measured."""
         if device_id in self.index_of:
             raise ValueError(f"device {device_id} is already in the fleet")
-        device = DeviceLanes(device_id, capacity, kind=kind, host=host, lane_ids=self._lane_ids)
+        device = DeviceLanes(device_id, capacity, kind=kind, host=host, lane_ids=self._lane_ids,
+                             context_default=self.context_default if context_default is None else context_default)
         self.index_of[device_id] = len(self.devices)
         self.devices.append(device)
         self.host_codes.setdefault(host, len(self.host_codes))
@@ -80,6 +87,7 @@ class Fleet:
                 host=np.array([self.host_codes[d.host] for d in self.devices], dtype=np.int64),
                 kind=np.array([self.kind_codes[d.kind] for d in self.devices], dtype=np.int64),
                 alive=np.ones(n, dtype=bool),
+                context_default=np.array([d.context_default for d in self.devices], dtype=np.int64),
             )
             for i, d in enumerate(self.devices):
                 if d.lanes:  # an empty device is already described by the defaults above
@@ -97,7 +105,7 @@ class Fleet:
                 r = lane.size - lane.persistent_sum - lane.max_ephemeral
                 if r > room:
                     room = r
-        free = d.capacity - d.reserved
+        free = d.capacity - d.reserved - d.contexts
         a.free[i] = free
         a.join_room[i] = room
         a.demand[i] = demand
@@ -161,12 +169,13 @@ class Fleet:
         """`candidates` as a boolean mask over all device positions."""
         a = self.arrays
         p_prime = charged(job.persistent)
-        need = p_prime + max(0, job.ephemeral)
+        c = a.context_default if job.context is None else job.context
+        need = p_prime + max(0, job.ephemeral) + c
         if job.whole_devices if whole is None else whole:
             mask = a.alive & (a.n_lanes == 0) & (a.capacity >= need)
         else:
-            size = np.minimum(lane_size(p_prime, job.ephemeral), a.capacity)
-            mask = a.alive & (a.capacity >= need) & ((a.free >= size) | (a.join_room >= p_prime))
+            size = np.minimum(lane_size(p_prime, job.ephemeral), a.capacity - c)
+            mask = a.alive & (a.capacity >= need) & ((a.free >= size + c) | ((a.join_room >= p_prime) & (a.free >= c)))
         kinds = self.kind_mask(job.kinds)
         if kinds is not None:
             mask &= kinds
@@ -204,13 +213,14 @@ class Fleet:
 
     def place_loaded(self, job: Job, device_id: int, lane_id: int, lane_size: int, compute_share: float = 1.0,
                      p_prime: int | None = None, exclusive: bool = False) -> Lane:
-        """Put back a job as the store recorded it (its lane opened if this is the lane's first job)."""
+        """Put back a job as the store recorded it (its lane opened if this is the lane's first job), its context
+        charged beside the lane (none in a whole-device lane); ValueError when the device cannot hold it."""
         i = self.index_of[device_id]
         device = self.devices[i]
         if lane_id not in device.lanes:
             device.add_lane(lane_size, lane_id=lane_id, compute_share=compute_share, exclusive=exclusive)
         pp = p_prime if p_prime is not None else charged(job.persistent)
-        device.add_job(lane_id, job.job_id, pp, max(0, job.ephemeral), job.util)
+        device.add_job(lane_id, job.job_id, pp, max(0, job.ephemeral), job.util, context=device.context_of(job))
         self._where.setdefault(job.job_id, []).append(i)
         self._jobs[job.job_id] = job
         self._sync(i)
@@ -222,15 +232,17 @@ class Fleet:
         device = self.devices[i]
         if job.job_id in device._job_lane:
             raise ValueError(f"job {job.job_id!r} is already on device {device_id}")
-        p_prime, size = lane_request(job.persistent, job.ephemeral, device.capacity)
+        c = device.context_of(job)
+        p_prime, size = lane_request(job.persistent, job.ephemeral, device.capacity, c)
         e = max(0, job.ephemeral)
-        if p_prime + e > size or device.capacity - device.reserved < size:
+        if p_prime + e > size or device.free < size + c:
             return None
         # the checks add_lane / add_job make hold by construction here; this path loads whole fleets
         lane = Lane(next(device._ids), device_id, size)
         device.lanes[lane.lane_id] = lane
         device.reserved += size
-        lane._add(LaneJob(job.job_id, p_prime, e, job.util))
+        device.contexts += c
+        lane._add(LaneJob(job.job_id, p_prime, e, job.util, c))
         device._job_lane[job.job_id] = lane.lane_id
         self._where.setdefault(job.job_id, []).append(i)
         self._jobs[job.job_id] = job

@@ -5,8 +5,21 @@ hold the sum of its jobs' persistent memory plus the largest per-iteration (ephe
 one device run side by side and never reserve more than the device has.
 
 Admission, as in Salus: a job with persistent memory P and ephemeral peak E asks P' = 1.1 P and a lane of
-L = min(1.05 (P' + E), capacity). A new lane is opened if the device has L unreserved; otherwise the job joins the
-lane with the least room where P' + max(E, the lane's largest E) still fits; otherwise it waits.
+L = min(1.05 (P' + E), capacity - C). A new lane is opened if the device has L + C unreserved; otherwise the job
+joins the lane with the least room where P' + max(E, the lane's largest E) still fits and the device still has C;
+otherwise it waits.
+
+C is the job's memory outside PyTorch's caching allocator: its CUDA context (a few hundred MiB per process) and
+the cuDNN / cuBLAS / NCCL workspaces. It is counted against the device beside the lanes, not inside them, because
+that is where it lives: a lane is the caching allocator's slice (what the launcher's per-process memory fraction
+caps, and only that), and C is held by each process for its whole life, whether it is its turn or not, so
+turn-taking shares none of it. A lane of n jobs therefore takes its size plus the sum of its n jobs' C from the
+device, and the sizes of all lanes plus all contexts never exceed the device (`DeviceLanes.check`). Charging C to
+the lane instead would be the same sum, but would let the launcher's caps (fractions of the lane) hand a job memory
+its context already took. A job holding a device whole has its C inside its whole-device lane. C is the measured
+figure when the store has one (`Job.context`), else the device's default charge (`context_default`, from
+settings). Jobs whose memory already is what NVML sees of the process (trace replays, consolidation's telemetry
+sizing) carry context 0: their figure already includes it.
 
 Everything here is plain Python objects plus a few numpy arrays per fleet (one entry per device), so the
 planner and the simulator can drive thousands of devices in memory without a database.
@@ -21,12 +34,20 @@ from dataclasses import dataclass
 from store.headroom import charged, lane_size
 
 
-def lane_request(persistent: int, ephemeral: int, capacity: int) -> tuple[int, int]:
-    """(P', L): the persistent memory a job is charged and the lane size it asks for on a device of `capacity`."""
+def lane_request(persistent: int, ephemeral: int, capacity: int, context: int = 0) -> tuple[int, int]:
+    """(P', L): the persistent memory a job is charged and the lane size it asks for on a device of `capacity`,
+    whose `context` bytes (C) sit beside the lane."""
     p_prime = charged(persistent)
     # at least one byte, so that a job using no memory still takes a slot and a fully held device refuses it
-    size = min(lane_size(p_prime, ephemeral), capacity)
+    size = min(lane_size(p_prime, ephemeral), max(0, capacity - context))
     return p_prime, size
+
+
+def check_context(context: int | None, what: str) -> None:
+    """Refuse a context charge that is not a whole number of bytes >= 0 (None: unknown, the default applies)."""
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 0):
+        raise ValueError(f"{what}: context memory {context!r} must be a whole number of bytes >= 0 (or None: "
+                         "unknown, charged the default)")
 
 
 @dataclass(slots=True)
@@ -35,7 +56,9 @@ class Job:
 
     persistent / ephemeral: bytes per device (P and E as the SDK measured them, before Salus's headroom).
     util: the job's solo device utilisation 0..1 (its compute demand). gpus > 1 or exclusive: whole devices only,
-    all on one host. kinds: device kinds (model names) the job may run on; None = any.
+    all on one host. kinds: device kinds (model names) the job may run on; None = any. context: C, bytes per process
+    outside the caching allocator (CUDA context, library workspaces) as measured; None = not measured, the device's
+    default charge applies; 0 = already inside `persistent` (figures read from NVML).
     """
 
     job_id: str
@@ -48,6 +71,10 @@ class Job:
     arrival: float = 0.0
     attained_s: float = 0.0  # device-seconds of service so far (FAIR)
     remaining_s: float | None = None  # expected seconds of work left (SRTF); None = unknown
+    context: int | None = None
+
+    def __post_init__(self) -> None:
+        check_context(self.context, f"job {self.job_id!r}")
 
     @property
     def whole_devices(self) -> bool:
@@ -67,6 +94,7 @@ class LaneJob:
     p_prime: int
     ephemeral: int
     util: float
+    context: int = 0  # C, held beside the lane (0 in a whole-device lane, whose size already holds it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +108,7 @@ class Admission:
     p_prime: int
     ephemeral: int
     exclusive: bool = False
+    context: int = 0  # C charged beside the lane (0 for a whole device: its lane holds it)
 
     @property
     def new_lane(self) -> bool:
@@ -92,9 +121,9 @@ def lane_fits(size: int, persistent_sum: int, max_ephemeral: int, p_prime: int, 
     return size - persistent_sum >= p_prime + max(ephemeral, max_ephemeral)
 
 
-def whole_device_fits(capacity: int, p_prime: int, ephemeral: int) -> bool:
-    """Whether a job of P' and E fits on an empty device of `capacity` on its own."""
-    return p_prime + ephemeral <= capacity
+def whole_device_fits(capacity: int, p_prime: int, ephemeral: int, context: int = 0) -> bool:
+    """Whether a job of P', E and out-of-allocator memory C fits on an empty device of `capacity` on its own."""
+    return p_prime + ephemeral + context <= capacity
 
 
 class Lane:
@@ -153,26 +182,36 @@ class Lane:
 class DeviceLanes:
     """The lanes of one device and Salus's admission rule on them."""
 
-    __slots__ = ("device_id", "capacity", "kind", "host", "lanes", "reserved", "_ids", "_job_lane")
+    __slots__ = ("device_id", "capacity", "kind", "host", "lanes", "reserved", "contexts", "context_default", "_ids",
+                 "_job_lane")
 
     def __init__(self, device_id: int, capacity: int, *, kind: str = "", host: str = "",
-                 lane_ids: Iterator[int] | None = None) -> None:
+                 lane_ids: Iterator[int] | None = None, context_default: int = 0) -> None:
+        """`context_default`: C charged to a job whose own is not measured (Job.context None); entry points pass
+        the settings' figure (Settings.context_bytes). 0 only where every job's memory already includes it."""
         if capacity < 0:
             raise ValueError(f"device {device_id}: capacity {capacity} is negative")
+        check_context(context_default, f"device {device_id}")
         self.device_id = device_id
         self.capacity = int(capacity)
         self.kind = kind
         self.host = host
         self.lanes: dict[int, Lane] = {}
         self.reserved = 0  # sum of lane sizes
+        self.contexts = 0  # sum of the C of jobs in shared lanes: beside the lanes, per process
+        self.context_default = context_default
         self._ids = lane_ids if lane_ids is not None else itertools.count(1)
         self._job_lane: dict[str, int] = {}
 
     # ---- reading
     @property
     def free(self) -> int:
-        """Memory not reserved by any lane."""
-        return self.capacity - self.reserved
+        """Memory neither reserved by a lane nor held by a lane job's context."""
+        return self.capacity - self.reserved - self.contexts
+
+    def context_of(self, job: Job) -> int:
+        """C charged for the job here: its measured figure, else this device's default."""
+        return self.context_default if job.context is None else job.context
 
     @property
     def n_jobs(self) -> int:
@@ -209,25 +248,29 @@ class DeviceLanes:
         """
         if job.whole_devices if whole is None else whole:
             return self.admit_whole(job)
-        p_prime, size = lane_request(job.persistent, job.ephemeral, self.capacity)
+        c = self.context_of(job)
+        p_prime, size = lane_request(job.persistent, job.ephemeral, self.capacity, c)
         e = max(0, job.ephemeral)
-        if p_prime + e > size:  # bigger than the whole device: it can never run here
+        if p_prime + e > size:  # bigger than the whole device (less its context): it can never run here
             return None
-        if self.free >= size:
-            return Admission(job.job_id, self.device_id, None, size, p_prime, e)
+        if self.free >= size + c:
+            return Admission(job.job_id, self.device_id, None, size, p_prime, e, context=c)
+        if self.free < c:  # no lane can take it: its context needs room beside every lane
+            return None
         best: Lane | None = None
         for lane in self.lanes.values():
             if lane.fits(p_prime, e) and (best is None or lane.room < best.room):
                 best = lane
         if best is None:
             return None
-        return Admission(job.job_id, self.device_id, best.lane_id, best.size, p_prime, e)
+        return Admission(job.job_id, self.device_id, best.lane_id, best.size, p_prime, e, context=c)
 
     def admit_whole(self, job: Job) -> Admission | None:
         """A whole device for one job (exclusive or part of a multi-device job): only an empty device will do."""
         p_prime, _ = lane_request(job.persistent, job.ephemeral, self.capacity)
         e = max(0, job.ephemeral)
-        if self.lanes or not whole_device_fits(self.capacity, p_prime, e):
+        # its context lives inside the whole-device lane, so the admission charges none beside it
+        if self.lanes or not whole_device_fits(self.capacity, p_prime, e, self.context_of(job)):
             return None
         return Admission(job.job_id, self.device_id, None, self.capacity, p_prime, e, exclusive=True)
 
@@ -244,7 +287,8 @@ class DeviceLanes:
             lane = self.lanes.get(admission.lane_id)  # type: ignore[arg-type]
             if lane is None:
                 raise ValueError(f"device {self.device_id} has no lane {admission.lane_id}")
-        self.add_job(lane.lane_id, admission.job_id, admission.p_prime, admission.ephemeral, util)
+        self.add_job(lane.lane_id, admission.job_id, admission.p_prime, admission.ephemeral, util,
+                     context=admission.context)
         return lane
 
     def add_lane(self, size: int, *, lane_id: int | None = None, compute_share: float = 1.0,
@@ -262,16 +306,25 @@ class DeviceLanes:
         self.reserved += size
         return lane
 
-    def add_job(self, lane_id: int, job_id: str, p_prime: int, ephemeral: int, util: float = 1.0) -> LaneJob:
+    def add_job(self, lane_id: int, job_id: str, p_prime: int, ephemeral: int, util: float = 1.0, *,
+                context: int = 0) -> LaneJob:
+        """Put a job into a lane; its `context` (C) is taken from the device beside the lanes (none in a
+        whole-device lane, which already holds it). Refuses what the lane or the device cannot hold."""
         lane = self.lanes[lane_id]
+        check_context(context, f"job {job_id!r}")
         if job_id in self._job_lane:
             raise ValueError(f"job {job_id!r} is already on device {self.device_id}")
         if lane.exclusive and lane.jobs:
             raise ValueError(f"lane {lane_id} holds a whole device for {next(iter(lane.jobs))!r}")
         if not lane_fits(lane.size, lane.persistent_sum, lane.max_ephemeral, p_prime, ephemeral):
             raise ValueError(f"job {job_id!r} ({p_prime} + {ephemeral} bytes) does not fit in lane {lane_id}")
-        job = LaneJob(job_id, p_prime, ephemeral, util)
+        c = 0 if lane.exclusive else context
+        if c > self.free:
+            raise ValueError(f"job {job_id!r}'s context ({c} bytes, outside every lane) does not fit beside the "
+                             f"lanes of device {self.device_id} ({self.free} free)")
+        job = LaneJob(job_id, p_prime, ephemeral, util, c)
         lane._add(job)
+        self.contexts += c
         self._job_lane[job_id] = lane_id
         return job
 
@@ -281,7 +334,7 @@ class DeviceLanes:
         if lane_id is None:
             raise KeyError(f"job {job_id!r} is not on device {self.device_id}")
         lane = self.lanes[lane_id]
-        lane._remove(job_id)
+        self.contexts -= lane._remove(job_id).context
         if not lane.jobs:
             del self.lanes[lane_id]
             self.reserved -= lane.size
@@ -291,6 +344,10 @@ class DeviceLanes:
         """Raise AssertionError if an invariant is broken (tests and simulator self-checks)."""
         assert 0 <= self.reserved <= self.capacity, (self.device_id, self.reserved, self.capacity)
         assert self.reserved == sum(lane.size for lane in self.lanes.values())
+        # the lanes (what the launcher's caps add up to) plus every process's context fit the device
+        assert self.contexts == sum(j.context for lane in self.lanes.values() for j in lane.jobs.values())
+        assert 0 <= self.contexts and self.reserved + self.contexts <= self.capacity, \
+            (self.device_id, self.reserved, self.contexts, self.capacity)
         for lane in self.lanes.values():
             assert lane.jobs, f"empty lane {lane.lane_id} left open"
             assert lane.used <= lane.size, lane
@@ -298,3 +355,4 @@ class DeviceLanes:
             assert lane.max_ephemeral == max(j.ephemeral for j in lane.jobs.values())
             assert lane.demand == max(j.util for j in lane.jobs.values())
             assert not (lane.exclusive and len(lane.jobs) > 1)
+            assert not (lane.exclusive and any(j.context for j in lane.jobs.values()))

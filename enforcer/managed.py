@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from enforcer.lanes import Job, lane_request
 from enforcer.policies import get_policy
 from store.checkpoints import check_location, is_local, local_path, location_for
 from store.db import Store
-from store.device_memory import known_memory
+from store.device_memory import known_context, known_memory
 from store.errors import ConfigError, InvalidInput, NotFound
 from store.models import Device, Host, Lane, Placement, Workflow
 from store.paths import checkpoint_dir_for
@@ -84,30 +84,34 @@ def pid_alive(pid: int | None) -> bool:
         return False
 
 
-def load_host_fleet(session: Session, host_id: str) -> tuple[Fleet, dict[int, Device]]:
+def load_host_fleet(session: Session, host_id: str, settings: Settings) -> tuple[Fleet, dict[int, Device]]:
     """The host's usable devices with their open lanes and active placements, as a `Fleet` the policies place on.
 
     A device's capacity is its free capacity by the fleet state's one rule (enforcer.fleet_state), so admission
     never hands out memory that processes outside its placements use, to a lane or to a job asking for a whole
-    device."""
-    state = read_fleet_state(session, host_id=host_id)
+    device. Each lane job's context (C) is charged beside its lane: measured, else the device's default from
+    `settings` (FleetState.context_charge)."""
+    state = read_fleet_state(session, host_id=host_id, settings=settings)
     devices = {d.id: d for d in session.scalars(select(Device).where(Device.id.in_(list(state.devices)))
                                                 .order_by(Device.index))}
     fleet = Fleet()
     for d in sorted(state.devices.values(), key=lambda d: d.index):
-        fleet.add_device(d.device_id, state.free_capacity(d.device_id), kind=d.kind, host=host_id)
+        fleet.add_device(d.device_id, state.free_capacity(d.device_id), kind=d.kind, host=host_id,
+                         context_default=d.context_default)
     fleet.use_lane_ids(max(state.lanes, default=0) + 1)
     for p in state.placements:
-        job = Job(p.workflow_id, persistent=0, ephemeral=p.ephemeral or 0, util=p.compute_share or 1.0)
+        job = Job(p.workflow_id, persistent=0, ephemeral=p.ephemeral or 0, util=p.compute_share or 1.0,
+                  context=state.context_charge(p))
         device = fleet.device(p.device_id)
         try:
             if p.lane_id is not None and p.lane_id in state.lanes:
                 lane = state.lanes[p.lane_id]
-                size = lane.size if lane.lane_id in device.lanes else min(lane.size, device.free)
+                size = lane.size if lane.lane_id in device.lanes else min(lane.size, device.free - job.context)
                 fleet.place_loaded(job, p.device_id, lane.lane_id, size, lane.compute_share, p_prime=p.p_prime or 0)
             else:  # a whole device
                 whole = device.add_lane(device.free, exclusive=not device.lanes)
-                fleet.place_loaded(job, p.device_id, whole.lane_id, whole.size, p_prime=whole.size)
+                # its context is inside what it holds
+                fleet.place_loaded(replace(job, context=0), p.device_id, whole.lane_id, whole.size, p_prime=whole.size)
         except ValueError:
             # the store disagrees with itself (a lane over-full): take the device as fully held
             fleet.set_alive(p.device_id, False)
@@ -207,7 +211,7 @@ def register_managed(
             known_memory(session, existing, settings.memory_seen_steps) if existing is not None else None)
         alone = memory is None and not whole  # unknown memory: a whole device until its memory has been seen
         whole = whole or alone
-        fleet, devices = load_host_fleet(session, host_id)
+        fleet, devices = load_host_fleet(session, host_id, settings)
         if not devices:
             raise NotFound(f"host {host_id!r} has no registered devices; start `fleetlens agent` on it first")
         if only is not None:
@@ -218,10 +222,12 @@ def register_managed(
                 if device_id not in only:
                     fleet.set_alive(device_id, False)
         persistent, ephemeral = memory if memory is not None else (0, 0)
+        # C: measured for a job seen before, else each device's default (declared memory is the allocator's)
+        context = known_context(existing) if mem_bytes is None else None
         if not whole:
-            _check_fits_a_device(workflow_id, persistent, ephemeral, devices, host_id)
+            _check_fits_a_device(workflow_id, persistent, ephemeral, context, fleet, devices, host_id)
         job = Job(workflow_id, persistent=persistent, ephemeral=ephemeral, gpus=gpus or 1, exclusive=whole,
-                  util=util, arrival=now)
+                  util=util, arrival=now, context=context)
         admissions = chosen.place(job, fleet)
         if admissions is None:
             held = sum(1 for d in fleet.devices if d.n_jobs)
@@ -273,14 +279,21 @@ def register_managed(
                           extra={"alone": "its memory is not known yet"} if alone else {})
 
 
-def _check_fits_a_device(workflow_id: str, persistent: int, ephemeral: int, devices: dict[int, Device],
-                         host_id: str) -> None:
-    """A job no lane on any device could ever hold is refused with what it needs, not left to wait for room."""
+def _check_fits_a_device(workflow_id: str, persistent: int, ephemeral: int, context: int | None, fleet: Fleet,
+                         devices: dict[int, Device], host_id: str) -> None:
+    """A job no lane on any device could ever hold, even empty (its context beside the lane included), is refused
+    with what it needs, not left to wait for room."""
     p_prime, _ = lane_request(persistent, ephemeral, 0)
-    largest = max((int(d.memory_total or 0) for d in devices.values()), default=0)
-    if devices and p_prime + ephemeral > largest:
+    job = Job(workflow_id, context=context)
+    room = [(int(devices[d.device_id].memory_total or 0) - d.context_of(job), d) for d in fleet.devices
+            if d.device_id in devices]
+    best = max(room, default=None, key=lambda x: x[0])
+    if best is not None and best[0] < p_prime + ephemeral:
+        device = best[1]
+        c = device.context_of(job)
         raise InvalidInput(
-            f"{workflow_id!r} needs {p_prime + ephemeral} bytes in a lane ({p_prime} persistent with headroom plus "
-            f"{ephemeral} ephemeral), more than the largest device on host {host_id!r} has ({largest}); no lane "
-            "can hold it: check --mem-mb, or run it on a bigger device")
+            f"{workflow_id!r} needs {p_prime + ephemeral + c} bytes on a device ({p_prime} persistent with headroom, "
+            f"{ephemeral} ephemeral, {c} of CUDA context and workspaces outside its lane), more than any device on "
+            f"host {host_id!r} has ({best[0] + c} on device {device.device_id}); no lane can hold it: "
+            "check --mem-mb, or run it on a bigger device")
 

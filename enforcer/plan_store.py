@@ -45,7 +45,7 @@ def plan_inputs(session: Session, state: FleetState, settings: Settings) -> tupl
     per job on its way into a lane."""
     now = state.now
     devices = [PlanDevice(d.device_id, d.memory_total, d.host, d.kind,
-                          foreign=d.memory_total - state.free_capacity(d.device_id))
+                          foreign=d.memory_total - state.free_capacity(d.device_id), context_default=d.context_default)
                for d in state.devices.values() if d.memory_total]
     findings: dict[str, list] = defaultdict(list)
     for f in open_findings(session, rules=PLANNER_RULES):
@@ -69,7 +69,7 @@ def plan_inputs(session: Session, state: FleetState, settings: Settings) -> tupl
             compute_share=lane.compute_share if lane is not None else 1.0, p_prime=placement.p_prime,
             movable=facts.movable, rules=tuple(sorted({f.rule for f in flagged})),
             cooling=wf.id in busy,
-            readable_hosts=facts.readable_hosts,
+            readable_hosts=facts.readable_hosts, context=placement.context,
         ))
     # lanes opened for moves still under way: reserved for the jobs on their way, whatever else happens
     for a in state.arriving:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from enforcer.interference import InterferenceModel
@@ -51,6 +51,7 @@ class PlanDevice:
     host: str = ""
     kind: str = ""
     foreign: int = 0  # memory in use that no placement explains (other processes): never offered to lanes
+    context_default: int = 0  # C charged beside its lanes to a job whose own is not measured (enforcer.lanes)
 
 
 @dataclass(slots=True)
@@ -72,6 +73,7 @@ class Holding:
     # hosts besides its own that can read its checkpoint location (it may move only there or within its host);
     # None: no storage facts (a simulation), any host will do
     readable_hosts: frozenset[str] | None = None
+    context: int | None = None  # C as measured (None: the device's default; 0: inside `persistent`)
 
 
 @dataclass(slots=True)
@@ -127,7 +129,7 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
     skipped: dict[str, int] = defaultdict(int)
     fleet = Fleet()
     for d in devices:
-        fleet.add_device(d.device_id, d.capacity, kind=d.kind, host=d.host)
+        fleet.add_device(d.device_id, d.capacity, kind=d.kind, host=d.host, context_default=d.context_default)
     top = max((h.lane_id or 0 for h in holdings), default=0)
     fleet.use_lane_ids(top + 1)
     first_new = top + 1
@@ -208,7 +210,7 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
 
 
 def _job(h: Holding) -> Job:
-    return Job(h.workflow_id, persistent=h.persistent or 0, ephemeral=h.ephemeral, util=h.util)
+    return Job(h.workflow_id, persistent=h.persistent or 0, ephemeral=h.ephemeral, util=h.util, context=h.context)
 
 
 def _place_holding(fleet: Fleet, h: Holding) -> bool:
@@ -224,7 +226,9 @@ def _place_holding(fleet: Fleet, h: Holding) -> bool:
         if h.persistent is not None and fleet.add_to_new_lane(job, h.device_id) is not None:
             return True
         lane = device.add_lane(device.free, exclusive=not device.lanes)
-        fleet.place_loaded(job, h.device_id, lane.lane_id, lane.size, p_prime=0 if lane.size == 0 else lane.size)
+        # it holds the rest of the device, its context included
+        fleet.place_loaded(replace(job, context=0), h.device_id, lane.lane_id, lane.size,
+                           p_prime=0 if lane.size == 0 else lane.size)
         return True
     except ValueError:
         return False
@@ -235,7 +239,8 @@ def _hold_foreign(fleet: Fleet, d: PlanDevice) -> None:
     size = min(max(0, d.foreign - device.reserved), device.free)
     if size > 0:
         lane = device.add_lane(size)
-        fleet.place_loaded(Job(f"foreign:{d.device_id}"), d.device_id, lane.lane_id, size, p_prime=size)
+        # what others use, contexts and all: nothing is charged beside it
+        fleet.place_loaded(Job(f"foreign:{d.device_id}", context=0), d.device_id, lane.lane_id, size, p_prime=size)
 
 
 def _evacuate(fleet: Fleet, policy: Policy, source: int, holdings: list[Holding]

@@ -12,6 +12,9 @@ from sqlalchemy.orm import Session
 from store.models import Device, DeviceSample, ProcessSample, Workflow
 
 MEM_STEPS_LABEL = "mem_steps"  # workflows.labels: steps the job SDK has reported its memory for
+# workflows.labels: C, bytes one process of the job holds outside PyTorch's caching allocator (CUDA context, library
+# workspaces), as the agent measured it: NVML's per-process used memory less torch.cuda.memory_reserved()
+CONTEXT_LABEL = "mem_context"
 
 
 def unplaced_memory(session: Session, device_ids: Collection[int], placed: Mapping[int, Collection[str]],
@@ -79,4 +82,25 @@ def known_memory(session: Session, workflow: Workflow, min_steps: int) -> tuple[
     seen = process_memory_seen(session, [workflow.id]).get(workflow.id)
     if seen is not None and seen[0] >= min_steps and seen[1] > 0:
         return seen[1], 0
+    return None
+
+
+def known_context(workflow: Workflow | None) -> int | None:
+    """C to charge a process of the workflow beside its lane, for the memory `known_memory` gives it.
+
+    The agent's measurement when there is one; 0 when the job's memory is host memory (`rss`: no GPU context) or
+    came from NVML's per-process figures (no SDK profile, nothing declared: NVML counts the context in them); None
+    (unknown: the caller charges Settings.context_mb) for declared memory and SDK allocator figures not yet paired
+    with an NVML reading. A job whose SDK profile is too young, sized meanwhile by NVML, is charged the default on
+    top: too much by at most that, never too little."""
+    if workflow is None:
+        return None
+    labels = workflow.labels or {}
+    measured = labels.get(CONTEXT_LABEL)
+    if isinstance(measured, int) and not isinstance(measured, bool) and measured >= 0:
+        return measured
+    if labels.get("mem_source") == "rss":
+        return 0
+    if workflow.mem_persistent is None:
+        return 0
     return None

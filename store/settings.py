@@ -117,6 +117,11 @@ class Settings(BaseSettings):
     # (job SDK) or process samples (NVML); only then may it share a device (admission's rule; not
     # consolidate_min_history_s: enforcer.consolidate's docstring says why the two stay apart)
     memory_seen_steps: int = Field(20, ge=1)
+    # C, a GPU job's memory outside PyTorch's caching allocator (CUDA context, cuDNN / cuBLAS / NCCL workspaces),
+    # charged beside its lane until the agent has measured it (NVML's per-process memory less the allocator's
+    # reserved bytes): a CUDA 12 context takes ~300-600 MiB on datacenter GPUs (less with lazy module loading,
+    # CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2), before any workspace. The one home of the figure.
+    context_mb: int = Field(512, ge=0)
     # consolidation (enforcer.consolidate): re-pack by observed demand every interval
     consolidate_interval_s: float = Field(900.0, gt=0)
     consolidate_window_s: float = Field(3 * 3600.0, gt=0)  # recent window: peak memory, p95 utilisation
@@ -155,6 +160,11 @@ class Settings(BaseSettings):
     metrics_serve_port: int = Field(9108, ge=0, le=65535)
     metrics_serve_host: str = ""  # the address it listens on ("": every interface)
     metrics_serve_refresh_s: float = Field(30.0, gt=0)  # re-read the store at most this often
+
+    @property
+    def context_bytes(self) -> int:
+        """The default C in bytes (context_mb)."""
+        return self.context_mb << 20
 
     @property
     def resolved_db_url(self) -> str:

@@ -19,6 +19,9 @@ def to_lane_job(job: SimJob, *, exclusive: bool = False, quota_device_mem: int =
       memory profile) hold all of it for good, so P = peak, E = 0.
     - quota jobs (mem None, openb) get P such that Salus's lane of 1.05 x 1.1 P is the share of the device, so
       one pod per lane and lanes add up like gpu_milli does; a pod of a whole device (share 1) is exclusive.
+    - context (C, enforcer.lanes) is 0: a trace's memory is what the device showed of the job (Alibaba's containers
+      read device memory used, which counts the CUDA context and workspaces; openb's quota is a share of the
+      device, whatever it holds), so charging the default on top would count the contexts twice.
     """
     if job.mem is None:
         if job.share >= 1.0 or job.gpus > 1:
@@ -44,4 +47,5 @@ def to_lane_job(job: SimJob, *, exclusive: bool = False, quota_device_mem: int =
         arrival=job.arrival,
         attained_s=0.0,
         remaining_s=job.work,
+        context=0,
     )

@@ -78,7 +78,8 @@ def lanes_admitted(persistent: int, ephemeral: int, capacity: int, limit: int) -
     device = DeviceLanes(0, capacity)
     n = 0
     while n < limit:
-        adm = device.admit(Job(f"t{n}", persistent=persistent, ephemeral=ephemeral))
+        # context 0: Lucid's gmem is what nvidia-smi showed of the trial, its CUDA context included
+        adm = device.admit(Job(f"t{n}", persistent=persistent, ephemeral=ephemeral, context=0))
         if adm is None or not adm.new_lane:
             break
         device.bind(adm)

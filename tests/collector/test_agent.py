@@ -99,7 +99,7 @@ def test_a_device_lost_under_a_lane_is_reported_per_job_and_nothing_is_dropped(a
         assert s.get(Lane, lane_id).state == "open"
         assert {w.state for w in s.scalars(select(Workflow).where(Workflow.id.in_(["mate-a", "mate-b"])))} == {
             "running"}
-        fleet, devices = load_host_fleet(s, "host-a")
+        fleet, devices = load_host_fleet(s, "host-a", settings)
         assert list(devices) == [dev[0]]  # no new job goes onto the lost device
 
 

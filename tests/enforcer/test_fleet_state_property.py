@@ -17,6 +17,7 @@ from enforcer.fleet_state import read_fleet_state
 from enforcer.managed import load_host_fleet
 from enforcer.plan_store import load_state
 from store.db import Store
+from store.device_memory import CONTEXT_LABEL
 from store.ingest import write_samples
 from store.migrations import upgrade
 from store.models import Action, Lane, Placement
@@ -26,6 +27,7 @@ from store.workflows import upsert_workflow
 from ui.dashboard.state_queries import device_capacity
 
 GIB = 2**30
+DEFAULT_CONTEXT = Settings(secret="t").context_bytes
 NOW = 1_800_000_000.0
 
 placement = st.fixed_dictionaries({
@@ -34,6 +36,8 @@ placement = st.fixed_dictionaries({
     "ephemeral": st.integers(0, GIB),
     "state": st.sampled_from(["active", "pending", "ended"]),
     "seen": st.one_of(st.none(), st.integers(0, 8 * GIB)),  # its process's latest sample on the device
+    # its context (C) beside the lane: inside NVML-sized memory, the default for declared memory, or measured
+    "context": st.one_of(st.sampled_from(["nvml", "default"]), st.integers(0, GIB)),
 })
 device = st.fixed_dictionaries({
     "host": st.sampled_from(["h1", "h2"]),
@@ -67,7 +71,12 @@ def _write(store: Store, fleet: list[dict]) -> dict[int, int]:
             explained, placed, foreign_seen = 0, set(), 0
             for j, p in enumerate(d["placements"]):
                 wf = f"job-{k}-{j}"
-                upsert_workflow(s, wf, now=NOW, managed=True, command=["python", "t.py"], id_source="managed")
+                declared = {} if p["context"] == "nvml" else {"mem_persistent": GIB, "mem_ephemeral": 0}
+                measured = {} if isinstance(p["context"], str) else {"labels": {CONTEXT_LABEL: p["context"]}}
+                upsert_workflow(s, wf, now=NOW, managed=True, command=["python", "t.py"], id_source="managed",
+                                **declared, **measured)
+                context = 0 if p["context"] == "nvml" else DEFAULT_CONTEXT if p["context"] == "default" \
+                    else p["context"]
                 lane_id = None
                 if not p["whole"]:
                     lane = Lane(device_id=dev, size_bytes=(p["p_prime"] or 0) + p["ephemeral"] + GIB,
@@ -80,7 +89,7 @@ def _write(store: Store, fleet: list[dict]) -> dict[int, int]:
                                 started_at=NOW))
                 if p["state"] != "ended":
                     placed.add(wf)
-                    explained += total if p["whole"] else (p["p_prime"] or 0) + p["ephemeral"]
+                    explained += total if p["whole"] else (p["p_prime"] or 0) + p["ephemeral"] + context
                 if p["seen"] is not None:
                     process_rows.append(dict(device_id=dev, workflow_id=wf, host_id=d["host"], pid=100 + j, ts=NOW,
                                              mem_used=p["seen"]))
@@ -115,7 +124,7 @@ def _consumers(store: Store, hosts: set[str]) -> dict[str, dict[int, int]]:
         seen["fleet_state"] = {d: state.free_capacity(d) for d in state.devices}
         admission: dict[int, int] = {}
         for host in hosts:
-            fleet, _ = load_host_fleet(s, host)
+            fleet, _ = load_host_fleet(s, host, conf)
             admission.update({d.device_id: d.capacity for d in fleet.devices})
         seen["admission"] = admission
         devices, _ = load_state(s, conf, NOW)
@@ -123,8 +132,8 @@ def _consumers(store: Store, hosts: set[str]) -> dict[str, dict[int, int]]:
         seen["planner"] = {d.device_id: d.capacity - d.foreign for d in devices}
         caps, _, _ = load_demands(s, conf, NOW, ConsolidateParams())
         seen["consolidation"] = dict(caps)
-    seen["dashboard"] = dict(zip(*(device_capacity(store, now=NOW)[c] for c in ("device_id", "free_capacity")),
-                                 strict=True))
+    table = device_capacity(store, now=NOW, settings=conf)
+    seen["dashboard"] = dict(zip(*(table[c] for c in ("device_id", "free_capacity")), strict=True))
     return seen
 
 

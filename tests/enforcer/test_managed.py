@@ -200,8 +200,8 @@ def test_two_runs_started_at_once_never_take_the_same_device(any_store: Store, f
     barrier = threading.Barrier(2)
     load = enforcer.managed.load_host_fleet
 
-    def load_together(session, host_id):
-        fleet = load(session, host_id)
+    def load_together(session, host_id, settings):
+        fleet = load(session, host_id, settings)
         try:
             barrier.wait(timeout=1.0)
         except threading.BrokenBarrierError:

@@ -131,8 +131,12 @@ def test_memory_used_outside_the_placements_is_never_handed_out(any_store: Store
         assert {d.device_id: d.foreign for d in devices} == {ids[0]: int(7.5 * GIB), ids[1]: 7 * GIB}
     with pytest.raises(PlacementError, match="memory used outside fleetlens"):
         register(any_store, s, "wants-2g", mem_bytes=2 * GIB)
-    small = register(any_store, s, "wants-half", mem_bytes=GIB // 2)
-    assert small.device_ids == [ids[1]]  # 1 GiB left there, 0.5 GiB on device 0
+    # 1 GiB left on device 1: its 0.58 GiB lane and the default 0.5 GiB context beside it do not fit...
+    with pytest.raises(PlacementError, match="memory used outside fleetlens"):
+        register(any_store, s, "wants-half", mem_bytes=GIB // 2)
+    # ...with a 256 MiB context they do (0.5 GiB on device 0 is still too little)
+    small = register(any_store, s.model_copy(update={"context_mb": 256}), "wants-half", mem_bytes=GIB // 2)
+    assert small.device_ids == [ids[1]]
     with pytest.raises(PlacementError):  # nor is it there for a whole-device job, though no placement holds it
         register_managed(any_store, ["python", "t.py"], settings=s, workflow_id="whole", cwd=PROJECT_ROOT,
                          devices=[ids[0]], gpus=1, mem_bytes=GIB)
@@ -140,7 +144,7 @@ def test_memory_used_outside_the_placements_is_never_handed_out(any_store: Store
 
 def test_a_job_bigger_than_any_device_is_refused_with_what_it_needs(any_store: Store, fleet_home) -> None:
     host(any_store)
-    with pytest.raises(InvalidInput, match=r"needs \d+ bytes in a lane .* more than the largest device"):
+    with pytest.raises(InvalidInput, match=r"needs \d+ bytes on a device .* CUDA context .* more than any device"):
         register(any_store, settings(fleet_home), "huge", mem_bytes=8 * GIB)
     with any_store.session() as session:
         assert session.get(Workflow, "huge") is None  # nothing written

@@ -9,15 +9,18 @@ import pandas as pd
 
 from enforcer.fleet_state import read_fleet_state
 from store.db import Store
+from store.settings import Settings, get_settings
 
 CAPACITY_COLUMNS = ["device_id", "host", "device", "memory_total", "unmanaged", "free_capacity", "jobs"]
 
 
-def device_capacity(store: Store, *, now: float | None = None) -> pd.DataFrame:
+def device_capacity(store: Store, *, now: float | None = None, settings: Settings | None = None) -> pd.DataFrame:
     """One row per usable device: its memory, what no placement explains, its free capacity (enforcer.fleet_state's
-    rule, the number admission and the planner use), and how many placed jobs it holds."""
+    rule, the number admission and the planner use, with the same settings: they say the context charge), and how
+    many placed jobs it holds."""
     with store.session() as session:
-        state = read_fleet_state(session, now=time.time() if now is None else now)
+        state = read_fleet_state(session, now=time.time() if now is None else now,
+                                 settings=settings or get_settings())
     rows = [(d.device_id, d.host, d.kind, d.memory_total, d.unmanaged, state.free_capacity(d.device_id),
              len(state.placements_on(d.device_id))) for d in state.devices.values()]
     return pd.DataFrame(rows, columns=CAPACITY_COLUMNS)
@@ -27,7 +30,7 @@ def workflow_placement(store: Store, workflow_id: str, *, now: float | None = No
     """Where the workflow is placed now, from the fleet state: per device, its lane (None: the whole device), the
     other jobs placed there (lane-mates first), and the device's free capacity by the one rule."""
     with store.session() as session:
-        state = read_fleet_state(session, now=time.time() if now is None else now)
+        state = read_fleet_state(session, now=time.time() if now is None else now, settings=get_settings())
     out: list[dict[str, object]] = []
     for p in state.placements:
         if p.workflow_id != workflow_id:

@@ -1,0 +1,165 @@
+"""Each lane job's memory outside the caching allocator (C: CUDA context, library workspaces) is charged beside its
+lane: jobs whose lane (P' + E) fits but whose context does not are refused, a measured C replaces the default, and
+the lanes plus the contexts never exceed the device (DeviceLanes.check)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enforcer.lane_fleet import Fleet
+from enforcer.lanes import DeviceLanes, Job, lane_request
+from store.settings import Settings
+
+MiB, GiB = 1 << 20, 1 << 30
+DEFAULT = Settings(secret="t").context_bytes
+
+
+def test_the_default_context_is_512_mib_from_settings() -> None:
+    assert DEFAULT == 512 * MiB
+    assert Settings(secret="t", context_mb=300).context_bytes == 300 * MiB
+
+
+# (device GiB, P GiB, E GiB, C MiB or None for the default, admitted?)
+@pytest.mark.parametrize("capacity, p, e, context, admitted", [
+    (16, 10, 2, None, True),  # lane 13.86 GiB + 0.5 GiB context: fits 16
+    (16, 13.2, 1.2, None, False),  # P' + E = 15.72 GiB fits 16 alone; with 0.5 GiB beside it does not
+    (16, 13.2, 1.2, 0, True),  # ...and is admitted when C is known to be inside P (NVML-sized memory)
+    (16, 13.2, 1.2, 800, False),  # a measured C bigger than the default refuses too
+    (16, 13.2, 1.2, 64, True),  # a measured small C replaces the default and lets it in
+    (8, 6.5, 0.4, None, False),  # P' + E = 7.55 fits 8 GiB, P' + E + C = 8.05 does not: never
+])
+def test_a_lane_that_fits_without_its_context_is_refused_with_it(capacity, p, e, context, admitted) -> None:
+    device = DeviceLanes(1, capacity * GiB, context_default=DEFAULT)
+    job = Job("j", int(p * GiB), int(e * GiB), context=None if context is None else context * MiB)
+    assert DeviceLanes(2, capacity * GiB).admit(Job("j", int(p * GiB), int(e * GiB), context=0)) is not None
+    adm = device.admit(job)
+    assert (adm is not None) is admitted
+    if adm is not None:
+        device.bind(adm)
+        assert device.contexts == (DEFAULT if context is None else context * MiB)
+        assert device.reserved + device.contexts <= device.capacity
+        device.check()
+
+
+@pytest.mark.parametrize("free_gib, context_mib, new_lane", [(5.4, None, False), (5.7, None, True),
+                                                           (5.4, 200, True), (5.4, 0, True)])
+def test_a_new_lane_needs_its_size_plus_its_context_free(free_gib, context_mib, new_lane) -> None:
+    device = DeviceLanes(1, 16 * GiB, context_default=DEFAULT)
+    full = device.add_lane(16 * GiB - int(free_gib * GiB))
+    device.add_job(full.lane_id, "full", full.size, 0)  # no room to join
+    job = Job("new", 4 * GiB, GiB // 2, context=None if context_mib is None else context_mib * MiB)
+    size = lane_request(job.persistent, job.ephemeral, device.capacity)[1]
+    assert size < device.free  # its lane (5.15 GiB) alone always fits
+    adm = device.admit(job)
+    assert (adm is not None) is new_lane
+    if adm is not None:
+        device.bind(adm)
+        device.check()
+
+
+def test_joining_a_lane_needs_room_for_the_context_beside_it() -> None:
+    device = DeviceLanes(1, 16 * GiB, context_default=DEFAULT)
+    # a big lane with room inside it for a small job
+    device.bind(device.admit(Job("big", 8 * GiB, 4 * GiB, context=0)))  # lane 13.44 GiB, 8.8 + 4 used
+    other = device.add_lane(device.free - 100 * MiB)  # someone else's lane takes all but 100 MiB of the rest
+    device.add_job(other.lane_id, "other", other.size, 0)
+    small = Job("small", 256 * MiB, GiB)  # fits in the big lane's room beside its 4 GiB peak
+    lane = next(iter(device.lanes.values()))
+    assert lane.fits(*lane_request(small.persistent, small.ephemeral, device.capacity)[:1], small.ephemeral)
+    assert device.admit(small) is None  # 100 MiB free beside the lanes < 512 MiB of context
+    measured = Job("small", 256 * MiB, GiB, context=64 * MiB)
+    adm = device.admit(measured)
+    assert adm is not None and adm.lane_id == lane.lane_id and adm.context == 64 * MiB
+    device.bind(adm)
+    assert device.free == 36 * MiB
+    device.check()
+    device.remove("small")
+    assert device.contexts == 0 and device.free == 100 * MiB
+
+
+def test_a_whole_device_holds_its_context_inside() -> None:
+    device = DeviceLanes(1, 16 * GiB, context_default=DEFAULT)
+    assert device.admit_whole(Job("w", int(13.9 * GiB / 1.1), GiB)) is not None  # 13.9 + 1 + 0.5 < 16
+    assert device.admit_whole(Job("w", int(14.8 * GiB / 1.1), GiB)) is None  # 14.8 + 1 + 0.5 > 16
+    device.bind(device.admit_whole(Job("w", GiB, 0)))
+    assert device.contexts == 0 and device.free == 0  # the lane is the whole device, the context in it
+    device.check()
+
+
+def test_the_invariant_catches_contexts_past_the_device() -> None:
+    device = DeviceLanes(1, 16 * GiB, context_default=DEFAULT)
+    device.bind(device.admit(Job("a", 8 * GiB, 2 * GiB)))
+    device.check()
+    device.contexts += device.free + 1  # as if a context had been charged without room
+    with pytest.raises(AssertionError):
+        device.check()
+
+
+def test_a_context_charge_must_be_bytes() -> None:
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        Job("j", GiB, 0, context=-1)
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        Job("j", GiB, 0, context=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        DeviceLanes(1, GiB, context_default=-5)
+    device = DeviceLanes(1, 16 * GiB)
+    lane = device.add_lane(GiB)
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        device.add_job(lane.lane_id, "j", 0, 0, context=-1)
+
+
+job_spec = st.tuples(
+    st.integers(0, 12 * GiB),  # P
+    st.integers(0, 4 * GiB),  # E
+    st.one_of(st.none(), st.integers(0, 2 * GiB)),  # C measured, or None: the default
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity_gib=st.sampled_from([8, 16, 40, 80]), default=st.integers(0, GiB),
+       ops=st.lists(st.tuples(st.booleans(), job_spec), min_size=1, max_size=40))
+def test_random_fleets_never_hold_more_than_the_device_and_refuse_what_contexts_overfill(
+        capacity_gib: int, default: int, ops: list) -> None:
+    fleet = Fleet(context_default=default)
+    fleet.add_device(1, capacity_gib * GiB)
+    device = fleet.device(1)
+    placed: list[str] = []
+    for n, (leave, (p, e, c)) in enumerate(ops):
+        if leave and placed:
+            fleet.remove(placed.pop(0))
+        else:
+            job = Job(f"j{n}", p, e, context=c)
+            charge = default if c is None else c
+            free_before = device.free
+            adm = device.admit(job)
+            in_mask = bool(fleet.candidate_mask(job)[0])
+            assert in_mask or adm is None  # the quick test never drops a device admission would take
+            # what the same job would get if nothing were charged beside the lanes
+            p_prime, size = lane_request(p, e, device.capacity)
+            if adm is None:
+                # refused although P' + E alone fit a new lane: then the context is what does not fit
+                if free_before >= size and p_prime + e <= size:
+                    assert charge > 0 and free_before < lane_request(p, e, device.capacity, charge)[1] + charge
+            else:
+                assert adm.context == charge
+                assert free_before >= charge + (adm.lane_size if adm.new_lane else 0)
+                fleet.bind([adm], job)
+                placed.append(job.job_id)
+        fleet.check()
+        assert device.reserved + device.contexts <= device.capacity
+        assert device.contexts == sum((default if fleet.job(j).context is None else fleet.job(j).context)
+                                      for j in placed)
+
+
+def test_a_trace_job_is_charged_no_context() -> None:
+    """The simulator's jobs carry the memory the device showed of them (contexts included): none is added."""
+    from enforcer.sim.convert import to_lane_job
+    from enforcer.sim.model import SimJob
+
+    job = to_lane_job(SimJob("t", arrival=0.0, work=10.0, mem=4 * GiB, util=0.5))
+    assert job.context == 0
+    device = DeviceLanes(1, 16 * GiB, context_default=DEFAULT)
+    device.bind(device.admit(job))
+    assert device.contexts == 0
