@@ -19,6 +19,7 @@ from collections import deque
 
 PAIR_WINDOW_S = 5.0  # two readings further apart than this are not paired
 KEEP = 15  # pairs kept per process
+MAX_UNPAIRED = 4096  # NVML readings kept before old ones (no SDK report near them) are dropped
 
 
 class ContextMeter:
@@ -38,6 +39,8 @@ class ContextMeter:
         if used is None or used < 0:
             return None
         self._nvml[pid] = (ts, int(used))
+        if len(self._nvml) > MAX_UNPAIRED:  # processes that never use the SDK: keep only recent readings
+            self._nvml = {k: v for k, v in self._nvml.items() if v[0] >= ts - self.window_s}
         return self._pair(pid)
 
     def note_reserved(self, workflow: str, pid: int, reserved: int | None, ts: float) -> str | None:

@@ -63,6 +63,16 @@ def test_the_median_of_a_processs_pairs_is_kept_and_the_largest_process_wins() -
         ContextMeter(window_s=0)
 
 
+def test_readings_of_processes_that_never_report_are_not_kept_forever() -> None:
+    from collector.sdk_context import MAX_UNPAIRED
+
+    meter = ContextMeter(window_s=5.0)
+    for pid in range(3 * MAX_UNPAIRED):  # one reading each, a second apart, none ever paired
+        meter.note_nvml(pid, GiB, float(pid))
+    assert len(meter._nvml) <= MAX_UNPAIRED + 1
+    assert meter.note_reserved("late", 3 * MAX_UNPAIRED - 1, GiB // 2, 3 * MAX_UNPAIRED - 1.0) == "late"
+
+
 def test_the_agent_pairs_nvml_with_the_sdk_and_admission_charges_the_measurement(
         sqlite_store: Store, fleet_home) -> None:
     settings = Settings()

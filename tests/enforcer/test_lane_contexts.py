@@ -163,3 +163,22 @@ def test_a_trace_job_is_charged_no_context() -> None:
     device = DeviceLanes(1, 16 * GiB, context_default=DEFAULT)
     device.bind(device.admit(job))
     assert device.contexts == 0
+
+
+def test_the_planner_moves_a_job_only_where_its_context_fits_beside_the_lanes() -> None:
+    from enforcer.planner import Holding, PlanDevice, plan_moves
+
+    def plan(context_default: int):
+        devices = [PlanDevice(1, 16 * GiB, "h", "A100", context_default=context_default),
+                   PlanDevice(2, 16 * GiB, "h", "A100", context_default=context_default)]
+        holdings = [
+            # device 2 runs a job in a 13.5 GiB lane: 2.5 GiB stay free beside it, 2 GiB beside it and its context
+            Holding("busy", 2, persistent=int(13.5 * GiB / 1.1 / 1.05), util=0.3, context=None),
+            # device 1: an idle job worth moving, whose own lane needs 2.1 GiB
+            Holding("idle", 1, persistent=int(2 * GiB / 1.1 / 1.05) - 1, util=0.05, movable=True,
+                    rules=("idle_holder",), context=None),
+        ]
+        return plan_moves(devices, holdings, "pack", max_moves=4)
+
+    assert [m.workflow_id for m in plan(0).moves] == ["idle"]  # no contexts: it fits, device 1 comes free
+    assert plan(512 * MiB).moves == []  # with a 0.5 GiB context each: 2 + 0.5 GiB do not fit in the 2 GiB left
