@@ -20,6 +20,7 @@ from enforcer.lanes import lane_fits, whole_device_fits
 from enforcer.move_checks import plan_refusal, target_refusal
 from store.checkpoints import latest_checkpoint
 from store.commands import enqueue_command
+from store.device_memory import known_context
 from store.headroom import PERSISTENT_FACTOR
 from store.models import Action, ActionEvent, Checkpoint, Command, Device, Lane, Placement, StepStat, Workflow
 from store.placements import close_empty_lanes
@@ -385,8 +386,11 @@ class StepRunner:
             if p.workflow_id != wf.id]
         if others:
             return f"target device {self.action.to_device_id} is taken by {', '.join(p.workflow_id for p in others)}"
-        if device is not None and device.memory_total and not whole_device_fits(device.memory_total, p_prime, e):
-            return f"target device {device.id} has {device.memory_total} bytes, {wf.id} needs {p_prime + e}"
+        # on a whole device its context (measured, else the default on a GPU) is inside what it holds
+        c = known_context(wf) if known_context(wf) is not None else self.settings.context_bytes \
+            if device is not None and device.source == "nvml" else 0
+        if device is not None and device.memory_total and not whole_device_fits(device.memory_total, p_prime, e, c):
+            return f"target device {device.id} has {device.memory_total} bytes, {wf.id} needs {p_prime + e + c}"
         return None
 
     def job_profile(self, wf: Workflow) -> tuple[int, int]:

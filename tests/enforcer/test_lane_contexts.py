@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from enforcer.lane_fleet import Fleet
 from enforcer.lanes import DeviceLanes, Job, lane_request
+from store.models import Workflow
 from store.settings import Settings
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -182,3 +183,32 @@ def test_the_planner_moves_a_job_only_where_its_context_fits_beside_the_lanes() 
 
     assert [m.workflow_id for m in plan(0).moves] == ["idle"]  # no contexts: it fits, device 1 comes free
     assert plan(512 * MiB).moves == []  # with a 0.5 GiB context each: 2 + 0.5 GiB do not fit in the 2 GiB left
+
+
+def test_a_move_onto_a_whole_gpu_is_refused_when_the_job_and_its_context_overfill_it(sqlite_store) -> None:
+    """The execution check before a relaunch (StepRunner.target_full) counts the context inside a whole device."""
+    from enforcer.migration_steps import MigrationOptions, StepRunner
+    from store.device_memory import CONTEXT_LABEL
+    from store.models import Action
+    from store.registry import DeviceSpec, register_devices, register_host
+    from store.workflows import upsert_workflow
+
+    conf = Settings(secret="t")
+    with sqlite_store.session() as s:
+        register_host(s, "h", hostname="h", source="nvml", now=1.0)
+        (gpu,) = register_devices(s, "h", [DeviceSpec(0, "GPU-0", "T4", 8 * GiB)], source="nvml", now=1.0).values()
+        # P' = 7.7 GiB: fits 8 GiB alone; not with the 0.5 GiB default context, nor a measured 1 GiB one
+        for name, labels in (("unmeasured", {}), ("measured-big", {CONTEXT_LABEL: GiB}),
+                             ("measured-small", {CONTEXT_LABEL: 128 * MiB})):
+            upsert_workflow(s, name, now=1.0, mem_persistent=7 * GiB, mem_ephemeral=0, labels=labels)
+        why = {}
+        for name in ("unmeasured", "measured-big", "measured-small"):
+            action = Action(workflow_id=name, from_device_id=None, to_device_id=gpu, to_lane_id=None,
+                            state="stopped", created_at=1.0, updated_at=1.0)
+            s.add(action)
+            s.flush()
+            runner = StepRunner(s, action, conf, MigrationOptions(), 1.0)
+            why[name] = runner.target_full(s.get(Workflow, name))
+    assert why["unmeasured"] is not None and f"needs {int(1.1 * 7 * GiB) + 512 * MiB}" in why["unmeasured"]
+    assert why["measured-big"] is not None
+    assert why["measured-small"] is None
