@@ -17,6 +17,10 @@ they stay small) and are sent when one answers; past MAX_PENDING_MINUTES app-min
 counted in `lost`. Bad input raises InvalidInput: a request with no application, an execution time <= 0 or not
 finite, a start before the arrival or an end before the start (a clock that goes backwards). A wall clock that
 steps back between requests is counted in `clock_steps_back` and the request is filed under the latest minute.
+
+Raw requests are opt-in (settings.serving_raw_requests): each request's [app, arrival, wait, execution, latency,
+batch size] goes along too, at most settings.serving_raw_max_rows waiting at once (the rest are counted in
+`raw_over_cap`, sent along, and counted by the store: store.serving_raw).
 """
 
 from __future__ import annotations
@@ -84,6 +88,10 @@ class ServingRecorder:
         self.sent = 0  # requests (served + dropped) the agent took
         self.lost = 0  # requests given up (no agent for too long): counted, and logged
         self.clock_steps_back = 0
+        self._raw_on = bool(self.settings.serving_raw_requests)
+        self._raw: list[list] = []
+        self.raw_sent = 0
+        self.raw_over_cap = 0  # raw requests not kept because serving_raw_max_rows were waiting (counted)
 
     # ---- lifecycle
     def __enter__(self) -> ServingRecorder:
@@ -153,6 +161,11 @@ class ServingRecorder:
         m.batch_sum += batch_size
         ls.add(m.exec_hist, exec_s)
         ls.add(m.latency_hist, latency)
+        if self._raw_on:
+            if len(self._raw) < self.settings.serving_raw_max_rows:
+                self._raw.append([app, arrival, wait, exec_s, latency, batch_size])
+            else:
+                self.raw_over_cap += 1
         slo = self.slos.get(app)
         if slo is not None and latency <= slo:
             m.met = (m.met or 0) + 1
@@ -231,6 +244,9 @@ class ServingRecorder:
         minutes = [m.record(app, minute) for (app, minute), m in items]
         msg = {"op": p.SERVING, "v": p.VERSION, "workflow": self.workflow_id, "pid": _pid(), "rank": 0,
                "devices": self.devices, "slos": self.slos, "minutes": minutes}
+        raw, raw_over = self._raw, self.raw_over_cap
+        if raw or raw_over:
+            msg["raw"], msg["raw_over_cap"] = raw, raw_over
         try:
             reply = self._conn.request(msg)
         except OSError as exc:
@@ -244,6 +260,9 @@ class ServingRecorder:
         for key, m in items:
             self.sent += m.n + m.dropped
             del self._pending[key]
+        if raw or raw_over:
+            self._raw, self.raw_over_cap = [], 0
+            self.raw_sent += len(raw)
         return True
 
     def _link_ready(self, force: bool = False) -> bool:
