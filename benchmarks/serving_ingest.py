@@ -1,25 +1,30 @@
 """Serving ingest: requests per second one host's serving loops record and the agent stores, without losing any.
 
-An agent (SdkHandlers behind the real socket server, its own process, a SQLite store) serves PROCS serving
-processes, each recording REQUESTS requests of APPS applications as fast as it can through the SDK's serving
-mode (collector.serving: per-minute histograms, flushed about once a second). The figure is requests stored per
-second of wall time, from the first request to the last one in the store, and the store's counts must equal what
-was recorded. The anchor, in the same run: the same SDK path with one message per request (what a per-request
-protocol costs). One JSON line; the target is at least 10,000 requests/s with none lost.
+An agent (SdkHandlers behind the real socket server, its own process, a SQLite store; then, when FLEETLENS_TEST_PG_URL
+or FLEETLENS_BENCH_PG_URL names a PostgreSQL database, the same on a fresh schema there) serves PROCS serving
+processes, each recording REQUESTS requests of APPS applications as fast as it can through the SDK's serving mode
+(collector.serving: per-minute histograms, flushed about once a second). The figure is requests stored per second of
+wall time, from the first request to the last one in the store, and the store's counts must equal what was recorded.
+The anchor, in the same run: the same SDK path with one message per request (what a per-request protocol costs). One
+JSON line per database; the target is at least 10,000 requests/s with none lost.
 
-Run: PYTHONPATH=. python benchmarks/serving_ingest.py
+Run: PYTHONPATH=. [FLEETLENS_TEST_PG_URL=postgresql+psycopg://...] python benchmarks/serving_ingest.py
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import create_engine, text  # noqa: E402
 
 from store.db import Store  # noqa: E402
 from store.serving import app_windows  # noqa: E402
@@ -38,7 +43,7 @@ from store.migrations import upgrade
 from store.settings import Settings
 from collector.sdk_handlers import SdkHandlers
 from collector.socket_server import SocketServer
-s = Settings(home=sys.argv[1])
+s = Settings(home=sys.argv[1], db_url=sys.argv[2] or None)
 store = Store.from_settings(s); upgrade(store)
 handlers = SdkHandlers(store, "bench-host", s, sync_interval_s=0.5)
 with SocketServer(s.socket_path, handlers):
@@ -86,15 +91,15 @@ def run(home: Path, store: Store, wf: str, n: int, per_message: bool) -> tuple[f
     return time.perf_counter() - t0, stored(store, wf), lost
 
 
-def main() -> None:
+def measure(db_url: str | None, backend: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "h"
         home.mkdir()
-        agent = subprocess.Popen([sys.executable, "-c", SERVE, str(home)], stdin=subprocess.PIPE,
+        agent = subprocess.Popen([sys.executable, "-c", SERVE, str(home), db_url or ""], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
         try:
             assert agent.stdout.readline().strip() == "ready"
-            store = Store.from_settings(Settings(home=home))
+            store = Store.from_settings(Settings(home=home, db_url=db_url))
             wall, got, lost = run(home, store, "bench-serving", REQUESTS, per_message=False)
             a_wall, a_got, a_lost = run(home, store, "bench-serving-anchor", ANCHOR_REQUESTS, per_message=True)
             store.dispose()
@@ -103,13 +108,32 @@ def main() -> None:
             agent.wait(timeout=60)
     want = REQUESTS * PROCS
     rate, anchor = got / wall, a_got / a_wall
-    print(json.dumps({
-        "benchmark": "serving_ingest", "processes": PROCS, "applications": APPS, "requests": want,
-        "stored": got, "lost": lost, "requests_per_s": round(rate, 1), "wall_s": round(wall, 2),
+    return {
+        "benchmark": "serving_ingest", "database": backend, "processes": PROCS, "applications": APPS,
+        "requests": want, "stored": got, "lost": lost, "requests_per_s": round(rate, 1), "wall_s": round(wall, 2),
         "anchor": "one message per request", "anchor_requests": ANCHOR_REQUESTS * PROCS, "anchor_stored": a_got,
         "anchor_requests_per_s": round(anchor, 1), "ratio_to_anchor": round(rate / anchor, 2),
         "target_requests_per_s": TARGET, "meets_target": rate >= TARGET and got == want and lost == 0,
-    }))
+    }
+
+
+def main() -> None:
+    print(json.dumps(measure(None, "sqlite")), flush=True)
+    pg = os.environ.get("FLEETLENS_BENCH_PG_URL") or os.environ.get("FLEETLENS_TEST_PG_URL")
+    if not pg:
+        print("# no FLEETLENS_TEST_PG_URL: PostgreSQL line skipped", file=sys.stderr)
+        return
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(Store(pg).url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    try:
+        sep = "&" if "?" in pg else "?"
+        print(json.dumps(measure(f"{pg}{sep}options=-csearch_path%3D{schema}", "postgresql")), flush=True)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
 
 
 if __name__ == "__main__":
