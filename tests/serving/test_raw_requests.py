@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from analyzer.rollups import apply_retention
 from collector import protocol as p
 from collector.serving import ServingRecorder
 from store.serving import app_windows
@@ -98,14 +99,19 @@ def test_bad_raw_records_are_refused_with_the_reason(fleet_home, monkeypatch) ->
         agent.store.dispose()
 
 
-def test_retention_deletes_old_rows_and_frees_the_cap(sqlite_store) -> None:
-    rows = [{"app": "a", "arrival": float(t), "wait_s": 0.0, "exec_s": 1.0, "latency_s": 1.0, "batch_size": 1}
-            for t in range(10)]
-    with sqlite_store.session() as s:
+def test_retention_deletes_old_rows_and_frees_the_cap(any_store) -> None:
+    day = 86400.0
+    rows = [{"app": "a", "arrival": float(t) * 3600.0, "wait_s": 0.0, "exec_s": 1.0, "latency_s": 1.0,
+             "batch_size": 1} for t in range(10)]
+    with any_store.session() as s:
         upsert_workflow(s, "svc", id_source="env")
         assert write_raw(s, "svc", rows, 6) == (6, 4)
-        assert delete_raw_before(s, 3.0) == 3
+    # retention of one day at 3 h past a day: the rows that arrived before hour 3 go, with the samples' retention
+    kept = apply_retention(any_store, 1.0, now=day + 3 * 3600.0)
+    assert kept.serving_requests_deleted == 3
+    with any_store.session() as s:
         assert raw_counts(s, "svc") == (3, 4)
-        assert [r.arrival for r in raw_requests(s, "svc")] == [3.0, 4.0, 5.0]
-        assert write_raw(s, "svc", rows[6:], 6) == (3, 1)
+        assert [r.arrival / 3600.0 for r in raw_requests(s, "svc")] == [3.0, 4.0, 5.0]
+        assert write_raw(s, "svc", rows[6:], 6) == (3, 1)  # the freed places take new rows; the rest counted
         assert raw_counts(s, "svc") == (6, 5)
+        assert delete_raw_before(s, 0.0) == 0
