@@ -42,6 +42,7 @@ from store.settings import Settings
 log = logging.getLogger(__name__)
 
 MAX_PENDING_MINUTES = 100_000
+RAW_PER_MESSAGE = 5_000  # raw requests per message: ~100-400 bytes each, well under protocol.MAX_LINE
 
 
 class _Minute:
@@ -234,36 +235,51 @@ class ServingRecorder:
             self.flush()
 
     def flush(self, *, force: bool = False) -> bool:
-        """Send every pending minute to the agent; True when the agent took them (or there was nothing)."""
+        """Send every pending minute (and raw request) to the agent; True when the agent took them (or there was
+        nothing). Raw requests go RAW_PER_MESSAGE at a time, so no message passes the protocol's line limit."""
         self._next_flush = time.monotonic() + self.settings.sdk_flush_interval_s
-        if not self._pending:
+        if not self._pending and not self._raw and not self.raw_over_cap:
             return True
         if not self._link_ready(force=force):
             return False
         items = list(self._pending.items())
         minutes = [m.record(app, minute) for (app, minute), m in items]
+        raw, raw_over = self._raw[:RAW_PER_MESSAGE], self.raw_over_cap
+        if not self._send(minutes, raw, raw_over):
+            return False
+        for key, m in items:
+            self.sent += m.n + m.dropped
+            del self._pending[key]
+        self._took_raw(raw, raw_over)
+        while self._raw:
+            raw = self._raw[:RAW_PER_MESSAGE]
+            if not self._send([], raw, 0):
+                return False
+            self._took_raw(raw, 0)
+        return True
+
+    def _send(self, minutes: list[dict[str, Any]], raw: list[list], raw_over: int) -> bool:
         msg = {"op": p.SERVING, "v": p.VERSION, "workflow": self.workflow_id, "pid": _pid(), "rank": 0,
                "devices": self.devices, "slos": self.slos, "minutes": minutes}
-        raw, raw_over = self._raw, self.raw_over_cap
         if raw or raw_over:
             msg["raw"], msg["raw_over_cap"] = raw, raw_over
         try:
             reply = self._conn.request(msg)
         except OSError as exc:
             self._next_connect = time.monotonic() + self.settings.sdk_retry_s
-            log.info("serving: the fleetlens agent did not take %d minutes (%s); kept for later", len(items), exc)
+            log.info("serving: the fleetlens agent did not take %d minutes and %d raw requests (%s); kept for later",
+                     len(minutes), len(raw), exc)
             return False
         if not reply.get("ok"):
             if reply.get("retry"):
                 return False
             raise InvalidInput(f"serving: the agent refused the requests: {reply.get('error')}")
-        for key, m in items:
-            self.sent += m.n + m.dropped
-            del self._pending[key]
-        if raw or raw_over:
-            self._raw, self.raw_over_cap = [], 0
-            self.raw_sent += len(raw)
         return True
+
+    def _took_raw(self, raw: list[list], raw_over: int) -> None:
+        del self._raw[: len(raw)]
+        self.raw_over_cap -= raw_over
+        self.raw_sent += len(raw)
 
     def _link_ready(self, force: bool = False) -> bool:
         if self._conn.connected:

@@ -10,6 +10,7 @@ import pytest
 
 from analyzer.rollups import apply_retention
 from collector import protocol as p
+from collector import serving as serving_mode
 from collector.serving import ServingRecorder
 from store.serving import app_windows
 from store.serving_raw import delete_raw_before, raw_counts, raw_requests, write_raw
@@ -53,6 +54,7 @@ def test_off_by_default_nothing_raw_is_sent_or_stored(fleet_home, monkeypatch) -
 
 def test_on_keeps_up_to_the_cap_and_counts_the_rest(fleet_home, monkeypatch) -> None:
     agent = _agent(monkeypatch, FLEETLENS_SERVING_RAW_REQUESTS="1", FLEETLENS_SERVING_RAW_MAX_ROWS="50")
+    monkeypatch.setattr(serving_mode, "RAW_PER_MESSAGE", 7)  # raw requests go in several messages a flush
     try:
         rec = _serve(agent, 120, flushes=4)  # 30 a flush: the SDK's buffer never reaches the cap
         assert rec.raw_sent == 120
