@@ -46,6 +46,7 @@ from store.db import Store
 from store.errors import InvalidInput
 from store.models import DeviceSample, ProcessSample, Rollup, TelemetryHour
 from store.partitions import SAMPLE_TABLES, Partition, drop_days_before
+from store.serving_raw import delete_raw_before
 
 HOUR = 3600.0
 CHUNK_HOURS = 6  # hours read per query: bounded memory on a large fleet
@@ -74,6 +75,7 @@ class RetentionResult:
     hours_kept: int  # (subject, hour) pairs older than the cutoff kept because they are not rolled up
     partitions_dropped: tuple[str, ...] = ()  # PostgreSQL: whole days dropped (their rows are in the counts)
     summaries_deleted: int = 0  # kept hours of the detectors (telemetry_hours) older than the cutoff
+    serving_requests_deleted: int = 0  # opt-in raw serving requests older than the cutoff (the minutes keep them)
 
 
 def hour_of(ts: float) -> float:
@@ -319,9 +321,10 @@ def apply_retention(store: Store, retention_days: float, now: float | None = Non
     # the detectors' kept hours live as long as the samples they summarise: the table stays a week of hours
     with store.session() as session:
         summaries = session.execute(delete(TelemetryHour).where(TelemetryHour.hour < cutoff)).rowcount
+        raw_requests = delete_raw_before(session, cutoff)
     return RetentionResult(cutoff, dev_deleted + by_table["device_samples"],
                            proc_deleted + by_table["process_samples"], dev_kept + proc_kept, tuple(sorted(dropped)),
-                           summaries)
+                           summaries, raw_requests)
 
 
 def _rolled_up_rows(conn, part: Partition) -> int | None:

@@ -8,6 +8,11 @@ the load. SLO = k x the application's median; batch cost g(b) = 1 + alpha log2 b
 pooled distribution), `azure_code` / `azure_conv` (arrivals and tokens; times from the token-to-time model in
 enforcer/sim/serving/traces.py). One JSON line per (case, load, k, alpha), then a summary line of the targets.
 
+`gap_closed` is measured against the oracle (exact times). No bound for schedulers that know only the distributions
+is printed: on one fixed sequence of requests such a scheduler can, by luck (a fixed list of ids, a tie-break), skip
+exactly the requests that run long, so the only sound bound on these requests is the clairvoyant one; a lower
+bound holds only in expectation over times drawn anew, i.e. for other requests (see the README's Serving section).
+
 Run: PYTHONPATH=. python benchmarks/serving.py [--data /work/shared/data/serving] [--gpus 4] [--quick]
 """
 

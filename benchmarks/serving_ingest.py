@@ -1,28 +1,37 @@
 """Serving ingest: requests per second one host's serving loops record and the agent stores, without losing any.
 
-An agent (SdkHandlers behind the real socket server, its own process, a SQLite store) serves PROCS serving
-processes, each recording REQUESTS requests of APPS applications as fast as it can through the SDK's serving
-mode (collector.serving: per-minute histograms, flushed about once a second). The figure is requests stored per
-second of wall time, from the first request to the last one in the store, and the store's counts must equal what
-was recorded. The anchor, in the same run: the same SDK path with one message per request (what a per-request
-protocol costs). One JSON line; the target is at least 10,000 requests/s with none lost.
+An agent (SdkHandlers behind the real socket server, its own process, a SQLite store; then, when FLEETLENS_TEST_PG_URL
+or FLEETLENS_BENCH_PG_URL names a PostgreSQL database, the same on a fresh schema there) serves PROCS serving
+processes, each recording REQUESTS requests of APPS applications as fast as it can through the SDK's serving mode
+(collector.serving: per-minute histograms, flushed about once a second). The figure is requests stored per second of
+wall time, from the first request to the last one in the store, and the store's counts must equal what was recorded.
+The anchor, in the same run: the same SDK path with one message per request (what a per-request protocol costs). One
+JSON line per database; the target is at least 10,000 requests/s with none lost. With --raw, the jobs and the agent
+keep raw requests too (FLEETLENS_SERVING_RAW_REQUESTS): the line adds the raw rows stored (at most the cap) and
+counted over it, which must add up to every request, and the wall time runs until they do.
 
-Run: PYTHONPATH=. python benchmarks/serving_ingest.py
+Run: PYTHONPATH=. [FLEETLENS_TEST_PG_URL=postgresql+psycopg://...] python benchmarks/serving_ingest.py [--raw]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sqlalchemy import create_engine, text  # noqa: E402
+
 from store.db import Store  # noqa: E402
 from store.serving import app_windows  # noqa: E402
+from store.serving_raw import raw_counts  # noqa: E402
 from store.settings import Settings  # noqa: E402
 
 PROCS = 2
@@ -38,7 +47,7 @@ from store.migrations import upgrade
 from store.settings import Settings
 from collector.sdk_handlers import SdkHandlers
 from collector.socket_server import SocketServer
-s = Settings(home=sys.argv[1])
+s = Settings(home=sys.argv[1], db_url=sys.argv[2] or None)
 store = Store.from_settings(s); upgrade(store)
 handlers = SdkHandlers(store, "bench-host", s, sync_interval_s=0.5)
 with SocketServer(s.socket_path, handlers):
@@ -70,10 +79,20 @@ def stored(store: Store, wf: str) -> int:
         return sum(w.n + w.dropped for w in app_windows(s, 0.0, time.time() + 1e6, [wf]))
 
 
-def run(home: Path, store: Store, wf: str, n: int, per_message: bool) -> tuple[float, int, int]:
+def raw_stored(store: Store, wf: str) -> tuple[int, int]:
+    with store.session() as s:
+        return raw_counts(s, wf)
+
+
+def done(store: Store, wf: str, want: int, raw: bool) -> bool:
+    return stored(store, wf) >= want and (not raw or sum(raw_stored(store, wf)) >= want)
+
+
+def run(home: Path, store: Store, wf: str, n: int, per_message: bool, env: dict,
+        raw: bool) -> tuple[float, int, int]:
     t0 = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", LOOP, str(home), wf, str(n), str(APPS),
-                               "1" if per_message else "0"], stdout=subprocess.PIPE, text=True)
+                               "1" if per_message else "0"], stdout=subprocess.PIPE, text=True, env=env)
              for _ in range(PROCS)]
     sent = lost = 0
     for p in procs:
@@ -81,35 +100,67 @@ def run(home: Path, store: Store, wf: str, n: int, per_message: bool) -> tuple[f
         s, lo = out.split()
         sent, lost = sent + int(s), lost + int(lo)
     want = n * PROCS
-    while stored(store, wf) < want and time.perf_counter() - t0 < 600:
+    while not done(store, wf, want, raw) and time.perf_counter() - t0 < 600:
         time.sleep(0.1)
     return time.perf_counter() - t0, stored(store, wf), lost
 
 
-def main() -> None:
+def measure(db_url: str | None, backend: str, raw: bool = False) -> dict:
+    env = dict(os.environ)
+    env.pop("FLEETLENS_SERVING_RAW_REQUESTS", None)
+    if raw:
+        env["FLEETLENS_SERVING_RAW_REQUESTS"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "h"
         home.mkdir()
-        agent = subprocess.Popen([sys.executable, "-c", SERVE, str(home)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
+        agent = subprocess.Popen([sys.executable, "-c", SERVE, str(home), db_url or ""], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)
         try:
             assert agent.stdout.readline().strip() == "ready"
-            store = Store.from_settings(Settings(home=home))
-            wall, got, lost = run(home, store, "bench-serving", REQUESTS, per_message=False)
-            a_wall, a_got, a_lost = run(home, store, "bench-serving-anchor", ANCHOR_REQUESTS, per_message=True)
+            store = Store.from_settings(Settings(home=home, db_url=db_url))
+            wall, got, lost = run(home, store, "bench-serving", REQUESTS, False, env, raw)
+            raw_kept, raw_over = raw_stored(store, "bench-serving")
+            a_wall, a_got, a_lost = run(home, store, "bench-serving-anchor", ANCHOR_REQUESTS, True, env, raw)
             store.dispose()
         finally:
             agent.stdin.close()
             agent.wait(timeout=60)
     want = REQUESTS * PROCS
     rate, anchor = got / wall, a_got / a_wall
-    print(json.dumps({
-        "benchmark": "serving_ingest", "processes": PROCS, "applications": APPS, "requests": want,
-        "stored": got, "lost": lost, "requests_per_s": round(rate, 1), "wall_s": round(wall, 2),
+    raw_fields = {"raw_requests": raw}
+    if raw:
+        raw_fields.update(raw_cap=Settings().serving_raw_max_rows, raw_stored=raw_kept, raw_over_cap=raw_over)
+    ok_raw = not raw or raw_kept + raw_over == want
+    return {
+        "benchmark": "serving_ingest", "database": backend, "processes": PROCS, "applications": APPS,
+        "requests": want, "stored": got, "lost": lost, "requests_per_s": round(rate, 1), "wall_s": round(wall, 2),
         "anchor": "one message per request", "anchor_requests": ANCHOR_REQUESTS * PROCS, "anchor_stored": a_got,
         "anchor_requests_per_s": round(anchor, 1), "ratio_to_anchor": round(rate / anchor, 2),
-        "target_requests_per_s": TARGET, "meets_target": rate >= TARGET and got == want and lost == 0,
-    }))
+        **raw_fields, "target_requests_per_s": TARGET,
+        "meets_target": rate >= TARGET and got == want and lost == 0 and ok_raw,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--raw", action="store_true", help="keep raw requests too (capped per workflow, rest counted)")
+    raw = ap.parse_args(argv).raw
+    print(json.dumps(measure(None, "sqlite", raw)), flush=True)
+    pg = os.environ.get("FLEETLENS_BENCH_PG_URL") or os.environ.get("FLEETLENS_TEST_PG_URL")
+    if not pg:
+        print("# no FLEETLENS_TEST_PG_URL: PostgreSQL line skipped", file=sys.stderr)
+        return
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(Store(pg).url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    try:
+        sep = "&" if "?" in pg else "?"
+        print(json.dumps(measure(f"{pg}{sep}options=-csearch_path%3D{schema}", "postgresql", raw)), flush=True)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
 
 
 if __name__ == "__main__":

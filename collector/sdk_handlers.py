@@ -106,7 +106,7 @@ class SdkHandlers:
         self._outcomes: dict[tuple[str, int], str] = {}  # (wf, pid) -> what the job said in its goodbye
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.serving = ServingSink()  # serving loops' request histograms (collector.serving)
+        self.serving = ServingSink(settings)  # serving loops' request histograms (collector.serving)
 
     # ---- the socket server's entry point -------------------------------------------------------------
 

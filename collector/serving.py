@@ -17,6 +17,10 @@ they stay small) and are sent when one answers; past MAX_PENDING_MINUTES app-min
 counted in `lost`. Bad input raises InvalidInput: a request with no application, an execution time <= 0 or not
 finite, a start before the arrival or an end before the start (a clock that goes backwards). A wall clock that
 steps back between requests is counted in `clock_steps_back` and the request is filed under the latest minute.
+
+Raw requests are opt-in (settings.serving_raw_requests): each request's [app, arrival, wait, execution, latency,
+batch size] goes along too, at most settings.serving_raw_max_rows waiting at once (the rest are counted in
+`raw_over_cap`, sent along, and counted by the store: store.serving_raw).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from store.settings import Settings
 log = logging.getLogger(__name__)
 
 MAX_PENDING_MINUTES = 100_000
+RAW_PER_MESSAGE = 5_000  # raw requests per message: ~100-400 bytes each, well under protocol.MAX_LINE
 
 
 class _Minute:
@@ -84,6 +89,10 @@ class ServingRecorder:
         self.sent = 0  # requests (served + dropped) the agent took
         self.lost = 0  # requests given up (no agent for too long): counted, and logged
         self.clock_steps_back = 0
+        self._raw_on = bool(self.settings.serving_raw_requests)
+        self._raw: list[list] = []
+        self.raw_sent = 0
+        self.raw_over_cap = 0  # raw requests not kept because serving_raw_max_rows were waiting (counted)
 
     # ---- lifecycle
     def __enter__(self) -> ServingRecorder:
@@ -153,6 +162,11 @@ class ServingRecorder:
         m.batch_sum += batch_size
         ls.add(m.exec_hist, exec_s)
         ls.add(m.latency_hist, latency)
+        if self._raw_on:
+            if len(self._raw) < self.settings.serving_raw_max_rows:
+                self._raw.append([app, arrival, wait, exec_s, latency, batch_size])
+            else:
+                self.raw_over_cap += 1
         slo = self.slos.get(app)
         if slo is not None and latency <= slo:
             m.met = (m.met or 0) + 1
@@ -221,30 +235,51 @@ class ServingRecorder:
             self.flush()
 
     def flush(self, *, force: bool = False) -> bool:
-        """Send every pending minute to the agent; True when the agent took them (or there was nothing)."""
+        """Send every pending minute (and raw request) to the agent; True when the agent took them (or there was
+        nothing). Raw requests go RAW_PER_MESSAGE at a time, so no message passes the protocol's line limit."""
         self._next_flush = time.monotonic() + self.settings.sdk_flush_interval_s
-        if not self._pending:
+        if not self._pending and not self._raw and not self.raw_over_cap:
             return True
         if not self._link_ready(force=force):
             return False
         items = list(self._pending.items())
         minutes = [m.record(app, minute) for (app, minute), m in items]
+        raw, raw_over = self._raw[:RAW_PER_MESSAGE], self.raw_over_cap
+        if not self._send(minutes, raw, raw_over):
+            return False
+        for key, m in items:
+            self.sent += m.n + m.dropped
+            del self._pending[key]
+        self._took_raw(raw, raw_over)
+        while self._raw:
+            raw = self._raw[:RAW_PER_MESSAGE]
+            if not self._send([], raw, 0):
+                return False
+            self._took_raw(raw, 0)
+        return True
+
+    def _send(self, minutes: list[dict[str, Any]], raw: list[list], raw_over: int) -> bool:
         msg = {"op": p.SERVING, "v": p.VERSION, "workflow": self.workflow_id, "pid": _pid(), "rank": 0,
                "devices": self.devices, "slos": self.slos, "minutes": minutes}
+        if raw or raw_over:
+            msg["raw"], msg["raw_over_cap"] = raw, raw_over
         try:
             reply = self._conn.request(msg)
         except OSError as exc:
             self._next_connect = time.monotonic() + self.settings.sdk_retry_s
-            log.info("serving: the fleetlens agent did not take %d minutes (%s); kept for later", len(items), exc)
+            log.info("serving: the fleetlens agent did not take %d minutes and %d raw requests (%s); kept for later",
+                     len(minutes), len(raw), exc)
             return False
         if not reply.get("ok"):
             if reply.get("retry"):
                 return False
             raise InvalidInput(f"serving: the agent refused the requests: {reply.get('error')}")
-        for key, m in items:
-            self.sent += m.n + m.dropped
-            del self._pending[key]
         return True
+
+    def _took_raw(self, raw: list[list], raw_over: int) -> None:
+        del self._raw[: len(raw)]
+        self.raw_over_cap -= raw_over
+        self.raw_sent += len(raw)
 
     def _link_ready(self, force: bool = False) -> bool:
         if self._conn.connected:

@@ -1,4 +1,5 @@
-"""The schema of serving: per-minute request measurements and each serving application's SLO."""
+"""The schema of serving: per-minute request measurements, each serving application's SLO, and the optional raw
+requests (opt-in, capped per workflow: store.serving_raw)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from store.models_base import Base
+from store.models_base import Base, BigId
 
 
 class ServingMinute(Base):
@@ -44,3 +45,31 @@ class ServingApp(Base):
     slo_s: Mapped[float | None]
     target: Mapped[float] = mapped_column(default=0.99)  # the share of requests that must meet slo_s
     updated_at: Mapped[float]
+
+
+class ServingRequest(Base):
+    """One served request as the SDK measured it, kept only when `serving_raw_requests` is on and the workflow has
+    fewer than `serving_raw_max_rows` stored (store.serving_raw); the minute histograms hold every request."""
+
+    __tablename__ = "serving_requests"
+    __table_args__ = (Index("ix_serving_requests_workflow_arrival", "workflow_id", "arrival"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"))
+    app: Mapped[str] = mapped_column(String(255))
+    arrival: Mapped[float]  # epoch seconds
+    wait_s: Mapped[float]
+    exec_s: Mapped[float]
+    latency_s: Mapped[float]
+    batch_size: Mapped[int] = mapped_column(Integer)
+
+
+class ServingRawCount(Base):
+    """Per workflow: raw requests stored now, and those not stored because the cap was reached (counted, never
+    dropped silently; their minute histograms have them)."""
+
+    __tablename__ = "serving_raw_counts"
+
+    workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), primary_key=True)
+    stored: Mapped[int] = mapped_column(BigInteger, default=0)
+    over_cap: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -19,6 +19,8 @@ from store.migrations import PROJECT_ROOT, current_revision, downgrade, head_rev
 from store.models import Base
 from store.partitions import DAY, SAMPLE_TABLES, adopt_early_rows, day_of, is_partition, partition_name, partitions
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
+from store.serving import set_slo
+from store.workflows import upsert_workflow
 
 
 def _diff(store: Store) -> list:
@@ -164,5 +166,49 @@ def test_0006_drops_the_sample_ids_and_its_downgrade_restores_them_on_postgresql
     store = Store(pg_url)
     try:
         _ids_dropped_and_restored(store)
+    finally:
+        store.dispose()
+
+
+def _raw_requests_up_and_down(store: Store) -> None:
+    """0011s adds the opt-in raw serving requests and their counts; its downgrade takes both away and leaves 0010's
+    serving tables (and their rows) as they were."""
+    upgrade(store, "0010")
+    assert not {"serving_requests", "serving_raw_counts"} & store.table_names()
+    upgrade(store, "0011s")
+    assert current_revision(store) == "0011s"
+    with store.session() as session:
+        upsert_workflow(session, "svc", id_source="env")
+        set_slo(session, "svc", "a", 1.0)
+    with store.engine.begin() as conn:
+        conn.execute(text("INSERT INTO serving_requests (workflow_id, app, arrival, wait_s, exec_s, latency_s, "
+                          "batch_size) VALUES ('svc', 'a', 1.0, 0.0, 0.5, 0.5, 1), "
+                          "('svc', 'a', 2.0, 0.1, 0.5, 0.6, 2)"))
+        conn.execute(text("INSERT INTO serving_raw_counts (workflow_id, stored, over_cap) VALUES ('svc', 2, 3)"))
+        ids = conn.execute(text("SELECT id FROM serving_requests ORDER BY id")).scalars().all()
+    assert len(set(ids)) == 2  # the id is generated
+    downgrade(store, "0010")
+    assert current_revision(store) == "0010"
+    assert not {"serving_requests", "serving_raw_counts"} & store.table_names()
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM serving_apps")).scalar() == 1
+    upgrade(store, "0011s")
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM serving_requests")).scalar() == 0
+
+
+def test_0011s_raw_serving_requests_up_and_down_on_sqlite(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'raw.db'}")
+    try:
+        _raw_requests_up_and_down(store)
+    finally:
+        store.dispose()
+
+
+@pytest.mark.pg
+def test_0011s_raw_serving_requests_up_and_down_on_postgresql(pg_url):
+    store = Store(pg_url)
+    try:
+        _raw_requests_up_and_down(store)
     finally:
         store.dispose()

@@ -1,0 +1,95 @@
+"""Raw serving requests, opt-in and capped: each workflow stores at most `cap` request rows; the rest are counted
+(serving_raw_counts.over_cap), never dropped silently, and every request is in the minute histograms anyway.
+
+A raw record (what the SDK sends when `serving_raw_requests` is on) is a list
+[app, arrival, wait_s, exec_s, latency_s, batch_size]. Retention deletes old rows with the other sample data and
+frees their place under the cap."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.orm import Session
+
+from store.errors import InvalidInput
+from store.models_serving import ServingRawCount, ServingRequest
+
+RAW_FIELDS = ("app", "arrival", "wait_s", "exec_s", "latency_s", "batch_size")
+
+
+def check_raw(rec: Any) -> dict[str, Any]:
+    """One raw record made safe to store; InvalidInput says what is wrong."""
+    if not isinstance(rec, list | tuple) or len(rec) != len(RAW_FIELDS):
+        raise InvalidInput(f"serving raw request: {rec!r} is not [{', '.join(RAW_FIELDS)}]")
+    app, arrival, wait, exec_s, latency, batch = rec
+    if not isinstance(app, str) or not app.strip():
+        raise InvalidInput("serving raw request: a request with no application")
+    nums = {"arrival": arrival, "wait_s": wait, "exec_s": exec_s, "latency_s": latency}
+    for name, v in nums.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise InvalidInput(f"serving raw request for {app!r}: {name}={v!r} is not a finite number")
+    if not exec_s > 0 or wait < 0 or latency < exec_s - 1e-9 or latency < wait:
+        raise InvalidInput(f"serving raw request for {app!r}: times wait={wait!r}, exec={exec_s!r}, "
+                           f"latency={latency!r} do not fit (exec > 0, wait >= 0, latency >= each)")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InvalidInput(f"serving raw request for {app!r}: batch_size={batch!r} is not a whole number >= 1")
+    return {"app": app[:255], "arrival": float(arrival), "wait_s": float(wait), "exec_s": float(exec_s),
+            "latency_s": float(latency), "batch_size": batch}
+
+
+def write_raw(session: Session, workflow_id: str, records: Sequence[dict[str, Any]], cap: int, *,
+              over_cap: int = 0) -> tuple[int, int]:
+    """Store checked `records` of one workflow while it holds fewer than `cap` rows; count the rest (and `over_cap`
+    already counted upstream, e.g. by the SDK's own buffer cap). Returns (stored, counted over the cap)."""
+    if cap < 0:
+        raise InvalidInput(f"serving_raw_max_rows={cap}: must be >= 0")
+    q = select(ServingRawCount).where(ServingRawCount.workflow_id == workflow_id)
+    if session.get_bind().dialect.name == "postgresql":
+        q = q.with_for_update()  # two agents writing one workflow share its cap
+    row = session.scalars(q).one_or_none()
+    if row is None:
+        row = ServingRawCount(workflow_id=workflow_id, stored=0, over_cap=0)
+        session.add(row)
+    room = max(0, cap - row.stored)
+    keep = list(records[:room])
+    if keep:
+        session.execute(insert(ServingRequest), [{"workflow_id": workflow_id, **r} for r in keep])
+    over = len(records) - len(keep) + over_cap
+    row.stored += len(keep)
+    row.over_cap += over
+    session.flush()
+    return len(keep), over
+
+
+def raw_counts(session: Session, workflow_id: str) -> tuple[int, int]:
+    """(raw requests stored, raw requests counted over the cap) of one workflow."""
+    row = session.get(ServingRawCount, workflow_id)
+    return (0, 0) if row is None else (row.stored, row.over_cap)
+
+
+def raw_requests(session: Session, workflow_id: str, since: float = -math.inf,
+                 until: float = math.inf) -> list[ServingRequest]:
+    q = select(ServingRequest).where(ServingRequest.workflow_id == workflow_id, ServingRequest.arrival >= since,
+                                     ServingRequest.arrival < until)
+    return list(session.scalars(q.order_by(ServingRequest.arrival, ServingRequest.id)))
+
+
+def delete_raw_before(session: Session, cutoff: float) -> int:
+    """Retention: raw requests that arrived before `cutoff` go, and their place under each workflow's cap is
+    freed (the minute histograms keep their counts). Returns the rows deleted."""
+    gone: Iterable[tuple[str, int]] = session.execute(
+        select(ServingRequest.workflow_id, func.count()).where(ServingRequest.arrival < cutoff)
+        .group_by(ServingRequest.workflow_id)).tuples().all()
+    total = 0
+    for wf, n in gone:
+        row = session.get(ServingRawCount, wf)
+        if row is not None:
+            row.stored = max(0, row.stored - int(n))
+        total += int(n)
+    if total:
+        session.execute(delete(ServingRequest).where(ServingRequest.arrival < cutoff))
+    session.flush()
+    return total
