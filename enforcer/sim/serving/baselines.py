@@ -4,7 +4,8 @@ the system whose rule it borrows:
 - ClockworkLike: a point estimate (the application's mean time), earliest deadline first across batching groups,
   requests dropped once the estimate says they cannot make their deadline, and the largest batch (members in
   deadline order, skipping one that would break the batch) whose estimated time meets every member's deadline;
-  a batch still running when all its members are past their deadlines is stopped (dropped, counted).
+  optionally (`stop_running`; off in benchmarks/serving.py, as it is for ours), a batch still running when all
+  its members are past their deadlines is stopped (dropped, counted).
 - Oracle: the Clockwork rule with each request's exact time instead of the mean.
 - NexusLike: a batch size profiled per group (the largest b with 2 * g(b) * mean <= SLO, Nexus's rule that a
   request may wait one batch and run in the next), FIFO; never drops.
