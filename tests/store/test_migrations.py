@@ -1,5 +1,6 @@
 """`alembic upgrade head` builds exactly the models' schema on SQLite and PostgreSQL; `downgrade base` empties it;
-0006 takes the sample tables' ids away and its downgrade gives them back, every row kept both ways."""
+0006 takes the sample tables' ids away and its downgrade gives them back, every row kept both ways; 0011p turns the
+placements' P' into the measured P and back."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from store.db import Store
+from store.headroom import charged
 from store.ingest import write_samples
 from store.migrations import PROJECT_ROOT, current_revision, downgrade, head_revision, upgrade
-from store.models import Base
+from store.models import Base, Placement
 from store.partitions import DAY, SAMPLE_TABLES, adopt_early_rows, day_of, is_partition, partition_name, partitions
+from store.registry import DeviceSpec, register_devices, register_host
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
+from store.workflows import upsert_workflow
 
 
 def _diff(store: Store) -> list:
@@ -164,5 +168,50 @@ def test_0006_drops_the_sample_ids_and_its_downgrade_restores_them_on_postgresql
     store = Store(pg_url)
     try:
         _ids_dropped_and_restored(store)
+    finally:
+        store.dispose()
+
+
+def _placements_keep_measured_memory(store: Store) -> None:
+    """0010 -> 0011p -> 0010 on placements written with P' = charged(P): the upgrade keeps P = floor(P' / 1.1), the
+    downgrade gives P' back (charged again: at most the byte its first rounding up added), unknown memory stays
+    unknown."""
+    assert upgrade(store, "0010") == "0010"
+    measured = [1, 10, 100 << 20, 1 << 30, 7 * (1 << 30) + 12345, 80 * (1 << 30), None]
+    with store.session() as s:
+        register_host(s, "h1", hostname="h1", source="cpu")
+        (device_id,) = register_devices(s, "h1", [DeviceSpec(0, "cpu:h1:0", "cpu", 1 << 40, (0,))],
+                                        source="cpu").values()
+        for k, p in enumerate(measured):
+            upsert_workflow(s, f"wf{k}", now=1.0, id_source="managed")
+            s.add(Placement(workflow_id=f"wf{k}", device_id=device_id, host_id="h1",
+                            mem_persistent=None if p is None else charged(p), mem_ephemeral=5, started_at=1.0))
+
+    def kept() -> list[int | None]:
+        with store.engine.connect() as conn:
+            return [r[0] for r in conn.execute(text("SELECT mem_persistent FROM placements ORDER BY id"))]
+
+    assert upgrade(store) == head_revision()
+    assert _diff(store) == []
+    assert kept() == [None if p is None else (10 * charged(p)) // 11 for p in measured]
+    assert kept() == measured  # P as it was measured (1.1 P rounded up, then floored back)
+    downgrade(store, "0010")
+    assert current_revision(store) == "0010"
+    assert kept() == [None if p is None else charged(p) for p in measured]
+
+
+def test_0011p_placements_keep_measured_memory_on_sqlite(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'p.db'}")
+    try:
+        _placements_keep_measured_memory(store)
+    finally:
+        store.dispose()
+
+
+@pytest.mark.pg
+def test_0011p_placements_keep_measured_memory_on_postgresql(pg_url):
+    store = Store(pg_url)
+    try:
+        _placements_keep_measured_memory(store)
     finally:
         store.dispose()
