@@ -11,11 +11,14 @@ actuator ever receives it. The planner plans around the same facts as it reads t
 say why the planner kept a job where it was.
 
 Facts can change between the moment a move is begun (the check) and the moment the actuator places the job, and the
-check does not run again: the target stays reserved in between because admission counts a lane opened for a move
-under way as taken (`FleetState.free_capacity`), and a host whose storage fails after the check fails the relaunch
-there, which the actuator rolls back. What belongs to execution (the relaunch spec matches its signature, the
-checkpoint's size and sha256, its age when the job stops, the resume step at or above the checkpoint's) is checked
-inside the actuator (enforcer.actuators.agents and the agent it commands), never here.
+check does not run again: it runs when the move is begun, which for a plan's moves is when the plan is applied, not
+when the actuator takes its first step. The target stays reserved in between because admission and the planner hold
+a lane opened for a move under way for the job on its way (`FleetState.arriving`); a host whose storage fails after
+the check fails the relaunch there, which the actuator rolls back.
+
+What belongs to execution (the relaunch spec matches its signature, the checkpoint's size and sha256, its age when
+the job stops, the resume step at or above the checkpoint's) is checked inside the actuator
+(enforcer.actuators.agents and the agent it commands), never here.
 """
 
 from __future__ import annotations
