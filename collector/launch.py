@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from collector.mps import mps_env, thread_percentage
 from store.errors import InvalidInput, NotFound
+from store.headroom import charged
 from store.models import Device, Lane, Placement, Workflow
 
 MANAGED_ENV = "FLEETLENS_MANAGED"  # set to the host id in every managed job's environment: how agents find it
@@ -100,7 +101,7 @@ def _admitted_persistent(session: Session, workflow_id: str, lane: Lane) -> int 
         Placement.state.in_(("pending", "active"))).order_by(Placement.id.desc()).limit(1))
     if placement is None or placement.mem_persistent is None or not placement.mem_ephemeral:
         return None
-    return int(placement.mem_persistent)
+    return charged(int(placement.mem_persistent))
 
 
 def job_share(session: Session, workflow_id: str, lane: Lane, share_bytes: int | None = None) -> int:
@@ -111,7 +112,7 @@ def job_share(session: Session, workflow_id: str, lane: Lane, share_bytes: int |
             Placement.workflow_id == workflow_id, Placement.lane_id == lane.id,
             Placement.state.in_(("pending", "active"))).order_by(Placement.id.desc()).limit(1))
         if placement is not None and placement.mem_persistent is not None:
-            share_bytes = int(placement.mem_persistent) + int(placement.mem_ephemeral or 0)
+            share_bytes = charged(int(placement.mem_persistent)) + int(placement.mem_ephemeral or 0)
     share = min(int(share_bytes), lane.size_bytes) if share_bytes else lane.size_bytes
     wf = session.get(Workflow, workflow_id)
     # only GPU memory the SDK measured is comparable with a share of a GPU (host RSS on a CPU device is not)

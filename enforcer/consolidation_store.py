@@ -108,7 +108,7 @@ def make_consolidation_plan(store: Store, settings: Settings, *, now: float | No
             workflow_id=m.job_id, from_device_id=m.from_device_id, to_device_id=m.to_device_id, to_lane_id=None,
             new_lane=f"c{k}", lane_size=lane, p_prime=min(int(size.mem * PERSISTENT_FACTOR), lane), ephemeral=0,
             util=size.util, compute_share=min(1.0, max(size.util, 1e-3)), expected_slowdown=1.0,
-            rules=[m.reason])))
+            rules=[m.reason], persistent=int(size.mem))))
     summary = {**plan.summary(), "freed_device_ids": plan.devices_freed,
                "move_reasons": [{"workflow": m.job_id, "reason": m.reason, "cost_s": m.cost_s,
                                  "gain_device_h": m.gain_device_h} for m in plan.moves],

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from store.checkpoints import readable_hosts_by_workflow
 from store.device_memory import known_context, unplaced_memory
+from store.headroom import charged
 from store.models import Action, Device, Lane, Placement, Team, Workflow
 from store.settings import Settings
 from store.workflows import is_movable
@@ -58,7 +59,8 @@ class LaneState:
 
 @dataclass(frozen=True, slots=True)
 class PlacementState:
-    """One job on one device, as admitted: `p_prime` is P' (None: its memory is unknown), `ephemeral` its E."""
+    """One job on one device, as admitted: `persistent` its measured P (None: its memory is unknown), `ephemeral`
+    its E; `p_prime` the P' a lane charges it (the headroom applied by store.headroom, never stored)."""
 
     placement_id: int
     workflow_id: str
@@ -66,11 +68,15 @@ class PlacementState:
     lane_id: int | None  # None: the whole device
     host: str
     pid: int | None
-    p_prime: int | None
+    persistent: int | None
     ephemeral: int | None
     compute_share: float | None
     state: str  # 'active' or 'pending'
     context: int | None = None  # C as measured (store.device_memory.known_context); None: the device's default
+
+    @property
+    def p_prime(self) -> int | None:
+        return None if self.persistent is None else charged(self.persistent)
 
 
 @dataclass(frozen=True, slots=True)

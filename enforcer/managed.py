@@ -89,8 +89,9 @@ def load_host_fleet(session: Session, host_id: str, settings: Settings) -> tuple
 
     A device's capacity is its free capacity by the fleet state's one rule (enforcer.fleet_state), so admission
     never hands out memory that processes outside its placements use, to a lane or to a job asking for a whole
-    device. Each lane job's context (C) is charged beside its lane: measured, else the device's default from
-    `settings` (FleetState.context_charge)."""
+    device; nor a lane opened for a move still under way (`FleetState.arriving`), which the job on its way holds
+    (its share of the lane, as the planner's store side reserves it). Each lane job's context (C) is charged beside
+    its lane: measured, else the device's default from `settings` (FleetState.context_charge)."""
     state = read_fleet_state(session, host_id=host_id, settings=settings)
     devices = {d.id: d for d in session.scalars(select(Device).where(Device.id.in_(list(state.devices)))
                                                 .order_by(Device.index))}
@@ -115,6 +116,18 @@ def load_host_fleet(session: Session, host_id: str, settings: Settings) -> tuple
         except ValueError:
             # the store disagrees with itself (a lane over-full): take the device as fully held
             fleet.set_alive(p.device_id, False)
+    # a lane opened for a move under way is held for the job on its way, though no placement is in it yet
+    arrived = {(p.workflow_id, p.lane_id) for p in state.placements}
+    for a in state.arriving:
+        if (a.workflow_id, a.lane.lane_id) in arrived:
+            continue
+        lane = fleet.device(a.device_id).lanes.get(a.lane.lane_id)
+        share = a.share if lane is None else min(a.share, lane.room)
+        try:
+            fleet.place_loaded(Job(f"arriving:{a.workflow_id}", persistent=0, util=a.lane.compute_share),
+                               a.device_id, a.lane.lane_id, a.lane.size, a.lane.compute_share, p_prime=share)
+        except ValueError:
+            fleet.set_alive(a.device_id, False)
     return fleet, devices
 
 
@@ -265,10 +278,11 @@ def register_managed(
                 else:
                     lane_id = adm.lane_id
                     share = session.get(Lane, lane_id).compute_share
-            # P' stays unknown for a job whose memory is: nobody may plan with a guess
+            # P stays unknown for a job whose memory is: nobody may plan with a guess. The store keeps P as measured;
+            # the lane charged it P' = adm.p_prime (store.headroom), which readers compute again from P
             placement = Placement(workflow_id=workflow_id, device_id=adm.device_id, lane_id=lane_id if not
                                   adm.exclusive else None, host_id=host_id, pid=None,
-                                  mem_persistent=adm.p_prime if memory is not None else None,
+                                  mem_persistent=persistent if memory is not None else None,
                                   mem_ephemeral=adm.ephemeral if memory is not None else None, compute_share=share,
                                   state="pending", started_at=now)
             session.add(placement)

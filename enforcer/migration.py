@@ -31,15 +31,16 @@ from enforcer.migration_steps import (
     MigrationOptions,
     StepRunner,
     active_placement,
-    admitted_profile,
-    move_refusal,
+    admitted_memory,
     transition,
 )
-from enforcer.move_checks import target_refusal
+from enforcer.move_checks import move_refusal
 from store.db import Store
 from store.errors import DatabaseUnavailable, FleetlensError, InvalidInput, NotFound
+from store.headroom import charged
 from store.models import Action, ActionEvent, Device, Lane, Workflow
 from store.settings import Settings
+from store.workflows import spec_refusal
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +70,15 @@ def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lan
         here = active_placement(session, workflow_id)
         if here is None:
             raise InvalidInput(f"{workflow_id!r} has no active placement; nothing moved")
-        target = session.get(Device, to_device_id)
-        if target_refusal(target, to_device_id) is not None:
-            raise NotFound(f"target device {to_device_id} is not in the store (or lost); nothing moved")
+        if session.get(Device, to_device_id) is None:
+            raise NotFound(f"target device {to_device_id} is not in the store; nothing moved")
         if to_lane_id is not None and session.get(Lane, to_lane_id) is None:
             raise NotFound(f"target lane {to_lane_id} is not in the store; nothing moved")
-        refusal = move_refusal(session, wf, here.host_id, target.host_id, settings, now=now)
+        refusal = spec_refusal(wf, settings.secret_bytes())  # the agents' own verification, before anything
         if refusal is not None:
             raise InvalidInput(f"refused: {refusal}; nothing moved, {workflow_id} runs on where it is")
-        p_prime, e = admitted_profile(wf, here)
+        persistent, e = admitted_memory(wf, here)
+        p_prime = charged(persistent)
         size = new_lane_size if new_lane_size is not None else (
             session.get(Lane, to_lane_id).size_bytes if to_lane_id is not None else None)
         if size is not None and p_prime and size < p_prime + e:
@@ -93,17 +94,31 @@ def start_migration(store: Store, workflow_id: str, to_device_id: int, *, to_lan
         action = plan_action(session, workflow_id, policy, here.device_id, to_device_id, to_lane_id, now=now,
                              message=f"planned by hand: device {here.device_id} -> {to_device_id}"
                                      f"{f' lane {to_lane_id}' if to_lane_id else ' (whole device)'}",
-                             detail={"p_prime": p_prime, "ephemeral": e}, plan_id=plan_id,
-                             expected_slowdown=expected_slowdown, engine=engine)
+                             detail={"p_prime": p_prime, "ephemeral": e, "persistent": persistent},
+                             settings=settings, plan_id=plan_id, expected_slowdown=expected_slowdown, engine=engine)
         return action.id
 
 
 
+class MoveRefused(InvalidInput):
+    """A move the plan-level checks (enforcer.move_checks) refuse; `reason` says why. Nothing was recorded."""
+
+    def __init__(self, workflow_id: str, reason: str) -> None:
+        super().__init__(f"refused: {reason}; nothing moved, {workflow_id} runs on where it is")
+        self.workflow_id, self.reason = workflow_id, reason
+
+
 def plan_action(session: Session, workflow_id: str, policy: str | None, from_device_id: int, to_device_id: int,
-                to_lane_id: int | None, *, now: float, message: str, detail: dict[str, Any],
+                to_lane_id: int | None, *, now: float, message: str, detail: dict[str, Any], settings: Settings,
                 plan_id: int | None = None, expected_slowdown: float | None = None, engine: str = "agents") -> Action:
-    """Record a migration in state 'planned' with its first event (`detail` holds the P' and E it was planned
-    with, which the target check uses); `engine` names the actuator that carries it out."""
+    """Begin a move: run its plan-level checks (enforcer.move_checks, the one place they run) and record it in state
+    'planned' with its first event (`detail` holds the P' and E it was planned with, which the checks use); `engine`
+    names the actuator that carries it out. A refused move raises MoveRefused and is not recorded, so no actuator
+    ever receives it."""
+    refusal = move_refusal(session, session.get(Workflow, workflow_id), from_device_id, to_device_id, to_lane_id,
+                           int(detail.get("p_prime") or 0), int(detail.get("ephemeral") or 0), settings, now=now)
+    if refusal is not None:
+        raise MoveRefused(workflow_id, refusal)
     action = Action(plan_id=plan_id, kind="migrate", engine=engine, workflow_id=workflow_id, policy=policy,
                     from_device_id=from_device_id, to_device_id=to_device_id, to_lane_id=to_lane_id,
                     state="planned", expected_slowdown=expected_slowdown, attempts=0, created_at=now,

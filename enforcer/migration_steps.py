@@ -3,8 +3,11 @@ signed command it sends the job's host next (checkpoint, stop, relaunch), and wh
 
 Each step reads the action and the commands issued for it from the store and takes at most one transition, so it is
 idempotent: a command whose outcome never arrives is sent again after its deadline. Its own verification runs here:
-the relaunch spec matches its signature (`move_refusal`, and the agent again), and a relaunched job resumes at or
-above its checkpoint's step (`relaunched`); the checkpoint's size and sha256 the agent that starts the job checks.
+the relaunch spec matches its signature (`planned`, and the agent again), the checkpoint is young enough when the stop
+reaches the job (`checkpointed`, by the agent), and a relaunched job resumes at or above its checkpoint's step
+(`relaunched`); the checkpoint's size and sha256 the agent that starts the job checks. The plan-level checks (target
+capacity, storage readable from the target) ran once before any of this, when the move was begun
+(enforcer.move_checks): no step repeats them.
 """
 
 from __future__ import annotations
@@ -16,12 +19,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from enforcer.lanes import lane_fits, whole_device_fits
-from enforcer.move_checks import plan_refusal, target_refusal
 from store.checkpoints import latest_checkpoint
 from store.commands import enqueue_command
-from store.device_memory import known_context
-from store.headroom import PERSISTENT_FACTOR
+from store.headroom import charged
 from store.models import Action, ActionEvent, Checkpoint, Command, Device, Lane, Placement, StepStat, Workflow
 from store.placements import close_empty_lanes
 from store.settings import Settings
@@ -50,18 +50,6 @@ class MigrationOptions:
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> MigrationOptions:
         return cls(**{"checkpoint_timeout_s": settings.checkpoint_timeout_s, **overrides})
-
-
-
-def move_refusal(session: Session, wf: Workflow, source_host: str | None, target_host: str, settings: Settings,
-                 *, now: float) -> str | None:
-    """Why moving `wf` from `source_host` to `target_host` cannot be done safely (None when it can): its relaunch
-    spec no longer matches its signature (this actuator's own verification: what is started is what was signed), or
-    the plan-level check (enforcer.move_checks) refuses it."""
-    refusal = spec_refusal(wf, settings.secret_bytes())
-    if refusal is not None:
-        return refusal
-    return plan_refusal(session, wf, source_host, target_host, settings, now=now)
 
 
 
@@ -95,12 +83,17 @@ def active_placement(session: Session, workflow_id: str, device_id: int | None =
     return session.scalar(query.order_by(Placement.id.desc()).limit(1))
 
 
-def admitted_profile(wf: Workflow, placement: Placement | None) -> tuple[int, int]:
-    """(P', E) of the job as a lane admits it."""
+def admitted_memory(wf: Workflow, placement: Placement | None) -> tuple[int, int]:
+    """(P, E) of the job as measured: what its placement was admitted with, else what the workflow reports."""
     if placement is not None and placement.mem_persistent is not None:
         return int(placement.mem_persistent), int(placement.mem_ephemeral or 0)
-    persistent = int(wf.mem_persistent or 0)
-    return int(PERSISTENT_FACTOR * persistent), int(wf.mem_ephemeral or 0)
+    return int(wf.mem_persistent or 0), int(wf.mem_ephemeral or 0)
+
+
+def admitted_profile(wf: Workflow, placement: Placement | None) -> tuple[int, int]:
+    """(P', E) of the job as a lane admits it (the headroom applied by store.headroom)."""
+    persistent, ephemeral = admitted_memory(wf, placement)
+    return charged(persistent), ephemeral
 
 
 class StepRunner:
@@ -162,11 +155,9 @@ class StepRunner:
         if not wf.checkpoint_dir:
             self.fail(f"{wf.id} has no checkpoint folder registered; nothing moved")
             return
-        target = self.session.get(Device, self.action.to_device_id)
-        if target_refusal(target, self.action.to_device_id) is not None:
-            self.fail(f"target device {self.action.to_device_id} is gone; nothing moved")
-            return
-        refusal = move_refusal(self.session, wf, here.host_id, target.host_id, self.settings, now=self.now)
+        # the plan-level checks ran once, when the move was begun (enforcer.move_checks); this is the actuator's own
+        # verification: what would be started is what was signed
+        refusal = spec_refusal(wf, self.settings.secret_bytes())
         if refusal is not None:
             self.fail(f"refused: {refusal}; nothing moved, {wf.id} runs on where it is", {"refused": refusal})
             return
@@ -309,11 +300,6 @@ class StepRunner:
                           "with `fleetlens run`", dict(command.result or {}))
             return
         device_id, lane_id = self.destination(wf, move)
-        if move:
-            full = self.target_full(wf)
-            if full is not None:
-                self.to("rolling_back", f"{full}; putting {wf.id} back where it was")
-                return
         host = self.host_of(device_id)
         if host is None:
             if move:
@@ -361,45 +347,27 @@ class StepRunner:
             return fact.id, fact.url, fact.step
         return None, None, None
 
-    def target_full(self, wf: Workflow) -> str | None:
-        """Why the target cannot take the job now (None when it can): the lanes' admission rule against the store."""
-        p_prime, e = self.job_profile(wf)
-        if self.action.to_lane_id is not None:
-            lane = self.session.get(Lane, self.action.to_lane_id)
-            if lane is None or lane.state != "open":
-                return f"target lane {self.action.to_lane_id} is closed"
-            others = [p for p in self.session.scalars(select(Placement).where(
-                Placement.lane_id == lane.id, Placement.state.in_(("active", "pending")))) if p.workflow_id != wf.id]
-            held = sum(int(p.mem_persistent or 0) for p in others)
-            peak = max((int(p.mem_ephemeral or 0) for p in others), default=0)
-            if lane.size_bytes < p_prime + e:
-                return (f"target lane {lane.id} holds {lane.size_bytes} bytes, less than {wf.id}'s own share: "
-                        f"{p_prime} bytes of persistent memory plus {e} ephemeral")
-            if not lane_fits(lane.size_bytes, held, peak, p_prime, e):
-                used = held + peak
-                return (f"target lane {lane.id} is full: it holds {used} "
-                        f"of {lane.size_bytes} bytes for {len(others)} jobs, and {wf.id} needs {p_prime} + {e}")
-            return None
-        device = self.session.get(Device, self.action.to_device_id)
-        others = [p for p in self.session.scalars(select(Placement).where(
-            Placement.device_id == self.action.to_device_id, Placement.state.in_(("active", "pending"))))
-            if p.workflow_id != wf.id]
-        if others:
-            return f"target device {self.action.to_device_id} is taken by {', '.join(p.workflow_id for p in others)}"
-        # on a whole device its context (measured, else the default on a GPU) is inside what it holds
-        c = known_context(wf) if known_context(wf) is not None else self.settings.context_bytes \
-            if device is not None and device.source == "nvml" else 0
-        if device is not None and device.memory_total and not whole_device_fits(device.memory_total, p_prime, e, c):
-            return f"target device {device.id} has {device.memory_total} bytes, {wf.id} needs {p_prime + e + c}"
-        return None
-
-    def job_profile(self, wf: Workflow) -> tuple[int, int]:
+    def planned_detail(self) -> dict[str, Any]:
         planned = self.session.scalar(select(ActionEvent).where(
             ActionEvent.action_id == self.action.id, ActionEvent.to_state == "planned").order_by(ActionEvent.id))
-        detail = dict(planned.detail or {}) if planned is not None else {}
+        return dict(planned.detail or {}) if planned is not None else {}
+
+    def job_profile(self, wf: Workflow) -> tuple[int, int]:
+        """(P', E) the move was planned with: its memory cap in the new lane."""
+        detail = self.planned_detail()
         if detail.get("p_prime") is not None:
             return int(detail["p_prime"]), int(detail.get("ephemeral") or 0)
         return admitted_profile(wf, active_placement(self.session, wf.id))
+
+    def job_memory(self, wf: Workflow) -> tuple[int | None, int]:
+        """(P, E) as measured that the new placement records (P None: a move planned before P was kept with it)."""
+        detail = self.planned_detail()
+        if detail.get("persistent") is not None:
+            return int(detail["persistent"]), int(detail.get("ephemeral") or 0)
+        here = active_placement(self.session, wf.id)
+        if here is not None and here.mem_persistent is not None:
+            return int(here.mem_persistent), int(detail.get("ephemeral") or here.mem_ephemeral or 0)
+        return (int(wf.mem_persistent) if wf.mem_persistent else None), int(detail.get("ephemeral") or 0)
 
     def relaunched_at(self, wf: Workflow, command: Command, move: bool) -> None:
         result = dict(command.result or {})
@@ -407,7 +375,7 @@ class StepRunner:
         device_id, lane_id = self.destination(wf, move)
         old = list(self.session.scalars(select(Placement).where(
             Placement.workflow_id == wf.id, Placement.state.in_(("active", "pending")))))
-        p_prime, e = self.job_profile(wf)
+        persistent, e = self.job_memory(wf)
         share = 1.0
         if lane_id is not None:
             lane = self.session.get(Lane, lane_id)
@@ -415,7 +383,7 @@ class StepRunner:
         for p in old:
             p.state, p.ended_at = "ended", self.now
         self.session.add(Placement(workflow_id=wf.id, device_id=device_id, lane_id=lane_id,
-                                   host_id=command.host_id, pid=pid, mem_persistent=p_prime, mem_ephemeral=e,
+                                   host_id=command.host_id, pid=pid, mem_persistent=persistent, mem_ephemeral=e,
                                    compute_share=share, state="active", started_at=self.now))
         self.session.flush()
         close_empty_lanes(self.session, {p.lane_id for p in old if p.lane_id is not None and p.lane_id != lane_id},

@@ -12,8 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from enforcer.fleet_state import FleetState, LaneState, PlacementState, read_fleet_state
-from enforcer.migration import plan_action
-from enforcer.move_checks import plan_refusal, target_refusal, unsafe_moves
+from enforcer.migration import MoveRefused, plan_action
+from enforcer.move_checks import storage_refusal
 from enforcer.planner import Holding, Move, PlanDevice, PlanResult, plan_moves
 from enforcer.policies import get_policy
 from store.db import Store
@@ -21,7 +21,6 @@ from store.device_memory import known_memory
 from store.errors import InvalidInput, NotFound
 from store.finding_contract import PLANNER_RULES, MoveEvidence
 from store.findings import open_findings
-from store.headroom import measured
 from store.models import Action, Device, Placement, Plan, Workflow
 from store.models import Lane as LaneRow
 from store.settings import Settings
@@ -87,8 +86,8 @@ def _memory(session: Session, wf: Workflow, placement: PlacementState, flagged: 
     known = known_memory(session, wf, min_steps)
     if known is not None:
         return known
-    if placement.p_prime is not None:
-        return measured(placement.p_prime), int(placement.ephemeral or 0)
+    if placement.persistent is not None:
+        return placement.persistent, int(placement.ephemeral or 0)
     for f in flagged:
         gib = MoveEvidence.from_json(f.evidence).memory_gib
         if gib:
@@ -116,7 +115,6 @@ def make_plan(store: Store, policy: str = "pack", *, settings: Settings, apply: 
     result = plan_moves(devices, holdings, chosen, max_moves=settings.max_moves_per_cycle)
     with store.session() as session:
         explain_refusals(session, result.refused, settings, now)
-        refuse_unsafe_moves(session, result, settings, now)
     with store.session() as session:
         row = Plan(created_at=now, policy=chosen.name, applied=False, devices_freed=len(result.devices_freed),
                    moves=[asdict(m) for m in result.moves], summary=result.summary())
@@ -135,33 +133,19 @@ def explain_refusals(session: Session, refusals: list[dict], settings: Settings,
     for refusal in refusals:
         wf = session.get(Workflow, refusal["workflow_id"])
         source = session.get(Device, refusal["from_device_id"])
-        why = None if wf is None or "to_host" not in refusal else plan_refusal(
+        why = None if wf is None or "to_host" not in refusal else storage_refusal(
             session, wf, source.host_id if source is not None else None, refusal["to_host"], settings, now=now)
         if why is not None:
             refusal["reason"] = f"{refusal['reason']}: {why}"
 
 
-def refuse_unsafe_moves(session: Session, result: PlanResult, settings: Settings, now: float) -> None:
-    """Take out of the plan every move to a host that cannot read the job's checkpoint location, with the reason in
-    `result.refused`; a device one of whose jobs cannot go is not emptied, so none of its moves are made.
-
-    The planner already plans around such hosts (from the same facts, read with the fleet): this catches a probe
-    that changed in between. (A job whose relaunch spec no longer matches its signature is refused when its move
-    starts, before anything is touched, and by the agent.)"""
-    blocked, refused = unsafe_moves(session, result.moves, settings, now)
-    result.refused.extend(refused)
-    if blocked:
-        dropped = [m for m in result.moves if m.from_device_id in blocked]
-        result.moves = [m for m in result.moves if m.from_device_id not in blocked]
-        result.devices_freed = [d for d in result.devices_freed if d not in blocked]
-        result.skipped["refused: not safe to move"] = result.skipped.get("refused: not safe to move", 0) + len(dropped)
-
-
 def apply_plan(store: Store, plan_id: int, *, settings: Settings, now: float | None = None) -> list[Action]:
     """Turn a recorded plan into actions in state 'planned' (one per move) and open the lanes it needs.
 
-    All or nothing: a plan that is unknown or already applied, or names a workflow that has gone, a job no
-    longer where the plan found it, or a device that is gone, raises and leaves the store as it was.
+    All or nothing: a plan that is unknown or already applied, or names a workflow that has gone or a job no
+    longer where the plan found it, or a move the plan-level checks refuse (enforcer.move_checks, run once per move
+    as `plan_action` begins it: a device that is gone, a target without room, storage the target cannot read),
+    raises and leaves the store as it was.
     """
     now = time.time() if now is None else now
     with store.session() as session:
@@ -185,14 +169,6 @@ def apply_plan(store: Store, plan_id: int, *, settings: Settings, now: float | N
             if here is None:
                 raise InvalidInput(f"plan {plan_id}: workflow {m.workflow_id!r} is no longer on device "
                                    f"{m.from_device_id}; nothing was moved — run `fleetlens enforce` again")
-            target = session.get(Device, m.to_device_id)
-            if target_refusal(target, m.to_device_id) is not None:
-                raise NotFound(f"plan {plan_id}: target device {m.to_device_id} is gone; nothing was moved")
-            source = session.get(Device, m.from_device_id)
-            refusal = plan_refusal(session, wf, source.host_id if source is not None else None, target.host_id,
-                                   settings, now=now)
-            if refusal is not None:
-                raise InvalidInput(f"plan {plan_id}: refused to move {m.workflow_id!r}: {refusal}; nothing was moved")
         new_lanes: dict[str, int] = {}
         actions = []
         for m in moves:
@@ -205,12 +181,16 @@ def apply_plan(store: Store, plan_id: int, *, settings: Settings, now: float | N
                     session.flush()
                     new_lanes[m.new_lane] = lane.id
                 lane_id = new_lanes[m.new_lane]
-            action = plan_action(
-                session, m.workflow_id, plan.policy, m.from_device_id, m.to_device_id, lane_id, now=now,
-                message=f"planned by plan {plan_id} ({plan.policy}): device {m.from_device_id} -> {m.to_device_id}",
-                detail={"rules": m.rules, "expected_slowdown": m.expected_slowdown, "lane_size": m.lane_size,
-                        "p_prime": m.p_prime, "ephemeral": m.ephemeral},
-                plan_id=plan_id, expected_slowdown=m.expected_slowdown)
+            try:
+                action = plan_action(
+                    session, m.workflow_id, plan.policy, m.from_device_id, m.to_device_id, lane_id, now=now,
+                    message=f"planned by plan {plan_id} ({plan.policy}): device {m.from_device_id} -> {m.to_device_id}",
+                    detail={"rules": m.rules, "expected_slowdown": m.expected_slowdown, "lane_size": m.lane_size,
+                            "p_prime": m.p_prime, "ephemeral": m.ephemeral, "persistent": m.persistent},
+                    settings=settings, plan_id=plan_id, expected_slowdown=m.expected_slowdown)
+            except MoveRefused as refused:  # the session rolls back: nothing of the plan is written
+                raise InvalidInput(f"plan {plan_id}: refused to move {m.workflow_id!r}: {refused.reason}; nothing "
+                                   "was moved") from None
             actions.append(action)
         plan.applied = True
         session.flush()

@@ -66,7 +66,7 @@ class Holding:
     lane_id: int | None = None  # its lane in the store; None = it holds the device whole
     lane_size: int | None = None
     compute_share: float = 1.0
-    p_prime: int | None = None  # P' as admitted (placements.mem_persistent)
+    p_prime: int | None = None  # P' as admitted: store.headroom.charged of placements.mem_persistent (P)
     movable: bool = False
     rules: tuple[str, ...] = ()  # open findings that make it worth moving
     cooling: bool = False  # moved recently or a move is under way
@@ -90,6 +90,7 @@ class Move:
     compute_share: float
     expected_slowdown: float
     rules: list[str]
+    persistent: int | None = None  # the measured P that p_prime charges (None in plans recorded before it was kept)
 
 
 @dataclass
@@ -195,7 +196,7 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
         for h, adm in placed:
             targets.add(adm.device_id)
             moves.append(Move(h.workflow_id, source, adm.device_id, None, None, 0, adm.p_prime, adm.ephemeral,
-                              h.util, 1.0, 1.0, list(h.rules)))
+                              h.util, 1.0, 1.0, list(h.rules), persistent=h.persistent))
     # slowdowns and shares as they will be once every move is done
     for m in moves:
         device = fleet.device(m.to_device_id)

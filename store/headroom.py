@@ -25,8 +25,3 @@ def lane_size(p_prime: int, ephemeral: int) -> int:
     """L: the lane (bytes, at least one) a job of charged P' and ephemeral E asks for, before any device's cap."""
     return max(1, math.ceil(LANE_FACTOR * (p_prime + max(0, ephemeral))))
 
-
-def measured(p_prime: int) -> int:
-    """P back from a charged P' (only for rows written before the store kept P itself: the inverse of `charged`,
-    to within a byte)."""
-    return int(p_prime / PERSISTENT_FACTOR)

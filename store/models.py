@@ -342,7 +342,7 @@ class Placement(Base):
     lane_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("lanes.id", ondelete="SET NULL"))
     host_id: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int | None]
-    mem_persistent: Mapped[int | None] = mapped_column(BigInteger)  # P' as admitted
+    mem_persistent: Mapped[int | None] = mapped_column(BigInteger)  # P as measured when admitted (P' = charged(P))
     mem_ephemeral: Mapped[int | None] = mapped_column(BigInteger)  # E as admitted
     compute_share: Mapped[float] = mapped_column(default=1.0)
     state: Mapped[str] = mapped_column(String(16), default="active")  # pending | active | ended

@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from store.db import Store
+from store.headroom import charged
 from store.models import Device, Lane, Placement, Workflow
 
 
@@ -58,7 +59,7 @@ def end_placements(store: Store, workflow_id: str, pid: int | None, outcome: str
 def memory_share(session: Session, placement: Placement) -> int | None:
     """The bytes a placement may use: P' + E admitted in its lane, or the whole device's memory."""
     if placement.lane_id is not None and placement.mem_persistent is not None:
-        return int(placement.mem_persistent) + int(placement.mem_ephemeral or 0)
+        return charged(int(placement.mem_persistent)) + int(placement.mem_ephemeral or 0)
     device = session.get(Device, placement.device_id)
     return int(device.memory_total) if device is not None and device.memory_total else None
 

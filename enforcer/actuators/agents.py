@@ -1,11 +1,11 @@
 """The agents' actuator: moves of `fleetlens run` jobs carried out by signed commands to the hosts' agents
 (checkpoint, stop, relaunch), through the migration state machine (enforcer.migration), unchanged.
 
-`begin` records the move (the same checks and the same 'planned' action as `start_migration`); `advance` takes one
-step of the state machine and reports what it came to, read back from the action's event log. Its own verification
-runs inside: the relaunch spec must match its signature (here and on the agent), the checkpoint's size and sha256
-(the agent, before it starts the job) and a resume step at or above the checkpoint's (`migration`'s 'relaunched'
-step), each once.
+`begin` records the move (`start_migration`: the 'planned' action, after the plan-level checks `plan_action` runs
+once); `advance` takes one step of the state machine and reports what it came to, read back from the action's event
+log. Its own verification runs inside: the relaunch spec must match its signature (here and on the agent), the
+checkpoint young enough when the stop reaches the job, its size and sha256 (the agent, before it starts the job) and
+a resume step at or above the checkpoint's (`migration`'s 'relaunched' step).
 """
 
 from __future__ import annotations

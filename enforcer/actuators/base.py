@@ -1,8 +1,9 @@
 """The actuator seam: how one planned move is carried out through one engine, and what each step came to.
 
-The planner is pure (fleet state in, moves out) and imports no actuator. The cycle runs the plan-level checks once
-(target capacity, checkpoint storage readable from the target, checkpoint fresh enough), then hands each accepted
-`Move` to the actuator of the engine that runs the job. An actuator either performs the steps itself (signed
+The planner is pure (fleet state in, moves out) and imports no actuator. The plan-level checks (target usable, target
+capacity, checkpoint storage readable from the target: enforcer.move_checks) run once per move, when it is begun
+(`enforcer.migration.plan_action`, before the action is recorded), so an actuator only ever receives an accepted move
+of the engine that runs the job. An actuator either performs the steps itself (signed
 commands to agents) or asks an engine that performs the move and lets us only ask and observe (a Slurm requeue, a
 Ray Tune resource change). Either way it reports every step as a `StepOutcome`, and its own verification (checkpoint
 size and sha256, resume step at or above the checkpoint's) runs once, inside it.

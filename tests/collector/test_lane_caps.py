@@ -48,10 +48,10 @@ def test_the_caps_in_force_never_sum_past_the_lane(sqlite_store: Store, jobs: li
         s.add(lane)
         s.flush()
         names = [f"job-{k}" for k in range(len(jobs))]
-        for name, p_prime, (_, e) in zip(names, admitted, jobs, strict=True):
+        for name, (p, e) in zip(names, jobs, strict=True):
             upsert_workflow(s, name, now=1.0, id_source="managed", managed=True, state="running")
             s.add(Placement(workflow_id=name, device_id=device_id, lane_id=lane.id, host_id="caps-host",
-                            mem_persistent=p_prime, mem_ephemeral=e, state="active", started_at=1.0))
+                            mem_persistent=p, mem_ephemeral=e, state="active", started_at=1.0))
         s.flush()
         caps = {name: _caps(job_env(s, name, [device_id], lane.id, host_id="caps-host")[0]) for name in names}
     for name, p_prime, (_, e) in zip(names, admitted, jobs, strict=True):

@@ -54,7 +54,8 @@ def _placed(store: Store) -> None:
         s.flush()
         upsert_workflow(s, "victim", now=1.0, id_source="managed", managed=True, state="running")
         s.add(Placement(workflow_id="victim", device_id=device_id, lane_id=lane.id, host_id="oom-host", pid=42,
-                        mem_persistent=12 * GiB, mem_ephemeral=8 * GiB, state="active", started_at=1.0))
+                        mem_persistent=10 * GiB, mem_ephemeral=9 * GiB,  # P' 11 GiB + E: 20 GiB
+                        state="active", started_at=1.0))
 
 
 @pytest.mark.parametrize(("used", "free", "label"), [

@@ -69,7 +69,7 @@ def _one_action(store: Store, engine: str) -> int:
                                source="cpu")
         upsert_workflow(s, "elsewhere", now=1.0, managed=True, command=["python", "t.py"], id_source="managed")
         return plan_action(s, "elsewhere", "pack", ids[0], ids[1], None, now=1.0, message="by hand", detail={},
-                           engine=engine).id
+                           settings=Settings(secret="t"), engine=engine).id
 
 
 def test_an_action_of_an_engine_no_actuator_carries_is_left_alone(sqlite_store: Store, caplog) -> None:

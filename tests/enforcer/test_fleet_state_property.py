@@ -18,6 +18,7 @@ from enforcer.managed import load_host_fleet
 from enforcer.plan_store import load_state
 from store.db import Store
 from store.device_memory import CONTEXT_LABEL
+from store.headroom import charged
 from store.ingest import write_samples
 from store.migrations import upgrade
 from store.models import Action, Lane, Placement
@@ -32,7 +33,7 @@ NOW = 1_800_000_000.0
 
 placement = st.fixed_dictionaries({
     "whole": st.booleans(),
-    "p_prime": st.one_of(st.none(), st.integers(0, 6 * GIB)),
+    "persistent": st.one_of(st.none(), st.integers(0, 6 * GIB)),  # P as measured (the store keeps P, never P')
     "ephemeral": st.integers(0, GIB),
     "state": st.sampled_from(["active", "pending", "ended"]),
     "seen": st.one_of(st.none(), st.integers(0, 8 * GIB)),  # its process's latest sample on the device
@@ -79,17 +80,17 @@ def _write(store: Store, fleet: list[dict]) -> dict[int, int]:
                     else p["context"]
                 lane_id = None
                 if not p["whole"]:
-                    lane = Lane(device_id=dev, size_bytes=(p["p_prime"] or 0) + p["ephemeral"] + GIB,
+                    lane = Lane(device_id=dev, size_bytes=charged(p["persistent"] or 0) + p["ephemeral"] + GIB,
                                 compute_share=0.5, state="open", created_at=NOW)
                     s.add(lane)
                     s.flush()
                     lane_id = lane.id
                 s.add(Placement(workflow_id=wf, device_id=dev, lane_id=lane_id, host_id=d["host"], pid=100 + j,
-                                mem_persistent=p["p_prime"], mem_ephemeral=p["ephemeral"], state=p["state"],
+                                mem_persistent=p["persistent"], mem_ephemeral=p["ephemeral"], state=p["state"],
                                 started_at=NOW))
                 if p["state"] != "ended":
                     placed.add(wf)
-                    explained += total if p["whole"] else (p["p_prime"] or 0) + p["ephemeral"] + context
+                    explained += total if p["whole"] else charged(p["persistent"] or 0) + p["ephemeral"] + context
                 if p["seen"] is not None:
                     process_rows.append(dict(device_id=dev, workflow_id=wf, host_id=d["host"], pid=100 + j, ts=NOW,
                                              mem_used=p["seen"]))

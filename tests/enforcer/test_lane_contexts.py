@@ -186,29 +186,24 @@ def test_the_planner_moves_a_job_only_where_its_context_fits_beside_the_lanes() 
 
 
 def test_a_move_onto_a_whole_gpu_is_refused_when_the_job_and_its_context_overfill_it(sqlite_store) -> None:
-    """The execution check before a relaunch (StepRunner.target_full) counts the context inside a whole device."""
-    from enforcer.migration_steps import MigrationOptions, StepRunner
+    """The plan-level check of a move (enforcer.move_checks.move_refusal) counts the context inside a whole device."""
+    from enforcer.move_checks import move_refusal
     from store.device_memory import CONTEXT_LABEL
-    from store.models import Action
+    from store.headroom import charged
     from store.registry import DeviceSpec, register_devices, register_host
     from store.workflows import upsert_workflow
 
     conf = Settings(secret="t")
     with sqlite_store.session() as s:
         register_host(s, "h", hostname="h", source="nvml", now=1.0)
-        (gpu,) = register_devices(s, "h", [DeviceSpec(0, "GPU-0", "T4", 8 * GiB)], source="nvml", now=1.0).values()
+        (src, gpu) = register_devices(s, "h", [DeviceSpec(0, "GPU-0", "T4", 8 * GiB),
+                                               DeviceSpec(1, "GPU-1", "T4", 8 * GiB)], source="nvml", now=1.0).values()
         # P' = 7.7 GiB: fits 8 GiB alone; not with the 0.5 GiB default context, nor a measured 1 GiB one
         for name, labels in (("unmeasured", {}), ("measured-big", {CONTEXT_LABEL: GiB}),
                              ("measured-small", {CONTEXT_LABEL: 128 * MiB})):
             upsert_workflow(s, name, now=1.0, mem_persistent=7 * GiB, mem_ephemeral=0, labels=labels)
-        why = {}
-        for name in ("unmeasured", "measured-big", "measured-small"):
-            action = Action(workflow_id=name, from_device_id=None, to_device_id=gpu, to_lane_id=None,
-                            state="stopped", created_at=1.0, updated_at=1.0)
-            s.add(action)
-            s.flush()
-            runner = StepRunner(s, action, conf, MigrationOptions(), 1.0)
-            why[name] = runner.target_full(s.get(Workflow, name))
-    assert why["unmeasured"] is not None and f"needs {int(1.1 * 7 * GiB) + 512 * MiB}" in why["unmeasured"]
-    assert why["measured-big"] is not None
+        why = {name: move_refusal(s, s.get(Workflow, name), src, gpu, None, charged(7 * GiB), 0, conf, now=1.0)
+               for name in ("unmeasured", "measured-big", "measured-small")}
+    assert why["unmeasured"] is not None and f"needs {charged(7 * GiB) + 512 * MiB}" in why["unmeasured"]
+    assert why["measured-big"] is not None and f"needs {charged(7 * GiB) + GiB}" in why["measured-big"]
     assert why["measured-small"] is None

@@ -15,6 +15,7 @@ import enforcer.managed
 import ui.cli
 from enforcer.managed import PlacementError, register_managed
 from store.db import Store
+from store.headroom import charged
 from store.migrations import upgrade
 from store.models import Host, Lane, Placement, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
@@ -82,9 +83,9 @@ def test_lane_auto_starts_the_job_in_a_lane_with_its_memory_fraction_and_compute
         lane = s.scalar(select(Lane))
         placement = s.scalar(select(Placement))
         assert placement.lane_id == lane.id and lane.state == "closed"  # the job ended: its lane closed
-        assert placement.mem_persistent == int(1.1 * (100 << 20)) + 1 or placement.mem_persistent >= 110 << 20
+        assert placement.mem_persistent == 100 << 20  # P as measured (declared); the lane charged it 1.1 P
         assert s.scalar(select(Workflow)).movable
-        share = placement.mem_persistent + placement.mem_ephemeral
+        share = charged(placement.mem_persistent) + placement.mem_ephemeral
     assert env["FLEETLENS_LANE"] == str(lane.id)
     # the job's own admitted share (P' + E), not the whole lane (which has Salus's 5 % headroom on top)
     assert float(env["FLEETLENS_MEMORY_FRACTION"]) == pytest.approx(share / DEVICE_BYTES, rel=1e-4)
@@ -239,21 +240,21 @@ def test_lane_mates_are_each_capped_at_their_own_share_and_a_share_below_measure
 
     store, ids = host
     device_id = ids[0]
-    shares = {"big": (330 << 20, 40 << 20), "small": (110 << 20, 20 << 20)}  # P' and E as admitted
+    shares = {"big": (300 << 20, 40 << 20), "small": (100 << 20, 20 << 20)}  # P and E as admitted
     with store.session() as s:
         lane = Lane(device_id=device_id, size_bytes=520 << 20, compute_share=0.5, state="open", created_at=1.0)
         s.add(lane)
         s.flush()
-        for name, (p_prime, e) in shares.items():
+        for name, (p, e) in shares.items():
             upsert_workflow(s, name, now=1.0, id_source="managed", managed=True, state="running")
             s.add(Placement(workflow_id=name, device_id=device_id, lane_id=lane.id, host_id="h1",
-                            mem_persistent=p_prime, mem_ephemeral=e, state="active", started_at=1.0))
+                            mem_persistent=p, mem_ephemeral=e, state="active", started_at=1.0))
         s.flush()
         fractions = {}
-        for name, (p_prime, e) in shares.items():
+        for name, (p, e) in shares.items():
             env, _ = job_env(s, name, [device_id], lane.id, host_id="h1")
             fractions[name] = float(env["FLEETLENS_MEMORY_FRACTION"])
-            assert fractions[name] == pytest.approx((p_prime + e) / DEVICE_BYTES, rel=1e-4)
+            assert fractions[name] == pytest.approx((charged(p) + e) / DEVICE_BYTES, rel=1e-4)  # P' + E
         # each is capped at its own share, so together they stay inside the lane (the lane's size each would not)
         assert sum(fractions.values()) * DEVICE_BYTES <= lane.size_bytes
         # the job grew since it was admitted: its share no longer holds its persistent memory

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from enforcer.managed import ManagedJob
+from store.headroom import charged
 from store.models import Placement, Workflow
 from store.paths import checkpoint_dir_for
 from store.placements import FAILURE_LABEL
@@ -64,7 +65,7 @@ def test_a_job_over_its_share_fails_alone_and_its_lane_mate_trains_on(rig: Rig) 
     failed = wait_for(lambda: FAILURE_LABEL in (workflow(rig.store, "greedy").labels or {})
                       and workflow(rig.store, "greedy"), timeout=60)
     assert failed.state == "failed"
-    assert failed.labels[FAILURE_LABEL] == f"exceeded its memory share of {(4 << 20) + (1 << 20)} bytes " \
+    assert failed.labels[FAILURE_LABEL] == f"exceeded its memory share of {charged(4 << 20) + (1 << 20)} bytes " \
                                            "(out of memory)"
     at_death = last_step(rig.store, steady.workflow_id)
     # the lane-mate goes on: still running, still placed in its lane, and still taking steps

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from enforcer.migration import MigrationOptions, action_log, drive, drive_until_done, start_migration
+from enforcer.migration import MigrationOptions, MoveRefused, action_log, drive, drive_until_done, start_migration
 from store.db import Store
 from store.migrations import upgrade
-from store.models import Command, Placement
+from store.models import Action, Command, Lane, Placement
 from store.settings import get_settings
 from tests.collector.agent_helpers import TcpProxy, wait_for
 from tests.enforcer.migration_helpers import (  # noqa: F401  (rig_fixture: the `rig` fixture)
@@ -116,33 +116,35 @@ def test_agent_killed_during_relaunch_is_restarted_and_the_move_completes(rig: R
     assert_steps_cover(rig.store, job.workflow_id, total)
 
 
-def test_target_lane_full_at_relaunch_puts_the_job_back_from_its_checkpoint(rig: Rig) -> None:
+def test_a_full_target_lane_refuses_the_move_before_anything_is_touched(rig: Rig) -> None:
+    # target capacity is a plan-level check: it runs once, when the move is begun, never inside the actuator's steps
+    # (a lane opened for a move under way stays reserved for it: admission counts it as taken)
     total = 300
     job = rig.launch(train_cmd(total), name="lane-full", steps=total, mem_bytes=64 << 20)
     wait_for(lambda: last_step(rig.store, job.workflow_id) >= 30, timeout=60)
     target = rig.other_device(job)
-    action_id = start_migration(rig.store, job.workflow_id, target, settings=rig.settings,
-                                new_lane_size=256 << 20, compute_share=0.5)
-    drive_until(rig, action_id, "stopped")
-    # while the job is stopped, another job takes the whole lane
     from enforcer.managed import register_managed
 
     squatter = register_managed(rig.store, ["true"], settings=rig.settings, name="squatter", lane="auto",
                                 mem_bytes=8 << 20)
     with rig.store.session() as s:
-        lane_id = action(rig.store, action_id).to_lane_id
+        lane = Lane(device_id=target, size_bytes=256 << 20, compute_share=0.5, state="open", created_at=time.time())
+        s.add(lane)
+        s.flush()
+        lane_id = lane.id
         p = s.get(Placement, squatter.placement_ids[0])
         p.device_id, p.lane_id, p.mem_persistent, p.state = target, lane_id, 250 << 20, "active"
 
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=60)
-    assert states == {action_id: "rolled_back"}, messages(rig.store, action_id)
-    moved = action(rig.store, action_id)
-    assert f"target lane {lane_id} is full" in messages(rig.store, action_id)
+    with pytest.raises(MoveRefused, match=f"target lane {lane_id} is full.*runs on where it is"):
+        start_migration(rig.store, job.workflow_id, target, to_lane_id=lane_id, settings=rig.settings)
+    with rig.store.session() as s:
+        assert s.scalars(select(Action).where(Action.workflow_id == job.workflow_id)).all() == []
+        assert s.scalars(select(Command).where(Command.kind == "checkpoint")).all() == []
     here = rig.placement(job.workflow_id)
-    assert here.device_id == job.device_ids[0] and here.pid != job.pid
+    assert (here.device_id, here.pid) == (job.device_ids[0], job.pid)
     wait_for(lambda: workflow(rig.store, job.workflow_id).state == "finished", timeout=60)
     runs = summaries(Path(job.log_path))
-    assert len(runs) == 1 and runs[0]["start_step"] == moved.checkpoint_step and runs[0]["end_step"] == total
+    assert len(runs) == 1 and runs[0]["end_step"] == total  # trained through, never stopped
     assert_steps_cover(rig.store, job.workflow_id, total)
 
 

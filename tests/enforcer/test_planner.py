@@ -40,7 +40,7 @@ def seed(store: Store, now: float = NOW) -> dict[int, int]:
             upsert_workflow(s, name, now=now, managed=True, movable=j["movable"], command=["python", "train.py"],
                             mem_persistent=j["p"], mem_ephemeral=j["e"], id_source="managed")
             s.add(Placement(workflow_id=name, device_id=j["device"], host_id="h1", pid=100,
-                            mem_persistent=int(j["p"] * 1.1), mem_ephemeral=j["e"], started_at=now))
+                            mem_persistent=j["p"], mem_ephemeral=j["e"], started_at=now))
             if j["rule"]:
                 upsert_finding(s, FindingSpec(rule=j["rule"], workflow_id=name, source="telemetry", severity="high",
                                               title="t", fix="f", evidence=j["evidence"], device_id=j["device"],
@@ -265,7 +265,7 @@ def _seed_three_hosts(store: Store, location: str | None) -> dict[str, int]:
                             mem_persistent=p, mem_ephemeral=0, id_source="managed", state="running",
                             checkpoint_url=location if name == "idle" else None)
             s.add(Placement(workflow_id=name, device_id=ids[host], host_id=host, pid=100,
-                            mem_persistent=int(p * 1.1), mem_ephemeral=0, started_at=NOW))
+                            mem_persistent=p, mem_ephemeral=0, started_at=NOW))
         upsert_finding(s, FindingSpec(rule="idle_holder", workflow_id="idle", source="telemetry", severity="high",
                                       title="t", fix="f", evidence={"util_mean_while_idle": 0.01},
                                       device_id=ids["h1"], gpu_hours_per_day=10.0), now=NOW)

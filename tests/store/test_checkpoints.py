@@ -11,9 +11,12 @@ from pathlib import Path
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
+from sqlalchemy import func, select
 
 from collector.storage_prober import probe_storage
 from enforcer.managed import register_managed
+from enforcer.move_checks import move_refusal
+from enforcer.plan_store import apply_plan
 from store.checkpoints import (
     check_location,
     digest,
@@ -29,7 +32,7 @@ from store.checkpoints import (
 )
 from store.db import Store
 from store.errors import InvalidInput
-from store.models import Workflow
+from store.models import Action, Device, Placement, Plan, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import get_settings
 from store.workflows import spec_refusal
@@ -118,33 +121,40 @@ def test_the_relaunch_spec_is_signed_at_registration_and_any_change_is_refused(f
     assert "no signed relaunch spec" in spec_refusal(wf, secret)
 
 
-def test_a_plan_keeps_no_move_the_target_host_cannot_make_safely(fleet: Store, tmp_path: Path) -> None:
-    from enforcer.plan_store import refuse_unsafe_moves
-    from enforcer.planner import Move, PlanResult
-    from store.models import Device
-
+def test_a_move_the_target_host_cannot_make_safely_is_refused_when_it_is_begun(fleet: Store, tmp_path: Path) -> None:
     local = _register(fleet)
     shared = _register(fleet, checkpoint_url=str(tmp_path / "shared"))
     with fleet.session() as s:
-        a0, a1, a2 = [d.id for d in s.query(Device).filter(Device.host_id == "a").order_by(Device.index)]
+        a2 = s.query(Device).filter(Device.host_id == "a").order_by(Device.index).all()[2].id
         b0 = s.query(Device).filter(Device.host_id == "b").first().id
+        here = {}
+        for p in s.scalars(select(Placement)):
+            p.state, here[p.workflow_id] = "active", p.device_id  # both jobs running where they were placed
         record_probes(s, "b", [(shared.checkpoint_url, None)])
-
-    def move(wf: Workflow, src: int, dst: int) -> Move:
-        return Move(wf.id, src, dst, None, "new-1", 1 << 30, 1 << 20, 0, 0.5, 0.5, 1.0, ["idle_holder"])
-
-    here = {wf.id: s_dev for wf, s_dev in ((local, a0), (shared, a1))}
-    result = PlanResult("pack", [move(local, here[local.id], b0), move(shared, here[shared.id], b0),
-                                 move(local, a2, a1)], [here[local.id], here[shared.id]])
     settings = get_settings().model_copy(update={"host_id": "a"})
     with fleet.session() as s:
-        refuse_unsafe_moves(s, result, settings, now=time.time())
-    # the local job cannot go to b: its device is not emptied; the shared one can; a move within host a stays
-    assert [(m.workflow_id, m.to_device_id) for m in result.moves] == [(shared.id, b0), (local.id, a1)]
-    assert result.devices_freed == [here[shared.id]]
-    assert [r["workflow_id"] for r in result.refused] == [local.id]
-    assert "own FLEETLENS_HOME" in result.refused[0]["reason"]
-    assert result.summary()["refused"] == result.refused
+        # the local job cannot go to b; the shared one can; a move within host a needs no probe
+        assert "own FLEETLENS_HOME" in move_refusal(s, s.get(Workflow, local.id), here[local.id], b0, None, 1 << 20, 0,
+                                                    settings, now=time.time())
+        assert move_refusal(s, s.get(Workflow, shared.id), here[shared.id], b0, None, 1 << 20, 0, settings,
+                            now=time.time()) is None
+        assert move_refusal(s, s.get(Workflow, local.id), here[local.id], a2, None, 1 << 20, 0, settings,
+                            now=time.time()) is None
+
+    def move(wf: Workflow, dst: int) -> dict:
+        return {"workflow_id": wf.id, "from_device_id": here[wf.id], "to_device_id": dst, "to_lane_id": None,
+                "new_lane": f"new-{wf.id}", "lane_size": 1 << 30, "p_prime": 1 << 20, "ephemeral": 0, "util": 0.5,
+                "compute_share": 0.5, "expected_slowdown": 1.0, "rules": ["idle_holder"]}
+
+    with fleet.session() as s:
+        plan = Plan(created_at=time.time(), policy="pack", moves=[move(shared, b0), move(local, b0)], summary={})
+        s.add(plan)
+        s.flush()
+        plan_id = plan.id
+    with pytest.raises(InvalidInput, match=f"refused to move '{local.id}': .*own FLEETLENS_HOME.*nothing was moved"):
+        apply_plan(fleet, plan_id, settings=settings)
+    with fleet.session() as s:  # all or nothing: the shared job's move was not kept either
+        assert s.scalar(select(func.count()).select_from(Action)) == 0 and not s.get(Plan, plan_id).applied
 
 
 class GuardedMemory(MemoryFileSystem):

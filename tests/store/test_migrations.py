@@ -1,5 +1,6 @@
 """`alembic upgrade head` builds exactly the models' schema on SQLite and PostgreSQL; `downgrade base` empties it;
-0006 takes the sample tables' ids away and its downgrade gives them back, every row kept both ways."""
+0006 takes the sample tables' ids away and its downgrade gives them back, every row kept both ways; 0012 turns the
+placements' P' into the measured P and back."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from store.db import Store
+from store.headroom import charged
 from store.ingest import write_samples
 from store.migrations import PROJECT_ROOT, current_revision, downgrade, head_revision, upgrade
-from store.models import Base
+from store.models import Base, Placement
 from store.partitions import DAY, SAMPLE_TABLES, adopt_early_rows, day_of, is_partition, partition_name, partitions
+from store.registry import DeviceSpec, register_devices, register_host
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 from store.serving import set_slo
 from store.workflows import upsert_workflow
@@ -171,12 +174,12 @@ def test_0006_drops_the_sample_ids_and_its_downgrade_restores_them_on_postgresql
 
 
 def _raw_requests_up_and_down(store: Store) -> None:
-    """0011s adds the opt-in raw serving requests and their counts; its downgrade takes both away and leaves 0010's
+    """0011 adds the opt-in raw serving requests and their counts; its downgrade takes both away and leaves 0010's
     serving tables (and their rows) as they were."""
     upgrade(store, "0010")
     assert not {"serving_requests", "serving_raw_counts"} & store.table_names()
-    upgrade(store, "0011s")
-    assert current_revision(store) == "0011s"
+    upgrade(store, "0011")
+    assert current_revision(store) == "0011"
     with store.session() as session:
         upsert_workflow(session, "svc", id_source="env")
         set_slo(session, "svc", "a", 1.0)
@@ -192,23 +195,63 @@ def _raw_requests_up_and_down(store: Store) -> None:
     assert not {"serving_requests", "serving_raw_counts"} & store.table_names()
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM serving_apps")).scalar() == 1
-    upgrade(store, "0011s")
+    upgrade(store, "0011")
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM serving_requests")).scalar() == 0
 
 
-def test_0011s_raw_serving_requests_up_and_down_on_sqlite(tmp_path):
+def test_0011_raw_serving_requests_up_and_down_on_sqlite(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'raw.db'}")
     try:
         _raw_requests_up_and_down(store)
+
+
+def _placements_keep_measured_memory(store: Store) -> None:
+    """0011 -> 0012 -> 0011 on placements written with P' = charged(P): the upgrade keeps P = floor(P' / 1.1), the
+    downgrade gives P' back (charged again: at most the byte its first rounding up added), unknown memory stays
+    unknown."""
+    assert upgrade(store, "0011") == "0011"
+    measured = [1, 10, 100 << 20, 1 << 30, 7 * (1 << 30) + 12345, 80 * (1 << 30), None]
+    with store.session() as s:
+        register_host(s, "h1", hostname="h1", source="cpu")
+        (device_id,) = register_devices(s, "h1", [DeviceSpec(0, "cpu:h1:0", "cpu", 1 << 40, (0,))],
+                                        source="cpu").values()
+        for k, p in enumerate(measured):
+            upsert_workflow(s, f"wf{k}", now=1.0, id_source="managed")
+            s.add(Placement(workflow_id=f"wf{k}", device_id=device_id, host_id="h1",
+                            mem_persistent=None if p is None else charged(p), mem_ephemeral=5, started_at=1.0))
+
+    def kept() -> list[int | None]:
+        with store.engine.connect() as conn:
+            return [r[0] for r in conn.execute(text("SELECT mem_persistent FROM placements ORDER BY id"))]
+
+    assert upgrade(store) == head_revision()
+    assert _diff(store) == []
+    assert kept() == [None if p is None else (10 * charged(p)) // 11 for p in measured]
+    assert kept() == measured  # P as it was measured (1.1 P rounded up, then floored back)
+    downgrade(store, "0011")
+    assert current_revision(store) == "0011"
+    assert kept() == [None if p is None else charged(p) for p in measured]
+
+
+def test_0012_placements_keep_measured_memory_on_sqlite(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'p.db'}")
+    try:
+        _placements_keep_measured_memory(store)
     finally:
         store.dispose()
 
 
 @pytest.mark.pg
-def test_0011s_raw_serving_requests_up_and_down_on_postgresql(pg_url):
+def test_0011_raw_serving_requests_up_and_down_on_postgresql(pg_url):
     store = Store(pg_url)
     try:
         _raw_requests_up_and_down(store)
+
+
+def test_0012_placements_keep_measured_memory_on_postgresql(pg_url):
+    store = Store(pg_url)
+    try:
+        _placements_keep_measured_memory(store)
     finally:
         store.dispose()

@@ -12,6 +12,7 @@ from enforcer.consolidation_store import POLICY as CONSOLIDATE
 from enforcer.consolidation_store import make_consolidation_plan
 from enforcer.plan_store import TERMINAL_ACTION_STATES, make_plan
 from enforcer.policies import get_policy
+from store.headroom import charged
 from store.models import Action, Device, Lane, Placement
 from ui.cli.app import app, console, open_store, settings
 
@@ -88,7 +89,7 @@ def lanes() -> None:
                 whole[p.device_id].append(p.workflow_id)
             else:
                 jobs[p.lane_id].append(p.workflow_id)
-                used[p.lane_id] += (p.mem_persistent or 0) + (p.mem_ephemeral or 0)
+                used[p.lane_id] += charged(p.mem_persistent or 0) + (p.mem_ephemeral or 0)
         arriving: dict[int, list[str]] = defaultdict(list)
         for a in session.scalars(select(Action).where(Action.to_lane_id.is_not(None),
                                                       Action.state.not_in(TERMINAL_ACTION_STATES))):

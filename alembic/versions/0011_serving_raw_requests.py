@@ -1,6 +1,6 @@
 """serving raw requests: optional, capped per workflow, the excess counted
 
-Revision ID: 0011s
+Revision ID: 0011
 Revises: 0010
 Create Date: 2026-11-26 09:00:00
 """
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0011s'
+revision: str = '0011'
 down_revision: str | None = '0010'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
