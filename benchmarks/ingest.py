@@ -8,23 +8,22 @@ Set FLEETLENS_TEST_PG_URL (or FLEETLENS_BENCH_PG_URL) for the PostgreSQL line.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from store.db import Store
-from store.ingest import write_samples
-from store.migrations import upgrade
-from store.models import DeviceSample
-from store.registry import DeviceSpec, register_devices, register_host
-from store.samples import DEVICE_SAMPLE_COLUMNS
+from benchmarks.pg_schema import bench_pg_url, scratch_schema  # noqa: E402
+from store.db import Store  # noqa: E402
+from store.ingest import write_samples  # noqa: E402
+from store.migrations import upgrade  # noqa: E402
+from store.models import DeviceSample  # noqa: E402
+from store.registry import DeviceSpec, register_devices, register_host  # noqa: E402
+from store.samples import DEVICE_SAMPLE_COLUMNS  # noqa: E402
 
 ROWS = 200_000
 STREAM_ROWS = 1_000_000
@@ -96,22 +95,16 @@ def measure(store: Store, label: str) -> dict:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         print(json.dumps(measure(Store(f"sqlite:///{Path(tmp) / 'bench.db'}"), "sqlite")), flush=True)
-    pg = os.environ.get("FLEETLENS_BENCH_PG_URL") or os.environ.get("FLEETLENS_TEST_PG_URL")
+    pg = bench_pg_url()
     if not pg:
         print("# no FLEETLENS_TEST_PG_URL: PostgreSQL line skipped", file=sys.stderr)
         return
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(Store(pg).url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    try:
-        sep = "&" if "?" in pg else "?"
-        store = Store(f"{pg}{sep}options=-csearch_path%3D{schema}")
-        print(json.dumps(measure(store, "postgresql")), flush=True)
-        store.dispose()
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+    with scratch_schema(pg) as url:
+        store = Store(url)
+        try:
+            print(json.dumps(measure(store, "postgresql")), flush=True)
+        finally:
+            store.dispose()
 
 
 if __name__ == "__main__":

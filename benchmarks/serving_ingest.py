@@ -22,13 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import create_engine, text  # noqa: E402
-
+from benchmarks.pg_schema import bench_pg_url, scratch_schema  # noqa: E402
 from store.db import Store  # noqa: E402
 from store.serving import app_windows  # noqa: E402
 from store.serving_raw import raw_counts  # noqa: E402
@@ -146,21 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--raw", action="store_true", help="keep raw requests too (capped per workflow, rest counted)")
     raw = ap.parse_args(argv).raw
     print(json.dumps(measure(None, "sqlite", raw)), flush=True)
-    pg = os.environ.get("FLEETLENS_BENCH_PG_URL") or os.environ.get("FLEETLENS_TEST_PG_URL")
+    pg = bench_pg_url()
     if not pg:
         print("# no FLEETLENS_TEST_PG_URL: PostgreSQL line skipped", file=sys.stderr)
         return
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(Store(pg).url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    try:
-        sep = "&" if "?" in pg else "?"
-        print(json.dumps(measure(f"{pg}{sep}options=-csearch_path%3D{schema}", "postgresql", raw)), flush=True)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+    with scratch_schema(pg) as url:
+        print(json.dumps(measure(url, "postgresql", raw)), flush=True)
 
 
 if __name__ == "__main__":
