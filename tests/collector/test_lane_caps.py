@@ -95,7 +95,8 @@ def test_the_caps_of_every_lane_plus_every_context_never_sum_past_the_device(sql
             lane_id = device.lane_of(adm.job_id).lane_id
             upsert_workflow(s, adm.job_id, now=1.0, id_source="managed", managed=True, state="running")
             s.add(Placement(workflow_id=adm.job_id, device_id=device_id, lane_id=rows[lane_id].id,
-                            host_id="ctx-host", mem_persistent=adm.p_prime, mem_ephemeral=adm.ephemeral,
+                            host_id="ctx-host", mem_persistent=jobs[int(adm.job_id.split("-")[1])][0],
+                            mem_ephemeral=adm.ephemeral,
                             state="active", started_at=1.0))
         s.flush()
         worst = 0.0

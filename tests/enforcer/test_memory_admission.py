@@ -207,17 +207,18 @@ def test_admission_leaves_a_lane_opened_for_a_move_under_way_to_the_job_on_its_w
     with any_store.session() as session:
         upsert_workflow(session, "mover", now=NOW, managed=True, command=["python", "t.py"], id_source="managed",
                         state="running")
-        lane = Lane(device_id=ids[0], size_bytes=6 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        lane = Lane(device_id=ids[0], size_bytes=5 * GIB, compute_share=0.5, state="open", created_at=NOW)
         session.add(lane)
         session.flush()
         # a move into that lane, begun (its job still on a device of another host, not on this one yet)
         session.add(Action(kind="migrate", engine="agents", workflow_id="mover", from_device_id=None,
                            to_device_id=ids[0], to_lane_id=lane.id, state="checkpoint_requested", attempts=0,
                            created_at=NOW, updated_at=NOW))
-    # 3 GiB asks a lane of ~3.5 GiB: it would fit in the device's 8 GiB, not in the 2 GiB the move leaves
+    # 3 GiB asks a lane of ~3.5 GiB and a 0.5 GiB context (an NVML GPU's default): it would fit in the device's
+    # 8 GiB, not in the 2.5 GiB the move's lane and its job's context leave
     with pytest.raises(PlacementError):
         register(any_store, s, "newcomer", mem_bytes=3 * GIB)
-    small = register(any_store, s, "small", mem_bytes=GIB)  # ~1.2 GiB: beside the reserved lane, in a lane of its own
+    small = register(any_store, s, "small", mem_bytes=GIB)  # ~1.2 GiB + 0.5: beside the reserved lane, in its own
     with any_store.session() as session:
         placed = session.get(Placement, small.placement_ids[0])
         assert small.device_ids == [ids[0]] and placed.lane_id not in (None, lane.id)

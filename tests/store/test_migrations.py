@@ -204,6 +204,8 @@ def test_0011_raw_serving_requests_up_and_down_on_sqlite(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'raw.db'}")
     try:
         _raw_requests_up_and_down(store)
+    finally:
+        store.dispose()
 
 
 def _placements_keep_measured_memory(store: Store) -> None:
@@ -247,8 +249,11 @@ def test_0011_raw_serving_requests_up_and_down_on_postgresql(pg_url):
     store = Store(pg_url)
     try:
         _raw_requests_up_and_down(store)
+    finally:
+        store.dispose()
 
 
+@pytest.mark.pg
 def test_0012_placements_keep_measured_memory_on_postgresql(pg_url):
     store = Store(pg_url)
     try:
