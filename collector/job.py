@@ -22,7 +22,9 @@ a waiter of the job's own instead (a job that runs its work on streams of its ow
 Environment (through store.settings): FLEETLENS_WORKFLOW names the workflow; FLEETLENS_RESUME_FROM (and
 FLEETLENS_RESUME_STEP) say where to resume; FLEETLENS_MEMORY_FRACTION caps this process's CUDA memory (in a lane:
 during its turn, and FLEETLENS_IDLE_MEMORY_FRACTION outside it);
-FLEETLENS_LANE turns on the per-step lane gate; RANK (or FLEETLENS_RANK) is the trace's rank.
+FLEETLENS_LANE turns on the per-step lane gate; RANK (or FLEETLENS_RANK) is the trace's rank. Under Slurm
+(collector.slurm_job): FLEETLENS_MOVABLE (or `movable=True`) opts the job in to be moved, and a shard job caps its
+CUDA memory at its shards' share of the GPU unless FLEETLENS_MEMORY_FRACTION says otherwise.
 """
 
 from __future__ import annotations
@@ -72,13 +74,15 @@ def job(
     rank: int | None = None,
     settings: Settings | None = None,
     step_done: StepDoneFn | None = None,
+    movable: bool | None = None,
 ) -> Job:
     """A `Job` to use as a context manager around the training loop (see the module's docstring). Without
-    `settings`, the job's environment is read here, once (collector.sdk_settings)."""
+    `settings`, the job's environment is read here, once (collector.sdk_settings). `movable=True` (or
+    FLEETLENS_MOVABLE=true) asks fleetlens to move this job when it runs under Slurm (collector.slurm_job)."""
     if settings is None:
         settings = job_settings()
     return Job(name, total_steps=total_steps, checkpoint=checkpoint, restore=restore, workflow=workflow,
-               rank=rank, settings=settings, step_done=step_done)
+               rank=rank, settings=settings, step_done=step_done, movable=movable)
 
 
 def cuda_step_waiter(torch: Any) -> StepDoneFn:
@@ -101,6 +105,7 @@ class Job:
         rank: int | None = None,
         settings: Settings,
         step_done: StepDoneFn | None = None,
+        movable: bool | None = None,
     ) -> None:
         if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
                                         or total_steps < 0):
@@ -146,7 +151,8 @@ class Job:
         self._started = False
         self._closed = False
         self._warned: set[str] = set()
-        self._slurm = SlurmSide.from_settings(self.settings, self.workflow_id)  # None outside a Slurm job
+        self._slurm = SlurmSide.from_settings(  # None outside a Slurm job; `movable` (else FLEETLENS_MOVABLE) opts in
+            self.settings, self.workflow_id, movable=self.settings.movable if movable is None else bool(movable))
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 
@@ -173,11 +179,13 @@ class Job:
             if self.resume_from is None:
                 self.resume_from = self._slurm.resume_path()
         self.start_step = start_step(self.resume_from, self._restore_fn, self.settings.resume_step)
-        if self._slurm is not None:
-            self._slurm.started(self.start_step)
         self._torch = sys.modules.get("torch")  # only a job that uses torch has CUDA memory to watch
         if self.settings.memory_fraction is not None:
             self._apply_memory_fraction(self.settings.memory_fraction)
+        elif self._slurm is not None and self._torch is not None and (self._slurm.memory_fraction or 1.0) < 1.0:
+            self._apply_memory_fraction(self._slurm.memory_fraction)  # a shard job: its share of the GPU
+        if self._slurm is not None:
+            self._slurm.started(self.start_step, enforced=self.memory_fraction_applied is not None)
         self._cuda = bool(self._torch is not None and self._torch.cuda.is_available())
         if self._cuda:
             self._step_memory = StepMemory(self._torch)

@@ -1,7 +1,16 @@
 """The job SDK under Slurm: the checkpoint signal (SIGUSR1, from `scancel --batch --signal=USR1` or `sbatch
 --signal=B:USR1@N`) makes the job checkpoint at its next step boundary and write the checkpoint's manifest (step,
 size, sha256); a requeued job resumes from that manifest's checkpoint, checked against its sha256, and every start
-writes where it began. The Slurm actuator reads both files (store.slurm_marks). Outside Slurm nothing here runs."""
+writes where it began. The Slurm actuator reads both files (store.slurm_marks). Outside Slurm nothing here runs.
+
+The start mark also carries the job's opt-in (FLEETLENS_MOVABLE or `job(movable=True)`: the importer and the actuator
+count it beside `--comment=fleetlens:movable`) and its memory cap. A job on `shard:N` of a GPU Slurm splits into S
+shards holds N/S of it, so its SDK caps its CUDA memory at that share, as a fleetlens lane job is capped at its
+lane's: N is SLURM_SHARDS_ON_NODE (over the GPUs in CUDA_VISIBLE_DEVICES), S the node's shards over its GPUs from
+its NodeName line in slurm.conf (SLURM_CONF, read as a file on the node: no call to slurmctld, which a training
+job should not depend on), or FLEETLENS_SLURM_SHARDS_PER_GPU where the job cannot read slurm.conf. An explicit
+FLEETLENS_MEMORY_FRACTION wins. Anything missing or unreadable means no cap, with the reason logged and in the
+mark."""
 
 from __future__ import annotations
 
@@ -14,8 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from store.errors import ConfigError
+from store.errors import ConfigError, InvalidInput
 from store.settings import Settings
+from store.slurm import conf_node_gres, shard_share
 from store.slurm_marks import (
     CHECKPOINT_MANIFEST,
     STARTED,
@@ -38,21 +48,64 @@ def _sha256(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+def shards_per_gpu(settings: Settings) -> tuple[int | None, str]:
+    """(shards per GPU on this node, where that came from or why it is not known)."""
+    if settings.slurm_shards_per_gpu is not None:
+        return settings.slurm_shards_per_gpu, "FLEETLENS_SLURM_SHARDS_PER_GPU"
+    node = settings.slurmd_nodename
+    if not node:
+        return None, "SLURMD_NODENAME is not set, so the node's shards cannot be looked up"
+    try:
+        counts = conf_node_gres(settings.slurm_conf.read_text(), node)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, (f"slurm.conf ({settings.slurm_conf}) cannot be read ({exc}); set FLEETLENS_SLURM_SHARDS_PER_GPU "
+                      "for jobs on nodes that cannot read it")
+    except InvalidInput as exc:
+        return None, str(exc)
+    if counts is None:
+        return None, f"{settings.slurm_conf} has no NodeName line for node {node}"
+    gpus, shards = counts
+    if not gpus or shards < gpus:
+        return None, f"{settings.slurm_conf} gives node {node} {gpus} GPU(s) and {shards} shard(s)"
+    return shards // gpus, f"{settings.slurm_conf}: node {node} has {shards} shards on {gpus} GPUs"
+
+
+def memory_cap(settings: Settings) -> tuple[float | None, str]:
+    """(the fraction of each GPU this job may use, None for no cap; and where it came from, or why there is none)."""
+    if settings.memory_fraction is not None:
+        return settings.memory_fraction, "FLEETLENS_MEMORY_FRACTION"
+    raw = settings.slurm_shards_on_node
+    if raw is None:
+        return None, "not a shard job (Slurm set no SLURM_SHARDS_ON_NODE)"
+    if not raw.strip().isdigit() or int(raw) < 1:
+        return None, f"SLURM_SHARDS_ON_NODE is {raw!r}, not a number of shards"
+    gpus = [g for g in (settings.cuda_visible_devices or "").split(",") if g.strip()]
+    if not gpus:
+        return None, "Slurm gave this shard job no GPU (CUDA_VISIBLE_DEVICES is empty)"
+    per_gpu, source = shards_per_gpu(settings)
+    if per_gpu is None:
+        return None, source
+    shards = int(raw)
+    return shard_share(shards, len(gpus), per_gpu), f"{shards} shard(s) on {len(gpus)} GPU(s) of {per_gpu} ({source})"
+
+
 class SlurmSide:
     """One Slurm job's checkpoint signal and marks; made by the SDK when SLURM_JOB_ID is set."""
 
-    def __init__(self, settings: Settings, workflow_id: str) -> None:
+    def __init__(self, settings: Settings, workflow_id: str, *, movable: bool = False) -> None:
         assert settings.slurm_job_id is not None
         self.job_id = settings.slurm_job_id
         self.restart_count = settings.slurm_restart_count
         self.gpus = settings.cuda_visible_devices or ""
         self.folder = job_folder(settings, workflow_id)
+        self.movable = movable
+        self.memory_fraction, self.memory_note = memory_cap(settings)
         self.signal_at: float | None = None
         self.restored_sha256: str | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, workflow_id: str) -> SlurmSide | None:
-        return cls(settings, workflow_id) if settings.slurm_job_id is not None else None
+    def from_settings(cls, settings: Settings, workflow_id: str, *, movable: bool = False) -> SlurmSide | None:
+        return cls(settings, workflow_id, movable=movable) if settings.slurm_job_id is not None else None
 
     def install(self) -> None:
         """Catch SIGUSR1 (main thread only: Python handles signals there)."""
@@ -83,10 +136,17 @@ class SlurmSide:
         self.restored_sha256 = sha
         return path
 
-    def started(self, step: int) -> None:
+    def started(self, step: int, *, enforced: bool = False) -> None:
+        """Say where this start began, with the job's opt-in and its memory cap (`enforced`: torch applied it)."""
+        fraction = self.memory_fraction
+        note = self.memory_note if fraction is None or fraction >= 1.0 or enforced else (
+            f"{self.memory_note}; not enforced: this process has no CUDA device (or does not use torch)")
+        log.info("fleetlens under Slurm: job %s, movable %s, memory cap %s (%s)", self.job_id, self.movable,
+                 fraction, note)
         write_mark(self.folder, STARTED, Started(job_id=self.job_id, restart_count=self.restart_count, step=step,
                                                  gpus=self.gpus, started_at=time.time(),
-                                                 restored_sha256=self.restored_sha256))
+                                                 restored_sha256=self.restored_sha256, movable=self.movable,
+                                                 memory_fraction=fraction, memory_note=note))
 
     def checkpoint(self, save: Callable[[str], Any] | None, step: int) -> None:
         """Run the job's checkpoint callback into its folder and write the manifest; a failure is logged and the

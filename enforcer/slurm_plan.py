@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from enforcer.actuators.base import Move
 from store.headroom import charged, lane_size
-from store.slurm import GPU_TO_SHARD_VERSION
+from store.slurm import GPU_TO_SHARD_VERSION, OPT_IN_WORD, SDK_OPT_IN
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ def plan_slurm_moves(holdings: list[SlurmHolding], *, busy: frozenset[str] = fro
                 advice.append(SlurmAdvice(h.workflow_id, (
                     f"holds {h.count} whole GPU(s) and uses {h.used:.0%} of one: it would fit on {want} shard(s); "
                     f"a job that asked for `gpu` can be moved to shards only from Slurm {GPU_TO_SHARD_VERSION} on, so "
-                    "resubmit it with --gres=shard:N (and --comment=fleetlens:movable) to let fleetlens move it")))
+                    f"resubmit it with --gres=shard:N (and opted in: --comment={OPT_IN_WORD}, or {SDK_OPT_IN}) to let "
+                    "fleetlens move it")))
             continue
         if want >= h.count:
             continue

@@ -77,10 +77,21 @@ class Settings(BaseSettings):
     idle_memory_fraction: float | None = Field(None, gt=0, le=1)
     resume_from: Path | None = None  # FLEETLENS_RESUME_FROM: checkpoint to restore before the first step
     resume_step: int | None = Field(None, ge=0)  # the step to resume at when the restore callback cannot say
+    # FLEETLENS_MOVABLE: a Slurm job's SDK asks fleetlens to move it (its start mark says so; `job(movable=...)` too);
+    # outside Slurm `fleetlens run --movable` decides, and this does nothing
+    movable: bool = False
     # what Slurm tells a job's processes (the SDK's checkpoint signal and resume under Slurm: collector.slurm_job)
     slurm_job_id: int | None = Field(None, validation_alias=AliasChoices("SLURM_JOB_ID"))
     slurm_restart_count: int = Field(0, validation_alias=AliasChoices("SLURM_RESTART_COUNT"))
     cuda_visible_devices: str | None = Field(None, validation_alias=AliasChoices("CUDA_VISIBLE_DEVICES"))
+    # a shard job's memory cap (collector.slurm_job): its shards on the node as Slurm says them (text: a bad value
+    # means no cap, with the reason logged, never a job that fails to start), the node's name, and slurm.conf, whose
+    # NodeName line gives the node's GPUs and shards (read as a file: no call to slurmctld); or the shards per GPU
+    # set outright (FLEETLENS_SLURM_SHARDS_PER_GPU) where the job cannot read slurm.conf
+    slurm_shards_on_node: str | None = Field(None, validation_alias=AliasChoices("SLURM_SHARDS_ON_NODE"))
+    slurmd_nodename: str | None = Field(None, validation_alias=AliasChoices("SLURMD_NODENAME"))
+    slurm_conf: Path = Field(Path("/etc/slurm/slurm.conf"), validation_alias=AliasChoices("SLURM_CONF"))
+    slurm_shards_per_gpu: int | None = Field(None, ge=1)
     sdk_flush_interval_s: float = 1.0  # step summaries go to the agent at most this often...
     sdk_flush_steps: int = 10_000  # ...or after this many steps (bounds memory and sorting for tiny steps)
     sdk_retry_s: float = 30.0  # with no agent listening, try to connect again this rarely

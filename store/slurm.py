@@ -8,6 +8,7 @@ Only the JSON of openapi v0.0.38 (Slurm 22.05) is read: another version's fields
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,8 @@ from store.errors import InvalidInput, UpstreamUnavailable
 SUPPORTED_PLUGINS = ("openapi/v0.0.38",)
 GPU_KINDS = ("gpu", "shard")
 OPT_IN_WORD = "fleetlens:movable"  # in a job's --comment: the owner lets fleetlens requeue it into fewer shards
+# the other way to opt in: the job's fleetlens SDK says so in its start mark (store.slurm_marks)
+SDK_OPT_IN = "FLEETLENS_MOVABLE=true or collector.job.job(movable=True)"
 # the first Slurm that can change a job's request from whole GPUs to shards (upstream commit fd6efe3e64)
 GPU_TO_SHARD_VERSION = "23.02.6"
 
@@ -155,18 +158,24 @@ def version_of(doc: dict[str, Any], what: str) -> str:
     return str(release)
 
 
-def opt_in(comment: str | None, requeue: bool, gres: Gres | None, gres_error: str | None) -> tuple[bool, str | None]:
-    """(whether the job may be moved, and if not, why it is observed and advised only)."""
-    if OPT_IN_WORD not in (comment or "").split():
-        return False, f"did not opt in (its --comment has no {OPT_IN_WORD!r})"
+def opt_in(comment: str | None, requeue: bool, gres: Gres | None, gres_error: str | None, *,
+           sdk_asked: bool = False) -> tuple[bool, str | None]:
+    """(whether the job may be moved, and if not, why it is observed and advised only). The one place the rule
+    lives: the job asked (its --comment says OPT_IN_WORD, or its fleetlens SDK said so in its start mark:
+    `sdk_asked`), Slurm may requeue it, and it holds shards."""
+    by_comment = OPT_IN_WORD in (comment or "").split()
+    if not by_comment and not sdk_asked:
+        return False, (f"did not opt in (its --comment has no {OPT_IN_WORD!r}, and its fleetlens SDK did not ask to "
+                       f"be movable: {SDK_OPT_IN})")
+    how = "opted in (by its --comment)" if by_comment else "opted in (by its fleetlens SDK)"
     if not requeue:
-        return False, "opted in, but Slurm may not requeue it (submitted with --no-requeue)"
+        return False, f"{how}, but Slurm may not requeue it (submitted with --no-requeue)"
     if gres_error is not None:
-        return False, f"opted in, but its gres cannot be read: {gres_error}"
+        return False, f"{how}, but its gres cannot be read: {gres_error}"
     if gres is None:
-        return False, "opted in, but it holds no GPU"
+        return False, f"{how}, but it holds no GPU"
     if gres.kind == "gpu":
-        return False, (f"opted in, but it asked for whole GPUs ({gres}): Slurm before {GPU_TO_SHARD_VERSION} cannot "
+        return False, (f"{how}, but it asked for whole GPUs ({gres}): Slurm before {GPU_TO_SHARD_VERSION} cannot "
                        "change such a request to shards; submit it with --gres=shard:N to let fleetlens move it")
     return True, None
 
@@ -175,8 +184,13 @@ def _epoch(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
-def parse_jobs(doc: dict[str, Any]) -> tuple[str, dict[int, SlurmJob]]:
-    """(Slurm release, {job id: job}) from `squeue --json`."""
+# (job id, submit time, restart count) -> whether the job's fleetlens SDK asked to be movable (store.slurm_marks)
+SdkAsked = Callable[[int, float, int], bool]
+
+
+def parse_jobs(doc: dict[str, Any], *, sdk_asked: SdkAsked | None = None) -> tuple[str, dict[int, SlurmJob]]:
+    """(Slurm release, {job id: job}) from `squeue --json`. `sdk_asked` is consulted for the jobs whose comment does
+    not opt them in (without it, only the comment counts: the view of code that does not decide on moves)."""
     release = version_of(doc, "squeue --json")
     jobs: dict[int, SlurmJob] = {}
     for raw in doc.get("jobs") or []:
@@ -194,18 +208,40 @@ def parse_jobs(doc: dict[str, Any]) -> tuple[str, dict[int, SlurmJob]]:
             gres_error = str(exc)
         requeue = bool(raw.get("requeue"))
         comment = raw.get("comment") or None
-        ok, why = opt_in(comment, requeue, gres, gres_error)
+        submit_time = _epoch(raw.get("submit_time")) or 0.0
+        restart_count = int(raw.get("restart_cnt") or 0)
+        asked = (sdk_asked is not None and OPT_IN_WORD not in (comment or "").split()
+                 and sdk_asked(job_id, submit_time, restart_count))
+        ok, why = opt_in(comment, requeue, gres, gres_error, sdk_asked=asked)
         limit = raw.get("time_limit")
         jobs[job_id] = SlurmJob(
             job_id=job_id, name=raw.get("name") or None, user=raw.get("user_name") or None,
             account=raw.get("account") or None, partition=raw.get("partition") or None, state=state,
             reason=None if raw.get("state_reason") in (None, "", "None") else str(raw["state_reason"]),
             node=(raw.get("batch_host") or raw.get("nodes") or None) if state != "PENDING" else None,
-            submit_time=_epoch(raw.get("submit_time")) or 0.0,
+            submit_time=submit_time,
             time_limit_s=float(limit) * 60.0 if isinstance(limit, int | float) and limit > 0 else None,
             gres=gres, gres_error=gres_error, gpu_indices=tuple(indices), requeue=requeue,
-            restart_count=int(raw.get("restart_cnt") or 0), comment=comment, opted_in=ok, not_movable_reason=why)
+            restart_count=restart_count, comment=comment, opted_in=ok, not_movable_reason=why)
     return release, jobs
+
+
+def gres_counts(text: str, what: str) -> tuple[int, int]:
+    """(GPUs, shards) a node has, from its gres ("gpu:4,shard:8", "gpu:a100:4(S:0),shard:8"); other kinds are not
+    counted. Raises InvalidInput for a part it cannot read."""
+    gpus = shards = 0
+    for part in text.split(","):
+        part = part.split("(")[0].strip()
+        if not part or part == "(null)":
+            continue
+        m = _GRES.match(part)
+        if m is None:
+            raise InvalidInput(f"cannot read {what} {text!r}")
+        if m["kind"] == "gpu":
+            gpus += int(m["count"] or 1)
+        elif m["kind"] == "shard":
+            shards += int(m["count"] or 1)
+    return gpus, shards
 
 
 def parse_nodes(doc: dict[str, Any]) -> tuple[str, dict[str, SlurmNode]]:
@@ -216,18 +252,7 @@ def parse_nodes(doc: dict[str, Any]) -> tuple[str, dict[str, SlurmNode]]:
         name = raw.get("name")
         if not name:
             raise InvalidInput(f"sinfo --json gave a node without a name: {str(raw)[:200]}")
-        gpus = shards = 0
-        for part in str(raw.get("gres") or "").split(","):
-            part = part.split("(")[0].strip()
-            if not part or part == "(null)":
-                continue
-            m = _GRES.match(part)
-            if m is None:
-                raise InvalidInput(f"cannot read node {name}'s gres {raw.get('gres')!r}")
-            if m["kind"] == "gpu":
-                gpus += int(m["count"] or 1)
-            elif m["kind"] == "shard":
-                shards += int(m["count"] or 1)
+        gpus, shards = gres_counts(str(raw.get("gres") or ""), f"node {name}'s gres")
         nodes[name] = SlurmNode(name=name, state=str(raw.get("state") or "unknown"),
                                 partitions=tuple(raw.get("partitions") or ()), gpus=gpus, shards=shards)
     return release, nodes
@@ -248,3 +273,41 @@ def free_shards(node: SlurmNode, jobs: dict[int, SlurmJob], *, leaving: int | No
             for i in job.gpu_indices:
                 used[i] = used.get(i, 0) + job.gres.count // per
     return {i: node.shards_per_gpu - n for i, n in used.items() if i not in whole}
+
+
+def shard_share(shards: int, gpus_held: int, shards_per_gpu: int) -> float:
+    """The share of each GPU a job on `shards` shards spread over `gpus_held` GPUs holds (at most 1)."""
+    return min(1.0, shards / max(1, gpus_held) / shards_per_gpu)
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's host list notation ("n[01-03,07],gpu5") as names; one bracket group per name."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)?", text):
+        m = re.fullmatch(r"(?P<pre>[^\[]*)\[(?P<ranges>[^\]]*)\](?P<post>.*)", part.strip())
+        if m is None:
+            names.append(part.strip())
+            continue
+        for r in m["ranges"].split(","):
+            lo, _, hi = r.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise InvalidInput(f"cannot read the host list {text!r}")
+            names.extend(f"{m['pre']}{i:0{len(lo)}d}{m['post']}" for i in range(int(lo), int(hi or lo) + 1))
+    return names
+
+
+def conf_node_gres(conf: str, node: str) -> tuple[int, int] | None:
+    """(GPUs, shards) slurm.conf's NodeName lines give `node` (NodeName=DEFAULT lines count as its defaults); None
+    when no line names it. Raises InvalidInput for a Gres= or host list it cannot read."""
+    default: str | None = None
+    found: str | None = None
+    for line in conf.splitlines():
+        words = dict(w.split("=", 1) for w in line.split("#", 1)[0].split() if "=" in w)
+        words = {k.lower(): v for k, v in words.items()}
+        if "nodename" not in words:
+            continue
+        if words["nodename"].upper() == "DEFAULT":
+            default = words.get("gres", default)
+        elif node in expand_hostlist(words["nodename"]):
+            found = words.get("gres", default) or ""
+    return None if found is None else gres_counts(found, f"slurm.conf's Gres= of node {node}")

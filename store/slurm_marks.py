@@ -1,12 +1,18 @@
 """What a Slurm job's SDK leaves in its checkpoint folder for the Slurm actuator to read: the manifest of its latest
 checkpoint (step, size, sha256, written for which signal) and where each start of the job began (its restart count,
 its step, the GPUs it was given). Files, not a socket: the enforcer and the job meet only in the shared checkpoint
-location, as on a cluster where no fleetlens agent runs on the nodes."""
+location, as on a cluster where no fleetlens agent runs on the nodes.
+
+The start mark also says whether the job's SDK asked to be movable (FLEETLENS_MOVABLE, `job(movable=True)`): the
+second way a Slurm job opts in beside its --comment (store.slurm.opt_in decides; `sdk_asked_from` reads the marks
+for it), and the memory cap the SDK computed from its shards. A mark written before these fields existed reads as
+not asked and no cap."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import logging
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import fsspec
@@ -14,9 +20,15 @@ import fsspec
 from store.checkpoints import location_for
 from store.errors import InvalidInput
 from store.settings import Settings
+from store.slurm import SdkAsked, workflow_id_of
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_MANIFEST = "fleetlens-checkpoint.json"
 STARTED = "fleetlens-started.json"
+# a start mark counts for a job only if it was written after the job's submission (Slurm's clock and the node's
+# may differ by this much): a mark left by an earlier job under a reused id does not opt a new one in
+CLOCK_SLACK_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,9 @@ class Started:
     gpus: str  # CUDA_VISIBLE_DEVICES as Slurm gave it
     started_at: float
     restored_sha256: str | None = None
+    movable: bool = False  # the job's SDK asked to be movable (FLEETLENS_MOVABLE, job(movable=True))
+    memory_fraction: float | None = None  # the CUDA memory cap the SDK computed (None: no cap)
+    memory_note: str | None = None  # where that cap came from, or why there is none
 
 
 def job_folder(settings: Settings, workflow_id: str) -> str:
@@ -77,4 +92,33 @@ def read_manifest(folder: str) -> CheckpointManifest | None:
 
 def read_started(folder: str) -> Started | None:
     doc = read_mark(folder, STARTED)
-    return None if doc is None else Started(**doc)
+    if doc is None:
+        return None
+    known = {f.name for f in fields(Started)}  # a newer SDK's extra fields are not this reader's business
+    try:
+        return Started(**{k: v for k, v in doc.items() if k in known})
+    except TypeError as exc:
+        raise InvalidInput(f"{folder}/{STARTED} is not the start mark the fleetlens SDK writes ({exc})") from None
+
+
+def asked_to_move(started: Started | None, job_id: int, submit_time: float, restart_count: int) -> bool:
+    """Whether a start mark says this job's SDK asked to be movable: its own mark (the job id, and written after the
+    job was submitted, or by an earlier run of the same job before it was requeued), saying so."""
+    if started is None or not started.movable or started.job_id != job_id:
+        return False
+    return started.restart_count < restart_count or started.started_at >= submit_time - CLOCK_SLACK_S
+
+
+def sdk_asked_from(settings: Settings) -> SdkAsked:
+    """What store.slurm.parse_jobs consults for a job without the opt-in comment: its start mark, in its checkpoint
+    location as the enforcer's host sees it. A mark that cannot be read counts as not asked (logged)."""
+    def asked(job_id: int, submit_time: float, restart_count: int) -> bool:
+        folder = job_folder(settings, workflow_id_of(job_id))
+        try:
+            started = read_started(folder)
+        except (InvalidInput, OSError) as exc:
+            log.warning("slurm job %s: its start mark cannot be read (%s); it counts as not asking to be movable",
+                        job_id, exc)
+            return False
+        return asked_to_move(started, job_id, submit_time, restart_count)
+    return asked

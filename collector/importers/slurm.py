@@ -2,7 +2,8 @@
 
 A job becomes the workflow `slurm-<id>` (the id the agent gives its processes through SLURM_JOB_ID) with its team
 (its account or partition, FLEETLENS_SLURM_TEAM_FROM, renamed by FLEETLENS_SLURM_TEAMS), and a `slurm_jobs` row with
-its request, time limit, the GPUs it holds and whether it opted in to be moved. A node becomes a host, its GPUs
+its request, time limit, the GPUs it holds and whether it opted in to be moved (its --comment, or its fleetlens SDK's
+start mark in its checkpoint location: store.slurm_marks). A node becomes a host, its GPUs
 devices (source "slurm"; a node whose agent registered its GPUs keeps them), and a running job's GPUs placements
 (a shard job's compute share is its shards over the GPU's). A Slurm job is never `managed` in the agents' sense:
 only the Slurm actuator moves it, and only when `slurm_jobs.opted_in` says so.
@@ -27,8 +28,9 @@ from store.models import Device, Host, Placement, Workflow
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
-from store.slurm import SlurmJob, SlurmNode, SlurmView, parse_jobs, parse_nodes
+from store.slurm import SdkAsked, SlurmJob, SlurmNode, SlurmView, parse_jobs, parse_nodes, shard_share
 from store.slurm_cli import SlurmCli
+from store.slurm_marks import sdk_asked_from
 from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
@@ -47,9 +49,10 @@ class SlurmImport:
     errors: list[str] = field(default_factory=list)  # jobs left out or read in part, and why
 
 
-def read_view(cli: SlurmCli) -> SlurmView:
-    """One reading of the cluster through its CLI (raises UpstreamUnavailable / InvalidInput, writing nothing)."""
-    version, jobs = parse_jobs(cli.json("squeue"))
+def read_view(cli: SlurmCli, sdk_asked: SdkAsked | None = None) -> SlurmView:
+    """One reading of the cluster through its CLI (raises UpstreamUnavailable / InvalidInput, writing nothing);
+    `sdk_asked` reads whether a job's SDK asked to be movable (its start mark, store.slurm_marks)."""
+    version, jobs = parse_jobs(cli.json("squeue"), sdk_asked=sdk_asked)
     _, nodes = parse_nodes(cli.json("sinfo"))
     return SlurmView(version=version, nodes=nodes, jobs=jobs)
 
@@ -57,7 +60,7 @@ def read_view(cli: SlurmCli) -> SlurmView:
 def import_slurm(store: Store, settings: Settings, *, cli: SlurmCli | None = None,
                  now: float | None = None) -> SlurmImport:
     """Read the cluster and record it (one transaction)."""
-    view = read_view(cli or SlurmCli.from_settings(settings))
+    view = read_view(cli or SlurmCli.from_settings(settings), sdk_asked_from(settings))
     return record_view(store, view, settings, now=time.time() if now is None else now)
 
 
@@ -157,8 +160,8 @@ def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: di
         per_gpu = node.shards_per_gpu if node else 0
         for i in job.gpu_indices:
             if i in devices:
-                shares[devices[i]] = 1.0 if job.gres.kind == "gpu" or not per_gpu else min(
-                    1.0, job.gres.count / max(1, len(job.gpu_indices)) / per_gpu)
+                shares[devices[i]] = 1.0 if job.gres.kind == "gpu" or not per_gpu else shard_share(
+                    job.gres.count, len(job.gpu_indices), per_gpu)
     _place(session, job.workflow_id, shares, job.node, now)
 
 

@@ -4,8 +4,9 @@
         |          |             |            |         |          |
         +----------+-------------+--> failed  +---------+----------+--> rolling_back -> rolled_back
 
-- planned: the job must still be running and opted in (`--comment=fleetlens:movable`, requeueable, on shards); it
-  gets SIGUSR1 through `scancel --batch --signal=USR1` (the SDK checkpoints at its next step boundary).
+- planned: the job must still be running and opted in (`--comment=fleetlens:movable` or its SDK's start mark,
+  requeueable, on shards: store.slurm.opt_in, decided again from what Slurm and the mark say now); it gets SIGUSR1
+  through `scancel --batch --signal=USR1` (the SDK checkpoints at its next step boundary).
 - signalled: the SDK's manifest (store.slurm_marks) written after the signal names a file whose size and sha256
   fleetlens reads again itself; the checkpoint is then recorded (store.checkpoints). No checkpoint in time, or the
   job ended meanwhile: failed, with nothing changed.
@@ -42,7 +43,7 @@ from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
 from store.slurm import SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli, SlurmRefused
-from store.slurm_marks import job_folder, read_manifest, read_started
+from store.slurm_marks import job_folder, read_manifest, read_started, sdk_asked_from
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +322,7 @@ class SlurmActuator:
 
     def _job(self, job_id: int) -> SlurmJob | None:
         try:
-            _, jobs = parse_jobs(self.cli.json("squeue", f"--jobs={job_id}"))
+            _, jobs = parse_jobs(self.cli.json("squeue", f"--jobs={job_id}"), sdk_asked=sdk_asked_from(self.settings))
         except SlurmRefused as exc:
             if "invalid job id" in str(exc).lower():
                 return None
