@@ -121,3 +121,15 @@ def prometheus(folder: Path, *, targets: list[str] | None = None, data_dir: Path
         server.stop()
         log.close()
         assert not leftovers(token), "a Prometheus outlived its test"
+
+
+@contextmanager
+def recorded_prometheus(folder: Path, *recordings: str) -> Iterator[PrometheusServer]:
+    """A running Prometheus over recorded series: each OpenMetrics text (ending in `# EOF`) is written to a file of
+    `folder` and backfilled into `folder / "data"`, which the server then reads; stopped on the way out."""
+    for k, text in enumerate(recordings):
+        path = folder / f"recording-{k}.om"
+        path.write_text(text)
+        backfill(path, folder / "data")
+    with prometheus(folder, data_dir=folder / "data") as server:
+        yield server

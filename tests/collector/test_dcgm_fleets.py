@@ -21,10 +21,9 @@ from sqlalchemy import select
 from collector.importers.dcgm_labels import MIG_INDEX_BASE
 from collector.importers.prometheus import NoDcgmSeries, import_prometheus
 from store.db import Store
-from store.migrations import upgrade
 from store.models import Device, DeviceSample, Finding, Host, ProcessSample, Workflow
 from store.settings import Settings, get_settings
-from tests.prometheus_server import PrometheusServer, backfill, free_port, prometheus
+from tests.prometheus_server import PrometheusServer, free_port, prometheus, recorded_prometheus
 from ui.cli import run as cli
 
 T0 = 1_700_003_580.0  # on the step grid
@@ -76,18 +75,13 @@ def _openmetrics() -> str:
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory) -> Iterator[PrometheusServer]:
     folder = tmp_path_factory.mktemp("prometheus")
-    (folder / "series.om").write_text(_openmetrics())
-    backfill(folder / "series.om", folder / "data")
-    with prometheus(folder, data_dir=folder / "data") as server:
+    with recorded_prometheus(folder, _openmetrics()) as server:
         yield server
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'fleetlens.db'}")
-    upgrade(s)
-    yield s
-    s.dispose()
+def store(sqlite_store: Store) -> Store:
+    return sqlite_store
 
 
 def _settings(**kw) -> Settings:
@@ -146,13 +140,9 @@ def unrelated(tmp_path_factory) -> Iterator[PrometheusServer]:
     for i in range(N):
         lines.append(f'node_load1{{instance="node-new:9100"}} 1.5 {T0 + i * STEP!r}')
     lines.append("# EOF")
-    (folder / "node.om").write_text("\n".join(lines) + "\n")
-    backfill(folder / "node.om", folder / "data")
     late = ["# TYPE DCGM_CUSTOM_GPU_BUSY gauge"] + [
         f'DCGM_CUSTOM_GPU_BUSY{{gpu="0",hostname="node-new"}} 0.5 {T0 + 86400 + i * STEP!r}' for i in range(N)]
-    (folder / "late.om").write_text("\n".join([*late, "# EOF"]) + "\n")
-    backfill(folder / "late.om", folder / "data")
-    with prometheus(folder, data_dir=folder / "data") as server:
+    with recorded_prometheus(folder, "\n".join(lines) + "\n", "\n".join([*late, "# EOF"]) + "\n") as server:
         yield server
 
 
@@ -292,9 +282,7 @@ def two_hours(tmp_path_factory) -> Iterator[PrometheusServer]:
     family("DCGM_FI_DEV_FB_FREE", [(IDLE, 41559.0), (BUSY, 11559.0), (SLICE_A, 1728.0), (SLICE_B, 1728.0),
                                    (SLICE_C, 10192.0)])
     lines.append("# EOF")
-    (folder / "series.om").write_text("\n".join(lines) + "\n")
-    backfill(folder / "series.om", folder / "data")
-    with prometheus(folder, data_dir=folder / "data") as server:
+    with recorded_prometheus(folder, "\n".join(lines) + "\n") as server:
         yield server
 
 

@@ -31,8 +31,9 @@ from ui.dashboard import queries
 HOST = "mps-host"
 
 # The stand-in: `-f` is the daemon (records its start and folders, keeps a pid file, opens `control` in its pipe
-# folder when it takes commands, runs until killed or told to quit); without arguments it is a control client
-# (records each stdin line; `quit` ends the daemon, as the real one does).
+# folder when it takes commands, after STANDIN_READY_DELAY_S: a slow start, and runs until killed or told to quit);
+# without arguments it is a control client (records each stdin line, keeps the default thread percentage it is told
+# in the pipe folder, as the daemon would hold it; `quit` ends the daemon, as the real one does).
 STAND_IN = """#!{python}
 import json, os, signal, sys, time
 record = {record!r}
@@ -44,6 +45,7 @@ if sys.argv[1:] == ["-f"]:
     note(event="daemon", pid=os.getpid(), pipe=pipe, log=os.environ["CUDA_MPS_LOG_DIRECTORY"])
     with open(os.path.join(pipe, "standin.pid"), "w") as f:
         f.write(str(os.getpid()))
+    time.sleep(float(os.environ.get("STANDIN_READY_DELAY_S", "0")))
     open(os.path.join(pipe, "control"), "w").close()  # ready for commands, like the real daemon's pipe
     def leave(*_):
         os.unlink(os.path.join(pipe, "control"))
@@ -54,6 +56,10 @@ if sys.argv[1:] == ["-f"]:
 else:
     for line in sys.stdin:
         note(event="command", line=line.strip(), argv=sys.argv[1:])
+        words = line.split()
+        if words[:1] == ["set_default_active_thread_percentage"]:
+            with open(os.path.join(pipe, "default"), "w") as f:
+                f.write(words[1])
         if line.strip() == "quit":
             os.kill(int(open(os.path.join(pipe, "standin.pid")).read()), signal.SIGTERM)
 """

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import threading
 from collections.abc import Iterator
@@ -25,34 +24,8 @@ from store.errors import InvalidInput
 from store.models import HostEvent
 from store.registry import busy_gpu_lanes, register_host
 from store.settings import Settings
-from tests.collector.test_mps import HOST, _daemons_of, _gpu_lane
+from tests.collector.test_mps import HOST, StandIn, _daemons_of, _gpu_lane
 from tests.fakes.fake_pynvml import FakeGPU, FakeNVML
-
-# `-f`: the daemon; it opens `control` in its pipe folder after STANDIN_READY_DELAY_S (a slow start). Without
-# arguments: a control client; it keeps the default it is told in the pipe folder (as the daemon would hold it).
-DAEMON = """#!{python}
-import json, os, signal, sys, time
-pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
-if sys.argv[1:] == ["-f"]:
-    with open(os.path.join(pipe, "standin.pid"), "w") as f:
-        f.write(str(os.getpid()))
-    time.sleep(float(os.environ.get("STANDIN_READY_DELAY_S", "0")))
-    open(os.path.join(pipe, "control"), "w").close()
-    def leave(*_):
-        os.unlink(os.path.join(pipe, "control"))
-        sys.exit(0)
-    signal.signal(signal.SIGTERM, leave)
-    while True:
-        time.sleep(0.05)
-else:
-    for line in sys.stdin:
-        words = line.split()
-        if words[:1] == ["set_default_active_thread_percentage"]:
-            with open(os.path.join(pipe, "default"), "w") as f:
-                f.write(words[1])
-        elif words[:1] == ["quit"]:
-            os.kill(int(open(os.path.join(pipe, "standin.pid")).read()), signal.SIGTERM)
-"""
 
 # a CUDA client: what it would connect to, and with which share, at the moment it creates its context (its start)
 CLIENT = """
@@ -81,12 +54,9 @@ def host_store(sqlite_store: Store) -> Store:
 
 @pytest.fixture
 def daemon_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fleet_home: Path) -> Iterator[Path]:
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    path = folder / "nvidia-cuda-mps-control"
-    path.write_text(DAEMON.format(python=sys.executable))
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    stand_in = StandIn(tmp_path)  # test_mps's stand-in daemon: it keeps the default it is told in the pipe folder
+    path = stand_in.install()
+    monkeypatch.setenv("PATH", f"{stand_in.bin}{os.pathsep}{os.environ['PATH']}")
     yield path
     left = _daemons_of(Settings().mps_pipe_dir)
     for proc in left:

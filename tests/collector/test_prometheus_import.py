@@ -23,7 +23,7 @@ from store.migrations import upgrade
 from store.models import Device, DeviceSample, Host, Process, ProcessSample, Workflow
 from store.settings import Settings
 from tests.collector.agent_helpers import TcpProxy
-from tests.prometheus_server import PrometheusServer, backfill, free_port, prometheus
+from tests.prometheus_server import PrometheusServer, free_port, recorded_prometheus
 from ui.cli import run as cli
 
 T0 = 1_699_999_980.0  # on the step grid (a multiple of 60 s)
@@ -77,18 +77,13 @@ def _openmetrics(t0: float = T0) -> str:
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory) -> Iterator[PrometheusServer]:
     folder = tmp_path_factory.mktemp("prometheus")
-    (folder / "series.om").write_text(_openmetrics())
-    backfill(folder / "series.om", folder / "data")
-    with prometheus(folder, data_dir=folder / "data") as server:
+    with recorded_prometheus(folder, _openmetrics()) as server:
         yield server
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path / 'fleetlens.db'}")
-    upgrade(s)
-    yield s
-    s.dispose()
+def store(sqlite_store: Store) -> Store:
+    return sqlite_store
 
 
 def _settings(**kw) -> Settings:

@@ -12,16 +12,14 @@ from sqlalchemy import func, select
 from store.models import Device, DeviceSample
 from tests.collector.test_prometheus_import import GAP, N, _openmetrics
 from tests.dags.conftest import FleetStore
-from tests.prometheus_server import backfill, prometheus
+from tests.prometheus_server import recorded_prometheus
 
 
 @pytest.mark.slow
 def test_import_dag_imports_then_resumes(dag_store: FleetStore, dag_run, monkeypatch: pytest.MonkeyPatch,
                                          tmp_path: Path) -> None:
     t0 = math.floor((time.time() - 3 * 3600) / 60) * 60  # an hour of series, ending two hours ago
-    (tmp_path / "series.om").write_text(_openmetrics(t0))
-    backfill(tmp_path / "series.om", tmp_path / "data")
-    with prometheus(tmp_path, data_dir=tmp_path / "data") as prom:
+    with recorded_prometheus(tmp_path, _openmetrics(t0)) as prom:
         monkeypatch.setenv("FLEETLENS_PROMETHEUS_URL", prom.url)
         monkeypatch.setenv("FLEETLENS_PROMETHEUS_LOOKBACK_S", str(4 * 3600))
         first = dag_run("fleetlens_import_prometheus")

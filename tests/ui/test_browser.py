@@ -3,13 +3,6 @@ the profile request lands in the store; the Fleet page is saved to docs/dashboar
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,51 +11,21 @@ from sqlalchemy import select
 
 from store.models import ProfileRequest
 from tests.ui.conftest import OPERATOR, OPERATOR_PASSWORD
+from tests.ui.live_ui import CHROMIUM, ROOT, running_ui
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = ROOT / "docs" / "dashboard.png"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def dashboard(seeded) -> Iterator[tuple[str, object]]:
     store, _ = seeded
-    port = _free_port()
-    fleetlens = Path(sys.executable).with_name("fleetlens")
-    log = open(ROOT / ".pytest_cache" / f"ui-{port}.log", "w") if (ROOT / ".pytest_cache").is_dir() else None
-    proc = subprocess.Popen(
-        [str(fleetlens), "ui", "--port", str(port), "--address", "127.0.0.1"],
-        env=dict(os.environ), stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    log = open(ROOT / ".pytest_cache" / "ui-browser.log", "w") if (ROOT / ".pytest_cache").is_dir() else None
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, f"`fleetlens ui` exited with {proc.returncode}"
-            assert time.time() < deadline, "the dashboard did not answer its health check within 60 s"
-            time.sleep(0.5)
-        yield url, store
+        with running_ui(log) as url:
+            yield url, store
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the process group this fixture started, nothing else
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
         if log:
             log.close()
 

@@ -3,19 +3,13 @@ chromium through Playwright) rendering it with its charts and the right-sizing a
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.ui.helpers import assert_clean, metrics, page, texts
+from tests.ui.live_ui import CHROMIUM, ROOT, running_ui
 from tests.ui.serving_seed import seed_serving
-from tests.ui.test_browser import CHROMIUM, ROOT, _free_port
 
 
 def test_serving_page_shows_the_stores_counts_and_a_right_size(empty_store) -> None:
@@ -43,24 +37,7 @@ def test_serving_page_renders_in_chromium(empty_store) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     seed_serving(empty_store)
-    port = _free_port()
-    fleetlens = Path(sys.executable).with_name("fleetlens")
-    proc = subprocess.Popen([str(fleetlens), "ui", "--port", str(port), "--address", "127.0.0.1"],
-                            env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, f"`fleetlens ui` exited with {proc.returncode}"
-            assert time.time() < deadline, "the dashboard did not answer its health check within 60 s"
-            time.sleep(0.5)
+    with running_ui() as url:
         expect.set_options(timeout=90_000)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
@@ -81,10 +58,3 @@ def test_serving_page_renders_in_chromium(empty_store) -> None:
                     pg.screenshot(path=str(shot), full_page=True)
             finally:
                 browser.close()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the process group this test started, nothing else
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
