@@ -70,6 +70,12 @@ def raw_counts(session: Session, workflow_id: str) -> tuple[int, int]:
     return (0, 0) if row is None else (row.stored, row.over_cap)
 
 
+def all_raw_counts(session: Session) -> dict[str, tuple[int, int]]:
+    """Every workflow that ever sent raw requests: (stored, counted over the cap)."""
+    rows = session.scalars(select(ServingRawCount).order_by(ServingRawCount.workflow_id))
+    return {r.workflow_id: (r.stored, r.over_cap) for r in rows}
+
+
 def raw_requests(session: Session, workflow_id: str, since: float = -math.inf,
                  until: float = math.inf) -> list[ServingRequest]:
     q = select(ServingRequest).where(ServingRequest.workflow_id == workflow_id, ServingRequest.arrival >= since,

@@ -6,6 +6,9 @@
     ...run the model on batch.payloads...
     q.dropped()                       # requests the policy shed since the last call (count them: never lost)
 
+With `stop_running`, a batch carries `stop_at` (the queue's clock): an iterative model checks it between steps
+and, once past it, gives the batch up with `q.stop(batch)`; its requests are shed like dropped ones.
+
 The same `DistributionAware.select` the simulator replays decides here; the queue only keeps ids, arrivals,
 applications and deadlines in arrays the policy reads (its `RequestView`).
 """
@@ -39,6 +42,7 @@ class LiveBatch:
     group: str
     requests: list[LiveRequest]
     predicted_cdf: np.ndarray | None
+    stop_at: float | None = None  # when the serving loop should give the batch up unfinished (None: never)
 
     @property
     def payloads(self) -> list[Any]:
@@ -75,7 +79,8 @@ class RequestQueue:
 
     def __init__(self, dists: Distributions, slos: Mapping[str, float], alpha: float, *,
                  groups: Mapping[str, str] | None = None, eps: float = DEFAULT_EPS,
-                 max_batch: int = DEFAULT_MAX_BATCH, clock: Callable[[], float] = time.time) -> None:
+                 max_batch: int = DEFAULT_MAX_BATCH, stop_running: bool = False, stop_eps: float = 0.1,
+                 clock: Callable[[], float] = time.time) -> None:
         missing = [a for a in slos if a not in dists.index_of]
         if missing:
             raise InvalidInput(f"request queue: no execution-time distribution for {missing}")
@@ -88,7 +93,8 @@ class RequestQueue:
         self._group_index = {g: i for i, g in enumerate(sorted(set(group_names.values())))}
         self._group_names = {i: g for g, i in self._group_index.items()}
         self._app_group = {a: self._group_index[g] for a, g in group_names.items()}
-        self.policy = DistributionAware(dists, alpha, eps=eps, max_batch=max_batch)
+        self.policy = DistributionAware(dists, alpha, eps=eps, max_batch=max_batch, stop_running=stop_running,
+                                        stop_eps=stop_eps)
         self.clock = clock
         self._view = _View()
         self._queues: dict[int, list[int]] = {}
@@ -99,6 +105,7 @@ class RequestQueue:
         self.submitted = 0
         self.served = 0
         self.shed = 0
+        self.stopped = 0
 
     def submit(self, app: str, payload: Any = None) -> LiveRequest:
         if app not in self.slos:
@@ -126,12 +133,21 @@ class RequestQueue:
             out, self._dropped = self._dropped, []
             return out
 
+    def stop(self, batch: LiveBatch) -> None:
+        """The serving loop gave `batch` up unfinished (past its `stop_at`): its requests are shed, not served."""
+        with self._cond:
+            self._dropped.extend(batch.requests)
+            self.served -= len(batch.requests)
+            self.shed += len(batch.requests)
+            self.stopped += len(batch.requests)
+
     def next_batch(self, timeout: float | None = None) -> LiveBatch | None:
         """The policy's next batch, waiting up to `timeout` seconds for one (None: nothing to run by then)."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                sel = self.policy.select(self.clock(), self._queues, self._view)
+                now = self.clock()
+                sel = self.policy.select(now, self._queues, self._view)
                 if sel.drop:
                     dropped = set(sel.drop)
                     for g, q in self._queues.items():
@@ -145,7 +161,8 @@ class RequestQueue:
                     self._queues[g] = [r for r in self._queues[g] if r not in taken]
                     reqs = [self._requests.pop(r) for r in sel.batch]
                     self.served += len(reqs)
-                    return LiveBatch(self._group_names[g], reqs, sel.predicted_cdf)
+                    stop_at = None if sel.stop_after is None else now + sel.stop_after
+                    return LiveBatch(self._group_names[g], reqs, sel.predicted_cdf, stop_at)
                 wait = None if end is None else end - time.monotonic()
                 if wait is not None and wait <= 0:
                     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from store.serving_raw import write_raw
 from tests.ui.serving_seed import WORKFLOW, seed_serving
 from ui.cli import run
 
@@ -28,7 +29,13 @@ def test_serving_commands(cli_store, capsys) -> None:
     assert run(["serving", "slo", WORKFLOW, "img2img", "0.5", "--target", "0.95"]) == 0
     assert run(["serving", "show"]) == 0
     shown = capsys.readouterr().out
-    assert "img2img" in shown and "0.5" in shown
+    assert "img2img" in shown and "0.5" in shown and "raw requests kept" not in shown
+    with cli_store.session() as s:  # a workflow that keeps raw requests: its stored rows and those over the cap
+        write_raw(s, WORKFLOW, [{"app": "img2img", "arrival": 1.0, "wait_s": 0.0, "exec_s": 1.0, "latency_s": 1.0,
+                                 "batch_size": 1}] * 3, 2)
+    assert run(["serving", "show"]) == 0
+    kept = capsys.readouterr().out.split("raw requests kept")[1]
+    assert WORKFLOW in kept and " 2 " in kept and " 1 " in kept
     assert run(["serving", "rightsize", WORKFLOW, "--scheduler", "ours", "--scheduler", "clockwork_like"]) == 0
     assert "right size:" in capsys.readouterr().out
     assert run(["serving", "rightsize", WORKFLOW, "--scheduler", "fifo"]) == 2

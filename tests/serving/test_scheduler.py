@@ -11,7 +11,7 @@ from enforcer.serving.live import RequestQueue
 from enforcer.serving.policy import DistributionAware
 from enforcer.sim.serving.baselines import ClockworkLike
 from enforcer.sim.serving.engine import Workload, simulate
-from enforcer.sim.serving.experiment import prepare, run_policies
+from enforcer.sim.serving.experiment import OursTuning, prepare, run_policies, tune_ours
 from enforcer.sim.serving.rightsize import prepare_workflow, rightsize
 from enforcer.sim.serving.traces import RequestTrace, read_alibaba_requests, read_azure_requests
 from store.errors import InvalidInput, NotFound
@@ -99,6 +99,23 @@ def test_on_alibaba_ours_matches_the_point_estimate_baseline_and_beats_the_non_d
     assert fr["ours"].finish_rate == pytest.approx(fr["clockwork_like"].finish_rate, rel=0.03)
 
 
+def test_on_alibaba_stopping_running_batches_finishes_more_and_its_tuning_is_chosen_on_the_fit_half(alibaba) -> None:
+    fit, part, _ = alibaba
+    prep = prepare(fit, part)
+    plain = run_policies(prep, 0.8, 1.5, 0.1, 4, which=("ours", "clockwork_like"), eps=0.65)
+    stop = run_policies(prep, 0.8, 1.5, 0.1, 4, which=("ours",), eps=0.65, stop_running=True, stop_eps=0.05)["ours"]
+    assert stop.stopped > 0 and stop.on_time > plain["ours"].on_time > plain["clockwork_like"].on_time
+    assert stop.on_time + stop.late + stop.dropped + stop.left_queued == stop.n
+    assert stop.ks_batch_time() <= 0.10  # predictions cut at each batch's stop, as its observed time is
+    fit_part = prepare(fit, RequestTrace("alibaba:fit", *(a[: len(part.arrival)] for a in
+                                                          (fit.arrival, fit.app, fit.group, fit.time))))
+    choices = [OursTuning(0.65, None), OursTuning(0.65, 0.05)]
+    on_fit = {t: run_policies(fit_part, 0.8, 1.5, 0.1, 4, which=("ours",), **t.kwargs())["ours"].on_time
+              for t in choices}
+    chosen = tune_ours(fit_part, 0.8, 1.5, 0.1, 4, eps_choices=(0.65,), stop_choices=(None, 0.05))
+    assert on_fit[chosen] == max(on_fit.values())
+
+
 def test_azure_times_come_from_the_stated_token_model() -> None:
     t = read_azure_requests(DATA, "code")
     assert len(t.time) == 8819 and "generated" in t.notes["token_to_time"]
@@ -119,6 +136,25 @@ def test_live_queue_sheds_hopeless_requests_and_serves_by_deadline() -> None:
     with pytest.raises(InvalidInput, match="unknown application"):
         q.submit("nope")
     assert q.next_batch(timeout=0.01) is None
+
+
+def test_live_queue_tells_the_serving_loop_when_to_give_a_batch_up_and_counts_what_it_gives_up() -> None:
+    now = [100.0]
+    d = _dists()  # "long": uniform over 1-9 s
+    q = RequestQueue(d, {"long": 5.0}, alpha=0.1, eps=0.3, stop_running=True, stop_eps=0.1, clock=lambda: now[0])
+    a = q.submit("long", "a")
+    batch = q.next_batch(timeout=0)
+    # given that it is still running, its chance of being done by 105 falls below 0.1 shortly before 105
+    assert batch.requests == [a] and batch.stop_at is not None and 104.0 < batch.stop_at < 105.0
+    assert q.dropped() == []
+    now[0] = batch.stop_at
+    q.stop(batch)
+    assert [r.id for r in q.dropped()] == [a.id]
+    assert (q.stopped, q.shed, q.served, q.pending()) == (1, 1, 0, 0)
+    assert q.submitted == q.served + q.shed + q.pending()
+    plain = RequestQueue(d, {"long": 5.0}, alpha=0.1, eps=0.3, clock=lambda: now[0])
+    plain.submit("long")
+    assert plain.next_batch(timeout=0).stop_at is None
 
 
 def test_rightsize_of_a_stored_serving_workflow(any_store) -> None:
@@ -142,9 +178,11 @@ def test_a_running_batch_that_can_no_longer_make_it_is_stopped_and_counted() -> 
     times = rng.uniform(1, 9, n)
     work = Workload(arr, np.full(n, long), np.zeros(n, dtype=np.int64), times, arr + 5.0)
     pol = DistributionAware(d, alpha=0.1, eps=0.2, stop_running=True, stop_eps=0.1)
-    res = simulate(work, pol, 1, 0.1)
+    res = simulate(work, pol, 1, 0.1, grid=d.grid)
     plain = simulate(work, DistributionAware(d, alpha=0.1, eps=0.2), 1, 0.1)
     assert res.stopped > 0 and res.stopped <= res.dropped
+    # the predicted batch-time CDF, cut at each batch's stop as its observed time is, matches the simulated times
+    assert res.ks_batch_time() < 0.1
     assert res.on_time + res.late + res.dropped + res.left_queued == n
     # a stopped batch frees the device for requests that can still make it (here: at least as many on time)
     assert res.busy_gpu_s < plain.busy_gpu_s and res.on_time >= plain.on_time

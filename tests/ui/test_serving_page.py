@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from store.serving_raw import write_raw
 from tests.ui.helpers import assert_clean, metrics, page, texts
 from tests.ui.live_ui import CHROMIUM, ROOT, running_ui
-from tests.ui.serving_seed import seed_serving
+from tests.ui.serving_seed import WORKFLOW, seed_serving
 
 
 def test_serving_page_shows_the_stores_counts_and_a_right_size(empty_store) -> None:
@@ -22,6 +23,17 @@ def test_serving_page_shows_the_stores_counts_and_a_right_size(empty_store) -> N
     assert shown["Devices held"] == "4"
     success = texts(at.success)
     assert "Right size:" in success and "(holds 4)" in success
+    assert "Raw requests kept" not in texts(at.caption)
+
+
+def test_serving_page_shows_the_raw_requests_kept_and_counted_over_the_cap(empty_store) -> None:
+    seed_serving(empty_store)
+    with empty_store.session() as s:
+        write_raw(s, WORKFLOW, [{"app": "img2img", "arrival": 1.0, "wait_s": 0.0, "exec_s": 1.0, "latency_s": 1.0,
+                                 "batch_size": 1}] * 5, 3)
+    at = page("serving")
+    assert_clean(at)
+    assert "Raw requests kept: 3 stored, 2 counted over the cap" in texts(at.caption)
 
 
 def test_serving_page_without_serving_data_says_how_to_record(empty_store) -> None:

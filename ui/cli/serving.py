@@ -16,6 +16,7 @@ from enforcer.sim.serving.traces import read_alibaba_requests
 from store import latency_sketch as ls
 from store.errors import InvalidInput
 from store.serving import app_windows, set_slo
+from store.serving_raw import all_raw_counts
 from ui.cli.app import app, console, open_store
 
 serving_app = typer.Typer(help="Serving workflows: latency per application, SLOs, right-sizing.",
@@ -40,6 +41,7 @@ def show_cmd(window: float = typer.Option(3600.0, "--window", help="seconds back
     now = time.time()
     with store.session() as s:
         windows = app_windows(s, now - window, now)
+        raw = all_raw_counts(s)
     table = Table(title=f"serving applications, last {window:g} s")
     for col in ("workflow", "application", "served", "shed", "p50 s", "p99 s", "exec CV", "SLO s", "attainment"):
         table.add_column(col)
@@ -50,6 +52,13 @@ def show_cmd(window: float = typer.Option(3600.0, "--window", help="seconds back
                       f"{w.exec_cv_quartiles:.2f}", "-" if w.slo_s is None else f"{w.slo_s:g}",
                       "-" if att is None else f"{att:.2%}")
     console.print(table)
+    if raw:
+        kept = Table(title="raw requests kept (FLEETLENS_SERVING_RAW_REQUESTS; the rest are in the histograms)")
+        for col in ("workflow", "stored", "over the cap"):
+            kept.add_column(col)
+        for wf, (stored, over) in raw.items():
+            kept.add_row(wf, str(stored), str(over))
+        console.print(kept)
 
 
 def _print(rs: RightSize, held: str) -> None:

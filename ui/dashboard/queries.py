@@ -33,6 +33,7 @@ from store.models import (
     Workflow,
 )
 from store.serving import AppWindow, app_windows
+from store.serving_raw import all_raw_counts
 from store.sweeps import events as sweep_event_rows
 from store.sweeps import gpu_use, labelled_trials
 from store.sweeps import sweeps as sweep_rows
@@ -387,6 +388,12 @@ def sweep_events(store: Store, sweep_id: str, gpus: int) -> tuple[pd.DataFrame, 
 def sweep_trials(store: Store) -> pd.DataFrame:
     """Trials grouped into sweeps by FLEETLENS_SWEEP (tuners other than Ray Tune): sweep, trial, workflow, state."""
     return pd.DataFrame(labelled_trials(store), columns=["sweep", "trial", "workflow", "state", "last_seen"])
+
+
+def serving_raw_counts(store: Store) -> dict[str, tuple[int, int]]:
+    """Per workflow that keeps raw requests (opt-in): (rows stored, requests counted over the cap)."""
+    with store.session() as s:
+        return all_raw_counts(s)
 
 
 def serving_windows(store: Store, window: Window) -> list[AppWindow]:

@@ -49,7 +49,8 @@ class SimResult:
     batches: int = 0
     batch_sizes: list[int] = field(default_factory=list)
     batch_times: list[float] = field(default_factory=list)
-    ks_pred_sum: np.ndarray | None = None  # sum over batches of the predicted batch-time CDF on `ks_grid`
+    ks_pred_sum: np.ndarray | None = None  # sum over batches of the predicted batch-time CDF on `ks_grid` (a batch
+    # with a stop time: the CDF of its time cut there, as its observed time is)
     ks_grid: np.ndarray | None = None
     finished_at: np.ndarray | None = None  # per request: completion time, NaN if dropped or left
 
@@ -149,10 +150,13 @@ def simulate(work: Workload, policy: BatchPolicy, n_gpus: int, alpha: float,
             res.busy_gpu_s += exec_time
             res.batches += 1
             res.batch_sizes.append(len(batch))
-            if grid is not None and sel.predicted_cdf is not None and not stopped:
+            if grid is not None and sel.predicted_cdf is not None:
+                # what is observed of a batch is its time cut at its stop: compare the prediction cut there too
                 res.batch_times.append(exec_time)
-                cells = grid.indices(res.ks_grid / g)
-                res.ks_pred_sum += sel.predicted_cdf[cells]
+                pred = sel.predicted_cdf[grid.indices(res.ks_grid / g)]
+                if sel.stop_after is not None:
+                    pred = np.where(res.ks_grid >= sel.stop_after, 1.0, pred)
+                res.ks_pred_sum += pred
     res.left_queued = int(sum(len(q) for q in queues.values()))
     if res.on_time + res.late + res.dropped + res.left_queued != n:
         raise AssertionError(f"{policy.name}: requests unaccounted for")

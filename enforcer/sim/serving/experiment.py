@@ -134,6 +134,7 @@ def simulate_policies(prep: Prepared, work: Workload, slo: np.ndarray, alpha: fl
             continue
         pol = {
             "clockwork_like": lambda: ClockworkLike(prep.dists.mean, alpha, max_batch),
+            "clockwork_like_stopping": lambda: ClockworkLike(prep.dists.mean, alpha, max_batch, stop_running=True),
             "oracle": lambda: Oracle(prep.time, alpha, max_batch),
             "nexus_like": lambda: NexusLike(gmean, gslo, alpha, max_batch),
             "clipper_like": lambda: ClipperLike(gslo, max_batch),
@@ -142,18 +143,38 @@ def simulate_policies(prep: Prepared, work: Workload, slo: np.ndarray, alpha: fl
         out[name] = simulate(work, pol, n_gpus, alpha)
     return out
 
+
 EPS_CHOICES = (0.5, 0.65, 0.8)
+STOP_EPS_CHOICES = (0.05, 0.1)  # when running batches may be stopped
 
 
-def tune_eps(fit_prep: Prepared, load: float, k: float, alpha: float, n_gpus: int, *, pooled: bool = False,
-             choices: tuple[float, ...] = EPS_CHOICES) -> float:
-    """The drop threshold that finishes most requests on time when the fit half itself is replayed at the same
-    load (the threshold trades a hopeless request's GPU time against the requests behind it, which depends on
-    the load; it is chosen on the data the distributions came from, never on the half being scored)."""
+@dataclass(frozen=True)
+class OursTuning:
+    """Our scheduler's two thresholds, chosen on the fit half: the queue's drop threshold `eps` and the running
+    batch's stop threshold `stop_eps` (None: never stop one)."""
+
+    eps: float
+    stop_eps: float | None
+
+    def kwargs(self) -> dict:
+        if self.stop_eps is None:
+            return {"eps": self.eps}
+        return {"eps": self.eps, "stop_running": True, "stop_eps": self.stop_eps}
+
+
+def tune_ours(fit_prep: Prepared, load: float, k: float, alpha: float, n_gpus: int, *, pooled: bool = False,
+              eps_choices: tuple[float, ...] = EPS_CHOICES,
+              stop_choices: tuple[float | None, ...] = (None,)) -> OursTuning:
+    """The thresholds that finish most requests on time when the fit half itself is replayed at the same load.
+    With `stop_choices` (None only) a running batch is never stopped. Each threshold trades a hopeless request's GPU
+    time against the requests behind it, which depends on the load; they are chosen on the data the distributions
+    came from, never on the half being scored."""
     best = None
-    for eps in choices:
-        r = run_policies(fit_prep, load, k, alpha, n_gpus, which=("ours",), eps=eps,
-                         pooled=pooled)["ours"]
-        if best is None or r.on_time > best[0]:
-            best = (r.on_time, eps)
+    for eps in eps_choices:
+        for stop_eps in stop_choices:
+            tuning = OursTuning(eps, stop_eps)
+            r = run_policies(fit_prep, load, k, alpha, n_gpus, which=("ours",), pooled=pooled,
+                             **tuning.kwargs())["ours"]
+            if best is None or r.on_time > best[0]:
+                best = (r.on_time, tuning)
     return best[1]

@@ -38,6 +38,10 @@ m[0].metric("Requests served", f"{served:,}")
 m[1].metric("Requests shed", f"{shed:,}", help="dropped by the scheduler: counted as misses, never lost")
 m[2].metric("SLO attainment", f"{met / total:.2%}" if total else "no SLO set")
 m[3].metric("Devices held", held)
+raw = fresh(ctx, "serving_raw_counts").get(wf)
+if raw is not None:
+    st.caption(f"Raw requests kept: {raw[0]:,} stored, {raw[1]:,} counted over the cap "
+               "(`FLEETLENS_SERVING_RAW_REQUESTS`; every request is in the histograms).")
 
 st.subheader("Latency against the SLO")
 st.plotly_chart(serving_charts.latency_cdf(mine))
