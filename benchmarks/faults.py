@@ -140,7 +140,8 @@ class Matrix:
 
     # ---- one case
     def case(self, state: str, fault: str) -> dict[str, Any]:
-        from enforcer.migration import MigrationOptions, drive, drive_until_done, start_migration
+        from enforcer.actuators.drive import drive_actions
+        from enforcer.migration import MigrationOptions, drive, start_migration
         from store.paths import path_component
         from tests.collector.agent_helpers import wait_for
         from tests.enforcer.migration_helpers import last_step, train_cmd
@@ -169,7 +170,8 @@ class Matrix:
                 break
             time.sleep(0.05)
         helper = self.inject(fault, workflow_id) if reached else None
-        states = drive_until_done(self.store, [action_id], settings=self.settings, options=options, timeout_s=300)
+        states = drive_actions(self.store, action_ids=[action_id], settings=self.settings,
+                               migration_options=options, timeout_s=300)
         if helper is not None:
             helper.join()  # the restarted agent is up (or failed to start) before anything else happens
         if fault == "checkpoint_unreadable_on_target":

@@ -136,7 +136,8 @@ def bare_cycle(work: Path, i: int) -> dict[str, float]:
 # ---- fleetlens: a real migration ----------------------------------------------------------------------------------
 
 def fleetlens_moves(work: Path) -> list[dict[str, float]]:
-    from enforcer.migration import MigrationOptions, action_log, drive_until_done, start_migration
+    from enforcer.actuators.drive import drive_actions
+    from enforcer.migration import MigrationOptions, action_log, start_migration
     from store.db import Store
     from store.migrations import upgrade
     from store.models import Command
@@ -172,7 +173,8 @@ def fleetlens_moves(work: Path) -> list[dict[str, float]]:
             time.sleep(1.0)  # let it train a little first
             target = next(d for d in devices if d != where)
             action_id = start_migration(store, job.workflow_id, target, settings=settings)
-            states = drive_until_done(store, [action_id], settings=settings, options=options, timeout_s=120,
+            states = drive_actions(store, action_ids=[action_id], settings=settings,
+                                   migration_options=options, timeout_s=120,
                                       poll_s=0.05)
             if states.get(action_id) != "resumed":
                 raise SystemExit(f"migration {i + 1} ended {states}: {action_log(store, action_id)}")

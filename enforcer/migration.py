@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import select, update
@@ -182,31 +181,6 @@ def drive_all(store: Store, *, settings: Settings, options: MigrationOptions | N
         except FleetlensError as exc:
             log.error("action %s cannot be driven: %s", action_id, exc)
     return states
-
-
-def drive_until_done(store: Store, action_ids: Iterable[int] | None = None, *, plan_id: int | None = None,
-                     settings: Settings, options: MigrationOptions | None = None,
-                     timeout_s: float = 600.0, poll_s: float = 0.2) -> dict[int, str]:
-    """Drive the actions (default: all unfinished, or a plan's) until each is resumed, rolled back or failed, or
-    until `timeout_s`; rides out database outages (retrying). Returns {action id: final state}."""
-    ids = list(action_ids) if action_ids is not None else None
-    deadline = time.monotonic() + timeout_s
-    states: dict[int, str] = {}
-    while True:
-        try:
-            todo = ids if ids is not None else unfinished(store, plan_id)
-            if ids is None and not states:
-                ids = todo
-            for action_id in todo:
-                if states.get(action_id) not in TERMINAL:
-                    states[action_id] = drive(store, action_id, settings=settings, options=options)
-        except DatabaseUnavailable as exc:
-            log.warning("database unavailable while driving migrations (will retry): %s", exc)
-        if ids is not None and all(states.get(a) in TERMINAL for a in ids):
-            return states
-        if time.monotonic() > deadline:
-            return states
-        time.sleep(poll_s)
 
 
 def action_log(store: Store, action_id: int) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from enforcer.actuators.agents import AgentsActuator
 from enforcer.actuators.base import Actuator
 from enforcer.actuators.slurm import SlurmActuator
+from enforcer.migration import MigrationOptions
 from store.db import Store
 from store.errors import InvalidInput
 from store.settings import Settings
@@ -21,9 +22,13 @@ ACTUATORS: dict[str, Callable[[Store, Settings], Actuator]] = {
 }
 
 
-def actuator_for(engine: str, store: Store, settings: Settings) -> Actuator:
-    """The actuator of `engine`; an engine no actuator carries raises InvalidInput naming the ones there are."""
+def actuator_for(engine: str, store: Store, settings: Settings, *,
+                 migration_options: MigrationOptions | None = None) -> Actuator:
+    """The actuator of `engine`; an engine no actuator carries raises InvalidInput naming the ones there are.
+    `migration_options` (the agents' state machine's timeouts) go to the agents' actuator only."""
     factory = ACTUATORS.get(engine)
     if factory is None:
         raise InvalidInput(f"no actuator carries moves of engine {engine!r}; the engines are {sorted(ACTUATORS)}")
+    if engine == AgentsActuator.engine and migration_options is not None:
+        return AgentsActuator(store, settings, migration_options)
     return factory(store, settings)

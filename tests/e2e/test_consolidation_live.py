@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
+from enforcer.actuators.drive import drive_actions
 from enforcer.cycle import run_cycle
-from enforcer.migration import drive_until_done
 from store.models import Placement, Plan, ProcessSample
 from tests.collector.agent_helpers import wait_for
 from tests.enforcer.migration_helpers import (  # noqa: F401  (rig_fixture: the `rig` fixture)
@@ -46,7 +46,7 @@ def test_a_consolidation_cycle_frees_a_cpu_device(rig: Rig) -> None:
     assert cons is not None and cons["moves"] == 1 and cons["devices_freed"] == 1, cons
     assert cons["outcome"]["applied"]
     plan_id = cons["plan_id"]
-    states = drive_until_done(rig.store, plan_id=plan_id, settings=rig.settings, options=FAST, timeout_s=90)
+    states = drive_actions(rig.store, plan_id=plan_id, settings=rig.settings, migration_options=FAST, timeout_s=90)
     assert list(states.values()) == ["resumed"], states
     with rig.store.session() as s:
         active = s.execute(select(Placement.workflow_id, Placement.device_id).where(

@@ -11,8 +11,9 @@ import psutil
 import pytest
 from sqlalchemy import select
 
+from enforcer.actuators.drive import drive_actions
 from enforcer.managed import register_managed
-from enforcer.migration import MigrationOptions, action_log, drive, drive_until_done, start_migration
+from enforcer.migration import MigrationOptions, action_log, drive, start_migration
 from enforcer.plan_store import apply_plan, make_plan
 from store.db import Store
 from store.errors import InvalidInput, NotFound
@@ -58,7 +59,7 @@ def test_a_job_moved_mid_training_resumes_from_its_checkpoint_and_finishes(rig: 
     (planned,) = apply_plan(rig.store, plan_id, settings=rig.settings)
     action_id = planned.id
 
-    states = drive_until_done(rig.store, plan_id=plan_id, settings=rig.settings, options=FAST, timeout_s=60)
+    states = drive_actions(rig.store, plan_id=plan_id, settings=rig.settings, migration_options=FAST, timeout_s=60)
     assert states == {action_id: "resumed"}, action_log(rig.store, action_id)
     moved = action(rig.store, action_id)
     assert moved.checkpoint_step is not None and moved.checkpoint_step >= 40
@@ -106,7 +107,8 @@ def test_an_unwritable_checkpoint_folder_fails_the_move_and_leaves_the_job_runni
     before = rig.placement(job.workflow_id)
 
     action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job), settings=rig.settings)
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=60)
+    states = drive_actions(rig.store, action_ids=[action_id], settings=rig.settings,
+                           migration_options=FAST, timeout_s=60)
     assert states == {action_id: "failed"}
     failed = action(rig.store, action_id)
     assert "could not checkpoint" in failed.error and "nothing moved" in failed.error
@@ -126,7 +128,8 @@ def test_a_job_that_never_answers_its_checkpoint_request_is_left_as_it_was(rig: 
     before = rig.placement(job.workflow_id)
     options = MigrationOptions(checkpoint_timeout_s=2, command_grace_s=5)
     action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job), settings=rig.settings)
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=options, timeout_s=60)
+    states = drive_actions(rig.store, action_ids=[action_id], settings=rig.settings,
+                           migration_options=options, timeout_s=60)
     assert states == {action_id: "failed"}
     error = action(rig.store, action_id).error
     assert "did not answer the checkpoint request within 2 s" in error and "nothing moved" in error

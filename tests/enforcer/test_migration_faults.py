@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from enforcer.migration import MigrationOptions, MoveRefused, action_log, drive, drive_until_done, start_migration
+from enforcer.actuators.drive import drive_actions
+from enforcer.migration import MigrationOptions, MoveRefused, action_log, drive, start_migration
 from store.db import Store
 from store.migrations import upgrade
 from store.models import Action, Command, Lane, Placement
@@ -71,7 +72,8 @@ def test_job_killed_during_its_checkpoint_is_restarted_where_it_was_from_its_las
     os.kill(job.pid, signal.SIGKILL)
     complete = max(int(p.stem.split("-")[1]) for p in folder.glob("step-*.pt"))
 
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=60)
+    states = drive_actions(rig.store, action_ids=[action_id], settings=rig.settings,
+                           migration_options=FAST, timeout_s=60)
     assert states == {action_id: "rolled_back"}, messages(rig.store, action_id)
     log = messages(rig.store, action_id)
     assert "exited before answering the checkpoint request" in log and "running again where it was" in log
@@ -98,7 +100,8 @@ def test_agent_killed_during_relaunch_is_restarted_and_the_move_completes(rig: R
     assert drive(rig.store, action_id, settings=rig.settings, options=FAST) == "stopped"  # nothing to do without it
 
     rig.agent = AgentProc(rig.home, host_id=rig.agent.host_id).start(rig.store)
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=60)
+    states = drive_actions(rig.store, action_ids=[action_id], settings=rig.settings,
+                           migration_options=FAST, timeout_s=60)
     assert states == {action_id: "resumed"}, messages(rig.store, action_id)
     moved = action(rig.store, action_id)
     log = messages(rig.store, action_id)
@@ -162,7 +165,8 @@ def test_job_that_dies_at_the_target_before_its_first_step_is_put_back_from_its_
     os.kill(relaunched_pid, signal.SIGKILL)  # it dies on the target before its first step
     wait_for(lambda: workflow(rig.store, job.workflow_id).state == "failed", timeout=30)  # the agent saw it die
 
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=60)
+    states = drive_actions(rig.store, action_ids=[action_id], settings=rig.settings,
+                           migration_options=FAST, timeout_s=60)
     assert states == {action_id: "rolled_back"}, messages(rig.store, action_id)
     log = messages(rig.store, action_id)
     assert f"died as pid {relaunched_pid} on device {target} before it reported a step" in log
@@ -193,8 +197,8 @@ def test_database_unreachable_mid_move(fleet_home: Path, pg_url: str) -> None:
         action_id = start_migration(store, job.workflow_id, rig_.other_device(job), settings=rig_.settings)
         options = MigrationOptions(checkpoint_timeout_s=20, command_grace_s=3, resume_timeout_s=60)
         result: dict[int, str] = {}
-        driver = threading.Thread(target=lambda: result.update(drive_until_done(
-            store, [action_id], settings=rig_.settings, options=options, timeout_s=90)))
+        driver = threading.Thread(target=lambda: result.update(drive_actions(
+            store, action_ids=[action_id], settings=rig_.settings, migration_options=options, timeout_s=90)))
         driver.start()
         direct = Store(pg_url)
         wait_for(lambda: command_status(direct, action_id, "relaunch") == "running", timeout=60, every=0.01)

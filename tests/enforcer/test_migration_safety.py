@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from enforcer.migration import MigrationOptions, action_log, drive, drive_until_done, start_migration
+from enforcer.actuators.drive import drive_actions
+from enforcer.migration import MigrationOptions, action_log, drive, start_migration
 from store.errors import InvalidInput
 from store.models import Workflow
 from tests.collector.agent_helpers import wait_for
@@ -46,7 +47,8 @@ def test_a_relaunch_spec_changed_in_the_store_is_refused_and_nothing_unverified_
     _drive_to(rig, action_id, "stopped")
     with rig.store.session() as s:  # whoever can write the database tries to choose what runs
         s.get(Workflow, job.workflow_id).command = [sys.executable, "-c", "open('/tmp/owned', 'w')"]
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=60)
+    states = drive_actions(rig.store, action_ids=[action_id], settings=rig.settings,
+                           migration_options=FAST, timeout_s=60)
     assert states == {action_id: "failed"}
     relaunches = [c for c in commands(rig.store, action_id) if c.kind == "relaunch"]
     assert relaunches and all(c.status == "failed" and c.result["unsafe"] for c in relaunches)
@@ -74,7 +76,8 @@ def test_a_checkpoint_changed_after_it_was_recorded_is_refused(rig: Rig) -> None
     ckpt = Path(action(rig.store, action_id).checkpoint_path)
     with open(ckpt, "ab") as f:
         f.write(b"bit rot")
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=60)
+    states = drive_actions(rig.store, action_ids=[action_id], settings=rig.settings,
+                           migration_options=FAST, timeout_s=60)
     assert states == {action_id: "failed"}
     log = " | ".join(e["message"] for e in action_log(rig.store, action_id))
     assert "does not match what was recorded when it was written" in log
@@ -88,7 +91,8 @@ def test_a_relaunch_that_resumes_below_its_checkpoint_step_is_stopped_and_put_ba
     job = rig.launch(command, name="forgetful")
     wait_for(lambda: last_step(rig.store, job.workflow_id) >= 20, timeout=60)
     action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job), settings=rig.settings)
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=FAST, timeout_s=120)
+    states = drive_actions(rig.store, action_ids=[action_id], settings=rig.settings,
+                           migration_options=FAST, timeout_s=120)
     assert states == {action_id: "rolled_back"}, action_log(rig.store, action_id)
     moved = action(rig.store, action_id)
     log = " | ".join(e["message"] for e in action_log(rig.store, action_id))
@@ -107,7 +111,8 @@ def test_a_relaunched_job_that_reports_no_step_in_time_is_stopped_and_put_back(r
     wait_for(lambda: last_step(rig.store, job.workflow_id) >= 5, timeout=60)
     options = MigrationOptions(checkpoint_timeout_s=20, command_grace_s=5, resume_timeout_s=4)
     action_id = start_migration(rig.store, job.workflow_id, rig.other_device(job), settings=rig.settings)
-    states = drive_until_done(rig.store, [action_id], settings=rig.settings, options=options, timeout_s=120)
+    states = drive_actions(rig.store, action_ids=[action_id], settings=rig.settings,
+                           migration_options=options, timeout_s=120)
     assert states == {action_id: "rolled_back"}, action_log(rig.store, action_id)
     log = " | ".join(e["message"] for e in action_log(rig.store, action_id))
     assert "reported no step within 4 s" in log and "putting it back where it was" in log

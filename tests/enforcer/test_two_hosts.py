@@ -14,7 +14,8 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from enforcer.migration import MoveRefused, action_log, drive_until_done, plan_action, start_migration
+from enforcer.actuators.drive import drive_actions
+from enforcer.migration import MoveRefused, action_log, plan_action, start_migration
 from enforcer.plan_store import apply_plan
 from store.db import Store
 from store.errors import InvalidInput
@@ -109,7 +110,8 @@ def test_a_job_moves_to_another_host_through_a_shared_checkpoint_folder_and_fini
 
     target = hosts.b.devices(hosts.store)[0].id
     action_id = start_migration(hosts.store, wf_id, target, settings=hosts.settings)
-    states = drive_until_done(hosts.store, [action_id], settings=hosts.settings, options=FAST, timeout_s=120)
+    states = drive_actions(hosts.store, action_ids=[action_id], settings=hosts.settings,
+                           migration_options=FAST, timeout_s=120)
     assert states == {action_id: "resumed"}, action_log(hosts.store, action_id)
 
     moved = action(hosts.store, action_id)

@@ -8,7 +8,8 @@ import shlex
 import typer
 from rich.table import Table
 
-from enforcer.migration import action_log, drive_until_done, start_migration, unfinished
+from enforcer.actuators.drive import drive_actions
+from enforcer.migration import action_log, start_migration, unfinished
 from enforcer.policies import get_policy
 from store.errors import InvalidInput
 from ui.cli.app import app, console, err_console, open_store, settings
@@ -82,7 +83,7 @@ def drive(
 ) -> None:
     """Carry out planned migrations (checkpoint, stop, relaunch, resume) until each is done, rolled back or failed."""
     store = open_store()
-    ids = unfinished(store, plan)
+    ids = unfinished(store, plan, engine=None)
     if not ids:
         console.print("no unfinished actions")
         return
@@ -90,7 +91,7 @@ def drive(
 
 
 def _drive_and_show(store, ids: list[int], timeout: float) -> None:
-    states = drive_until_done(store, ids, settings=settings(), timeout_s=timeout)
+    states = drive_actions(store, action_ids=ids, settings=settings(), timeout_s=timeout)
     table = Table(title="migrations")
     for column in ("action", "state", "what happened"):
         table.add_column(column)

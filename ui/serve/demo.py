@@ -36,7 +36,7 @@ from analyzer.telemetry.thresholds import Thresholds, load_thresholds, scaled
 from analyzer.traces import analyze_pending
 from analyzer.traces.cache import TraceBounds
 from collector.recordings.load import load_into_store
-from enforcer.migration import drive_until_done
+from enforcer.actuators.drive import drive_actions
 from enforcer.plan_store import apply_plan, make_plan
 from store.db import Store
 from store.errors import FleetlensError
@@ -300,7 +300,7 @@ class Demo:
         if not plan.moves:
             raise DemoError("the PACK plan has no moves (no local device is wholly idle or underused)")
         actions = apply_plan(self.store, plan.plan_id, settings=self.settings)
-        states = drive_until_done(self.store, [a.id for a in actions], settings=self.settings, timeout_s=180)
+        states = drive_actions(self.store, action_ids=[a.id for a in actions], settings=self.settings, timeout_s=180)
         with self.store.session() as s:
             for action_id, state in states.items():
                 self.report.migrations[s.get(Action, action_id).workflow_id] = state
