@@ -20,7 +20,9 @@ steps back between requests is counted in `clock_steps_back` and the request is 
 
 Raw requests are opt-in (settings.serving_raw_requests): each request's [app, arrival, wait, execution, latency,
 batch size] goes along too, at most settings.serving_raw_max_rows waiting at once (the rest are counted in
-`raw_over_cap`, sent along, and counted by the store: store.serving_raw).
+`raw_over_cap`, sent along, and counted by the store: store.serving_raw). Once the agent answers that the
+workflow's stored rows fill its cap (`raw_full`), requests are only counted, not sent, until it answers that
+retention freed room.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ class ServingRecorder:
         self._raw_on = bool(self.settings.serving_raw_requests)
         self._raw: list[list] = []
         self.raw_sent = 0
-        self.raw_over_cap = 0  # raw requests not kept because serving_raw_max_rows were waiting (counted)
+        self.raw_over_cap = 0  # raw requests not kept: serving_raw_max_rows were waiting, or the store's cap is full
+        self.raw_full = False  # the agent's last answer: this workflow's stored raw rows fill its cap
 
     # ---- lifecycle
     def __enter__(self) -> ServingRecorder:
@@ -163,7 +166,7 @@ class ServingRecorder:
         ls.add(m.exec_hist, exec_s)
         ls.add(m.latency_hist, latency)
         if self._raw_on:
-            if len(self._raw) < self.settings.serving_raw_max_rows:
+            if not self.raw_full and len(self._raw) < self.settings.serving_raw_max_rows:
                 self._raw.append([app, arrival, wait, exec_s, latency, batch_size])
             else:
                 self.raw_over_cap += 1
@@ -274,6 +277,7 @@ class ServingRecorder:
             if reply.get("retry"):
                 return False
             raise InvalidInput(f"serving: the agent refused the requests: {reply.get('error')}")
+        self.raw_full = bool(reply.get("raw_full"))
         return True
 
     def _took_raw(self, raw: list[list], raw_over: int) -> None:

@@ -57,7 +57,8 @@ def test_on_keeps_up_to_the_cap_and_counts_the_rest(fleet_home, monkeypatch) -> 
     monkeypatch.setattr(serving_mode, "RAW_PER_MESSAGE", 7)  # raw requests go in several messages a flush
     try:
         rec = _serve(agent, 120, flushes=4)  # 30 a flush: the SDK's buffer never reaches the cap
-        assert rec.raw_sent == 120
+        # rows go until the agent answers that the store's cap is full (after a write on its beat), then are counted
+        assert 50 <= rec.raw_sent <= 120
         with agent.store.session() as s:
             rows = raw_requests(s, "svc")
             assert raw_counts(s, "svc") == (50, 70)
@@ -77,6 +78,47 @@ def test_on_keeps_up_to_the_cap_and_counts_the_rest(fleet_home, monkeypatch) -> 
         agent.handlers.flush()
         with agent.store.session() as s:
             assert raw_counts(s, "svc") == (50, 150)
+    finally:
+        agent.stop()
+        agent.store.dispose()
+
+
+def test_once_the_cap_is_full_the_sdk_counts_rows_instead_of_sending_them_until_retention_frees_room(
+        fleet_home, monkeypatch) -> None:
+    agent = _agent(monkeypatch, FLEETLENS_SERVING_RAW_REQUESTS="1", FLEETLENS_SERVING_RAW_MAX_ROWS="5")
+    try:
+        rec = ServingRecorder("svc", settings=agent.settings)
+        t = time.time()
+
+        def serve(n: int) -> None:
+            for _ in range(n):
+                rec.record("a", arrival=t, start=t, end=t + 0.01)
+            assert rec.flush(force=True)
+
+        serve(4)
+        agent.handlers.flush()  # the store holds 4 of 5
+        serve(3)  # the answer: room left; the store keeps 1 more and counts 2 once the agent writes
+        agent.handlers.flush()
+        assert (rec.raw_sent, rec.raw_full) == (7, False)
+        serve(1)  # the agent's answer to this message: the cap is full
+        assert rec.raw_full and rec.raw_sent == 8
+        serve(20)  # counted by the SDK and sent as a count, not as rows
+        assert rec.raw_sent == 8
+        agent.handlers.flush()
+        with agent.store.session() as s:
+            assert raw_counts(s, "svc") == (5, 23)  # every request so far: stored or counted
+            assert delete_raw_before(s, t + 1) == 5  # retention frees the cap
+        serve(1)  # counted still (the agent learns of the room at its next write)
+        agent.handlers.flush()
+        serve(1)  # the answer: there is room again
+        assert not rec.raw_full
+        serve(2)
+        assert rec.raw_sent == 10
+        rec.close()
+        agent.handlers.flush()
+        with agent.store.session() as s:
+            assert raw_counts(s, "svc") == (2, 25)
+            assert {w.app: w.n for w in app_windows(s, 0.0, time.time() + 120)} == {"a": 32}
     finally:
         agent.stop()
         agent.store.dispose()
