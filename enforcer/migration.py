@@ -35,7 +35,7 @@ from enforcer.migration_steps import (
 )
 from enforcer.move_checks import move_refusal
 from store.db import Store
-from store.errors import DatabaseUnavailable, FleetlensError, InvalidInput, NotFound
+from store.errors import InvalidInput, NotFound
 from store.headroom import charged
 from store.models import Action, ActionEvent, Device, Lane, Workflow
 from store.settings import Settings
@@ -166,21 +166,6 @@ def unfinished(store: Store, plan_id: int | None = None, engine: str | None = EN
         if plan_id is not None:
             query = query.where(Action.plan_id == plan_id)
         return list(session.scalars(query))
-
-
-def drive_all(store: Store, *, settings: Settings, options: MigrationOptions | None = None,
-              plan_id: int | None = None) -> dict[int, str]:
-    """One step of every unfinished action (of one plan, if given): {action id: state after}. One action that
-    cannot be driven (its error is logged) does not hold up the others; an unreachable database raises."""
-    states: dict[int, str] = {}
-    for action_id in unfinished(store, plan_id):
-        try:
-            states[action_id] = drive(store, action_id, settings=settings, options=options)
-        except DatabaseUnavailable:
-            raise
-        except FleetlensError as exc:
-            log.error("action %s cannot be driven: %s", action_id, exc)
-    return states
 
 
 def action_log(store: Store, action_id: int) -> list[dict[str, Any]]:
