@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return [r for r in lines if r["case"] == case and r["k"] <= 2]
 
     ali, fixed, pooled = sel("alibaba"), sel("alibaba_fixed_times"), sel("alibaba_pooled")
+
     def median(rows: list[dict], field: str) -> float | None:
         vals = [r[field] for r in rows if r.get(field) is not None]
         return round(statistics.median(vals), 4) if vals else None
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "ours_stopping": {
             "gap_closed_median": median(ali, "gap_closed_ours_stopping"),
             "gap_closed_vs_stopping_baseline_median": median(ali, "gap_closed_ours_stopping_vs_stopping_baseline"),
-            "ratio_to_best_baseline_min": min(r["finish_rate_ours_stopping"] / r["finish_rate_best_baseline"]
+            "ratio_to_best_baseline_min": min(_ratio(r["finish_rate_ours_stopping"], r["finish_rate_best_baseline"])
                                               for r in ali),
             "ks_batch_time_max": max(r["ks_batch_time_ours_stopping"] for r in ali),
             "per_app_over_pooled_min": min(r["per_app_over_pooled_stopping"] for r in pooled),
