@@ -157,17 +157,6 @@ def drive(store: Store, action_id: int, *, settings: Settings, options: Migratio
         return action.state
 
 
-def unfinished(store: Store, plan_id: int | None = None, engine: str | None = ENGINE) -> list[int]:
-    """Ids of the actions not yet resumed, rolled back or failed (of one plan, of one engine: None for all)."""
-    with store.session() as session:
-        query = select(Action.id).where(Action.state.not_in(TERMINAL)).order_by(Action.id)
-        if engine is not None:
-            query = query.where(Action.engine == engine)
-        if plan_id is not None:
-            query = query.where(Action.plan_id == plan_id)
-        return list(session.scalars(query))
-
-
 def action_log(store: Store, action_id: int) -> list[dict[str, Any]]:
     """The action's events, oldest first: ts, from_state, to_state, message, detail."""
     with store.session() as session:

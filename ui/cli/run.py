@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from enforcer.actuators.drive import drive_actions
-from enforcer.migration import action_log, start_migration, unfinished
+from enforcer.migration import action_log, start_migration
 from enforcer.policies import get_policy
 from store.errors import InvalidInput
 from ui.cli.app import app, console, err_console, open_store, settings
@@ -73,7 +73,7 @@ def move(
                                 new_lane_size=None if lane_mb is None else int(lane_mb * 2**20))
     console.print(f"action {action_id}: {workflow} -> device {to_device} planned")
     if wait:
-        _drive_and_show(store, [action_id], timeout)
+        _show(store, drive_actions(store, settings(), action_ids=[action_id], timeout_s=timeout))
 
 
 @app.command()
@@ -83,19 +83,19 @@ def drive(
 ) -> None:
     """Carry out planned migrations (checkpoint, stop, relaunch, resume) until each is done, rolled back or failed."""
     store = open_store()
-    ids = unfinished(store, plan, engine=None)
-    if not ids:
+    states = drive_actions(store, settings(), plan_id=plan, timeout_s=timeout)
+    if not states:
         console.print("no unfinished actions")
         return
-    _drive_and_show(store, ids, timeout)
+    _show(store, states)
 
 
-def _drive_and_show(store, ids: list[int], timeout: float) -> None:
-    states = drive_actions(store, action_ids=ids, settings=settings(), timeout_s=timeout)
+def _show(store, states: dict[int, str]) -> None:
+    """Each action driven: its state and what happened to it."""
     table = Table(title="migrations")
     for column in ("action", "state", "what happened"):
         table.add_column(column)
-    for action_id in ids:
+    for action_id, state in states.items():
         events = action_log(store, action_id)
-        table.add_row(str(action_id), states.get(action_id, "?"), "\n".join(e["message"] for e in events))
+        table.add_row(str(action_id), state, "\n".join(e["message"] for e in events))
     console.print(table)
