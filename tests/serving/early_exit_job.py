@@ -6,6 +6,9 @@ varies widely from request to request (the input says how hard it is), `static` 
 A batch runs until its last member exits. The job first profiles each application (its execution-time
 distribution), then serves requests a producer thread submits at seeded random times.
 
+With `--stop-running` the queue gives each batch a `stop_at`: the model checks the queue's clock between layers and,
+once past it, gives the batch up (`RequestQueue.stop`); its requests are recorded as shed.
+
     python -m tests.serving.early_exit_job --workflow W --requests 300 --devices 4 --slo-dynamic 1.2
 """
 
@@ -15,6 +18,7 @@ import argparse
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -36,18 +40,22 @@ class EarlyExit(torch.nn.Module):
         self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS))
 
     @torch.no_grad()
-    def forward(self, x: torch.Tensor, exits: torch.Tensor) -> torch.Tensor:
-        """Each row leaves after exits[i] layers; the batch runs until its last row has left."""
+    def forward(self, x: torch.Tensor, exits: torch.Tensor,
+                give_up: Callable[[], bool] | None = None) -> tuple[torch.Tensor, int]:
+        """Each row leaves after exits[i] layers; the batch runs until its last row has left, or until `give_up`,
+        asked before each layer, says so. Returns the output and the layers run."""
         out = x.clone()
+        run = 0
         for depth, layer in enumerate(self.layers, start=1):
             alive = exits >= depth
-            if not bool(alive.any()):
+            if not bool(alive.any()) or (give_up is not None and give_up()):
                 break
             h = out[alive]
             for _ in range(REPEAT):
                 h = torch.tanh(layer(h))
             out[alive] = h
-        return out
+            run = depth
+        return out, run
 
 
 def exit_depth(app: str, rng: np.random.Generator) -> int:
@@ -66,15 +74,17 @@ def main() -> None:
     ap.add_argument("--slo-floor", type=float, default=0.0, help="no SLO shorter than this (seconds)")
     ap.add_argument("--max-batch", type=int, default=2)
     ap.add_argument("--rate", type=float, default=40.0, help="requests per second, both apps together")
+    ap.add_argument("--stop-running", action="store_true", help="give a batch up at the queue's stop_at")
+    ap.add_argument("--stop-eps", type=float, default=0.1)
     args = ap.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(1)
     model = EarlyExit()
     apps = ("dynamic", "static")
 
-    def run(depths: list[int]) -> None:
+    def run(depths: list[int], give_up: Callable[[], bool] | None = None) -> int:
         x = torch.randn(len(depths), WIDTH)
-        model(x, torch.tensor(depths))
+        return model(x, torch.tensor(depths), give_up)[1]
 
     # profile: each application alone, batch of one, to fit its execution-time distribution
     profile: dict[str, list[float]] = {a: [] for a in apps}
@@ -89,7 +99,8 @@ def main() -> None:
     med = {a: float(np.median(v)) for a, v in samples.items()}
     slos = {"dynamic": max(args.slo_floor, args.slo_dynamic * med["dynamic"]),
             "static": max(args.slo_floor, args.slo_static * med["static"])}
-    queue = RequestQueue(dists, slos, alpha=0.1, eps=0.05, max_batch=args.max_batch)
+    queue = RequestQueue(dists, slos, alpha=0.1, eps=0.05, max_batch=args.max_batch,
+                         stop_running=args.stop_running, stop_eps=args.stop_eps)
     payload_rng = np.random.default_rng(2)
     done = threading.Event()
 
@@ -103,6 +114,7 @@ def main() -> None:
     producer = threading.Thread(target=produce)
     producer.start()
     served = shed = 0
+    stops: list[dict] = []  # each batch given up: when it started, was to stop, did stop; layers run and needed
     with ServingRecorder(args.workflow, slos=slos, devices=args.devices) as rec:
         while not (done.is_set() and queue.pending() == 0):
             batch = queue.next_batch(timeout=0.05)
@@ -111,15 +123,30 @@ def main() -> None:
                 shed += 1
             if batch is None:
                 continue
-            with rec.batch(batch.apps, batch.arrivals, cpu_time=True):
-                run(batch.payloads)
+            if batch.stop_at is not None:
+                start, cpu0 = queue.clock(), time.thread_time()
+                layers = run(batch.payloads, give_up=lambda stop_at=batch.stop_at: queue.clock() >= stop_at)
+                if layers < max(batch.payloads):  # given up before its last member exited
+                    queue.stop(batch)
+                    stops.append({"start": start, "stop_at": batch.stop_at, "stopped": queue.clock(), "layers": layers,
+                                  "needed": max(batch.payloads)})
+                    continue  # its requests come back from queue.dropped() and are recorded as shed
+                # served: recorded as `rec.batch` would (CPU time), which cannot know in advance whether it will be
+                exec_s = max(time.thread_time() - cpu0, 1e-9)
+                for app, arrival in zip(batch.apps, batch.arrivals, strict=True):
+                    rec.record(app, arrival=arrival, start=start, end=max(queue.clock(), start),
+                               batch_size=len(batch.requests), exec_s=exec_s)
+            else:
+                with rec.batch(batch.apps, batch.arrivals, cpu_time=True):
+                    run(batch.payloads)
             served += len(batch.requests)
         for r in queue.dropped():
             rec.shed(r.app, [r.arrival])
             shed += 1
     producer.join()
     print(json.dumps({"served": served, "shed": shed, "submitted": queue.submitted, "recorded": rec.recorded,
-                      "sent": rec.sent, "lost": rec.lost, "slos": slos, "medians": med}))
+                      "sent": rec.sent, "lost": rec.lost, "slos": slos, "medians": med, "stopped": queue.stopped,
+                      "stops": stops}))
 
 
 if __name__ == "__main__":

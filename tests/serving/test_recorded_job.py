@@ -81,3 +81,24 @@ def test_serving_findings_fire_and_stay_quiet_on_a_recorded_early_exit_job(agent
     share = over.evidence["cost_fraction"]
     assert row["recoverable_gpu_hours_per_day"] == pytest.approx(share * row["held_gpu_hours_per_day"])
     assert row["recoverable_gpu_hours_per_day"] <= row["held_gpu_hours_per_day"]
+
+
+def test_a_real_serving_loop_gives_batches_up_at_their_stop_and_each_given_up_request_is_recorded_shed(agent) -> None:
+    # the tight dynamic SLO again, with running batches stopped: the model asks the queue's clock between layers
+    out = run_job("svc-stopping", "--requests", "160", "--rate", "12", "--devices", "1", "--slo-dynamic", "1.2",
+                  "--slo-static", "2000", "--stop-running")
+    assert out["served"] + out["shed"] == out["submitted"] == 160
+    assert out["lost"] == 0 and out["sent"] == 160
+    stops = out["stops"]
+    assert out["stopped"] == len(stops) > 0  # batches of one: one request given up per stopped batch
+    for stop in stops:
+        # given up at its stop, not before, and short of the layers its request needed (run to its end, it would
+        # not count as stopped)
+        assert stop["start"] < stop["stop_at"] <= stop["stopped"]
+        assert stop["layers"] < stop["needed"]
+    agent.handlers.flush()
+    now = time.time() + 61
+    with agent.store.session() as s:
+        windows = [w for w in app_windows(s, now - 3600, now) if w.workflow_id == "svc-stopping"]
+    assert sum(w.n for w in windows) == out["served"]
+    assert sum(w.dropped for w in windows) == out["shed"] >= out["stopped"]

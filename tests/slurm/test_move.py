@@ -1,7 +1,8 @@
 """The Slurm actuator's whole move against the real cluster: a real torch job on the SDK, opted in on shard:2, is
 signalled, checkpoints (step, size, sha256 recorded), is requeued and held, changed to shard:1, released, and resumes
 from that checkpoint under the same job id, on a GPU it now shares with another job. slurmctld is restarted while
-the job is held: the move waits, then carries on (one test, to keep the Slurm tests' time down)."""
+the job is held: the move waits, then `fleetlens drive` carries it on to its end, as an operator would after an
+interruption (one test, to keep the Slurm tests' time down)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import pytest
 from sqlalchemy import select
 
+import ui.cli
 from collector.importers.slurm import import_slurm
 from enforcer.actuators.base import Move, Step
 from enforcer.actuators.slurm import SlurmActuator
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.slurm
 
 
 def test_opted_in_job_moves_to_fewer_shards_and_resumes_from_its_checkpoint_through_a_slurmctld_restart(
-        slurm, job_env, sqlite_store, slurm_settings, tmp_path):
+        slurm, job_env, sqlite_store, slurm_settings, tmp_path, monkeypatch, capsys):
     # the mate takes one shard of GPU 0, so the mover's two shards are GPU 1's; on one shard it fits beside the mate
     mate = slurm.submit("sleep 300", gres="shard:1", env=job_env, cwd=tmp_path, name="mate")
     slurm.wait_running(mate)
@@ -45,7 +47,13 @@ def test_opted_in_job_moves_to_fewer_shards_and_resumes_from_its_checkpoint_thro
         assert actuator.state(action_id) == "held"
     finally:
         slurm.start_ctld()
-    state = actuator.advance_until_done(action_id, timeout_s=120)
+    # the rest through the CLI, on the same database: it finds the unfinished Slurm move and drives it to its end
+    monkeypatch.setenv("FLEETLENS_DB_URL", str(sqlite_store.url))
+    capsys.readouterr()
+    assert ui.cli.run(["drive", "--timeout", "120"]) == 0
+    shown = capsys.readouterr().out
+    state = actuator.state(action_id)
+    assert f"{action_id}" in shown and "resumed" in shown, shown
 
     with sqlite_store.session() as s:
         action = s.get(Action, action_id)
