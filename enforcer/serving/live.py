@@ -43,6 +43,7 @@ class LiveBatch:
     requests: list[LiveRequest]
     predicted_cdf: np.ndarray | None
     stop_at: float | None = None  # when the serving loop should give the batch up unfinished (None: never)
+    given_up: bool = False
 
     @property
     def payloads(self) -> list[Any]:
@@ -133,9 +134,19 @@ class RequestQueue:
             out, self._dropped = self._dropped, []
             return out
 
+    def past_stop(self, batch: LiveBatch) -> bool:
+        """Whether the queue's clock has reached `batch.stop_at` (never, for a batch with none): what an iterative
+        model asks between its steps."""
+        return batch.stop_at is not None and self.clock() >= batch.stop_at
+
     def stop(self, batch: LiveBatch) -> None:
-        """The serving loop gave `batch` up unfinished (past its `stop_at`): its requests are shed, not served."""
+        """The serving loop gave `batch` up unfinished (past its `stop_at`): its requests are shed, not served. A
+        batch is given up once; a second call raises InvalidInput rather than count its requests twice."""
         with self._cond:
+            if batch.given_up:
+                raise InvalidInput(f"request queue: the batch of requests {[r.id for r in batch.requests]} was "
+                                   "already given up")
+            batch.given_up = True
             self._dropped.extend(batch.requests)
             self.served -= len(batch.requests)
             self.shed += len(batch.requests)

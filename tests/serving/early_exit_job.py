@@ -6,8 +6,8 @@ varies widely from request to request (the input says how hard it is), `static` 
 A batch runs until its last member exits. The job first profiles each application (its execution-time
 distribution), then serves requests a producer thread submits at seeded random times.
 
-With `--stop-running` the queue gives each batch a `stop_at`: the model checks the queue's clock between layers and,
-once past it, gives the batch up (`RequestQueue.stop`); its requests are recorded as shed.
+With `--stop-running` the queue gives each batch a `stop_at`: the model asks `RequestQueue.past_stop` before each layer
+and, once it is, gives the batch up (`RequestQueue.stop`); its requests are recorded as shed.
 
     python -m tests.serving.early_exit_job --workflow W --requests 300 --devices 4 --slo-dynamic 1.2
 """
@@ -125,7 +125,7 @@ def main() -> None:
                 continue
             if batch.stop_at is not None:
                 start, cpu0 = queue.clock(), time.thread_time()
-                layers = run(batch.payloads, give_up=lambda stop_at=batch.stop_at: queue.clock() >= stop_at)
+                layers = run(batch.payloads, give_up=lambda b=batch: queue.past_stop(b))
                 if layers < max(batch.payloads):  # given up before its last member exited
                     queue.stop(batch)
                     stops.append({"start": start, "stop_at": batch.stop_at, "stopped": queue.clock(), "layers": layers,

@@ -146,15 +146,21 @@ def test_live_queue_tells_the_serving_loop_when_to_give_a_batch_up_and_counts_wh
     batch = q.next_batch(timeout=0)
     # given that it is still running, its chance of being done by 105 falls below 0.1 shortly before 105
     assert batch.requests == [a] and batch.stop_at is not None and 104.0 < batch.stop_at < 105.0
-    assert q.dropped() == []
+    assert q.dropped() == [] and not q.past_stop(batch)
     now[0] = batch.stop_at
+    assert q.past_stop(batch)
     q.stop(batch)
     assert [r.id for r in q.dropped()] == [a.id]
     assert (q.stopped, q.shed, q.served, q.pending()) == (1, 1, 0, 0)
+    with pytest.raises(InvalidInput, match="already given up"):  # counted once, however often the loop says so
+        q.stop(batch)
+    assert (q.stopped, q.shed, q.served) == (1, 1, 0) and q.dropped() == []
     assert q.submitted == q.served + q.shed + q.pending()
     plain = RequestQueue(d, {"long": 5.0}, alpha=0.1, eps=0.3, clock=lambda: now[0])
     plain.submit("long")
-    assert plain.next_batch(timeout=0).stop_at is None
+    unstoppable = plain.next_batch(timeout=0)
+    now[0] += 1e6
+    assert unstoppable.stop_at is None and not plain.past_stop(unstoppable)
 
 
 def test_rightsize_of_a_stored_serving_workflow(any_store) -> None:
