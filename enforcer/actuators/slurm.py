@@ -28,7 +28,6 @@ under a new id.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -146,16 +145,6 @@ class SlurmActuator:
                                  f"{detail['old_gres']} by hand (scontrol update, scontrol release)")
             return self._to(action_id, "rolling_back", {**detail, "why": f"Slurm refused a command ({exc})"}, now,
                             Step.FAILED, False, f"Slurm refused a command ({exc}); restoring the old request")
-
-    def advance_until_done(self, action_id: int, *, timeout_s: float, every_s: float = 0.5) -> str:
-        """Drive one action to its end (tests, the benchmark and `fleetlens` commands); returns its last state."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.advance(action_id, now=time.time())
-            state = self.state(action_id)
-            if state in TERMINAL or time.monotonic() > deadline:
-                return state
-            time.sleep(every_s)
 
     def state(self, action_id: int) -> str:
         with self.store.session() as session:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import psutil
 
+from enforcer.actuators.slurm import TERMINAL, SlurmActuator
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = PROJECT_ROOT.parent / "shared" / "slurm" / "local-cluster.sh"
 if not SCRIPT.exists():  # a worktree beside the main checkout
@@ -147,3 +149,15 @@ def train_command(steps: int = 100_000, idle_s: float = 0.05, mode: str = "idle-
     so `scancel --batch --signal=USR1` reaches the SDK."""
     return (f"exec {sys.executable} -m collector.examples.train --mode {mode} --steps {steps} --hold-mb 1 "
             f"--idle-s {idle_s}")
+
+
+def drive_to_end(actuator: SlurmActuator, action_id: int, *, timeout_s: float, every_s: float = 0.5) -> str:
+    """Advance one action with this actuator (its own options) until it ends or the time is up; its last state.
+    What the cycle and `fleetlens drive` use is enforcer.actuators.drive.drive_actions."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        actuator.advance(action_id, now=time.time())
+        state = actuator.state(action_id)
+        if state in TERMINAL or time.monotonic() > deadline:
+            return state
+        time.sleep(every_s)

@@ -16,7 +16,7 @@ from enforcer.actuators.base import Move
 from enforcer.actuators.slurm import SlurmActuator, SlurmMoveOptions
 from store.models import Action, ActionEvent
 from store.slurm_marks import job_folder, read_started
-from tests.slurm.cluster import job_processes, train_command
+from tests.slurm.cluster import drive_to_end, job_processes, train_command
 
 pytestmark = pytest.mark.slurm
 
@@ -58,7 +58,7 @@ def test_job_that_dies_while_checkpointing_is_left_as_it_ended(slurm, job_env, s
     _advance_to(actuator, action_id, "signalled")
     for proc in job_processes(job):
         proc.kill()
-    assert actuator.advance_until_done(action_id, timeout_s=30) == "failed"
+    assert drive_to_end(actuator, action_id, timeout_s=30) == "failed"
     assert "while it was asked to checkpoint" in _error(actuator, action_id)
     assert "changed nothing else" in _error(actuator, action_id)
     state = slurm.job(job)
@@ -73,14 +73,14 @@ def test_stale_checkpoint_and_refused_requeue_leave_the_job_running_untouched(sl
     # every checkpoint is older than a limit this small: asked for again, then given up, nothing changed
     stale = SlurmMoveOptions(checkpoint_timeout_s=60, checkpoint_max_age_s=1e-6, max_attempts=2)
     actuator, action_id = _begin(sqlite_store, slurm_settings, job, options=stale)
-    assert actuator.advance_until_done(action_id, timeout_s=60) == "failed"
+    assert drive_to_end(actuator, action_id, timeout_s=60) == "failed"
     assert "older than the limit" in _error(actuator, action_id)
     assert [s for s, _ in _log(actuator, action_id)].count("signalled") == 2  # a fresh one was asked for once more
     # the requeue refused: the job stopped being requeueable after it was planned
     actuator, action_id = _begin(sqlite_store, slurm_settings, job)
     _advance_to(actuator, action_id, "checkpointed")
     slurm.run("scontrol", "update", f"jobid={job}", "requeue=0")
-    assert actuator.advance_until_done(action_id, timeout_s=30) == "failed"
+    assert drive_to_end(actuator, action_id, timeout_s=30) == "failed"
     assert "Slurm refused the requeue" in _error(actuator, action_id)
     state = slurm.job(job)
     assert (state["job_state"], state["restart_cnt"], state["tres_per_node"]) == ("RUNNING", 0, "gres:shard:2")
@@ -97,7 +97,7 @@ def test_no_free_shard_left_rolls_back_and_the_job_resumes_from_its_checkpoint(s
     _advance_to(actuator, action_id, "held")
     taker = slurm.submit("sleep 300", gres="shard:2", cwd=tmp_path, name="taker")  # takes the shards it let go
     slurm.wait_running(taker)
-    assert actuator.advance_until_done(action_id, timeout_s=30) == "rolled_back"
+    assert drive_to_end(actuator, action_id, timeout_s=30) == "rolled_back"
     message = _error(actuator, action_id)
     assert "no free shard is left" in message
     with sqlite_store.session() as s:

@@ -16,7 +16,7 @@ from enforcer.slurm_cycle import run_slurm_cycle
 from store.models import ActionEvent, ProcessSample
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.slurm_marks import job_folder, read_manifest, read_started
-from tests.slurm.cluster import job_processes, train_command
+from tests.slurm.cluster import drive_to_end, job_processes, train_command
 
 pytestmark = pytest.mark.slurm
 
@@ -52,7 +52,7 @@ def test_a_job_whose_sdk_asks_is_moved_without_the_comment_and_one_whose_sdk_doe
     assert cycle["moves"] == [f"slurm-{asks}"] and len(cycle["begun"]) == 1 and cycle["errors"] == []
     assert set(cycle["advice"]) == {f"slurm-{quiet}"} and "FLEETLENS_MOVABLE" in cycle["advice"][f"slurm-{quiet}"]
     # the actuator decides the opt-in again from Slurm and the job's mark before it signals, and carries the move out
-    state = actuator.advance_until_done(cycle["begun"][0], timeout_s=150)
+    state = drive_to_end(actuator, cycle["begun"][0], timeout_s=150)
     with sqlite_store.session() as s:
         events = [(e.to_state, e.message) for e in s.scalars(select(ActionEvent).where(
             ActionEvent.action_id == cycle["begun"][0]).order_by(ActionEvent.id))]
