@@ -1,4 +1,5 @@
-"""`fleetlens demo` end to end on this machine: real agent, real torch jobs, real traces, a real migration."""
+"""`fleetlens demo` end to end on this machine: real agent, real torch jobs, real traces, a real migration, the
+dashboard; a normal end stops all of it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sqlalchemy import select
 
 from store.db import Store
 from store.models import Action, Finding, StepStat, Trace, Workflow
+from tests.serve.stop_helpers import free_port
 from ui.serve.processes import processes_of
 
 FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
@@ -31,13 +33,17 @@ def _rules(session, workflow_id: str) -> set[str]:
 
 
 def test_demo_runs_the_whole_loop_and_leaves_nothing_running(tmp_path):
+    # the dashboard too: the loop outlasts --duration, so the demo ends normally once the dashboard is up, and
+    # stops it with everything else (the signal tests stop the demo in the phases before)
     home = tmp_path / "home"
-    result = subprocess.run([FLEETLENS, "demo", "--no-ui", "--duration", "90"], env=_env(home), cwd=tmp_path,
-                            capture_output=True, text=True, timeout=900)
+    port = free_port()
+    result = subprocess.run([FLEETLENS, "demo", "--port", str(port), "--duration", "90"], env=_env(home),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=900)
     demo_home = home / "demo"
     summary = json.loads((demo_home / "demo-summary.json").read_text())
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert summary["steps_failed"] == []
+    assert summary["dashboard"] == f"http://127.0.0.1:{port}" and "dashboard at" in result.stdout
     jobs = {name: job["workflow"] for name, job in summary["jobs"].items()}
     assert set(jobs) == {"healthy", "tiny-steps", "input-bound", "idle-holder"}
 
