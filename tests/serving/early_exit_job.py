@@ -114,7 +114,7 @@ def main() -> None:
     producer = threading.Thread(target=produce)
     producer.start()
     served = shed = 0
-    stops: list[dict] = []  # each batch given up: when it started, was to stop, did stop; layers run and needed
+    stops: list[dict] = []  # each batch given up: when it was to stop and did stop; the layers run and needed
     with ServingRecorder(args.workflow, slos=slos, devices=args.devices) as rec:
         while not (done.is_set() and queue.pending() == 0):
             batch = queue.next_batch(timeout=0.05)
@@ -128,7 +128,7 @@ def main() -> None:
                 layers = run(batch.payloads, give_up=lambda b=batch: queue.past_stop(b))
                 if layers < max(batch.payloads):  # given up before its last member exited
                     queue.stop(batch)
-                    stops.append({"start": start, "stop_at": batch.stop_at, "stopped": queue.clock(), "layers": layers,
+                    stops.append({"stop_at": batch.stop_at, "stopped": queue.clock(), "layers": layers,
                                   "needed": max(batch.payloads)})
                     continue  # its requests come back from queue.dropped() and are recorded as shed
                 # served: recorded as `rec.batch` would (CPU time), which cannot know in advance whether it will be

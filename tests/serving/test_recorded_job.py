@@ -93,8 +93,9 @@ def test_a_real_serving_loop_gives_batches_up_at_their_stop_and_each_given_up_re
     assert out["stopped"] == len(stops) > 0  # batches of one: one request given up per stopped batch
     for stop in stops:
         # given up at its stop, not before, and short of the layers its request needed (run to its end, it would
-        # not count as stopped)
-        assert stop["start"] < stop["stop_at"] <= stop["stopped"]
+        # not count as stopped). A stop may already be due when the loop takes its batch: the queue chose it a
+        # moment earlier, and the loop then gives it up before its first layer.
+        assert stop["stop_at"] <= stop["stopped"]
         assert stop["layers"] < stop["needed"]
     agent.handlers.flush()
     now = time.time() + 61
