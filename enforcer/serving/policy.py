@@ -14,7 +14,8 @@ rules below, not its code:
   or, with `pick="rate"`, the group whose best batch scores highest (a shortest-job-like order: it finishes more
   on time, but also when every time is known exactly, so its gain is the order's, not the distributions');
 - optionally (`stop_running`), a running batch is stopped once, given how long it has run, no member's chance of
-  finishing by its deadline reaches `stop_eps` (an iterative model stops between steps; the live queue hands the
+  finishing by its deadline reaches `stop_eps` (at most `eps`, so that no batch is due to stop as it starts; an
+  iterative model stops between steps; the live queue hands the
   serving loop the moment as `LiveBatch.stop_at`). Off by default: benchmarks/serving.py reports it beside the
   headline, as a point estimate stopped at its last member's deadline gains most of what it gives ours.
 
@@ -121,6 +122,11 @@ class DistributionAware:
             raise InvalidInput(f"max_batch={max_batch}: at least 1")
         if pick not in ("edf", "rate"):
             raise InvalidInput(f"pick={pick!r}: 'edf' or 'rate'")
+        if stop_running and not 0.0 < stop_eps <= eps:
+            # a request kept because its chance alone is >= eps, but below stop_eps, would be handed out in a batch
+            # already due to stop: the two thresholds would contradict each other
+            raise InvalidInput(f"stop_eps={stop_eps} with eps={eps}: stopping needs 0 < stop_eps <= eps, or the "
+                               "queue keeps requests that the stop rule gives up as soon as they start")
         self.dists = dists
         self.alpha = alpha
         self.eps = eps

@@ -75,7 +75,8 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=2)
     ap.add_argument("--rate", type=float, default=40.0, help="requests per second, both apps together")
     ap.add_argument("--stop-running", action="store_true", help="give a batch up at the queue's stop_at")
-    ap.add_argument("--stop-eps", type=float, default=0.1)
+    ap.add_argument("--eps", type=float, default=0.05, help="the queue's drop threshold")
+    ap.add_argument("--stop-eps", type=float, default=0.05, help="the stop threshold (at most --eps)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(1)
@@ -99,7 +100,7 @@ def main() -> None:
     med = {a: float(np.median(v)) for a, v in samples.items()}
     slos = {"dynamic": max(args.slo_floor, args.slo_dynamic * med["dynamic"]),
             "static": max(args.slo_floor, args.slo_static * med["static"])}
-    queue = RequestQueue(dists, slos, alpha=0.1, eps=0.05, max_batch=args.max_batch,
+    queue = RequestQueue(dists, slos, alpha=0.1, eps=args.eps, max_batch=args.max_batch,
                          stop_running=args.stop_running, stop_eps=args.stop_eps)
     payload_rng = np.random.default_rng(2)
     done = threading.Event()

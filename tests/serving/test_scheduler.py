@@ -161,6 +161,11 @@ def test_live_queue_tells_the_serving_loop_when_to_give_a_batch_up_and_counts_wh
     unstoppable = plain.next_batch(timeout=0)
     now[0] += 1e6
     assert unstoppable.stop_at is None and not plain.past_stop(unstoppable)
+    # a stop threshold above the drop threshold would keep requests the stop rule gives up as they start: refused
+    for stop_eps in (0.5, 0.0):
+        with pytest.raises(InvalidInput, match="0 < stop_eps <= eps"):
+            RequestQueue(d, {"long": 5.0}, alpha=0.1, eps=0.3, stop_running=True, stop_eps=stop_eps)
+    assert RequestQueue(d, {"long": 5.0}, alpha=0.1, eps=0.3, stop_eps=0.5).policy.stop_eps == 0.5  # not stopping
 
 
 def test_rightsize_of_a_stored_serving_workflow(any_store) -> None:
