@@ -374,7 +374,8 @@ class SdkHandlers:
                     self._dirty_mem.add(wf)
 
     def _on_serving(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "raw_full": self.serving.handle(msg)}
+        self.serving.handle(msg)
+        return {"ok": True}
 
     def _on_profile_done(self, msg: dict[str, Any]) -> dict[str, Any]:
         request_id, wf, rank = int(msg["request_id"]), msg["workflow"], int(msg.get("rank") or 0)

@@ -19,17 +19,18 @@ finite, a start before the arrival or an end before the start (a clock that goes
 steps back between requests is counted in `clock_steps_back` and the request is filed under the latest minute.
 
 Raw requests are opt-in (settings.serving_raw_requests): each request's [app, arrival, wait, execution, latency,
-batch size] goes along too, at most settings.serving_raw_max_rows waiting at once (the rest are counted in
-`raw_over_cap`, sent along, and counted by the store: store.serving_raw). Once the agent answers that the
-workflow's stored rows fill its cap (`raw_full`), requests are only counted, not sent, until it answers that
-retention freed room.
+batch size] goes along too, the newest settings.serving_raw_max_rows waiting at once (those they replace are
+counted in `raw_over_cap`, sent along, and counted by the store, which keeps each workflow's newest rows up to the
+same cap: store.serving_raw).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Sequence
 from contextlib import contextmanager
 from types import TracebackType
@@ -92,10 +93,9 @@ class ServingRecorder:
         self.lost = 0  # requests given up (no agent for too long): counted, and logged
         self.clock_steps_back = 0
         self._raw_on = bool(self.settings.serving_raw_requests)
-        self._raw: list[list] = []
+        self._raw: deque[list] = deque(maxlen=self.settings.serving_raw_max_rows)
         self.raw_sent = 0
-        self.raw_over_cap = 0  # raw requests not kept: serving_raw_max_rows were waiting, or the store's cap is full
-        self.raw_full = False  # the agent's last answer: this workflow's stored raw rows fill its cap
+        self.raw_over_cap = 0  # raw requests not kept: newer ones took their place while the agent did not take them
 
     # ---- lifecycle
     def __enter__(self) -> ServingRecorder:
@@ -166,10 +166,10 @@ class ServingRecorder:
         ls.add(m.exec_hist, exec_s)
         ls.add(m.latency_hist, latency)
         if self._raw_on:
-            if not self.raw_full and len(self._raw) < self.settings.serving_raw_max_rows:
+            if len(self._raw) == self._raw.maxlen:
+                self.raw_over_cap += 1  # the oldest waiting row gives way to this one
+            if self._raw.maxlen:
                 self._raw.append([app, arrival, wait, exec_s, latency, batch_size])
-            else:
-                self.raw_over_cap += 1
         slo = self.slos.get(app)
         if slo is not None and latency <= slo:
             m.met = (m.met or 0) + 1
@@ -247,7 +247,7 @@ class ServingRecorder:
             return False
         items = list(self._pending.items())
         minutes = [m.record(app, minute) for (app, minute), m in items]
-        raw, raw_over = self._raw[:RAW_PER_MESSAGE], self.raw_over_cap
+        raw, raw_over = self._raw_head(), self.raw_over_cap
         if not self._send(minutes, raw, raw_over):
             return False
         for key, m in items:
@@ -255,7 +255,7 @@ class ServingRecorder:
             del self._pending[key]
         self._took_raw(raw, raw_over)
         while self._raw:
-            raw = self._raw[:RAW_PER_MESSAGE]
+            raw = self._raw_head()
             if not self._send([], raw, 0):
                 return False
             self._took_raw(raw, 0)
@@ -277,11 +277,14 @@ class ServingRecorder:
             if reply.get("retry"):
                 return False
             raise InvalidInput(f"serving: the agent refused the requests: {reply.get('error')}")
-        self.raw_full = bool(reply.get("raw_full"))
         return True
 
+    def _raw_head(self) -> list[list]:
+        return list(itertools.islice(self._raw, RAW_PER_MESSAGE))
+
     def _took_raw(self, raw: list[list], raw_over: int) -> None:
-        del self._raw[: len(raw)]
+        for _ in raw:  # the serving loop's own thread flushes: nothing was appended since _raw_head
+            self._raw.popleft()
         self.raw_over_cap -= raw_over
         self.raw_sent += len(raw)
 

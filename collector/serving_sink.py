@@ -4,9 +4,8 @@ SDK writer's beat. A message with a bad record is refused whole, with the reason
 database cannot take yet stays merged in memory for the next try, so no request is lost or counted twice.
 
 Raw requests (a message's `raw`, sent when the job enables them) are stored only when this agent's settings enable
-them too, up to each workflow's cap (store.serving_raw); the rest are counted: over the cap in the store, and
-here in `raw_not_enabled` when the agent keeps none. `handle` answers whether the workflow's stored rows filled its
-cap at the last write, so that its SDK stops sending rows that could only be counted."""
+them too; each workflow keeps its newest rows up to its cap (store.serving_raw), and the older rows they replace
+are counted over the cap in the store, or here in `raw_not_enabled` when the agent keeps none."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from store.errors import DatabaseUnavailable, InvalidInput
 from store.models import Workflow
 from store.models_serving import ServingApp
 from store.serving import COUNT_FIELDS, SUM_FIELDS, check_minute, merge_minutes, set_slo
-from store.serving_raw import check_raw, raw_counts, write_raw
+from store.serving_raw import check_raw, write_raw
 from store.settings import Settings
 from store.workflows import upsert_workflow
 
@@ -39,7 +38,6 @@ class ServingSink:
         self.raw_cap = settings.serving_raw_max_rows if settings is not None else 0
         self._raw: dict[str, list[dict[str, Any]]] = {}
         self._raw_over: dict[str, int] = {}
-        self._raw_full: set[str] = set()  # workflows whose stored raw rows filled the cap at the last write
         self.raw_not_enabled = 0  # raw requests jobs sent while this agent keeps none (counted, not stored)
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, str, float], dict[str, Any]] = {}
@@ -49,9 +47,8 @@ class ServingSink:
         self.written = 0  # of which in the store
         self.refused_messages = 0
 
-    def handle(self, msg: dict[str, Any]) -> bool:
-        """Check and merge one message; InvalidInput (the whole message refused) when any record is bad. True when
-        the workflow's stored raw rows filled its cap at the last write."""
+    def handle(self, msg: dict[str, Any]) -> None:
+        """Check and merge one message; InvalidInput (the whole message refused) when any record is bad."""
         wf = msg["workflow"]
         try:
             minutes = [check_minute(r) for r in msg["minutes"]]
@@ -87,12 +84,12 @@ class ServingSink:
             if not self.raw_on:
                 self.raw_not_enabled += len(raw_in) + raw_over
             elif raw or raw_over:
-                # what waits here is bounded by the cap too: beyond it a row could never be stored anyway
+                # what waits here is bounded by the cap too: only the newest `raw_cap` rows could stay stored
                 waiting = self._raw.setdefault(wf, [])
-                room = max(0, self.raw_cap - len(waiting))
-                waiting.extend(raw[:room])
-                self._raw_over[wf] = self._raw_over.get(wf, 0) + raw_over + len(raw) - len(raw[:room])
-            return self.raw_on and wf in self._raw_full
+                waiting.extend(raw)
+                replaced = max(0, len(waiting) - self.raw_cap)
+                del waiting[:replaced]
+                self._raw_over[wf] = self._raw_over.get(wf, 0) + raw_over + replaced
 
     def pending(self) -> int:
         with self._lock:
@@ -122,12 +119,10 @@ class ServingSink:
                         if swf == wf and (row is None or row.slo_s != s):
                             set_slo(session, wf, app, s)
                     added += merge_minutes(session, wf, recs, devices=devices.get(wf, 1))
-                full: dict[str, bool] = {}
                 for wf in set(raw) | set(raw_over):
                     if session.get(Workflow, wf) is None:
                         upsert_workflow(session, wf, id_source="env", labels={"kind": "serving"})
                     write_raw(session, wf, raw.get(wf, []), self.raw_cap, over_cap=raw_over.get(wf, 0))
-                    full[wf] = raw_counts(session, wf)[0] >= self.raw_cap
         except DatabaseUnavailable:
             with self._lock:
                 for key, r in pending.items():
@@ -143,6 +138,4 @@ class ServingSink:
             raise
         with self._lock:
             self.written += sum(r["n"] + r["dropped"] for r in pending.values())
-            self._raw_full |= {wf for wf, f in full.items() if f}
-            self._raw_full -= {wf for wf, f in full.items() if not f}
         return added

@@ -48,8 +48,8 @@ class ServingApp(Base):
 
 
 class ServingRequest(Base):
-    """One served request as the SDK measured it, kept only when `serving_raw_requests` is on and the workflow has
-    fewer than `serving_raw_max_rows` stored (store.serving_raw); the minute histograms hold every request."""
+    """One served request as the SDK measured it, kept when `serving_raw_requests` is on, until `serving_raw_max_rows`
+    newer ones of its workflow replace it (store.serving_raw); the minute histograms hold every request."""
 
     __tablename__ = "serving_requests"
     __table_args__ = (Index("ix_serving_requests_workflow_arrival", "workflow_id", "arrival"),)
@@ -65,8 +65,8 @@ class ServingRequest(Base):
 
 
 class ServingRawCount(Base):
-    """Per workflow: raw requests stored now, and those not stored because the cap was reached (counted, never
-    dropped silently; their minute histograms have them)."""
+    """Per workflow: raw requests stored now, and those not stored or no longer stored because newer ones took
+    their place under the cap (counted, never dropped silently; their minute histograms have them)."""
 
     __tablename__ = "serving_raw_counts"
 

@@ -1,9 +1,9 @@
-"""Raw serving requests, opt-in and capped: each workflow stores at most `cap` request rows; the rest are counted
-(serving_raw_counts.over_cap), never dropped silently, and every request is in the minute histograms anyway.
+"""Raw serving requests, opt-in and capped: each workflow keeps its newest `cap` request rows (by arrival), so what
+is stored is always the recent past; each older row a newer one replaces is counted (serving_raw_counts.over_cap),
+never dropped silently, and every request is in the minute histograms anyway.
 
 A raw record (what the SDK sends when `serving_raw_requests` is on) is a list
-[app, arrival, wait_s, exec_s, latency_s, batch_size]. Retention deletes old rows with the other sample data and
-frees their place under the cap."""
+[app, arrival, wait_s, exec_s, latency_s, batch_size]. Retention deletes old rows with the other sample data."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def check_raw(rec: Any) -> dict[str, Any]:
 
 def write_raw(session: Session, workflow_id: str, records: Sequence[dict[str, Any]], cap: int, *,
               over_cap: int = 0) -> tuple[int, int]:
-    """Store checked `records` of one workflow while it holds fewer than `cap` rows; count the rest (and `over_cap`
-    already counted upstream, e.g. by the SDK's own buffer cap). Returns (stored, counted over the cap)."""
+    """Store checked `records` of one workflow, then keep only its newest `cap` rows (by arrival): the older rows
+    they replace are deleted and counted, as is `over_cap` already counted upstream (e.g. by the SDK's own buffer).
+    Returns (rows inserted, requests counted over the cap by this call)."""
     if cap < 0:
         raise InvalidInput(f"serving_raw_max_rows={cap}: must be >= 0")
     q = select(ServingRawCount).where(ServingRawCount.workflow_id == workflow_id)
@@ -53,12 +54,17 @@ def write_raw(session: Session, workflow_id: str, records: Sequence[dict[str, An
     if row is None:
         row = ServingRawCount(workflow_id=workflow_id, stored=0, over_cap=0)
         session.add(row)
-    room = max(0, cap - row.stored)
-    keep = list(records[:room])
+    keep = list(records[-cap:]) if cap else []
     if keep:
         session.execute(insert(ServingRequest), [{"workflow_id": workflow_id, **r} for r in keep])
-    over = len(records) - len(keep) + over_cap
-    row.stored += len(keep)
+    replaced = 0  # older rows the new ones take the place of
+    if (excess := row.stored + len(keep) - cap) > 0:
+        oldest = (select(ServingRequest.id).where(ServingRequest.workflow_id == workflow_id)
+                  .order_by(ServingRequest.arrival, ServingRequest.id).limit(excess))
+        replaced = session.execute(delete(ServingRequest).where(ServingRequest.id.in_(oldest.scalar_subquery()))
+                                   .execution_options(synchronize_session=False)).rowcount
+    over = len(records) - len(keep) + over_cap + replaced
+    row.stored += len(keep) - replaced
     row.over_cap += over
     session.flush()
     return len(keep), over
@@ -84,8 +90,8 @@ def raw_requests(session: Session, workflow_id: str, since: float = -math.inf,
 
 
 def delete_raw_before(session: Session, cutoff: float) -> int:
-    """Retention: raw requests that arrived before `cutoff` go, and their place under each workflow's cap is
-    freed (the minute histograms keep their counts). Returns the rows deleted."""
+    """Retention: raw requests that arrived before `cutoff` go (the minute histograms keep their counts), and each
+    workflow's stored count with them. Returns the rows deleted."""
     gone: Iterable[tuple[str, int]] = session.execute(
         select(ServingRequest.workflow_id, func.count()).where(ServingRequest.arrival < cutoff)
         .group_by(ServingRequest.workflow_id)).tuples().all()

@@ -96,8 +96,8 @@ class Settings(BaseSettings):
     sdk_flush_steps: int = 10_000  # ...or after this many steps (bounds memory and sorting for tiny steps)
     sdk_retry_s: float = 30.0  # with no agent listening, try to connect again this rarely
     sdk_timeout_s: float = 5.0  # a reply slower than this drops the connection (training never waits longer)
-    # serving mode (collector.serving): raw requests are opt-in; each workflow keeps at most this many stored (the
-    # rest are counted in serving_raw_counts.over_cap; the minute histograms hold every request either way)
+    # serving mode (collector.serving): raw requests are opt-in; each workflow keeps its newest this many stored (the
+    # older rows they replace are counted in serving_raw_counts.over_cap; the minute histograms hold every request)
     serving_raw_requests: bool = False
     serving_raw_max_rows: int = Field(100_000, ge=0)
     profile_ttl_s: float = 600.0  # a profile request no job picked up by then expires

@@ -1,5 +1,6 @@
-"""Raw serving requests are opt-in and capped: off by default nothing is stored; on, each workflow keeps up to
-the cap and the rest are counted; bad raw records are refused with the reason; retention frees the cap."""
+"""Raw serving requests are opt-in and capped: off by default nothing is stored; on, each workflow keeps its newest
+rows up to the cap and counts those they replace; bad raw records are refused with the reason; retention deletes
+rows by age."""
 
 from __future__ import annotations
 
@@ -52,73 +53,71 @@ def test_off_by_default_nothing_raw_is_sent_or_stored(fleet_home, monkeypatch) -
         agent.store.dispose()
 
 
-def test_on_keeps_up_to_the_cap_and_counts_the_rest(fleet_home, monkeypatch) -> None:
+def test_on_keeps_the_newest_up_to_the_cap_and_counts_those_they_replace(fleet_home, monkeypatch) -> None:
     agent = _agent(monkeypatch, FLEETLENS_SERVING_RAW_REQUESTS="1", FLEETLENS_SERVING_RAW_MAX_ROWS="50")
     monkeypatch.setattr(serving_mode, "RAW_PER_MESSAGE", 7)  # raw requests go in several messages a flush
     try:
         rec = _serve(agent, 120, flushes=4)  # 30 a flush: the SDK's buffer never reaches the cap
-        # rows go until the agent answers that the store's cap is full (after a write on its beat), then are counted
-        assert 50 <= rec.raw_sent <= 120
+        assert (rec.raw_sent, rec.raw_over_cap) == (120, 0)
         with agent.store.session() as s:
             rows = raw_requests(s, "svc")
             assert raw_counts(s, "svc") == (50, 70)
             assert {w.app: w.n for w in app_windows(s, 0.0, time.time() + 120)} == {"a": 120}
-        assert len(rows) == 50
-        # the first 50 requests, as measured: wait 2 ms, execution 1..5 ms, latency = wait + execution
-        assert [r.batch_size for r in rows] == [1 + i % 3 for i in range(50)]
-        assert [round(r.exec_s * 1000) for r in rows] == [1 + i % 5 for i in range(50)]
+        # the newest 50 requests (70..119), as measured: wait 2 ms, execution 1..5 ms, latency = wait + execution
+        assert [r.batch_size for r in rows] == [1 + i % 3 for i in range(70, 120)]
+        assert [round(r.exec_s * 1000) for r in rows] == [1 + i % 5 for i in range(70, 120)]
         assert all(abs(r.wait_s - 0.002) < 1e-6 and abs(r.latency_s - r.wait_s - r.exec_s) < 1e-6 for r in rows)
-        # a recorder whose own buffer is full counts the excess and the store adds it up
+        # a recorder whose own buffer is full keeps its newest rows too, counts those they replace, and the store
+        # adds it up: the 50 newer rows take the place of all 50 stored ones
         rec2 = ServingRecorder("svc", settings=agent.settings)
         t = time.time()
         for i in range(80):
-            rec2.record("a", arrival=t + i * 1e-3, start=t + i * 1e-3, end=t + i * 1e-3 + 0.01)
+            rec2.record("a", arrival=t + i * 1e-3, start=t + i * 1e-3, end=t + i * 1e-3 + 0.001 * (1 + i % 7))
         assert rec2.raw_over_cap == 30
         rec2.close()
         agent.handlers.flush()
         with agent.store.session() as s:
             assert raw_counts(s, "svc") == (50, 150)
+            assert [round(r.exec_s * 1000) for r in raw_requests(s, "svc")] == [1 + i % 7 for i in range(30, 80)]
     finally:
         agent.stop()
         agent.store.dispose()
 
 
-def test_once_the_cap_is_full_the_sdk_counts_rows_instead_of_sending_them_until_retention_frees_room(
+def test_the_store_keeps_the_newest_rows_while_requests_keep_coming_and_retention_deletes_by_age(
         fleet_home, monkeypatch) -> None:
     agent = _agent(monkeypatch, FLEETLENS_SERVING_RAW_REQUESTS="1", FLEETLENS_SERVING_RAW_MAX_ROWS="5")
     try:
         rec = ServingRecorder("svc", settings=agent.settings)
-        t = time.time()
+        t0 = time.time() - 100
+        served: list[float] = []
 
-        def serve(n: int) -> None:
+        def serve(n: int) -> list[float]:
             for _ in range(n):
+                t = t0 + len(served)
+                served.append(t)
                 rec.record("a", arrival=t, start=t, end=t + 0.01)
             assert rec.flush(force=True)
+            agent.handlers.flush()
+            with agent.store.session() as s:
+                return [r.arrival for r in raw_requests(s, "svc")]
 
-        serve(4)
-        agent.handlers.flush()  # the store holds 4 of 5
-        serve(3)  # the answer: room left; the store keeps 1 more and counts 2 once the agent writes
-        agent.handlers.flush()
-        assert (rec.raw_sent, rec.raw_full) == (7, False)
-        serve(1)  # the agent's answer to this message: the cap is full
-        assert rec.raw_full and rec.raw_sent == 8
-        serve(20)  # counted by the SDK and sent as a count, not as rows
-        assert rec.raw_sent == 8
-        agent.handlers.flush()
+        assert serve(4) == served  # under the cap: all kept
+        assert serve(3) == served[-5:]  # the two oldest gave way
+        assert serve(20) == served[-5:]  # a full cap never stops new rows coming in
+        # between two flushes the SDK's own buffer (the cap too) kept the newest 5 of the 20 and sent the 15 it let go
+        # as a count
+        assert rec.raw_sent == 12 and rec.raw_over_cap == 0
         with agent.store.session() as s:
-            assert raw_counts(s, "svc") == (5, 23)  # every request so far: stored or counted
-            assert delete_raw_before(s, t + 1) == 5  # retention frees the cap
-        serve(1)  # counted still (the agent learns of the room at its next write)
-        agent.handlers.flush()
-        serve(1)  # the answer: there is room again
-        assert not rec.raw_full
-        serve(2)
-        assert rec.raw_sent == 10
+            assert raw_counts(s, "svc") == (5, 22)  # every request so far: stored or counted
+            assert delete_raw_before(s, served[-2]) == 3  # retention deletes by age, and the stored count with it
+            assert raw_counts(s, "svc") == (2, 22)
+        assert serve(2) == served[-4:]  # room under the cap again: nothing replaced
         rec.close()
         agent.handlers.flush()
         with agent.store.session() as s:
-            assert raw_counts(s, "svc") == (2, 25)
-            assert {w.app: w.n for w in app_windows(s, 0.0, time.time() + 120)} == {"a": 32}
+            assert raw_counts(s, "svc") == (4, 22)
+            assert {w.app: w.n for w in app_windows(s, 0.0, time.time() + 120)} == {"a": 29}
     finally:
         agent.stop()
         agent.store.dispose()
@@ -143,19 +142,25 @@ def test_bad_raw_records_are_refused_with_the_reason(fleet_home, monkeypatch) ->
         agent.store.dispose()
 
 
-def test_retention_deletes_old_rows_and_frees_the_cap(any_store) -> None:
+def test_retention_deletes_old_rows_and_an_older_row_never_replaces_a_newer_one(any_store) -> None:
     day = 86400.0
     rows = [{"app": "a", "arrival": float(t) * 3600.0, "wait_s": 0.0, "exec_s": 1.0, "latency_s": 1.0,
              "batch_size": 1} for t in range(10)]
     with any_store.session() as s:
         upsert_workflow(s, "svc", id_source="env")
-        assert write_raw(s, "svc", rows, 6) == (6, 4)
-    # retention of one day at 3 h past a day: the rows that arrived before hour 3 go, with the samples' retention
-    kept = apply_retention(any_store, 1.0, now=day + 3 * 3600.0)
-    assert kept.serving_requests_deleted == 3
+        assert write_raw(s, "svc", rows, 6) == (6, 4)  # hours 4..9 kept, the 4 before counted
+    # retention of one day at 6 h past a day: the rows that arrived before hour 6 go, with the samples' retention
+    kept = apply_retention(any_store, 1.0, now=day + 6 * 3600.0)
+    assert kept.serving_requests_deleted == 2
     with any_store.session() as s:
-        assert raw_counts(s, "svc") == (3, 4)
-        assert [r.arrival / 3600.0 for r in raw_requests(s, "svc")] == [3.0, 4.0, 5.0]
-        assert write_raw(s, "svc", rows[6:], 6) == (3, 1)  # the freed places take new rows; the rest counted
+        assert raw_counts(s, "svc") == (4, 4)
+        assert [r.arrival / 3600.0 for r in raw_requests(s, "svc")] == [6.0, 7.0, 8.0, 9.0]
+        # three late rows (hours 0..2) come in: two fit under the cap; the oldest of all, hour 0, is counted
+        assert write_raw(s, "svc", rows[:3], 6) == (3, 1)
         assert raw_counts(s, "svc") == (6, 5)
+        assert [r.arrival / 3600.0 for r in raw_requests(s, "svc")] == [1.0, 2.0, 6.0, 7.0, 8.0, 9.0]
+        assert write_raw(s, "svc", rows[:1], 6) == (1, 1)  # older than everything kept: it is the one that goes
+        assert [r.arrival / 3600.0 for r in raw_requests(s, "svc")] == [1.0, 2.0, 6.0, 7.0, 8.0, 9.0]
+        # a cap lowered to 0 keeps none: the new rows and the 6 stored are all counted
+        assert write_raw(s, "svc", rows[:2], 0) == (0, 8) and raw_counts(s, "svc") == (0, 14)
         assert delete_raw_before(s, 0.0) == 0
