@@ -25,7 +25,7 @@ from typing import Any
 
 from store.errors import ConfigError, InvalidInput
 from store.settings import Settings
-from store.slurm import conf_node_gres, shard_share
+from store.slurm import conf_node_gres, read_slurm_conf, shard_share
 from store.slurm_marks import (
     CHECKPOINT_MANIFEST,
     STARTED,
@@ -56,7 +56,7 @@ def shards_per_gpu(settings: Settings) -> tuple[int | None, str]:
     if not node:
         return None, "SLURMD_NODENAME is not set, so the node's shards cannot be looked up"
     try:
-        counts = conf_node_gres(settings.slurm_conf.read_text(), node)
+        counts = conf_node_gres(read_slurm_conf(settings.slurm_conf), node)
     except (OSError, UnicodeDecodeError) as exc:
         return None, (f"slurm.conf ({settings.slurm_conf}) cannot be read ({exc}); set FLEETLENS_SLURM_SHARDS_PER_GPU "
                       "for jobs on nodes that cannot read it")

@@ -1,5 +1,6 @@
-"""What Slurm says, read into plain facts: jobs from `squeue --json`, nodes from `sinfo --json`, gres strings, and
-whether a job opted in to be moved. Pure parsing, shared by the importer (collector) and the actuator (enforcer).
+"""What Slurm says, read into plain facts: jobs from `squeue --json`, nodes from `sinfo --json`, gres strings,
+slurm.conf's nodes (its Include files inlined), and whether a job opted in to be moved. Parsing only, shared by the
+importer and the job side (collector) and the actuator (enforcer).
 
 Only the JSON of openapi v0.0.38 (Slurm 22.05) is read: another version's fields differ in shape (23.02 gives
 `job_state` as a list and times as objects), so it is refused with a message rather than half understood.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from store.errors import InvalidInput, UpstreamUnavailable
@@ -294,6 +296,37 @@ def expand_hostlist(text: str) -> list[str]:
                 raise InvalidInput(f"cannot read the host list {text!r}")
             names.extend(f"{m['pre']}{i:0{len(lo)}d}{m['post']}" for i in range(int(lo), int(hi or lo) + 1))
     return names
+
+
+MAX_INCLUDE_DEPTH = 16
+
+
+def read_slurm_conf(path: Path) -> str:
+    """slurm.conf's text with its `Include` lines replaced by the files they name, as Slurm reads it: a line that
+    begins with the word Include (any case) and a file name; a relative name is looked up beside the top slurm.conf;
+    `%c` stands for the ClusterName set above the line. OSError when a file cannot be read; InvalidInput for an
+    Include with no file name, or includes nested deeper than MAX_INCLUDE_DEPTH (a loop)."""
+    cluster = [""]
+
+    def read(file: Path, depth: int) -> list[str]:
+        if depth > MAX_INCLUDE_DEPTH:
+            raise InvalidInput(f"slurm.conf: Include nested more than {MAX_INCLUDE_DEPTH} deep at {file} (a loop?)")
+        out: list[str] = []
+        for line in file.read_text().splitlines():
+            content = line.split("#", 1)[0]
+            words = content.split(None, 1)
+            if words and words[0].lower() == "include":
+                if len(words) < 2:
+                    raise InvalidInput(f"slurm.conf: an Include line with no file name in {file}")
+                name = Path(words[1].strip().replace("%c", cluster[0]))
+                out.extend(read(name if name.is_absolute() else path.parent / name, depth + 1))
+                continue
+            if m := re.search(r"(?i)(?:^|\s)ClusterName=(\S+)", content):
+                cluster[0] = m[1]
+            out.append(line)
+        return out
+
+    return "\n".join(read(path, 0))
 
 
 def conf_node_gres(conf: str, node: str) -> tuple[int, int] | None:

@@ -90,3 +90,28 @@ def test_on_the_cpu_the_sdk_reports_its_cap_and_its_opt_in_and_enforces_nothing(
         assert read_started(job_folder(settings, "slurm-42")).movable is True
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_the_node_line_is_found_through_slurm_conf_includes(tmp_path: Path):
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "gpu-c1.conf").write_text(
+        "NodeName=DEFAULT Gres=gpu:4,shard:16  # every GPU node\nNodeName=node[1-2] CPUs=8\n")
+    (tmp_path / "partitions.conf").write_text("PartitionName=debug Nodes=node[1-2] Default=YES\n")
+    main = tmp_path / "slurm.conf"
+    # relative names are looked up beside slurm.conf; %c is the cluster's name; a commented Include is no Include
+    main.write_text("ClusterName=c1\n#Include nowhere.conf\nGresTypes=gpu,shard\ninclude nodes/gpu-%c.conf\n"
+                    f"Include {tmp_path / 'partitions.conf'}\n")
+    fraction, note = memory_cap(_settings(main))
+    assert fraction == 0.25 and "16 shards on 4 GPUs" in note  # shard:1 of 4 per GPU
+
+
+@pytest.mark.parametrize(("main", "why"), [
+    ("Include missing.conf\n", "missing.conf"),  # the file it names, in the reason
+    ("Include\n", "Include line with no file name"),
+    ("Include slurm.conf\n", "nested more than"),  # a loop
+])
+def test_an_include_it_cannot_follow_means_no_cap_with_the_reason(tmp_path: Path, main: str, why: str):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("NodeName=node1 Gres=gpu:4,shard:8\n" + main)
+    fraction, note = memory_cap(_settings(conf))
+    assert fraction is None and why in note
