@@ -306,9 +306,10 @@ def read_slurm_conf(path: Path) -> str:
     begins with the word Include (any case) and a file name; a relative name is looked up beside the top slurm.conf;
     `%c` stands for the ClusterName set above the line. OSError when a file cannot be read; InvalidInput for an
     Include with no file name, or includes nested deeper than MAX_INCLUDE_DEPTH (a loop)."""
-    cluster = [""]
+    cluster = ""
 
     def read(file: Path, depth: int) -> list[str]:
+        nonlocal cluster
         if depth > MAX_INCLUDE_DEPTH:
             raise InvalidInput(f"slurm.conf: Include nested more than {MAX_INCLUDE_DEPTH} deep at {file} (a loop?)")
         out: list[str] = []
@@ -318,11 +319,11 @@ def read_slurm_conf(path: Path) -> str:
             if words and words[0].lower() == "include":
                 if len(words) < 2:
                     raise InvalidInput(f"slurm.conf: an Include line with no file name in {file}")
-                name = Path(words[1].strip().replace("%c", cluster[0]))
+                name = Path(words[1].strip().replace("%c", cluster))
                 out.extend(read(name if name.is_absolute() else path.parent / name, depth + 1))
                 continue
             if m := re.search(r"(?i)(?:^|\s)ClusterName=(\S+)", content):
-                cluster[0] = m[1]
+                cluster = m[1]
             out.append(line)
         return out
 

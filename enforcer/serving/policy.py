@@ -14,10 +14,10 @@ rules below, not its code:
   or, with `pick="rate"`, the group whose best batch scores highest (a shortest-job-like order: it finishes more
   on time, but also when every time is known exactly, so its gain is the order's, not the distributions');
 - optionally (`stop_running`), a running batch is stopped once, given how long it has run, no member's chance of
-  finishing by its deadline reaches `stop_eps` (at most `eps`, so that no batch is due to stop as it starts; an
-  iterative model stops between steps; the live queue hands the
-  serving loop the moment as `LiveBatch.stop_at`). Off by default: benchmarks/serving.py reports it beside the
-  headline, as a point estimate stopped at its last member's deadline gains most of what it gives ours.
+  finishing by its deadline reaches `stop_eps` (at most `eps`: for a request running alone the two thresholds
+  then agree; an iterative model stops between steps; the live queue hands the serving loop the moment as
+  `LiveBatch.stop_at`). Off by default: benchmarks/serving.py reports it beside the headline, as a point estimate
+  stopped at its last member's deadline gains most of what it gives ours.
 
 The policy sees only queues of request ids and a `RequestView` (application, deadline): never a request's true
 time. The simulator (enforcer/sim/serving) and the live queue (enforcer/serving/live.py) both call `select`.
