@@ -123,6 +123,30 @@ def test_the_store_keeps_the_newest_rows_while_requests_keep_coming_and_retentio
         agent.store.dispose()
 
 
+def test_while_no_agent_listens_the_sdk_keeps_its_newest_rows_and_counts_the_rest(fleet_home, monkeypatch) -> None:
+    for k, v in {"FLEETLENS_SERVING_RAW_REQUESTS": "1", "FLEETLENS_SERVING_RAW_MAX_ROWS": "10"}.items():
+        monkeypatch.setenv(k, v)
+    settings = get_settings(fresh=True)
+    settings.ensure_home()
+    rec = ServingRecorder("svc", settings=settings)
+    t = time.time() - 60
+    for i in range(25):
+        rec.record("a", arrival=t + i, start=t + i, end=t + i + 0.001 * (1 + i))
+    assert not rec.flush(force=True) and rec.raw_over_cap == 15  # no agent: nothing sent, the oldest 15 let go
+    agent = Agent(settings)
+    try:
+        assert rec.flush(force=True) and (rec.raw_sent, rec.raw_over_cap) == (10, 0)
+        rec.close()
+        agent.handlers.flush()
+        with agent.store.session() as s:
+            assert raw_counts(s, "svc") == (10, 15)
+            assert [round(r.exec_s * 1000) for r in raw_requests(s, "svc")] == list(range(16, 26))  # the newest 10
+            assert {w.app: w.n for w in app_windows(s, 0.0, time.time() + 120)} == {"a": 25}
+    finally:
+        agent.stop()
+        agent.store.dispose()
+
+
 def test_bad_raw_records_are_refused_with_the_reason(fleet_home, monkeypatch) -> None:
     agent = _agent(monkeypatch, FLEETLENS_SERVING_RAW_REQUESTS="1")
     try:
