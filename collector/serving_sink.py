@@ -14,7 +14,7 @@ from typing import Any
 
 from store import latency_sketch as ls
 from store.db import Store
-from store.errors import DatabaseUnavailable, InvalidInput
+from store.errors import InvalidInput
 from store.models import Workflow
 from store.models_serving import ServingApp
 from store.serving import COUNT_FIELDS, SUM_FIELDS, check_minute, merge_minutes, set_slo
@@ -96,7 +96,9 @@ class ServingSink:
             return sum(r["n"] + r["dropped"] for r in self._pending.values())
 
     def write(self, store: Store) -> int:
-        """Write what is pending; returns the requests written. DatabaseUnavailable keeps everything for later."""
+        """Write what is pending; returns the requests written. Any failure (DatabaseUnavailable, or another
+        agent's transaction winning a deadlock) keeps everything for the next write and raises. Workflows go in
+        sorted order, so two agents writing the same ones lock their rows in the same order (store.rows)."""
         with self._lock:
             if not self._pending and not self._raw and not self._raw_over:
                 return 0
@@ -111,19 +113,19 @@ class ServingSink:
         try:
             with store.session() as session:
                 added = 0
-                for wf, recs in by_wf.items():
+                for wf, recs in sorted(by_wf.items()):
                     if session.get(Workflow, wf) is None:
                         upsert_workflow(session, wf, id_source="env", labels={"kind": "serving"})
-                    for (swf, app), s in slos.items():
+                    for (swf, app), s in sorted(slos.items()):
                         row = session.get(ServingApp, (swf, app)) if swf == wf else None
                         if swf == wf and (row is None or row.slo_s != s):
                             set_slo(session, wf, app, s)
                     added += merge_minutes(session, wf, recs, devices=devices.get(wf, 1))
-                for wf in set(raw) | set(raw_over):
+                for wf in sorted(set(raw) | set(raw_over)):
                     if session.get(Workflow, wf) is None:
                         upsert_workflow(session, wf, id_source="env", labels={"kind": "serving"})
                     write_raw(session, wf, raw.get(wf, []), self.raw_cap, over_cap=raw_over.get(wf, 0))
-        except DatabaseUnavailable:
+        except Exception:
             with self._lock:
                 for key, r in pending.items():
                     cur = self._pending.get(key)

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from store import latency_sketch as ls
 from store.errors import InvalidInput
 from store.models_serving import ServingApp, ServingMinute
+from store.rows import locked_row
 
 SUM_FIELDS = ("exec_sum", "exec_sumsq", "wait_sum", "latency_sum")
 COUNT_FIELDS = ("n", "dropped", "batch_sum")
@@ -60,17 +61,16 @@ def check_minute(rec: Mapping[str, Any]) -> dict[str, Any]:
 
 def merge_minutes(session: Session, workflow_id: str, records: Iterable[Mapping[str, Any]], *,
                   devices: int = 1) -> int:
-    """Add checked minute records into the workflow's rows (creating them); returns the requests added."""
+    """Add checked minute records into the workflow's rows (creating them); returns the requests added. Agents on
+    several hosts add into one row at once: each row is locked while it is added to, in (app, minute) order
+    (store.rows), so no addition is lost and no two writers deadlock."""
+    checked = [rec if isinstance(rec.get("exec_hist"), dict) and all(isinstance(k, int) for k in rec["exec_hist"])
+               else check_minute(rec) for rec in records]
     added = 0
-    for rec in records:
-        r = rec if isinstance(rec.get("exec_hist"), dict) and all(
-            isinstance(k, int) for k in rec["exec_hist"]) else check_minute(rec)
-        row = session.get(ServingMinute, (workflow_id, r["app"], r["minute"]))
-        if row is None:
-            row = ServingMinute(workflow_id=workflow_id, app=r["app"], minute=r["minute"], n=0, dropped=0,
-                                met=None, exec_sum=0.0, exec_sumsq=0.0, wait_sum=0.0, latency_sum=0.0,
-                                batch_sum=0, devices=devices, exec_hist={}, latency_hist={})
-            session.add(row)
+    for r in sorted(checked, key=lambda r: (r["app"], r["minute"])):
+        row = locked_row(session, ServingMinute, {"workflow_id": workflow_id, "app": r["app"], "minute": r["minute"]},
+                         n=0, dropped=0, met=None, exec_sum=0.0, exec_sumsq=0.0, wait_sum=0.0, latency_sum=0.0,
+                         batch_sum=0, devices=devices, exec_hist={}, latency_hist={})
         for f in COUNT_FIELDS + SUM_FIELDS:
             setattr(row, f, getattr(row, f) + r[f])
         if r["met"] is not None:
@@ -91,11 +91,11 @@ def set_slo(session: Session, workflow_id: str, app: str, slo_s: float | None, *
         raise InvalidInput(f"SLO for {app!r}: {slo_s!r} is not a positive number of seconds")
     if not 0 < target <= 1:
         raise InvalidInput(f"SLO target for {app!r}: {target!r} is not a share in (0, 1]")
-    row = session.get(ServingApp, (workflow_id, app))
-    if row is None:
-        row = ServingApp(workflow_id=workflow_id, app=app)
-        session.add(row)
-    row.slo_s, row.target, row.updated_at = slo_s, target, time.time() if now is None else now
+    now = time.time() if now is None else now
+    # the agents of a replicated service report its SLOs at once: created by the first, set by each (store.rows)
+    row = locked_row(session, ServingApp, {"workflow_id": workflow_id, "app": app}, slo_s=slo_s, target=target,
+                     updated_at=now)
+    row.slo_s, row.target, row.updated_at = slo_s, target, now
     session.flush()
     return row
 

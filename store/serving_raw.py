@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput
 from store.models_serving import ServingRawCount, ServingRequest
+from store.rows import locked_row
 
 RAW_FIELDS = ("app", "arrival", "wait_s", "exec_s", "latency_s", "batch_size")
 
@@ -47,13 +48,8 @@ def write_raw(session: Session, workflow_id: str, records: Sequence[dict[str, An
     Returns (rows inserted, requests counted over the cap by this call)."""
     if cap < 0:
         raise InvalidInput(f"serving_raw_max_rows={cap}: must be >= 0")
-    q = select(ServingRawCount).where(ServingRawCount.workflow_id == workflow_id)
-    if session.get_bind().dialect.name == "postgresql":
-        q = q.with_for_update()  # two agents writing one workflow share its cap
-    row = session.scalars(q).one_or_none()
-    if row is None:
-        row = ServingRawCount(workflow_id=workflow_id, stored=0, over_cap=0)
-        session.add(row)
+    # two agents writing one workflow share its cap: its counts row is locked while they add (store.rows)
+    row = locked_row(session, ServingRawCount, {"workflow_id": workflow_id}, stored=0, over_cap=0)
     keep = list(records[-cap:]) if cap else []
     if keep:
         session.execute(insert(ServingRequest), [{"workflow_id": workflow_id, **r} for r in keep])

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from store.errors import NotFound
 from store.models import Team, Workflow
+from store.rows import insert_missing
 from store.signing import sign_spec, spec_digest, verify_spec
 
 
@@ -25,8 +26,9 @@ def upsert_workflow(session: Session, workflow_id: str, *, now: float | None = N
     now = time.time() if now is None else now
     workflow = session.get(Workflow, workflow_id)
     if workflow is None:
-        workflow = Workflow(id=workflow_id, created_at=now, last_seen=now, labels={})
-        session.add(workflow)
+        # agents on several hosts register one job's workflow at once: the first insert wins, none fails
+        insert_missing(session, Workflow, {"id": workflow_id, "created_at": now, "last_seen": now, "labels": {}})
+        workflow = session.get(Workflow, workflow_id)
     for key, value in fields.items():
         if not hasattr(Workflow, key):
             raise AttributeError(f"workflows have no column {key!r}")

@@ -1,0 +1,92 @@
+"""Agents on several hosts write the same rows at the same instant: a multi-host job's workflow, a replicated serving
+workflow's minutes and its raw-request counts. Each agent here is a thread with its own Store (its own connections),
+all writing at once; every registration succeeds, and every count adds up exactly."""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy import func, select
+
+from collector.serving_sink import ServingSink
+from store.db import Store
+from store.models import Workflow
+from store.serving import app_windows
+from store.serving_raw import raw_counts
+from store.settings import Settings
+from store.workflows import upsert_workflow
+
+AGENTS = 3
+
+
+def _together(work) -> list[BaseException]:
+    """Run work(agent_index, barrier) on AGENTS threads at once; the exceptions they raised."""
+    barrier = threading.Barrier(AGENTS)
+    failed: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            work(k, barrier)
+        except BaseException as exc:
+            failed.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(AGENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    return failed
+
+
+def test_agents_registering_one_workflow_at_once_all_succeed(any_store: Store) -> None:
+    url = any_store.url
+
+    def register(k: int, barrier: threading.Barrier) -> None:
+        store = Store(url)
+        try:
+            for i in range(30):
+                barrier.wait(timeout=60)  # all agents meet the new workflow in the same instant
+                with store.session() as s:
+                    upsert_workflow(s, f"job-{i}", id_source="env", now=1000.0 + k)
+        finally:
+            store.dispose()
+
+    assert _together(register) == []
+    with any_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(Workflow)) == 30
+
+
+def test_agents_adding_into_one_serving_workflow_at_once_lose_no_request(any_store: Store) -> None:
+    url = any_store.url
+    rounds, raw_each, cap = 60, 3, 100
+    settings = Settings(serving_raw_requests=True, serving_raw_max_rows=cap)
+    slos = {"txt2img": 2.0, "img2img": 3.0}
+
+    def serve(k: int, barrier: threading.Barrier) -> None:
+        store = Store(url)
+        sink = ServingSink(settings)
+        try:
+            for r in range(rounds):
+                minute = 60.0 * (r // 10)  # ten rounds a minute: every agent adds into the same rows
+                sink.handle({"workflow": "sd-api", "devices": 1 + k, "slos": slos, "minutes": [
+                    {"app": app, "minute": minute, "n": 2, "dropped": 1, "met": 1, "exec_sum": 0.5,
+                     "exec_hist": {"10": 2}, "latency_hist": {"12": 2}} for app in ("txt2img", "img2img")],
+                    "raw": [["txt2img", minute + r % 10 + j / 10, 0.0, 0.25, 0.25, 1] for j in range(raw_each)]})
+                barrier.wait(timeout=60)
+                sink.write(store)
+        finally:
+            store.dispose()
+
+    assert _together(serve) == []
+    with any_store.session() as s:
+        windows = {w.app: w for w in app_windows(s, 0.0, 3600.0, ["sd-api"])}
+        sent = rounds * AGENTS
+        for app in ("txt2img", "img2img"):
+            w = windows[app]
+            assert (w.n, w.dropped, w.met_exact, w.devices) == (2 * sent, sent, sent, AGENTS)
+            assert sum(w.exec_hist.values()) == sum(w.latency_hist.values()) == w.n  # histograms merged, not replaced
+        assert (windows["txt2img"].slo_s, windows["img2img"].slo_s) == (2.0, 3.0)  # the SLOs all reported at once
+        stored, over = raw_counts(s, "sd-api")
+    assert stored == cap and stored + over == rounds * raw_each * AGENTS
