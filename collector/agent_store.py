@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import time
 
-from sqlalchemy.exc import IntegrityError
-
 from collector.agent_batch import Batch
 from collector.sources.base import DeviceSource
 from store.db import Store
@@ -32,16 +30,8 @@ def touch_new_workflows(store: Store, workflows: dict[str, str], known: set[str]
         return
     now = time.time()
     new = {w: src for w, src in workflows.items() if w not in known}
-    for attempt in (1, 2):
-        try:
-            with store.session() as session:
-                touch_workflows(session, new, workflows, now)
-            break
-        except IntegrityError:
-            # another host's agent created the same workflow (one job on two hosts) between our
-            # check and our insert: the second attempt finds its row
-            if attempt == 2:
-                raise
+    with store.session() as session:  # another host's agent may create the same workflow at once: store.rows
+        touch_workflows(session, new, workflows, now)
     known.update(new)
 
 

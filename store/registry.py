@@ -204,8 +204,8 @@ def touch_open_processes(session: Session, host_id: str, now: float | None = Non
 
 def touch_workflows(session: Session, new: Mapping[str, str], seen: Iterable[str], now: float) -> None:
     """Create the workflows in `new` ({id: how it was found}) that are not in the store yet, and mark every workflow
-    in `seen` seen at `now` (one UPDATE). Two agents creating the same workflow at once make one of them raise
-    IntegrityError; trying again then finds the row."""
+    in `seen` seen at `now` (one UPDATE). Two agents may create the same workflow at once (one job on two hosts):
+    the first insert wins and neither fails (upsert_workflow)."""
     for workflow_id, id_source in new.items():
         if session.get(Workflow, workflow_id) is None:
             upsert_workflow(session, workflow_id, id_source=id_source, now=now)

@@ -8,6 +8,7 @@ import threading
 
 from sqlalchemy import func, select
 
+from collector.agent_store import touch_new_workflows
 from collector.serving_sink import ServingSink
 from store.db import Store
 from store.models import Workflow
@@ -48,8 +49,11 @@ def test_agents_registering_one_workflow_at_once_all_succeed(any_store: Store) -
         try:
             for i in range(30):
                 barrier.wait(timeout=60)  # all agents meet the new workflow in the same instant
-                with store.session() as s:
-                    upsert_workflow(s, f"job-{i}", id_source="env", now=1000.0 + k)
+                if k % 2:  # the job SDK's path (a rank's first step summary)
+                    with store.session() as s:
+                        upsert_workflow(s, f"job-{i}", id_source="env", now=1000.0 + k)
+                else:  # the agent's path (a process of the job seen on its host)
+                    touch_new_workflows(store, {f"job-{i}": "env"}, set())
         finally:
             store.dispose()
 
