@@ -167,9 +167,8 @@ class ServingRecorder:
         ls.add(m.latency_hist, latency)
         if self._raw_on:
             if len(self._raw) == self._raw.maxlen:
-                self.raw_over_cap += 1  # the oldest waiting row gives way to this one
-            if self._raw.maxlen:
-                self._raw.append([app, arrival, wait, exec_s, latency, batch_size])
+                self.raw_over_cap += 1  # the oldest waiting row gives way to this one (with a cap of 0, this one)
+            self._raw.append([app, arrival, wait, exec_s, latency, batch_size])
         slo = self.slos.get(app)
         if slo is not None and latency <= slo:
             m.met = (m.met or 0) + 1
