@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,7 +13,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from store.errors import ConfigError, DatabaseFull, DatabaseReadOnly, DatabaseUnavailable
+from store.errors import ConfigError, DatabaseBusy, DatabaseFull, DatabaseReadOnly, DatabaseUnavailable
 from store.settings import Settings
 
 
@@ -49,6 +50,15 @@ def is_disk_full(exc: BaseException) -> bool:
     """PostgreSQL out of disk (SQLSTATE 53100), or SQLite's file or page limit reached."""
     orig = getattr(exc, "orig", exc)
     return getattr(orig, "sqlstate", None) == "53100" or "database or disk is full" in str(orig)
+
+
+def is_contention(exc: BaseException) -> bool:
+    """A concurrent writer stopped the transaction: PostgreSQL's deadlock victim or serialization failure (SQLSTATE
+    class 40, transaction rollback), or SQLite still locked when its busy timeout ran out."""
+    orig = getattr(exc, "orig", exc)
+    if str(getattr(orig, "sqlstate", None) or "").startswith("40"):
+        return True
+    return isinstance(orig, sqlite3.OperationalError) and "locked" in str(orig).lower()
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -131,6 +141,11 @@ class Store:
 
     def unavailable(self, exc: BaseException) -> DatabaseUnavailable:
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc) else type(exc).__name__
+        if is_contention(exc):
+            return DatabaseBusy(
+                f"another writer held rows this transaction needed at {self.masked_url} ({reason}); nothing of it "
+                "was written, and writers keep their batches and try again"
+            )
         if is_disk_full(exc):
             return DatabaseFull(
                 f"the database at {self.masked_url} is full ({reason}), nothing was written; free space on its "

@@ -41,6 +41,12 @@ class PartitionMissing(DatabaseUnavailable):
     writers keep their batches until `fleetlens init` or the rollup job creates it."""
 
 
+class DatabaseBusy(DatabaseUnavailable):
+    """A concurrent writer, not an outage: PostgreSQL chose this transaction as a deadlock's victim or could not
+    serialize it, or SQLite stayed locked past its busy timeout. Nothing of the transaction was written; writers keep
+    their batches and try again."""
+
+
 class DatabaseFull(DatabaseUnavailable):
     """The database's disk (or SQLite's page limit) is full; writers keep their batches until there is room."""
 

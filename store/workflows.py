@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import case, select
 from sqlalchemy.orm import Session
 
 from store.errors import NotFound
@@ -33,7 +33,9 @@ def upsert_workflow(session: Session, workflow_id: str, *, now: float | None = N
         if not hasattr(Workflow, key):
             raise AttributeError(f"workflows have no column {key!r}")
         setattr(workflow, key, value)
-    workflow.last_seen = max(workflow.last_seen or now, now)
+    # in SQL, against the row as committed when it is written: another host's agent may have marked it seen later
+    # since this session read it, and last_seen never goes back
+    workflow.last_seen = case((Workflow.last_seen < now, now), else_=Workflow.last_seen)
     session.flush()
     return workflow
 

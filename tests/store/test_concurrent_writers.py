@@ -94,3 +94,27 @@ def test_agents_adding_into_one_serving_workflow_at_once_lose_no_request(any_sto
         assert (windows["txt2img"].slo_s, windows["img2img"].slo_s) == (2.0, 3.0)  # the SLOs all reported at once
         stored, over = raw_counts(s, "sd-api")
     assert stored == cap and stored + over == rounds * raw_each * AGENTS
+
+
+def test_a_workflow_seen_later_by_another_agent_is_never_marked_seen_earlier(any_store: Store) -> None:
+    """An agent reads the workflow, another host's agent marks it seen later and commits, then the first writes its
+    own, earlier sighting: last_seen keeps the later one (it is compared with the row as committed, not as read)."""
+    with any_store.session() as s:
+        upsert_workflow(s, "job", id_source="env", now=100.0)
+    slow = Store(any_store.url)
+    try:
+        with slow.session() as s:
+            read = s.get(Workflow, "job")  # read before the other agent writes (and held: the session keeps it)
+            assert read.last_seen == 100.0
+            with any_store.session() as other:
+                upsert_workflow(other, "job", now=200.0)
+            assert upsert_workflow(s, "job", team="vision", now=150.0) is read
+            assert read.last_seen == 200.0
+    finally:
+        slow.dispose()
+    with any_store.session() as s:
+        wf = s.get(Workflow, "job")
+        assert (wf.last_seen, wf.team) == (200.0, "vision")
+        upsert_workflow(s, "job", now=300.0)
+    with any_store.session() as s:
+        assert s.get(Workflow, "job").last_seen == 300.0
