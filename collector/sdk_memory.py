@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from store.device_memory import CONTEXT_LABEL, MEM_STEPS_LABEL
 from store.models import Workflow
+from store.rows import merge_labels
 
 # (workflow, pid) -> P, E, source, and how many steps the memory was seen for
 ProcessMemory = dict[tuple[str, int], tuple[int | None, int | None, str, int]]
@@ -58,7 +59,7 @@ def record_workflow_memory(session: Session, wf: str,
     if labels.get("mem_source") == source:  # a restarted job's count starts again: keep the most
         steps = max(steps, int(labels.get(MEM_STEPS_LABEL) or 0))
     if labels.get("mem_source") != source or labels.get(MEM_STEPS_LABEL) != steps:
-        workflow.labels = {**labels, "mem_source": source, MEM_STEPS_LABEL: steps}
+        merge_labels(session, workflow, {"mem_source": source, MEM_STEPS_LABEL: steps})
 
 
 def record_workflow_context(session: Session, wf: str, context: int | None) -> None:
@@ -71,7 +72,7 @@ def record_workflow_context(session: Session, wf: str, context: int | None) -> N
         return
     labels = workflow.labels or {}
     if labels.get(CONTEXT_LABEL) != int(context):
-        workflow.labels = {**labels, CONTEXT_LABEL: int(context)}
+        merge_labels(session, workflow, {CONTEXT_LABEL: int(context)})
 
 
 def as_int(value: Any) -> int | None:

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from collector.sdk_memory import as_int
 from store.models import Workflow
+from store.rows import merge_labels
 from store.workflows import upsert_workflow
 
 
@@ -32,5 +33,5 @@ def touch_workflow(session: Session, touch: dict[str, Any]) -> Workflow:
     if touch.get("sweep"):  # a trial of a sweep (FLEETLENS_SWEEP): grouped with the sweep's other trials
         sweep = {"sweep": touch["sweep"], "trial": touch.get("trial") or wf}
         if any((workflow.labels or {}).get(k) != v for k, v in sweep.items()):
-            workflow.labels = {**(workflow.labels or {}), **sweep}
+            merge_labels(session, workflow, sweep)
     return workflow

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from store.db import Store
 from store.headroom import charged
 from store.models import Device, Lane, Placement, Workflow
+from store.rows import merge_labels
 
 
 def mark_started(store: Store, workflow_id: str, placement_ids: Sequence[int], pid: int) -> None:
@@ -50,7 +51,7 @@ def end_placements(store: Store, workflow_id: str, pid: int | None, outcome: str
             share = f"its memory share of {max(shares)} bytes" if shares and all(shares) else "its memory"
             why = (f"ran out of GPU memory within {share}: the GPU was full (a neighbour over its share, or memory "
                    "outside the shares)" if out_of_memory == "device" else f"exceeded {share} (out of memory)")
-            wf.labels = {**(wf.labels or {}), FAILURE_LABEL: why}
+            merge_labels(session, wf, {FAILURE_LABEL: why})
         if wf.state == "running":
             wf.state = "finished" if outcome == "finished" else "failed"
         return len(rows)

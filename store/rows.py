@@ -7,14 +7,17 @@ one's. Here the row is first inserted unless it exists (INSERT ... ON CONFLICT D
 concurrent insert), then read with a row lock on PostgreSQL (SELECT ... FOR UPDATE), so a second writer waits for
 the first one's commit and adds onto its result. SQLite has one writer at a time, and the insert opens its write
 transaction first. Writers that lock several rows take them in one order (the caller sorts), so they never deadlock.
+A row's JSON labels, where each writer sets its own keys, are merged in the UPDATE itself (`merge_labels`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import func, inspect, literal, select, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -35,3 +38,23 @@ def locked_row(session: Session, model: type[Row], key: Mapping[str, Any], **def
     insert_missing(session, model, {**defaults, **key})
     query = select(model).filter_by(**key).with_for_update().execution_options(populate_existing=True)
     return session.execute(query).scalar_one()
+
+
+def merge_labels(session: Session, instance: Any, patch: Mapping[str, Any]) -> None:
+    """Set `patch`'s keys in the `labels` JSON of `instance`'s row, merged in SQL with the labels as committed when
+    the row is written, so keys another writer set since this session read the row are kept (a read-modify-write
+    in Python would write back its stale copy without them). Values must not be None."""
+    if not patch:
+        return
+    if any(v is None for v in patch.values()):
+        raise ValueError(f"labels {sorted(k for k, v in patch.items() if v is None)}: a label's value must be set")
+    model = type(instance)
+    session.flush()  # this session's own changes first: the object is read back after the UPDATE
+    if session.get_bind().dialect.name == "postgresql":
+        merged = func.coalesce(model.labels, literal({}, JSONB)).op("||")(literal(dict(patch), JSONB))
+    else:
+        merged = func.json_patch(func.coalesce(model.labels, "{}"), json.dumps(dict(patch)))
+    key = {c.key: getattr(instance, c.key) for c in inspect(model).primary_key}
+    session.execute(update(model).filter_by(**key).values(labels=merged)
+                    .execution_options(synchronize_session=False))
+    session.expire(instance, ["labels"])

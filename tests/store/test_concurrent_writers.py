@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from sqlalchemy import func, select
 
 from collector.agent_store import touch_new_workflows
+from collector.sdk_memory import record_workflow_context, record_workflow_memory
 from collector.serving_sink import ServingSink
 from store.db import Store
+from store.device_memory import CONTEXT_LABEL, MEM_STEPS_LABEL
 from store.models import Workflow
+from store.rows import merge_labels
 from store.serving import app_windows
 from store.serving_raw import raw_counts
 from store.settings import Settings
@@ -118,3 +122,28 @@ def test_a_workflow_seen_later_by_another_agent_is_never_marked_seen_earlier(any
         upsert_workflow(s, "job", now=300.0)
     with any_store.session() as s:
         assert s.get(Workflow, "job").last_seen == 300.0
+
+
+def test_labels_another_agent_set_since_the_row_was_read_are_kept(any_store: Store) -> None:
+    """One agent reads a workflow, another host's agent sets a label and commits, then the first sets its own labels:
+    both agents' keys are on the row (merged with the row as committed, not written back from the stale copy)."""
+    with any_store.session() as s:
+        upsert_workflow(s, "job", id_source="env", now=1.0, labels={"team_hint": "vision"})
+    slow = Store(any_store.url)
+    try:
+        with slow.session() as s:
+            read = s.get(Workflow, "job")
+            assert read.labels == {"team_hint": "vision"}
+            with any_store.session() as other:
+                record_workflow_context(other, "job", 512 << 20)
+            record_workflow_memory(s, "job", (4 << 30, 1 << 30, "cuda", 40))
+            assert read.labels[CONTEXT_LABEL] == 512 << 20  # the object is read back after the merge
+    finally:
+        slow.dispose()
+    with any_store.session() as s:
+        wf = s.get(Workflow, "job")
+        assert wf.labels == {"team_hint": "vision", CONTEXT_LABEL: 512 << 20, "mem_source": "cuda",
+                             MEM_STEPS_LABEL: 40}
+        assert (wf.mem_persistent, wf.mem_ephemeral) == (4 << 30, 1 << 30)
+        with pytest.raises(ValueError, match="must be set"):
+            merge_labels(s, wf, {"trial": None})
