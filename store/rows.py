@@ -43,11 +43,13 @@ def locked_row(session: Session, model: type[Row], key: Mapping[str, Any], **def
 def merge_labels(session: Session, instance: Any, patch: Mapping[str, Any]) -> None:
     """Set `patch`'s keys in the `labels` JSON of `instance`'s row, merged in SQL with the labels as committed when
     the row is written, so keys another writer set since this session read the row are kept (a read-modify-write
-    in Python would write back its stale copy without them). Values must not be None."""
+    in Python would write back its stale copy without them). Values are scalars or lists: a None would delete the key
+    on SQLite (a JSON merge patch), and an object would be merged there but replaced on PostgreSQL."""
     if not patch:
         return
-    if any(v is None for v in patch.values()):
-        raise ValueError(f"labels {sorted(k for k, v in patch.items() if v is None)}: a label's value must be set")
+    if any(v is None or isinstance(v, Mapping) for v in patch.values()):
+        bad = sorted(k for k, v in patch.items() if v is None or isinstance(v, Mapping))
+        raise ValueError(f"labels {bad}: a label's value must be set, and be a scalar or a list")
     model = type(instance)
     session.flush()  # this session's own changes first: the object is read back after the UPDATE
     if session.get_bind().dialect.name == "postgresql":

@@ -145,5 +145,6 @@ def test_labels_another_agent_set_since_the_row_was_read_are_kept(any_store: Sto
         assert wf.labels == {"team_hint": "vision", CONTEXT_LABEL: 512 << 20, "mem_source": "cuda",
                              MEM_STEPS_LABEL: 40}
         assert (wf.mem_persistent, wf.mem_ephemeral) == (4 << 30, 1 << 30)
-        with pytest.raises(ValueError, match="must be set"):
-            merge_labels(s, wf, {"trial": None})
+        for bad in (None, {"nested": 1}):
+            with pytest.raises(ValueError, match="must be set, and be a scalar or a list"):
+                merge_labels(s, wf, {"trial": bad})
