@@ -19,7 +19,7 @@ from pgpq import ArrowToPostgresBinaryEncoder
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
-from store.db import Store, is_contention, is_disk_full, is_read_only
+from store.db import Store, is_disk_full, is_read_only
 from store.errors import InvalidInput, PartitionMissing
 from store.models import DeviceSample, ProcessSample
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
@@ -174,7 +174,7 @@ def sample_errors(store: Store) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if _is_connection_error(exc) or is_disk_full(exc) or is_contention(exc):
+        if _is_connection_error(exc) or is_disk_full(exc):
             raise store.unavailable(exc) from None
         if is_read_only(exc):
             raise store.read_only(exc) from None
