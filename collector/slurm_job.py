@@ -8,7 +8,8 @@ count it beside `--comment=fleetlens:movable`) and its memory cap. A job on `sha
 shards holds N/S of it, so its SDK caps its CUDA memory at that share, as a fleetlens lane job is capped at its
 lane's: N is SLURM_SHARDS_ON_NODE (over the GPUs in CUDA_VISIBLE_DEVICES), S the node's shards over its GPUs from
 its NodeName line in slurm.conf (SLURM_CONF, read as a file on the node: no call to slurmctld, which a training
-job should not depend on), or FLEETLENS_SLURM_SHARDS_PER_GPU where the job cannot read slurm.conf. An explicit
+job should not depend on; where they do not divide evenly, S is its own GPU's, by SLURM_JOB_GPUS), or
+FLEETLENS_SLURM_SHARDS_PER_GPU where the job cannot read slurm.conf. An explicit
 FLEETLENS_MEMORY_FRACTION wins. Anything missing or unreadable means no cap, with the reason logged and in the
 mark."""
 
@@ -25,7 +26,7 @@ from typing import Any
 
 from store.errors import ConfigError, InvalidInput
 from store.settings import Settings
-from store.slurm import conf_node_gres, read_slurm_conf, shard_share
+from store.slurm import conf_node_gres, read_slurm_conf, shard_share, shards_by_gpu
 from store.slurm_marks import (
     CHECKPOINT_MANIFEST,
     STARTED,
@@ -49,7 +50,9 @@ def _sha256(path: Path) -> tuple[str, int]:
 
 
 def shards_per_gpu(settings: Settings) -> tuple[int | None, str]:
-    """(shards per GPU on this node, where that came from or why it is not known)."""
+    """(the shards each GPU this job holds is split into, where that came from or why it is not known). Slurm may
+    spread a node's shards unevenly (store.slurm.shards_by_gpu); then the job's own GPUs (SLURM_JOB_GPUS, the node's
+    indices) say which count is its, and the most of them where its GPUs differ."""
     if settings.slurm_shards_per_gpu is not None:
         return settings.slurm_shards_per_gpu, "FLEETLENS_SLURM_SHARDS_PER_GPU"
     node = settings.slurmd_nodename
@@ -65,9 +68,18 @@ def shards_per_gpu(settings: Settings) -> tuple[int | None, str]:
     if counts is None:
         return None, f"{settings.slurm_conf} has no NodeName line for node {node}"
     gpus, shards = counts
-    if not gpus or shards < gpus:
+    if not gpus or not shards:
         return None, f"{settings.slurm_conf} gives node {node} {gpus} GPU(s) and {shards} shard(s)"
-    return shards // gpus, f"{settings.slurm_conf}: node {node} has {shards} shards on {gpus} GPUs"
+    source = f"{settings.slurm_conf}: node {node} has {shards} shards on {gpus} GPUs"
+    if shards % gpus == 0:
+        return shards // gpus, source
+    spread = shards_by_gpu(gpus, shards)
+    held = [g.strip() for g in (settings.slurm_job_gpus or "").split(",") if g.strip()]
+    if not held or not all(g.isdigit() and int(g) < gpus and spread[int(g)] for g in held):
+        return None, (f"{source}, spread unevenly ({', '.join(map(str, spread))}), and SLURM_JOB_GPUS "
+                      f"({settings.slurm_job_gpus!r}) does not name GPUs of them with shards")
+    split = ", ".join(str(spread[int(g)]) for g in held)
+    return max(spread[int(g)] for g in held), f"{source}, GPU(s) {','.join(held)} split into {split}"
 
 
 def memory_cap(settings: Settings) -> tuple[float | None, str]:

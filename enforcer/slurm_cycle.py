@@ -17,14 +17,15 @@ from store.errors import FleetlensError
 from store.models import Action, Device, Host, Placement, ProcessSample, Workflow
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
+from store.slurm import finest_shards
 
 log = logging.getLogger(__name__)
 
 
 def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[SlurmHolding]:
     """The running Slurm jobs that hold GPUs, with their use over the window (mean of their processes' readings:
-    SM utilisation on a GPU, CPU time on the cpu source) and their node's shards per GPU (the import's host
-    labels)."""
+    SM utilisation on a GPU, CPU time on the cpu source) and the most shards a GPU of their node has (from the
+    import's host labels)."""
     since = now - settings.slurm_usage_window_s
     with store.session() as session:
         used = {wf: float(u) for wf, u in session.execute(
@@ -43,7 +44,7 @@ def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[Slur
         per_gpu = {}
         for host in session.scalars(select(Host).where(Host.id.in_({r.node for r in rows if r.node}))):
             slurm = (host.labels or {}).get("slurm") or {}
-            per_gpu[host.id] = int(slurm.get("shards", 0)) // max(1, int(slurm.get("gpus", 0)))
+            per_gpu[host.id] = finest_shards(int(slurm.get("gpus", 0)), int(slurm.get("shards", 0)))
         return [SlurmHolding(workflow_id=r.workflow_id, job_id=r.job_id, gres_kind="gpu" if r.gpus else "shard",
                              count=r.gpus or r.shards, shards_per_gpu=per_gpu.get(r.node or "", 0),
                              used=used.get(r.workflow_id),

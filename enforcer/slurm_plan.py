@@ -1,7 +1,9 @@
 """Which Slurm jobs to move onto fewer shards, and what to advise the rest: pure (holdings in, moves and advice out).
 
 A job on `s` shards of a GPU split into `k` holds s/k of it. Using `u` of a whole GPU (p95 over the window, by its
-samples), it needs ceil(u * k / cap) shards (at least one); a job that opted in and holds more is moved to that many
+samples), it needs ceil(u * k / cap) shards (at least one), k being the most shards any GPU of its node has: Slurm may
+spread a node's shards unevenly (store.slurm.shards_by_gpu), and the requeued job may land on any of its GPUs, so
+its new shards hold what it uses wherever it lands. A job that opted in and holds more is moved to that many
 (one move per job per cycle, the busiest GPUs' jobs never). A job that did not opt in, or asked for whole GPUs, gets
 advice naming what it holds, what it uses and what it would need to be moved (Slurm 23.02.6 for a `gpu` request).
 A job whose use is unknown (no samples yet) is left alone: nothing is planned on a guess. Lane admission still
@@ -26,7 +28,7 @@ class SlurmHolding:
     job_id: int
     gres_kind: str  # gpu | shard
     count: int  # GPUs or shards requested
-    shards_per_gpu: int
+    shards_per_gpu: int  # the most shards any GPU of its node has (store.slurm.finest_shards)
     used: float | None  # p95 use of one whole GPU, 0..1 (None: no samples)
     opted_in: bool
     not_movable_reason: str | None = None

@@ -89,6 +89,8 @@ class Settings(BaseSettings):
     # NodeName line gives the node's GPUs and shards (read as a file: no call to slurmctld); or the shards per GPU
     # set outright (FLEETLENS_SLURM_SHARDS_PER_GPU) where the job cannot read slurm.conf
     slurm_shards_on_node: str | None = Field(None, validation_alias=AliasChoices("SLURM_SHARDS_ON_NODE"))
+    # the node's indices of the job's GPUs: which GPU's shard count is the job's where a node's are uneven
+    slurm_job_gpus: str | None = Field(None, validation_alias=AliasChoices("SLURM_JOB_GPUS"))
     slurmd_nodename: str | None = Field(None, validation_alias=AliasChoices("SLURMD_NODENAME"))
     slurm_conf: Path = Field(Path("/etc/slurm/slurm.conf"), validation_alias=AliasChoices("SLURM_CONF"))
     slurm_shards_per_gpu: int | None = Field(None, ge=1)

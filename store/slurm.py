@@ -123,9 +123,31 @@ class SlurmNode:
     gpus: int
     shards: int
 
+    def shards_on(self, index: int) -> int:
+        """The shards GPU `index` of the node has (Slurm's spread: `shards_by_gpu`)."""
+        spread = shards_by_gpu(self.gpus, self.shards)
+        return spread[index] if 0 <= index < len(spread) else 0
+
     @property
-    def shards_per_gpu(self) -> int:
-        return self.shards // self.gpus if self.gpus else 0
+    def finest_shards(self) -> int:
+        """The most shards any one GPU of the node has: the smallest share one shard can be."""
+        return finest_shards(self.gpus, self.shards)
+
+
+def shards_by_gpu(gpus: int, shards: int) -> tuple[int, ...]:
+    """How Slurm spreads a node's `shard` count over its GPUs when gres.conf gives the shards no File=: each GPU gets
+    shards // gpus, and the last shards % gpus GPUs one more (measured on Slurm 22.05: 6 shards on 4 GPUs are 1, 1,
+    2, 2; 3 on 4 are 0, 1, 1, 1). Shard lines with File= of their own may spread them otherwise; fleetlens does not
+    read gres.conf."""
+    if gpus <= 0:
+        return ()
+    base, extra = divmod(max(0, shards), gpus)
+    return tuple(base + (1 if i >= gpus - extra else 0) for i in range(gpus))
+
+
+def finest_shards(gpus: int, shards: int) -> int:
+    """The most shards any one GPU of a node with `gpus` GPUs and `shards` shards has (0: none)."""
+    return max(shards_by_gpu(gpus, shards), default=0)
 
 
 @dataclass
@@ -274,12 +296,13 @@ def free_shards(node: SlurmNode, jobs: dict[int, SlurmJob], *, leaving: int | No
             per = max(1, len(job.gpu_indices))
             for i in job.gpu_indices:
                 used[i] = used.get(i, 0) + job.gres.count // per
-    return {i: node.shards_per_gpu - n for i, n in used.items() if i not in whole}
+    return {i: node.shards_on(i) - n for i, n in used.items() if i not in whole}
 
 
-def shard_share(shards: int, gpus_held: int, shards_per_gpu: int) -> float:
-    """The share of each GPU a job on `shards` shards spread over `gpus_held` GPUs holds (at most 1)."""
-    return min(1.0, shards / max(1, gpus_held) / shards_per_gpu)
+def shard_share(shards: int, gpus_held: int, shards_of_gpu: int) -> float:
+    """The share of a GPU split into `shards_of_gpu` shards that a job on `shards` shards spread over `gpus_held`
+    GPUs holds (at most 1)."""
+    return min(1.0, shards / max(1, gpus_held) / shards_of_gpu)
 
 
 def expand_hostlist(text: str) -> list[str]:

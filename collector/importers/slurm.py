@@ -157,11 +157,11 @@ def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: di
     node = view.nodes.get(job.node or "")
     shares: dict[int, float] = {}
     if running and job.gres is not None and not job.gres_error:
-        per_gpu = node.shards_per_gpu if node else 0
         for i in job.gpu_indices:
+            of_gpu = node.shards_on(i) if node else 0  # a node's GPUs may have different numbers of shards
             if i in devices:
-                shares[devices[i]] = 1.0 if job.gres.kind == "gpu" or not per_gpu else shard_share(
-                    job.gres.count, len(job.gpu_indices), per_gpu)
+                shares[devices[i]] = 1.0 if job.gres.kind == "gpu" or not of_gpu else shard_share(
+                    job.gres.count, len(job.gpu_indices), of_gpu)
     _place(session, job.workflow_id, shares, job.node, now)
 
 

@@ -327,7 +327,7 @@ class SlurmActuator:
         node = nodes.get(node_name or "")
         if node is None:
             return f"node {node_name} is not in sinfo"
-        if node.gpus and not node.shards_per_gpu:
+        if node.gpus and not node.shards:
             raise UpstreamUnavailable(f"Slurm does not say yet how many shards node {node.name} has (state "
                                       f"{node.state})")
         free = free_shards(node, jobs, leaving=job_id)

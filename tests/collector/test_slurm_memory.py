@@ -45,6 +45,22 @@ def test_a_shard_job_is_capped_at_its_share_of_the_gpu(conf: Path):
     assert memory_cap(_settings(conf, slurm_conf=conf.parent / "missing", slurm_shards_per_gpu=4))[0] == 0.25
 
 
+def test_on_a_node_whose_shards_do_not_divide_evenly_the_job_s_own_gpu_decides(conf: Path):
+    conf.write_text(CONF.replace("shard:8", "shard:6"))  # Slurm spreads 6 shards on 4 GPUs as 1, 1, 2, 2
+    fraction, note = memory_cap(_settings(conf, slurm_job_gpus="3"))
+    assert fraction == 0.5 and "GPU(s) 3 split into 2" in note
+    assert memory_cap(_settings(conf, slurm_job_gpus="0"))[0] == 1.0  # GPU 0's one shard is all of it
+    # shard:2 over GPUs 1 and 2: one a GPU, so half of GPU 2 (the smaller share where its GPUs differ)
+    assert memory_cap(_settings(conf, slurm_shards_on_node="2", cuda_visible_devices="0,1",
+                                slurm_job_gpus="1,2"))[0] == 0.5
+    for unknown in (None, "", "7", "x"):  # which GPU is the job's is not known: no cap, with the reason
+        fraction, note = memory_cap(_settings(conf, slurm_job_gpus=unknown))
+        assert fraction is None and "spread unevenly (1, 1, 2, 2)" in note and "SLURM_JOB_GPUS" in note
+    conf.write_text(CONF.replace("shard:8", "shard:3"))  # 0, 1, 1, 1: GPU 0 has no shard to hold
+    assert memory_cap(_settings(conf, slurm_job_gpus="0"))[0] is None
+    assert memory_cap(_settings(conf, slurm_job_gpus="1"))[0] == 1.0
+
+
 def test_an_explicit_memory_fraction_wins(conf: Path):
     assert memory_cap(_settings(conf, memory_fraction=0.3)) == (0.3, "FLEETLENS_MEMORY_FRACTION")
 

@@ -4,7 +4,7 @@ others get advice saying what they would need, a whole-GPU job the Slurm version
 from __future__ import annotations
 
 from enforcer.slurm_plan import SlurmHolding, needed_shards, plan_slurm_moves
-from store.slurm import SlurmJob, SlurmNode, free_shards, opt_in, parse_gres
+from store.slurm import SlurmJob, SlurmNode, finest_shards, free_shards, opt_in, parse_gres, shards_by_gpu
 
 
 def _h(wf: str, used: float | None, *, count: int = 2, kind: str = "shard", opted: bool = True,
@@ -59,3 +59,16 @@ def test_free_shards_leave_out_whole_gpus_and_count_the_leaving_job_as_free():
     assert free_shards(node, jobs) == {0: 0, 2: 1}
     assert free_shards(node, jobs, leaving=1) == {0: 2, 2: 1}
     assert not jobs[2].opted_in and "23.02.6" in jobs[2].not_movable_reason
+    # 7 shards on 3 GPUs are 2, 2, 3 (Slurm's spread): GPU 2 has one shard more free
+    uneven = SlurmNode(name="n", state="mixed", partitions=("p",), gpus=3, shards=7)
+    assert free_shards(uneven, jobs) == {0: 0, 2: 2} and free_shards(uneven, jobs, leaving=1) == {0: 2, 2: 2}
+
+
+def test_shards_spread_over_gpus_as_slurm_spreads_them():
+    # measured on Slurm 22.05 (tests/slurm/test_uneven_shards.py checks it on the real cluster): the remainder goes
+    # to the last GPUs
+    assert shards_by_gpu(4, 8) == (2, 2, 2, 2) and shards_by_gpu(4, 6) == (1, 1, 2, 2)
+    assert shards_by_gpu(4, 3) == (0, 1, 1, 1) and shards_by_gpu(4, 0) == (0, 0, 0, 0) and shards_by_gpu(0, 8) == ()
+    assert finest_shards(4, 6) == 2 and finest_shards(0, 0) == 0
+    node = SlurmNode(name="n", state="mixed", partitions=("p",), gpus=4, shards=6)
+    assert [node.shards_on(i) for i in range(5)] == [1, 1, 2, 2, 0] and node.finest_shards == 2

@@ -48,10 +48,11 @@ def unavailable_reason() -> str | None:
 class Cluster:
     dir: Path
     env: dict[str, str] = field(default_factory=dict)
+    shards: int = 8  # the node's gres/shard count, spread by Slurm over its 4 GPUs
 
     def start(self) -> None:
         extra = {"SLURM_LOCAL_CTLD_PORT": str(_free_port()), "SLURM_LOCAL_SLURMD_PORT": str(_free_port()),
-                 "SLURM_LOCAL_CRED_EXPIRE": "5"}
+                 "SLURM_LOCAL_CRED_EXPIRE": "5", "SLURM_LOCAL_SHARDS": str(self.shards)}
         out = subprocess.run([str(SCRIPT), "start", str(self.dir)], capture_output=True, text=True, timeout=120,
                              env={**_daemon_env(), **extra})
         if out.returncode != 0:

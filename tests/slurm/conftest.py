@@ -13,19 +13,24 @@ from store.settings import Settings
 from tests.slurm.cluster import PROJECT_ROOT, Cluster, unavailable_reason
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def started_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, **kw: int) -> Iterator[Cluster]:
+    """A cluster of its own under a new temporary folder, started, and stopped however the tests end."""
     reason = unavailable_reason()
     if reason is not None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"{reason}, and the Slurm tests must run when CI=true")
         pytest.skip(reason)
-    cluster = Cluster(tmp_path_factory.mktemp("slurm") / "cluster")
+    cluster = Cluster(tmp_path_factory.mktemp(name) / "cluster", **kw)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    yield from started_cluster(tmp_path_factory, "slurm")
 
 
 @pytest.fixture
