@@ -33,7 +33,7 @@ from collector.sources.base import DeviceReading, DeviceSource
 from collector.spool import Spool
 from enforcer.gate import LaneGate
 from store.db import Store
-from store.errors import DatabaseUnavailable
+from store.errors import DatabaseBusy, DatabaseUnavailable
 from store.ingest import write_samples
 from store.registry import (
     DeviceSpec,
@@ -242,6 +242,11 @@ class Agent:
         return True
 
     def _db_down(self, exc: BaseException) -> None:
+        if isinstance(exc, DatabaseBusy):  # the server is up; another writer held rows this write needed
+            self.stats.busy_writes += 1
+            log.info("a write of host %s waited on another writer's locks and was rolled back; kept for the next "
+                     "flush: %s", self.host_id, exc)
+            return
         if self._db_up is not False:
             log.warning("database unavailable, spooling samples to %s: %s", self.spool.directory, exc)
         self._db_up = False

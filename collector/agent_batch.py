@@ -35,6 +35,9 @@ class AgentStats:
     batches_written: int = 0  # batches the database took directly
     batches_spooled: int = 0
     batches_resent: int = 0  # spooled batches later sent
+    # writes another writer's locks stopped (DatabaseBusy): their batch waits in the spool for the next flush, and
+    # the database is not taken for down (commands go on being polled)
+    busy_writes: int = 0
     rows_dropped: int = 0  # rows that could not be written (unknown device)
     sample_errors: int = 0
     commands: list[Outcome] = field(default_factory=list)

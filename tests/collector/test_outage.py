@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from collector.agent import Agent
@@ -54,6 +56,30 @@ def test_sqlite_unreachable_at_start_then_back(tmp_path: Path, settings: Setting
     assert agent.stats.batches_resent >= 3
     assert source.ts <= set(sample_times(store, "h-sqlite"))  # every reading taken is stored
     assert count_samples(store, "h-sqlite")[0] == agent.stats.device_rows
+
+
+def test_a_write_another_writer_locks_out_is_kept_and_the_database_not_taken_for_down(tmp_path: Path,
+                                                                                        settings: Settings):
+    store = Store(f"sqlite:///{tmp_path / 'fleetlens.db'}")
+    upgrade(store)
+    store.dispose()
+    event.listen(store.engine, "connect", lambda conn, _: conn.execute("PRAGMA busy_timeout=0"))  # no 30 s wait
+    source = Recording(real_source(settings))
+    agent = Agent(store, settings, source, host_id="h-busy", sample_interval_s=0.1, flush_interval_s=0.3,
+                  serve_socket=False).start()
+    holder = sqlite3.connect(tmp_path / "fleetlens.db", isolation_level=None)
+    try:
+        wait_for(lambda: agent.stats.batches_written >= 1)
+        holder.execute("BEGIN IMMEDIATE")  # another process writes and holds the database's write lock
+        wait_for(lambda: agent.stats.busy_writes >= 2 and agent.stats.batches_spooled >= 2)
+        assert agent._db_up is True  # not an outage: the agent does not stop polling its commands
+        holder.execute("ROLLBACK")
+        wait_for(lambda: len(agent.spool) == 0 and agent.stats.batches_resent >= 2)
+    finally:
+        holder.close()
+        agent.stop()
+    assert source.ts <= set(sample_times(store, "h-busy"))  # every reading taken is stored
+    assert count_samples(store, "h-busy")[0] == agent.stats.device_rows
 
 
 @pytest.mark.pg
