@@ -70,6 +70,20 @@ class DemoError(FleetlensError):
     """A demo step that could not be done (no agent, a job that never started)."""
 
 
+def check_port_free(port: int) -> None:
+    """Raise DemoError when another process listens on `port`, where the dashboard (on every interface) would."""
+    if not 0 < port < 65536:
+        raise DemoError(f"--port {port} is not a TCP port; use 1..65535")
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection's TIME_WAIT is no holder
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            raise DemoError(f"port {port} is in use ({exc.strerror}): another dashboard, an earlier demo's perhaps, "
+                            f"would answer there. Stop it, or give the demo another port: `fleetlens demo --port N` "
+                            f"(`FLEETLENS_UI_PORT=N make demo`)") from None
+
+
 @dataclass
 class DemoReport:
     home: str
@@ -114,6 +128,8 @@ class Demo:
     # ---- the run ------------------------------------------------------------------------------------------
 
     def run(self) -> DemoReport:
+        if self.o.ui:  # before any work: a dashboard port another process holds would show that process's pages
+            check_port_free(self.o.port)
         self.prepare()
         try:
             self.start_agent()
@@ -309,10 +325,12 @@ class Demo:
         self.report.devices_freed = len(freed) if all(st == "resumed" for st in states.values()) else 0
 
     def serve_ui(self) -> None:
-        self.children.spawn(fleetlens_command("ui", "--port", str(self.o.port)), "dashboard.log")
+        dashboard = self.children.spawn(fleetlens_command("ui", "--port", str(self.o.port)), "dashboard.log")
         url = f"http://127.0.0.1:{self.o.port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            if dashboard.poll() is not None:  # whatever answers on the port now is not this demo's dashboard
+                raise DemoError(f"the dashboard exited at start; see {self.home / 'dashboard.log'}")
             try:
                 with socket.create_connection(("127.0.0.1", self.o.port), timeout=1):
                     self.report.dashboard = url
