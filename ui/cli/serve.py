@@ -11,6 +11,7 @@ from store.migrations import upgrade
 from ui.cli.app import app, console, settings
 from ui.serve.processes import TERM_GRACE_S, Children, Stopped, describe, fleetlens_command, stop_on_signals
 from ui.serve.scheduler import Scheduler, periodic_jobs
+from ui.serve.supervision import Supervisor
 
 SCHEDULER_STOP_S = 3.0  # a periodic job still running after this is left to its daemon thread (the budget is 15 s)
 
@@ -23,7 +24,8 @@ def serve(
     duration: float = typer.Option(None, help="Stop after this many seconds (default: until Ctrl-C)."),
 ) -> None:
     """Run this host's agent, the periodic rollups/analysis/enforcement/profiling/Prometheus import, the fleet's
-    /metrics exporter, and the dashboard until Ctrl-C.
+    /metrics exporter, and the dashboard until Ctrl-C. A child that exits is said and started again
+    (ui.serve.supervision).
 
     The scheduler calls the same functions as the Airflow DAGs, on the same cadences; enforcement stays a dry
     run unless FLEETLENS_ENFORCE=true. SIGINT or SIGTERM stops the scheduler, the agent, the exporter and the
@@ -35,18 +37,19 @@ def serve(
     store = Store.from_settings(s)
     upgrade(store)
     children = Children(s.home)
+    supervisor = Supervisor(children, lambda line: console.print(line, highlight=False, soft_wrap=True))
     scheduler = Scheduler(periodic_jobs(store, s))
     with stop_on_signals() as signals:  # SIGINT stops serve even if it was started ignoring it
         try:
             if not no_agent:
-                children.spawn(fleetlens_command("agent"), "agent.log")
+                supervisor.start("agent", fleetlens_command("agent"), "agent.log")
                 console.print(f"agent for host {s.host_id} (log {s.home / 'agent.log'})")
             if not no_metrics:
-                children.spawn(fleetlens_command("metrics-serve"), "metrics.log")
+                supervisor.start("metrics exporter", fleetlens_command("metrics-serve"), "metrics.log")
                 console.print(f"fleet metrics at http://127.0.0.1:{s.metrics_serve_port}/metrics "
                               f"(log {s.home / 'metrics.log'})")
             if not no_ui:
-                children.spawn(fleetlens_command("ui"), "dashboard.log")
+                supervisor.start("dashboard", fleetlens_command("ui"), "dashboard.log")
                 console.print(f"dashboard at http://127.0.0.1:{s.ui_port} (log {s.home / 'dashboard.log'})")
             scheduler.start()
             console.print(f"scheduler: {', '.join(j.name for j in scheduler.jobs)}; "
@@ -54,6 +57,7 @@ def serve(
             deadline = None if duration is None else time.monotonic() + duration
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
+                supervisor.check()  # a child that exited is said and started again
         except Stopped as stop:
             console.print(f"stopping ({stop}); the jobs the agent launched go on")
         finally:
