@@ -87,3 +87,12 @@ def test_help_lists_commands():
     result = _cli(["--help"], {})
     assert result.returncode == 0
     assert "init" in result.stdout and "status" in result.stdout
+
+
+def test_help_shows_what_the_commands_say_whole():
+    env = {"COLUMNS": "200"}
+    # square brackets and angle brackets are text, not markup: rich's markup used to eat "[xGIB]"
+    assert "cluster N[xD[xGIB]] instead of the trace's own" in _cli(["simulate", "--help"], env).stdout
+    assert "workflows slurm-ID (request" in _cli(["slurm-import", "--help"], env).stdout
+    # a docstring's paragraph is one paragraph, not broken where the source wraps
+    assert "enforcement stays a dry run unless FLEETLENS_ENFORCE=true" in _cli(["serve", "--help"], env).stdout

@@ -15,6 +15,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="markdown",  # a docstring's paragraphs are reflowed, not broken where the source wraps
 )
 console = Console()
 err_console = Console(stderr=True)

@@ -23,9 +23,10 @@ def serve(
     no_metrics: bool = typer.Option(False, "--no-metrics", help="Do not start the fleet's /metrics exporter."),
     duration: float = typer.Option(None, help="Stop after this many seconds (default: until Ctrl-C)."),
 ) -> None:
-    """Run this host's agent, the periodic rollups/analysis/enforcement/profiling/Prometheus import, the fleet's
-    /metrics exporter, and the dashboard until Ctrl-C. A child that exits is said and started again
-    (ui.serve.supervision).
+    """Run this host's agent, the periodic work, the /metrics exporter and the dashboard until Ctrl-C.
+
+    The periodic work is the rollups, analysis, enforcement, profiling and Prometheus import. A child that exits is
+    said and started again, after a back-off that doubles from 1 s to a minute while it keeps failing.
 
     The scheduler calls the same functions as the Airflow DAGs, on the same cadences; enforcement stays a dry
     run unless FLEETLENS_ENFORCE=true. SIGINT or SIGTERM stops the scheduler, the agent, the exporter and the

@@ -12,7 +12,7 @@ from ui.cli.app import app, console, open_store, settings
 def slurm_import(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="List the jobs left out or read in part."),
 ) -> None:
-    """Record Slurm's jobs as workflows slurm-<id> (request, GPUs held, team, time limit, opt-in) and its nodes."""
+    """Record Slurm's jobs as workflows `slurm-ID` (request, GPUs held, team, time limit, opt-in) and its nodes."""
     result = import_slurm(open_store(), settings())
     console.print(f"Slurm {result.version}: {result.nodes} node(s), {result.jobs} job(s), {result.opted_in} opted in "
                   f"to moves; {len(result.errors)} left out or read in part", highlight=False)
