@@ -84,6 +84,27 @@ def test_stop_on_signals_stops_on_sigint_even_when_it_came_in_ignored_and_shield
                                              "exit 130"]
 
 
+def test_a_deferred_block_runs_to_its_end_and_the_stop_comes_after_it():
+    result = _run("""
+        import os, signal, time
+        from ui.serve.processes import Stopped, stop_on_signals
+        with stop_on_signals() as signals:
+            try:
+                with signals.deferred():  # a child started and recorded: never cut in between
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.2)
+                    print("block ran to its end")
+                print("not stopped")
+            except Stopped as stop:
+                print("stopped after it", stop.exit_code)
+            with signals.deferred():  # a stop already under way: nothing more is raised
+                print("quiet")
+        print("exit", signals.exit_code)
+    """, sigint_ignored=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:4] == ["block ran to its end", "stopped after it 143", "quiet", "exit 143"]
+
+
 def test_sigterm_gives_143():
     result = _run("""
         import os, signal, time

@@ -42,23 +42,25 @@ def serve(
     scheduler = Scheduler(periodic_jobs(store, s))
     with stop_on_signals() as signals:  # SIGINT stops serve even if it was started ignoring it
         try:
-            if not no_agent:
-                supervisor.start("agent", fleetlens_command("agent"), "agent.log")
-                console.print(f"agent for host {s.host_id} (log {s.home / 'agent.log'})")
-            if not no_metrics:
-                supervisor.start("metrics exporter", fleetlens_command("metrics-serve"), "metrics.log")
-                console.print(f"fleet metrics at http://127.0.0.1:{s.metrics_serve_port}/metrics "
-                              f"(log {s.home / 'metrics.log'})")
-            if not no_ui:
-                supervisor.start("dashboard", fleetlens_command("ui"), "dashboard.log")
-                console.print(f"dashboard at http://127.0.0.1:{s.ui_port} (log {s.home / 'dashboard.log'})")
+            with signals.deferred():  # each child is recorded before a stop can come: the stop finds it
+                if not no_agent:
+                    supervisor.start("agent", fleetlens_command("agent"), "agent.log")
+                    console.print(f"agent for host {s.host_id} (log {s.home / 'agent.log'})")
+                if not no_metrics:
+                    supervisor.start("metrics exporter", fleetlens_command("metrics-serve"), "metrics.log")
+                    console.print(f"fleet metrics at http://127.0.0.1:{s.metrics_serve_port}/metrics "
+                                  f"(log {s.home / 'metrics.log'})")
+                if not no_ui:
+                    supervisor.start("dashboard", fleetlens_command("ui"), "dashboard.log")
+                    console.print(f"dashboard at http://127.0.0.1:{s.ui_port} (log {s.home / 'dashboard.log'})")
             scheduler.start()
             console.print(f"scheduler: {', '.join(j.name for j in scheduler.jobs)}; "
                           f"enforcement {'ON' if s.enforce else 'dry run'}; Ctrl-C stops")
             deadline = None if duration is None else time.monotonic() + duration
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
-                supervisor.check()  # a child that exited is said and started again
+                with signals.deferred():
+                    supervisor.check()  # a child that exited is said and started again
         except Stopped as stop:
             console.print(f"stopping ({stop}); the jobs the agent launched go on")
         finally:

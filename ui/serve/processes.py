@@ -55,6 +55,16 @@ class Signals:
         finally:
             self.shield = before
 
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """The block (a child started and recorded, so that the stop finds it) runs to its end; a stop signal that
+        came meanwhile is raised as `Stopped` after it."""
+        before = len(self.received)
+        with self.shielded():
+            yield
+        if not before and self.received:
+            raise Stopped(self.received[0])
+
 
 @contextmanager
 def stop_on_signals() -> Iterator[Signals]:
