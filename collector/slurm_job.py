@@ -78,8 +78,8 @@ def shards_per_gpu(settings: Settings) -> tuple[int | None, str]:
     if not held or not all(g.isdigit() and int(g) < gpus and spread[int(g)] for g in held):
         return None, (f"{source}, spread unevenly ({', '.join(map(str, spread))}), and SLURM_JOB_GPUS "
                       f"({settings.slurm_job_gpus!r}) does not name GPUs of them with shards")
-    split = ", ".join(str(spread[int(g)]) for g in held)
-    return max(spread[int(g)] for g in held), f"{source}, GPU(s) {','.join(held)} split into {split}"
+    mine = [spread[int(g)] for g in held]
+    return max(mine), f"{source}, GPU(s) {','.join(held)} split into {', '.join(map(str, mine))}"
 
 
 def memory_cap(settings: Settings) -> tuple[float | None, str]:

@@ -47,8 +47,8 @@ def merge_labels(session: Session, instance: Any, patch: Mapping[str, Any]) -> N
     on SQLite (a JSON merge patch), and an object would be merged there but replaced on PostgreSQL."""
     if not patch:
         return
-    if any(v is None or isinstance(v, Mapping) for v in patch.values()):
-        bad = sorted(k for k, v in patch.items() if v is None or isinstance(v, Mapping))
+    bad = sorted(k for k, v in patch.items() if v is None or isinstance(v, Mapping))
+    if bad:
         raise ValueError(f"labels {bad}: a label's value must be set, and be a scalar or a list")
     model = type(instance)
     session.flush()  # this session's own changes first: the object is read back after the UPDATE
