@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from store import latency_sketch as ls
@@ -190,3 +190,8 @@ def app_windows(session: Session, since: float, until: float,
             if w is not None:
                 w.slo_s, w.target = slo.slo_s, slo.target
     return list(out.values())
+
+
+def last_request_minute(session: Session, workflow_id: str) -> float | None:
+    """Start of the newest minute with requests recorded for the workflow (epoch seconds), None if it has none."""
+    return session.scalar(select(func.max(ServingMinute.minute)).where(ServingMinute.workflow_id == workflow_id))

@@ -3,6 +3,8 @@ Alibaba request trace, and live in the in-process request queue."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from enforcer.sim.serving.rightsize import prepare_workflow, rightsize
 from enforcer.sim.serving.traces import RequestTrace, read_alibaba_requests, read_azure_requests
 from store.errors import InvalidInput, NotFound
 from store.migrations import upgrade
+from store.workflows import upsert_workflow
 from tests.ui.serving_seed import WORKFLOW, seed_serving
 
 DATA = "/work/shared/data/serving"
@@ -176,8 +179,21 @@ def test_rightsize_of_a_stored_serving_workflow(any_store) -> None:
     rs = rightsize(prep, slo, target=0.9, max_gpus=8)
     assert rs.best is not None and rs.best[1] < held
     assert rs.needed["ours"] is not None and rs.needed["ours"] <= rs.needed["nexus_like"]
-    with pytest.raises(NotFound):
+    # each way of having nothing to size says which it is
+    with pytest.raises(NotFound, match="no workflow 'no-such-service' in the store"):
         prepare_workflow(any_store, "no-such-service")
+    with any_store.session() as s:
+        upsert_workflow(s, "a-training-job")
+    with pytest.raises(NotFound, match="'a-training-job' has recorded no serving requests"):
+        prepare_workflow(any_store, "a-training-job")
+    later = time.time() + 3 * 3600.0
+    with pytest.raises(NotFound, match="no requests in the last 3600 s; the newest .* --window 1[01][0-9]{3} ") as e:
+        prepare_workflow(any_store, WORKFLOW, now=later)
+    window = float(str(e.value).split("--window ")[1].split()[0])
+    # the window it names reaches the newest minute, and no shorter one does
+    assert len(prepare_workflow(any_store, WORKFLOW, now=later, window_s=window)[0].arrival) > 0
+    with pytest.raises(NotFound):
+        prepare_workflow(any_store, WORKFLOW, now=later, window_s=window - 61.0)
 
 
 def test_a_running_batch_that_can_no_longer_make_it_is_stopped_and_counted() -> None:

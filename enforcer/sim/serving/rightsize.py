@@ -11,6 +11,7 @@ said so, with the best attainment any number reaches.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +23,8 @@ from enforcer.sim.serving.experiment import Prepared, simulate_policies
 from store import latency_sketch as ls
 from store.db import Store
 from store.errors import InvalidInput, NotFound
-from store.serving import app_windows
+from store.serving import app_windows, last_request_minute
+from store.workflows import get_workflow
 
 SCHEDULERS = ("ours", "clockwork_like", "nexus_like", "clipper_like", "triton_like")
 RIGHTSIZE_EPS = 0.65
@@ -90,8 +92,15 @@ def prepare_workflow(store: Store, workflow_id: str, *, now: float | None = None
     now = time.time() if now is None else now
     with store.session() as s:
         apps = [w for w in app_windows(s, now - window_s, now, [workflow_id]) if w.n]
+        if not apps:
+            get_workflow(s, workflow_id)  # unknown: says so
+            last = last_request_minute(s, workflow_id)
     if not apps:
-        raise NotFound(f"serving workflow {workflow_id!r}: no requests in the last {window_s:g} s")
+        if last is None:
+            raise NotFound(f"workflow {workflow_id!r} has recorded no serving requests (the job SDK's serving mode, "
+                           "collector.serving, records them)")
+        raise NotFound(f"serving workflow {workflow_id!r}: no requests in the last {window_s:g} s; the newest are "
+                       f"in the minute from {now - last:.0f} s ago: give --window {math.ceil(now - last)} or more")
     missing = [w.app for w in apps if w.slo_s is None]
     if missing:
         raise InvalidInput(f"serving workflow {workflow_id!r}: no SLO for {missing}; set one with "
