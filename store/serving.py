@@ -20,6 +20,7 @@ from store import latency_sketch as ls
 from store.errors import InvalidInput
 from store.models_serving import ServingApp, ServingMinute
 from store.rows import locked_row
+from store.workflows import get_workflow
 
 SUM_FIELDS = ("exec_sum", "exec_sumsq", "wait_sum", "latency_sum")
 COUNT_FIELDS = ("n", "dropped", "batch_sum")
@@ -91,6 +92,7 @@ def set_slo(session: Session, workflow_id: str, app: str, slo_s: float | None, *
         raise InvalidInput(f"SLO for {app!r}: {slo_s!r} is not a positive number of seconds")
     if not 0 < target <= 1:
         raise InvalidInput(f"SLO target for {app!r}: {target!r} is not a share in (0, 1]")
+    get_workflow(session, workflow_id)  # an SLO belongs to a workflow the store knows (a typo would hide it)
     now = time.time() if now is None else now
     # the agents of a replicated service report its SLOs at once: created by the first, set by each (store.rows)
     row = locked_row(session, ServingApp, {"workflow_id": workflow_id, "app": app}, slo_s=slo_s, target=target,

@@ -41,3 +41,6 @@ def test_serving_commands(cli_store, capsys) -> None:
     assert run(["serving", "rightsize", WORKFLOW, "--scheduler", "fifo"]) == 2
     assert "one of ours" in capsys.readouterr().err
     assert run(["serving", "slo", WORKFLOW, "img2img", "-1"]) == 2
+    assert "-1.0 is not a positive number of seconds" in capsys.readouterr().err
+    assert run(["serving", "slo", "no-such-service", "img2img", "1"]) == 2
+    assert "no workflow 'no-such-service' in the store" in capsys.readouterr().err

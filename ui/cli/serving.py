@@ -24,7 +24,7 @@ serving_app = typer.Typer(help="Serving workflows: latency per application, SLOs
 app.add_typer(serving_app, name="serving")
 
 
-@serving_app.command("slo")
+@serving_app.command("slo", context_settings={"ignore_unknown_options": True})  # -1 is a number, refused as one
 def slo_cmd(workflow: str, application: str, seconds: float,
             target: float = typer.Option(0.99, "--target", help="share of requests that must meet it")) -> None:
     """Set an application's SLO (latency = queue wait + execution)."""
