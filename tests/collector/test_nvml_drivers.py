@@ -94,7 +94,7 @@ def _mig_gpu() -> FakeGPU:
     gr = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
     return FakeGPU(name="NVIDIA A100-SXM4-40GB", memory_total=40 * GiB, sm_count=98, gpm={}, mig=[
         FakeGPU(uuid="MIG-aaaa", name="NVIDIA A100-SXM4-40GB MIG 3g.20gb", memory_total=20 * GiB,
-                memory_used=5 * GiB, gpu_instance_id=1, sm_count=42,
+                memory_used=5 * GiB, gpu_instance_id=1, sm_count=42, slices=3,
                 gpm={gr: 75.0, pynvml.NVML_GPM_METRIC_SM_UTIL: 60.0},
                 processes=[FakeProcess(pid=901, used_memory=5 * GiB)]),
         FakeGPU(uuid="MIG-bbbb", name="NVIDIA A100-SXM4-40GB MIG 1g.5gb", memory_total=5 * GiB,
@@ -123,6 +123,34 @@ def test_mig_devices_are_devices_of_their_own_with_their_weight_and_activity(mon
     assert (idle.gpu_util, idle.mem_used) == (0.0, 0)
     assert whole.gpu_util == 0.0 and whole.mem_used == GiB
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 2  # the whole GPU only: never asked of a MIG handle
+
+
+def test_a_mig_slice_weight_needs_no_privileges_and_falls_back_to_slices_then_memory(monkeypatch) -> None:
+    """NVML answers nvmlDeviceGetAttributes for MIG handles only, and the parent's memory in MIG mode only to a
+    privileged caller: the whole GPU's figures come from its largest GPU-instance profile."""
+    def weights(gpu: FakeGPU) -> list[float | None]:
+        _use(monkeypatch, FakeNVML([gpu]))
+        return [d.slice_weight for d in NvmlSource().devices()]
+
+    unprivileged = _mig_gpu()
+    unprivileged.denied.add("nvmlDeviceGetMemoryInfo")  # the parent's, in MIG mode: not for an ordinary user
+    assert weights(unprivileged) == pytest.approx([42 / 98, 14 / 98])
+    no_sms = _mig_gpu()  # a driver that reports no SM count for the slice: its GPU-instance slices of the 7
+    for mig in no_sms.mig:
+        mig.sm_count = 0
+    assert weights(no_sms) == pytest.approx([3 / 7, 1 / 7])
+    a30 = _mig_gpu()  # an A30: its whole GPU is the 4-slice profile
+    a30.gi_profiles = {pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE: 1, pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE: 2,
+                       pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: 4}
+    assert weights(a30) == pytest.approx([42 / 98, 14 / 98])  # the fake's 4-slice profile has all 98 SMs
+    old_driver = _mig_gpu()  # no V call: the v1 struct is asked for
+    old_driver.unsupported.add("nvmlDeviceGetGpuInstanceProfileInfoV")
+    assert weights(old_driver) == pytest.approx([42 / 98, 14 / 98])
+    no_profiles = _mig_gpu()  # no profile answered: the memory share, where the parent's memory may be read
+    no_profiles.unsupported.add("nvmlDeviceGetGpuInstanceProfileInfo")
+    assert weights(no_profiles) == pytest.approx([20 / 40, 5 / 40])
+    no_profiles.denied.add("nvmlDeviceGetMemoryInfo")
+    assert weights(no_profiles) == [None, None]
 
 
 def test_mig_reconfigured_is_seen_and_the_new_devices_read(monkeypatch) -> None:

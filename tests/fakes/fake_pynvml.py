@@ -22,8 +22,10 @@ Driver generations and odd hardware, as NVML's documentation describes them:
 - `handle_error` (an NVML error code): nvmlDeviceGetHandleByIndex fails for that GPU (a GPU broken at start-up).
 - MIG: `mig=[FakeGPU(...), ...]` turns MIG mode on and makes each entry a MIG device (its own uuid, memory,
   processes, `gpu_instance_id`, `sm_count`, `gpm` activity for its GPU instance). Device and process utilisation
-  are not supported on MIG handles, as on the driver. Changing `mig` and calling `reconfigure()` makes every MIG
-  handle handed out so far stale (NVML_ERROR_INVALID_ARGUMENT), as destroying instances does.
+  are not supported on MIG handles, as on the driver. nvmlDeviceGetAttributes answers for MIG handles only
+  (`slices`: gpuInstanceSliceCount); the whole GPU's SMs, slices and memory come from its GPU-instance profiles
+  (`gi_profiles`). Changing `mig` and calling `reconfigure()` makes every MIG handle handed out so far stale
+  (NVML_ERROR_INVALID_ARGUMENT), as destroying instances does.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ class FakeGPU:
     handle_error: int | None = None  # nvmlDeviceGetHandleByIndex raises NVMLError(this code)
     mig: list[FakeGPU] | None = None  # MIG mode on, with these MIG devices
     gpu_instance_id: int = 0  # a MIG device's GPU instance
-    sm_count: int = 108  # multiprocessorCount (nvmlDeviceGetAttributes)
+    sm_count: int = 108  # multiprocessorCount (a MIG device's nvmlDeviceGetAttributes; a GPU's largest GI profile)
+    slices: int = 1  # a MIG device's GPU-instance slices (gpuInstanceSliceCount)
+    gi_profiles: dict[int, int] | None = None  # MIG mode: GPU-instance profile id -> slices (None: an A100's)
     compute_mode: int = 0  # NVML_COMPUTEMODE_DEFAULT; nvmlDeviceSetComputeMode changes it (`denied`: no root)
 
 
@@ -240,9 +244,36 @@ class FakeNVML:
 
     def nvmlDeviceGetAttributes(self, handle: Any) -> Any:
         gpu = self._gpu("nvmlDeviceGetAttributes", handle)
+        if not isinstance(handle, _MigHandle):  # "This API currently only supports MIG device handles."
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
         attrs = _real.c_nvmlDeviceAttributes()
         attrs.multiprocessorCount = gpu.sm_count
+        attrs.gpuInstanceSliceCount = gpu.slices
+        attrs.memorySizeMB = gpu.memory_total >> 20
         return attrs
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> Any:
+        """A GPU in MIG mode answers for the profiles in its `gi_profiles` (an A100's by default: 1, 2, 3, 4 and 7
+        slices, each slice a seventh of the SMs and an eighth of the memory, the 7-slice profile all of both);
+        NVML_ERROR_NOT_SUPPORTED for any other, and for a GPU not in MIG mode."""
+        if isinstance(handle, _MigHandle):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self._gpu("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        if version == 2 and "nvmlDeviceGetGpuInstanceProfileInfoV" in gpu.unsupported:
+            raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)  # a driver before the V call
+        profiles = gpu.gi_profiles if gpu.gi_profiles is not None else {
+            _real.NVML_GPU_INSTANCE_PROFILE_1_SLICE: 1, _real.NVML_GPU_INSTANCE_PROFILE_2_SLICE: 2,
+            _real.NVML_GPU_INSTANCE_PROFILE_3_SLICE: 3, _real.NVML_GPU_INSTANCE_PROFILE_4_SLICE: 4,
+            _real.NVML_GPU_INSTANCE_PROFILE_7_SLICE: 7}
+        if gpu.mig is None or profile not in profiles:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        n, whole = profiles[profile], max(profiles.values())
+        info = _real.c_nvmlGpuInstanceProfileInfo_v2_t() if version == 2 else _real.c_nvmlGpuInstanceProfileInfo_t()
+        info.id, info.sliceCount = profile, n
+        info.multiprocessorCount = gpu.sm_count * n // whole
+        mib = gpu.memory_total >> 20
+        info.memorySizeMB = mib if n == whole else mib * n // (whole + 1)
+        return info
 
     # ------------------------------------------------------------------------------------ MIG
 
