@@ -24,7 +24,16 @@ SDK_OPT_IN = "FLEETLENS_MOVABLE=true or collector.job.job(movable=True)"
 # the first Slurm that can change a job's request from whole GPUs to shards (upstream commit fd6efe3e64)
 GPU_TO_SHARD_VERSION = "23.02.6"
 
-_GRES = re.compile(r"^(?:gres:)?(?P<kind>[A-Za-z_][\w-]*)(?::(?P<type>[A-Za-z_][\w.-]*))?(?::(?P<count>\d+))?$")
+# a GPU type may start with a digit (MIG profiles: gpu:1g.5gb:7), but is never a bare number (gpu:4 is a count)
+_GRES = re.compile(r"^(?:gres:)?(?P<kind>[A-Za-z_][\w-]*)(?::(?P<type>(?!\d+(?::|$))[\w.-]+))?(?::(?P<count>\d+))?$")
+# what a job asked for, by how it asked: --gres (per node), --gpus (per job), --gpus-per-task
+REQUEST_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task")
+# the states in which a job holds its allocation: running, and the flag states Slurm shows in front of it
+# (job_state_string: a stopped, signalled, resized or staging-out job keeps its GPUs)
+HOLDING_STATES = ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED", "SIGNALING", "RESIZING",
+                  "STAGE_OUT")
+# the states of a job that waits to run (again): pending, or on its way back to pending after a requeue
+WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
 _DETAIL = re.compile(r"^(?P<gres>[^()]+?)(?:\(IDX:(?P<idx>[^)]*)\))?$")
 
 
@@ -226,7 +235,7 @@ def parse_jobs(doc: dict[str, Any], *, sdk_asked: SdkAsked | None = None) -> tup
         gres_error: str | None = None
         indices: list[int] = []
         try:
-            gres = parse_gres(str(raw.get("tres_per_node") or ""))
+            gres = parse_gres(next((str(raw[f]) for f in REQUEST_FIELDS if raw.get(f)), ""))
             indices = held_indices(raw.get("gres_detail") or [])
         except InvalidInput as exc:
             gres_error = str(exc)
@@ -288,7 +297,7 @@ def free_shards(node: SlurmNode, jobs: dict[int, SlurmJob], *, leaving: int | No
     used = {i: 0 for i in range(node.gpus)}
     whole: set[int] = set()
     for job in jobs.values():
-        if job.node != node.name or job.state not in ("RUNNING", "COMPLETING", "SUSPENDED") or job.job_id == leaving:
+        if job.node != node.name or job.state not in HOLDING_STATES or job.job_id == leaving:
             continue
         if job.gres is not None and job.gres.kind == "gpu":
             whole.update(job.gpu_indices)

@@ -28,7 +28,17 @@ from store.models import Device, Host, Placement, Workflow
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
-from store.slurm import SdkAsked, SlurmJob, SlurmNode, SlurmView, parse_jobs, parse_nodes, shard_share
+from store.slurm import (
+    HOLDING_STATES,
+    WAITING_STATES,
+    SdkAsked,
+    SlurmJob,
+    SlurmNode,
+    SlurmView,
+    parse_jobs,
+    parse_nodes,
+    shard_share,
+)
 from store.slurm_cli import SlurmCli
 from store.slurm_marks import sdk_asked_from
 from store.workflows import upsert_workflow
@@ -36,7 +46,6 @@ from store.workflows import upsert_workflow
 log = logging.getLogger(__name__)
 
 SOURCE = "slurm"
-ACTIVE = ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING")
 GONE = "GONE"  # a job squeue no longer lists
 
 
@@ -138,10 +147,10 @@ def _team(job: SlurmJob, settings: Settings) -> str | None:
 
 def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: dict[int, int], view: SlurmView,
                 now: float) -> None:
-    running = job.state in ACTIVE
+    running = job.state in HOLDING_STATES
     upsert_workflow(session, job.workflow_id, now=now, id_source="slurm", name=job.name, owner=job.user,
                     team=_team(job, settings), gpus=job.gres.count if job.gres and job.gres.kind == "gpu" else 0,
-                    state="running" if running or job.state == "PENDING" else _final(job.state))
+                    state="running" if running or job.state in WAITING_STATES else _final(job.state))
     row = session.get(SlurmJobRow, job.workflow_id)
     if row is None:
         row = SlurmJobRow(workflow_id=job.workflow_id, job_id=job.job_id, submit_time=job.submit_time)

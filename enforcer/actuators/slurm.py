@@ -40,7 +40,7 @@ from store.errors import InvalidInput, NotFound, UpstreamUnavailable
 from store.models import Action, ActionEvent, Device
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
-from store.slurm import SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
+from store.slurm import HOLDING_STATES, SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli, SlurmRefused
 from store.slurm_marks import job_folder, read_manifest, read_started, sdk_asked_from
 
@@ -334,7 +334,7 @@ class SlurmActuator:
         if any(n >= shards for n in free.values()):
             return None
         holders = {j.job_id: f"{j.gres}@{list(j.gpu_indices)}" for j in jobs.values()
-                   if j.node == node.name and j.state in ("RUNNING", "COMPLETING") and j.job_id != job_id}
+                   if j.node == node.name and j.state in HOLDING_STATES and j.job_id != job_id}
         return (f"no free shard is left on {node.name}: no GPU there has {shards} shards free that no whole-GPU job "
                 f"holds (free per GPU {free}; held by jobs {holders})")
 
