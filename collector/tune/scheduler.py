@@ -91,12 +91,13 @@ class FluidScheduler(ResourceChangingScheduler):
                  on_event: Callable[[Event], None] | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         self.controller = SweepController(config, base_width=1.0)
+        self.clock = clock or time.time  # the records' time only, every event's alike
         self.on_event = on_event
         self.cpu_per_trial = cpu_per_trial
         self._sent = 0
         super().__init__(base_scheduler=base,
                          resources_allocation_function=FluidAllocation(self.controller, cpu_per_trial,
-                                                                       clock or time.time))  # the records' time only
+                                                                       self.clock))
 
     @property
     def log(self) -> list[Reallocation]:
@@ -112,23 +113,36 @@ class FluidScheduler(ResourceChangingScheduler):
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == TrialScheduler.PAUSE and trial in self._trials_to_reallocate:
+            self._unpause_after_resize(trial)
         self._publish()
         return decision
 
+    def _unpause_after_resize(self, trial: Any) -> None:
+        """A pause to resize is ours, not the base scheduler's, and Ray's ResourceChangingScheduler does not tell it.
+        HyperBand restarts a paused trial only once its bracket lists it to unpause (HyperBandScheduler.
+        choose_trial_to_run), and waits for every trial of a rung: unlisted, the resized trial and the sweep wait for
+        good. So it is listed, as HyperBand lists the trials it continues itself. ASHA restarts any paused trial."""
+        base = self._base_scheduler
+        info = getattr(base, "_trial_info", None) if isinstance(base, HyperBandScheduler) else None
+        if info is None or trial not in info:
+            return
+        info[trial][0].trials_to_unpause.add(trial)
+
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict, **kwargs: Any) -> None:
-        self.controller.finished(trial.trial_id, now=time.time())
+        self.controller.finished(trial.trial_id, now=self.clock())
         self._publish()
         super().on_trial_complete(tune_controller, trial, result, **kwargs)
 
     def on_trial_error(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
         # a trial that died (during a restart too) gives its GPUs back; Ray retries it (then it comes back at its
         # next result) or reports it failed
-        self.controller.finished(trial.trial_id, "died: its GPUs went back to the sweep", died=True, now=time.time())
+        self.controller.finished(trial.trial_id, "died: its GPUs went back to the sweep", died=True, now=self.clock())
         self._publish()
         super().on_trial_error(tune_controller, trial, **kwargs)
 
     def on_trial_remove(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
-        self.controller.finished(trial.trial_id, "removed", now=time.time())
+        self.controller.finished(trial.trial_id, "removed", now=self.clock())
         self._publish()
         super().on_trial_remove(tune_controller, trial, **kwargs)
 

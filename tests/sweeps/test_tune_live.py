@@ -115,3 +115,36 @@ def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: ob
     use = gpu_use(rows, GPUS)
     assert max(held for _, held, _ in use) == 4.0  # b alone on all four GPUs at the end
     assert all(held >= one for _, held, one in use) and use[-1][1] == 0.0
+
+
+def test_a_hyperband_sweep_resumes_the_trials_it_resizes(ray_cluster: object, tmp_path: Path) -> None:
+    """HyperBand restarts a paused trial only when its bracket lists it; a pause to resize is listed, or the resized
+    trial and its whole rung would wait for good (here: until the time budget ends the sweep unfinished)."""
+    from ray import tune
+
+    from collector.tune.scheduler import FluidScheduler, base_scheduler
+    from tests.sweeps.tune_job import train
+
+    config = FluidConfig(GPUS, SPEED, dynamic=True, restart_s=1.0)
+    trials = {"a": (2.0, 9), "b": (12.0, 9)}
+    scheduler = FluidScheduler(base_scheduler("hyperband", metric="loss", mode="min", max_t=9), config)
+    space = {"name": tune.grid_search(list(trials)), "eta": SPEED.dp_efficiency,
+             "share_speeds": list(SPEED.share_speeds), "d": SPEED.max_span, "scale": 0.1, "seed": 0,
+             "step_s": tune.sample_from(lambda spec: trials[spec.config.name][0]),
+             "steps": tune.sample_from(lambda spec: trials[spec.config.name][1])}
+    tuner = tune.Tuner(
+        tune.with_resources(train, scheduler.initial_resources()),
+        param_space=space,
+        tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=False, time_budget_s=150),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name="fluid-hb", verbose=0),
+    )
+    results = tuner.fit()
+    assert not results.errors
+    resized = {r.trial_id for r in scheduler.log}
+    assert resized, "the sweep was never resized: nothing tested"
+    # every trial ran all its steps, the resized ones resumed from a checkpoint at their last width
+    assert all(r.metrics["fleetlens_steps_left"] == 0 for r in results)
+    last = {r.trial_id: r.new_width for r in scheduler.log}
+    for r in results:
+        if r.metrics["trial_id"] in resized:
+            assert r.metrics["resumed_at"] > 0 and r.metrics["width"] == last[r.metrics["trial_id"]]
