@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import Any
 
 from collector import protocol as p
+from collector.device_caps import DeviceCaps
 from collector.job_capture import TraceCapture, trace_folder
 from collector.job_memory import StepMemory
 from collector.job_origin import default_workflow_id, start_step
@@ -134,6 +135,7 @@ class Job:
         self._renew_conn = p.AgentConnection(self.settings.socket_path, self.settings.sdk_timeout_s)
         self._lease = LeaseKeeper(self._renew)
         self._turn_memory: TurnMemory | None = None
+        self._device_caps: DeviceCaps | None = None  # the memory cap, on each device as the process uses it
         self.checkpoints: list[dict[str, Any]] = []  # what this job saved on request: path, step, request_id
         self.traces: list[str] = []  # trace files this job wrote
         self._step = 0
@@ -264,8 +266,11 @@ class Job:
         in_lane, cuda, waiter = self.lane is not None, self._cuda, self.step_waiter
         flush_steps = self.settings.sdk_flush_steps
         last = clock()
+        caps = self._device_caps
         while limit is None or self._step < limit:
             if cuda:
+                if caps is not None:
+                    caps.apply()
                 self._step_memory.begin()
             if in_lane:  # the turn covers data loading too: a batch the loader puts on the GPU is within its cap
                 self.gate()
@@ -343,7 +348,8 @@ class Job:
             import torch  # asked for a CUDA memory cap: this job uses torch
             self._torch = torch
         if torch.cuda.is_available():
-            torch.cuda.set_per_process_memory_fraction(fraction)
+            self._device_caps = DeviceCaps(torch, fraction)
+            self._device_caps.apply(initialise=True)  # the current device now; others as the steps come to use them
             self.memory_fraction_applied = fraction
 
     # ---- talking to the agent --------------------------------------------------------------------------
