@@ -5,6 +5,7 @@ batch script waits). Only nodes with a live agent are judged: without one nobody
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from sqlalchemy import select
 
@@ -19,30 +20,46 @@ RULE = "slurm_gpus_without_process"
 def find_slurm_holders_without_processes(store: Store, *, now: float | None = None, grace_s: float = 300.0,
                                          agent_max_age_s: float = 120.0) -> int:
     """Record one finding per running Slurm job that has held GPUs for `grace_s` on a node whose agent wrote within
-    `agent_max_age_s`, with no live process of it there; returns how many."""
+    `agent_max_age_s`, with no live process of it there; returns how many. A job on several nodes is judged on each
+    of them (the import keeps every node's GPUs in the workflow's label `slurm_gpus`), and one finding names the
+    nodes where its GPUs sit idle."""
     now = time.time() if now is None else now
     specs: list[FindingSpec] = []
     with store.session() as session:
         jobs = list(session.execute(
-            select(SlurmJob, Workflow.created_at).join(Workflow, Workflow.id == SlurmJob.workflow_id)
+            select(SlurmJob, Workflow.labels).join(Workflow, Workflow.id == SlurmJob.workflow_id)
             .where(SlurmJob.state == "RUNNING", SlurmJob.node.is_not(None), Workflow.created_at <= now - grace_s)))
-        nodes = {r.node for r, _ in jobs}
+        held = {job.workflow_id: _held(job, labels) for job, labels in jobs}
+        nodes = {n for on in held.values() for n in on}
         watched = set(session.scalars(select(Host.id).where(Host.id.in_(nodes), Host.source != "slurm",
                                                             Host.last_seen >= now - agent_max_age_s)))
         running = set(session.execute(select(Process.workflow_id, Process.host_id).where(
             Process.host_id.in_(watched), Process.ended_at.is_(None))).tuples())
-        for job, _created in jobs:
-            if job.node not in watched or not job.gpu_indices or (job.workflow_id, job.node) in running:
+        for job, _labels in jobs:
+            idle = {n: ix for n, ix in held[job.workflow_id].items()
+                    if n in watched and ix and (job.workflow_id, n) not in running}
+            if not idle:
                 continue
             gpus = job.gpus or job.shards  # whole GPUs, or shards as their GPUs' share below
-            held = ",".join(str(i) for i in job.gpu_indices)
+            where = ", ".join(f"GPU {','.join(str(i) for i in ix)} of {n}" for n, ix in sorted(idle.items()))
+            first = sorted(idle)[0]
             specs.append(FindingSpec(
                 rule=RULE, workflow_id=job.workflow_id, source="telemetry", severity="high",
-                title=f"Slurm job {job.job_id} holds GPU {held} of {job.node} ({job.gres}) with no process on it",
+                title=f"Slurm job {job.job_id} holds {where} ({job.gres}) with no process on it",
                 fix=(f"find out why job {job.job_id} runs nothing (stuck before its first GPU call, or its script "
                      "waits after its work ended) and end it (scancel) or fix it; its GPUs are idle meanwhile"),
-                evidence={"job_id": job.job_id, "node": job.node, "gres": job.gres, "gpu_indices": job.gpu_indices},
-                location=f"slurm job {job.job_id} on {job.node}",
-                gpu_hours_per_day=24.0 * (len(job.gpu_indices) if job.gpus else 1.0) if gpus else 0.0))
+                evidence={"job_id": job.job_id, "node": first if len(idle) == 1 else job.node, "gres": job.gres,
+                          "gpu_indices": list(idle[first]) if len(idle) == 1 else job.gpu_indices,
+                          "idle_gpus_by_node": {n: list(ix) for n, ix in idle.items()}},
+                location=f"slurm job {job.job_id} on {','.join(sorted(idle))}",
+                gpu_hours_per_day=24.0 * sum(len(ix) if job.gpus else 1.0 for ix in idle.values()) if gpus else 0.0))
         upsert_findings(session, specs, now)
     return len(specs)
+
+
+def _held(job: SlurmJob, labels: dict[str, Any] | None) -> dict[str, list[int]]:
+    """{node: GPU indices} the job holds: every node's from the import's label, else its row's one node."""
+    by_node = (labels or {}).get("slurm_gpus")  # [[node, [index, ...]], ...]
+    if isinstance(by_node, list) and by_node:
+        return {str(n): [int(i) for i in ix] for n, ix in by_node}
+    return {job.node: list(job.gpu_indices or [])} if job.node else {}

@@ -11,7 +11,12 @@ its NodeName line in slurm.conf (SLURM_CONF, read as a file on the node: no call
 job should not depend on; where they do not divide evenly, S is its own GPU's, by SLURM_JOB_GPUS), or
 FLEETLENS_SLURM_SHARDS_PER_GPU where the job cannot read slurm.conf. An explicit
 FLEETLENS_MEMORY_FRACTION wins. Anything missing or unreadable means no cap, with the reason logged and in the
-mark."""
+mark.
+
+The start mark says too whether this process is the batch step's own (`batch_step`): `scancel --batch --signal=USR1`
+signals that process alone, so a training run that the batch script starts as its child (no `exec`, or `srun`)
+never sees the signal, and the script, which does not catch SIGUSR1, dies of it. The actuator signals only a job
+whose mark says it is."""
 
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from store.errors import ConfigError, InvalidInput
 from store.settings import Settings
@@ -101,6 +108,20 @@ def memory_cap(settings: Settings) -> tuple[float | None, str]:
     return shard_share(shards, len(gpus), per_gpu), f"{shards} shard(s) on {len(gpus)} GPU(s) of {per_gpu} ({source})"
 
 
+def is_batch_step(job_id: int, process: psutil.Process | None = None) -> bool | None:
+    """Whether `process` (this one by default) is Slurm job `job_id`'s batch step's own process: its parent is the
+    step daemon of the batch step (`slurmstepd: [<id>.batch]`), as when the batch script exec'd it. A child of the
+    script has the script as its parent; a task of `srun` has the daemon of another step (`[<id>.0]`). None when
+    the process table cannot be read."""
+    try:
+        parent = (process or psutil.Process()).parent()
+        if parent is None:
+            return False
+        return parent.name() == "slurmstepd" and f"[{job_id}.batch]" in " ".join(parent.cmdline())
+    except (psutil.Error, OSError):
+        return None
+
+
 class SlurmSide:
     """One Slurm job's checkpoint signal and marks; made by the SDK when SLURM_JOB_ID is set."""
 
@@ -114,6 +135,12 @@ class SlurmSide:
         self.memory_fraction, self.memory_note = memory_cap(settings)
         self.signal_at: float | None = None
         self.restored_sha256: str | None = None
+        self.batch_step = is_batch_step(self.job_id)
+        if self.movable and self.batch_step is not True:
+            log.warning("fleetlens under Slurm: job %s's SDK is %s the batch step's own process, so fleetlens will "
+                        "not send it the checkpoint signal (it would kill the batch script); run it with `exec python "
+                        "...` in the batch script to let fleetlens move it", self.job_id,
+                        "not" if self.batch_step is False else "not known to be")
 
     @classmethod
     def from_settings(cls, settings: Settings, workflow_id: str, *, movable: bool = False) -> SlurmSide | None:
@@ -158,7 +185,8 @@ class SlurmSide:
         write_mark(self.folder, STARTED, Started(job_id=self.job_id, restart_count=self.restart_count, step=step,
                                                  gpus=self.gpus, started_at=time.time(),
                                                  restored_sha256=self.restored_sha256, movable=self.movable,
-                                                 memory_fraction=fraction, memory_note=note))
+                                                 memory_fraction=fraction, memory_note=note,
+                                                 batch_step=self.batch_step))
 
     def checkpoint(self, save: Callable[[str], Any] | None, step: int) -> None:
         """Run the job's checkpoint callback into its folder and write the manifest; a failure is logged and the

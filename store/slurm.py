@@ -86,16 +86,38 @@ def parse_indices(text: str) -> list[int]:
 
 
 def held_indices(gres_detail: list[str]) -> list[int]:
-    """The GPUs a job holds, from squeue's gres_detail (["shard:1(IDX:0)"], ["gpu:2(IDX:0-1)"])."""
+    """The GPUs a job holds, from squeue's gres_detail (["shard:1(IDX:0)"], ["gpu:2(IDX:0-1)"]), all its nodes' run
+    together: right for a job on one node only (`held_by_node` keeps them apart)."""
     found: set[int] = set()
     for item in gres_detail or []:
-        m = _DETAIL.match(item.strip())
-        if m is None:
-            raise InvalidInput(f"cannot read squeue's gres_detail {item!r}")
-        gres = parse_gres(m["gres"])
-        if gres is not None and m["idx"] is not None:
-            found.update(parse_indices(m["idx"]))
+        found.update(_detail_indices(item))
     return sorted(found)
+
+
+def _detail_indices(item: str | None) -> list[int]:
+    """The GPU indices of one node's gres_detail entry (null or empty: a node of the job that holds no GPU)."""
+    if not item or not item.strip():
+        return []
+    m = _DETAIL.match(item.strip())
+    if m is None:
+        raise InvalidInput(f"cannot read squeue's gres_detail {item!r}")
+    gres = parse_gres(m["gres"])
+    return parse_indices(m["idx"]) if gres is not None and m["idx"] is not None else []
+
+
+def held_by_node(nodes: list[str], gres_detail: list[str | None]) -> dict[str, tuple[int, ...]]:
+    """{node: the GPU indices the job holds on it}, from squeue's gres_detail, which has one entry per node of the job
+    in the order of its node list (`nodes`, expanded). The indices are each node's own: GPU 0 of gpu01 and GPU 0 of
+    gpu02 are two GPUs. Raises InvalidInput when the entries do not match the nodes one for one (fleetlens must not
+    guess which node holds which GPU)."""
+    detail = list(gres_detail or [])
+    if not detail:
+        return {}
+    if len(detail) != len(nodes):
+        raise InvalidInput(f"squeue's gres_detail has {len(detail)} entries for the job's {len(nodes)} node(s) "
+                           f"({','.join(nodes) or 'none'}); cannot tell which node holds which GPU")
+    held = {node: tuple(sorted(set(_detail_indices(item)))) for node, item in zip(nodes, detail, strict=True)}
+    return {node: indices for node, indices in held.items() if indices}
 
 
 @dataclass(frozen=True)
@@ -118,10 +140,30 @@ class SlurmJob:
     comment: str | None
     opted_in: bool = False
     not_movable_reason: str | None = None
+    # every node the job runs on (its node list, expanded; `node` is the one that runs its batch script) and the GPU
+    # indices it holds on each: `gpu_indices` are `node`'s alone, the whole of them for a job on one node
+    nodes: tuple[str, ...] = ()
+    gpus_by_node: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a job made with only `node` and `gpu_indices` (code written before jobs had several nodes) is on that node
+        if not self.nodes and self.node:
+            object.__setattr__(self, "nodes", (self.node,))
+        if not self.gpus_by_node and self.node and self.gpu_indices:
+            object.__setattr__(self, "gpus_by_node", {self.node: tuple(self.gpu_indices)})
 
     @property
     def workflow_id(self) -> str:
         return workflow_id_of(self.job_id)
+
+    def gpus_on(self, node: str) -> tuple[int, ...]:
+        """The GPU indices the job holds on `node` (none on a node it does not run on)."""
+        return self.gpus_by_node.get(node, ())
+
+    @property
+    def gpus_held(self) -> int:
+        """How many GPUs the job holds on all its nodes together (shared or whole)."""
+        return sum(len(indices) for indices in self.gpus_by_node.values())
 
 
 @dataclass(frozen=True)
@@ -192,10 +234,11 @@ def version_of(doc: dict[str, Any], what: str) -> str:
 
 
 def opt_in(comment: str | None, requeue: bool, gres: Gres | None, gres_error: str | None, *,
-           sdk_asked: bool = False) -> tuple[bool, str | None]:
+           sdk_asked: bool = False, nodes: int = 1) -> tuple[bool, str | None]:
     """(whether the job may be moved, and if not, why it is observed and advised only). The one place the rule
     lives: the job asked (its --comment says OPT_IN_WORD, or its fleetlens SDK said so in its start mark:
-    `sdk_asked`), Slurm may requeue it, and it holds shards."""
+    `sdk_asked`), Slurm may requeue it, it holds shards, and it runs on one node (`nodes`: a move sizes, signals and
+    checks one node's shards and one batch step)."""
     by_comment = OPT_IN_WORD in (comment or "").split()
     if not by_comment and not sdk_asked:
         return False, (f"did not opt in (its --comment has no {OPT_IN_WORD!r}, and its fleetlens SDK did not ask to "
@@ -203,6 +246,9 @@ def opt_in(comment: str | None, requeue: bool, gres: Gres | None, gres_error: st
     how = "opted in (by its --comment)" if by_comment else "opted in (by its fleetlens SDK)"
     if not requeue:
         return False, f"{how}, but Slurm may not requeue it (submitted with --no-requeue)"
+    if nodes > 1:
+        return False, (f"{how}, but it runs on {nodes} nodes: fleetlens moves jobs on one node only (a move sizes "
+                       "and checks one node's shards, and the checkpoint signal reaches one batch step)")
     if gres_error is not None:
         return False, f"{how}, but its gres cannot be read: {gres_error}"
     if gres is None:
@@ -233,10 +279,19 @@ def parse_jobs(doc: dict[str, Any], *, sdk_asked: SdkAsked | None = None) -> tup
             raise InvalidInput(f"squeue --json gave a job without a job_id or job_state: {str(raw)[:200]}") from None
         gres: Gres | None = None
         gres_error: str | None = None
-        indices: list[int] = []
+        batch_host = (raw.get("batch_host") or None) if state != "PENDING" else None
+        try:
+            nodes = expand_hostlist(str(raw.get("nodes") or "")) if state != "PENDING" else []
+        except InvalidInput as exc:
+            nodes, gres_error = [], f"its node list: {exc}"
+        if not nodes and batch_host:
+            nodes = [batch_host]
+        node = batch_host if batch_host in nodes else (nodes[0] if nodes else None)
+        by_node: dict[str, tuple[int, ...]] = {}
         try:
             gres = parse_gres(next((str(raw[f]) for f in REQUEST_FIELDS if raw.get(f)), ""))
-            indices = held_indices(raw.get("gres_detail") or [])
+            if gres_error is None:
+                by_node = held_by_node(nodes, raw.get("gres_detail") or [])
         except InvalidInput as exc:
             gres_error = str(exc)
         requeue = bool(raw.get("requeue"))
@@ -245,17 +300,17 @@ def parse_jobs(doc: dict[str, Any], *, sdk_asked: SdkAsked | None = None) -> tup
         restart_count = int(raw.get("restart_cnt") or 0)
         asked = (sdk_asked is not None and OPT_IN_WORD not in (comment or "").split()
                  and sdk_asked(job_id, submit_time, restart_count))
-        ok, why = opt_in(comment, requeue, gres, gres_error, sdk_asked=asked)
+        ok, why = opt_in(comment, requeue, gres, gres_error, sdk_asked=asked, nodes=len(nodes))
         limit = raw.get("time_limit")
         jobs[job_id] = SlurmJob(
             job_id=job_id, name=raw.get("name") or None, user=raw.get("user_name") or None,
             account=raw.get("account") or None, partition=raw.get("partition") or None, state=state,
             reason=None if raw.get("state_reason") in (None, "", "None") else str(raw["state_reason"]),
-            node=(raw.get("batch_host") or raw.get("nodes") or None) if state != "PENDING" else None,
-            submit_time=submit_time,
+            node=node, submit_time=submit_time,
             time_limit_s=float(limit) * 60.0 if isinstance(limit, int | float) and limit > 0 else None,
-            gres=gres, gres_error=gres_error, gpu_indices=tuple(indices), requeue=requeue,
-            restart_count=restart_count, comment=comment, opted_in=ok, not_movable_reason=why)
+            gres=gres, gres_error=gres_error, gpu_indices=by_node.get(node or "", ()), requeue=requeue,
+            restart_count=restart_count, comment=comment, opted_in=ok, not_movable_reason=why, nodes=tuple(nodes),
+            gpus_by_node=by_node)
     return release, jobs
 
 
@@ -297,13 +352,14 @@ def free_shards(node: SlurmNode, jobs: dict[int, SlurmJob], *, leaving: int | No
     used = {i: 0 for i in range(node.gpus)}
     whole: set[int] = set()
     for job in jobs.values():
-        if job.node != node.name or job.state not in HOLDING_STATES or job.job_id == leaving:
+        held = job.gpus_on(node.name)  # a job on several nodes holds GPUs on each of them
+        if not held or job.state not in HOLDING_STATES or job.job_id == leaving:
             continue
         if job.gres is not None and job.gres.kind == "gpu":
-            whole.update(job.gpu_indices)
+            whole.update(held)
         elif job.gres is not None and job.gres.kind == "shard":
-            per = max(1, len(job.gpu_indices))
-            for i in job.gpu_indices:
+            per = max(1, len(held))  # a shard request is per node (--gres)
+            for i in held:
                 used[i] = used.get(i, 0) + job.gres.count // per
     return {i: node.shards_on(i) - n for i, n in used.items() if i not in whole}
 
@@ -315,19 +371,50 @@ def shard_share(shards: int, gpus_held: int, shards_of_gpu: int) -> float:
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """Slurm's host list notation ("n[01-03,07],gpu5") as names; one bracket group per name."""
+    """Slurm's host list notation as names: "n[01-03,07],gpu5" and, with several bracket groups in one name, every
+    combination of them in Slurm's order ("rack[1-2]-n[01-02]": rack1-n01, rack1-n02, rack2-n01, rack2-n02). Raises
+    InvalidInput for brackets that do not pair up or a range that is not numbers."""
     names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)?", text):
-        m = re.fullmatch(r"(?P<pre>[^\[]*)\[(?P<ranges>[^\]]*)\](?P<post>.*)", part.strip())
-        if m is None:
-            names.append(part.strip())
-            continue
-        for r in m["ranges"].split(","):
-            lo, _, hi = r.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                raise InvalidInput(f"cannot read the host list {text!r}")
-            names.extend(f"{m['pre']}{i:0{len(lo)}d}{m['post']}" for i in range(int(lo), int(hi or lo) + 1))
+    for part in _split_top(text, what=text):
+        if part:
+            names.extend(_expand_name(part, text))
     return names
+
+
+def _split_top(text: str, *, what: str) -> list[str]:
+    """`text` split at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise InvalidInput(f"cannot read the host list {what!r}: a bracket inside a bracket")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise InvalidInput(f"cannot read the host list {what!r}: a ']' without its '['")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    if depth:
+        raise InvalidInput(f"cannot read the host list {what!r}: a '[' without its ']'")
+    parts.append(text[start:].strip())
+    return parts
+
+
+def _expand_name(name: str, what: str) -> list[str]:
+    """One name with any number of bracket groups, the first group varying slowest."""
+    m = re.match(r"(?P<pre>[^\[]*)\[(?P<ranges>[^\]]*)\](?P<rest>.*)", name)
+    if m is None:
+        return [name]
+    heads: list[str] = []
+    for r in m["ranges"].split(","):
+        lo, _, hi = r.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or int(hi or lo) < int(lo):
+            raise InvalidInput(f"cannot read the host list {what!r}: {r!r} is not a range like 01-03")
+        heads.extend(f"{m['pre']}{i:0{len(lo)}d}" for i in range(int(lo), int(hi or lo) + 1))
+    tails = _expand_name(m["rest"], what)
+    return [head + tail for head in heads for tail in tails]
 
 
 MAX_INCLUDE_DEPTH = 16

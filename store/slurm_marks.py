@@ -5,8 +5,9 @@ location, as on a cluster where no fleetlens agent runs on the nodes.
 
 The start mark also says whether the job's SDK asked to be movable (FLEETLENS_MOVABLE, `job(movable=True)`): the
 second way a Slurm job opts in beside its --comment (store.slurm.opt_in decides; `sdk_asked_from` reads the marks
-for it), and the memory cap the SDK computed from its shards. A mark written before these fields existed reads as
-not asked and no cap."""
+for it), the memory cap the SDK computed from its shards, and whether the SDK is the batch step's own process (the
+batch script exec'd it), which the actuator needs before it sends the checkpoint signal to the batch step. A mark
+written before these fields existed reads as not asked, no cap, and not known to be the batch step's process."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ class Started:
     movable: bool = False  # the job's SDK asked to be movable (FLEETLENS_MOVABLE, job(movable=True))
     memory_fraction: float | None = None  # the CUDA memory cap the SDK computed (None: no cap)
     memory_note: str | None = None  # where that cap came from, or why there is none
+    # the SDK's process is the batch step's own (its parent is the job's `slurmstepd: [<id>.batch]`: the script
+    # exec'd it), so the checkpoint signal sent to the batch step reaches it; None: not known (an older SDK)
+    batch_step: bool | None = None
 
 
 def job_folder(settings: Settings, workflow_id: str) -> str:

@@ -2,11 +2,13 @@
 
 A job becomes the workflow `slurm-<id>` (the id the agent gives its processes through SLURM_JOB_ID) with its team
 (its account or partition, FLEETLENS_SLURM_TEAM_FROM, renamed by FLEETLENS_SLURM_TEAMS), and a `slurm_jobs` row with
-its request, time limit, the GPUs it holds and whether it opted in to be moved (its --comment, or its fleetlens SDK's
-start mark in its checkpoint location: store.slurm_marks). A node becomes a host, its GPUs
-devices (source "slurm"; a node whose agent registered its GPUs keeps them), and a running job's GPUs placements
-(a shard job's compute share is its shards over the GPU's). A Slurm job is never `managed` in the agents' sense:
-only the Slurm actuator moves it, and only when `slurm_jobs.opted_in` says so.
+its request, time limit, the GPUs it holds and whether it opted in to be moved (its --comment, or its fleetlens
+SDK's start mark in its checkpoint location: store.slurm_marks). A node becomes a host, its GPUs devices (source
+"slurm"; a node whose agent registered its GPUs keeps them), and a running job's GPUs placements, one per GPU on
+every node the job runs on (a shard job's compute share is its shards over the GPU's). The row's `node` and
+`gpu_indices` are the batch script's node and its GPUs there (all of them for a job on one node); the workflow's
+labels keep every node's (`slurm_gpus`), and its `gpus` counts the whole GPUs held on all of them. A Slurm job is
+never `managed` in the agents' sense: only the Slurm actuator moves it, and only when `slurm_jobs.opted_in` says so.
 
 Bad input is refused per job where it can be: a gres it cannot read leaves the job observed without GPUs and never
 movable; a job id Slurm reused (slurmctld lost its state) leaves the new job out, with the reason. squeue missing or
@@ -27,6 +29,7 @@ from store.db import Store
 from store.models import Device, Host, Placement, Workflow
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.registry import DeviceSpec, register_devices, register_host
+from store.rows import merge_labels
 from store.settings import Settings
 from store.slurm import (
     HOLDING_STATES,
@@ -94,7 +97,7 @@ def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float
                 continue
             if job.gres_error:
                 result.errors.append(f"slurm job {job.job_id}: {job.gres_error}")
-            _record_job(session, job, settings, devices.get(job.node or "", {}), view, now)
+            _record_job(session, job, settings, devices, view, now)
             seen.add(job.workflow_id)
             result.jobs += 1
             result.opted_in += job.opted_in
@@ -145,12 +148,20 @@ def _team(job: SlurmJob, settings: Settings) -> str | None:
     return settings.slurm_teams.get(key, key) if key else None
 
 
-def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: dict[int, int], view: SlurmView,
-                now: float) -> None:
+def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: dict[str, dict[int, int]],
+                view: SlurmView, now: float) -> None:
+    """The job's workflow, row and placements. `devices`: {node: {GPU index: device id}} of every node."""
     running = job.state in HOLDING_STATES
-    upsert_workflow(session, job.workflow_id, now=now, id_source="slurm", name=job.name, owner=job.user,
-                    team=_team(job, settings), gpus=job.gres.count if job.gres and job.gres.kind == "gpu" else 0,
-                    state="running" if running or job.state in WAITING_STATES else _final(job.state))
+    whole = job.gres is not None and job.gres.kind == "gpu"
+    # whole GPUs on all its nodes (a --gres=gpu:2 job on two nodes holds 4); what it asked for while it holds none
+    gpus = (job.gpus_held if running and job.gpus_held else job.gres.count) if whole and job.gres else 0
+    workflow = upsert_workflow(session, job.workflow_id, now=now, id_source="slurm", name=job.name, owner=job.user,
+                               team=_team(job, settings), gpus=gpus,
+                               state="running" if running or job.state in WAITING_STATES else _final(job.state))
+    # [[node, [GPU index, ...]], ...]: a list, so that it is merged into the labels in SQL as one value (store.rows)
+    held = sorted([node, list(indices)] for node, indices in job.gpus_by_node.items()) if running else []
+    if (workflow.labels or {}).get("slurm_gpus") != held:
+        merge_labels(session, workflow, {"slurm_gpus": held})
     row = session.get(SlurmJobRow, job.workflow_id)
     if row is None:
         row = SlurmJobRow(workflow_id=job.workflow_id, job_id=job.job_id, submit_time=job.submit_time)
@@ -163,32 +174,34 @@ def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: di
     row.gpu_indices = list(job.gpu_indices) if running else []
     row.requeue, row.restart_count, row.comment = job.requeue, job.restart_count, job.comment
     row.opted_in, row.not_movable_reason, row.seen_at = job.opted_in, job.not_movable_reason, now
-    node = view.nodes.get(job.node or "")
-    shares: dict[int, float] = {}
+    shares: dict[int, tuple[str, float]] = {}
     if running and job.gres is not None and not job.gres_error:
-        for i in job.gpu_indices:
-            of_gpu = node.shards_on(i) if node else 0  # a node's GPUs may have different numbers of shards
-            if i in devices:
-                shares[devices[i]] = 1.0 if job.gres.kind == "gpu" or not of_gpu else shard_share(
-                    job.gres.count, len(job.gpu_indices), of_gpu)
-    _place(session, job.workflow_id, shares, job.node, now)
+        for name, indices in job.gpus_by_node.items():  # every node of the job, its own GPUs and shards each
+            node, on_node = view.nodes.get(name), devices.get(name, {})
+            for i in indices:
+                of_gpu = node.shards_on(i) if node else 0  # a node's GPUs may have different numbers of shards
+                if i in on_node:
+                    shares[on_node[i]] = (name, 1.0 if job.gres.kind == "gpu" or not of_gpu else shard_share(
+                        job.gres.count, len(indices), of_gpu))
+    _place(session, job.workflow_id, shares, now)
 
 
 def _final(state: str) -> str:
     return "finished" if state == "COMPLETED" else "failed"
 
 
-def _place(session: Session, workflow_id: str, shares: dict[int, float], host: str | None, now: float) -> None:
-    """The job's active placements are exactly its GPUs now: new ones opened, others ended."""
+def _place(session: Session, workflow_id: str, shares: dict[int, tuple[str, float]], now: float) -> None:
+    """The job's active placements are exactly its GPUs now, on whichever of its nodes each is ({device id: (host,
+    compute share)}): new ones opened, others ended."""
     open_rows = {p.device_id: p for p in session.scalars(select(Placement).where(
         Placement.workflow_id == workflow_id, Placement.state == "active"))}
     for device_id, row in open_rows.items():
         if device_id not in shares:
             row.state, row.ended_at = "ended", now
         else:
-            row.compute_share = shares[device_id]
-    for device_id, share in shares.items():
-        if device_id not in open_rows and host:
+            row.compute_share = shares[device_id][1]
+    for device_id, (host, share) in shares.items():
+        if device_id not in open_rows:
             session.add(Placement(workflow_id=workflow_id, device_id=device_id, host_id=host, compute_share=share,
                                   state="active", started_at=now))
 
@@ -202,4 +215,6 @@ def _forget_gone(session: Session, seen: set[str], now: float) -> None:
         wf = session.get(Workflow, row.workflow_id)
         if wf is not None and wf.state == "running":
             wf.state = "finished"
-        _place(session, row.workflow_id, {}, None, now)
+        if wf is not None and (wf.labels or {}).get("slurm_gpus"):
+            merge_labels(session, wf, {"slurm_gpus": []})
+        _place(session, row.workflow_id, {}, now)

@@ -5,13 +5,18 @@
         +----------+-------------+--> failed  +---------+----------+--> rolling_back -> rolled_back
 
 - planned: the job must still be running and opted in (`--comment=fleetlens:movable` or its SDK's start mark,
-  requeueable, on shards: store.slurm.opt_in, decided again from what Slurm and the mark say now); it gets SIGUSR1
-  through `scancel --batch --signal=USR1` (the SDK checkpoints at its next step boundary).
+  requeueable, on shards, on one node: store.slurm.opt_in, decided again from what Slurm and the mark say now), and
+  its start mark must say the SDK is the batch step's own process (the script exec'd it): `scancel --batch` signals
+  that process alone, and a batch script that runs the training as its child (no `exec`, or through srun) is killed
+  by SIGUSR1. A mark that says otherwise, or an older SDK's that does not say, fails the move with nothing done. Else
+  it gets SIGUSR1 through `scancel --batch --signal=USR1` (the SDK checkpoints at its next step boundary).
 - signalled: the SDK's manifest (store.slurm_marks) written after the signal names a file whose size and sha256
   fleetlens reads again itself; the checkpoint is then recorded (store.checkpoints). No checkpoint in time, or the
   job ended meanwhile: failed, with nothing changed.
 - checkpointed: a checkpoint older than the limit is asked for again; with no GPU on the node left with enough free
   shards the move stops here (failed, nothing changed); else `scontrol requeuehold` (refused: failed, unchanged).
+  That the hold was sent is recorded first: when its answer is lost (a timeout, slurmctld restarting), the next
+  step finds the job requeued (a higher restart count) and held, and carries on from `held`; never left held.
 - held: `scontrol update gres=<fewer shards>` (refused, or the shards went to another job meanwhile: roll back).
 - updated: `scontrol release`.
 - released: the SDK's start mark of the new run (a higher restart count) must say it restored the recorded
@@ -40,9 +45,9 @@ from store.errors import InvalidInput, NotFound, UpstreamUnavailable
 from store.models import Action, ActionEvent, Device
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
-from store.slurm import HOLDING_STATES, SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
+from store.slurm import HOLDING_STATES, WAITING_STATES, SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli, SlurmRefused
-from store.slurm_marks import job_folder, read_manifest, read_started, sdk_asked_from
+from store.slurm_marks import Started, job_folder, read_manifest, read_started, sdk_asked_from
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +174,13 @@ class SlurmActuator:
                                  f"job {job.job_id}'s fleetlens SDK has not said it is ready for a checkpoint signal "
                                  f"in {self.options.checkpoint_timeout_s:.0f} s; it was not signalled, nothing done")
             return []
+        unsafe = _signal_unsafe(started)
+        if unsafe is not None:
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {job.job_id} was not signalled: {unsafe}; `scancel --batch --signal=USR1` reaches "
+                             "the batch step's own process only, and SIGUSR1 kills a batch script that runs the "
+                             "training as its child. Start it with `exec python train.py` in the batch script (not "
+                             "without exec, not through srun), on a current fleetlens SDK; nothing was done")
         before = read_manifest(self._folder(action_id))  # the checkpoint must be a new one, whatever the clocks say
         self.cli.run("scancel", "--batch", "--signal=USR1", str(job.job_id))
         d = {**d, "signal_at": now, "attempts": int(d.get("attempts", 0)) + 1,
@@ -212,6 +224,9 @@ class SlurmActuator:
 
     def _checkpointed(self, action_id: int, d: dict[str, Any], job: SlurmJob | None,
                       now: float) -> list[StepOutcome]:
+        sent = d.get("hold_sent")
+        if sent is not None and job is not None and job.restart_count > int(sent["restart_count"]):
+            return self._hold_took_effect(action_id, d, job, now)  # the requeuehold was applied, its answer lost
         if job is None or job.state != "RUNNING":
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"job {d['job_id']} is {job.state if job else 'gone'} after its checkpoint; nothing "
@@ -229,13 +244,42 @@ class SlurmActuator:
         room = self._room(job.job_id, d["node"], int(d["new_gres"].split(":")[-1]))
         if room is not None:
             return self._end(action_id, "failed", Step.FAILED, now, False, f"{room}; nothing was changed")
+        d = {**d, "hold_sent": {"at": now, "restart_count": job.restart_count}}
+        if not self._note(action_id, d):  # another enforcer took this step meanwhile
+            return []
         try:
             self.cli.run("scontrol", "requeuehold", str(job.job_id))
         except SlurmRefused as exc:
+            again = self._job(job.job_id)  # refused, or a first requeuehold whose answer was lost went through
+            if again is not None and again.restart_count > job.restart_count:
+                return self._hold_took_effect(action_id, d, again, now)
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"Slurm refused the requeue ({exc}); the job runs on untouched")
         return self._to(action_id, "held", {**d, "held_at": now}, now, Step.STOPPED, True,
                         f"job {job.job_id} requeued and held (its checkpoint is at step {d['checkpoint']['step']})")
+
+    def _hold_took_effect(self, action_id: int, d: dict[str, Any], job: SlurmJob,
+                          now: float) -> list[StepOutcome]:
+        """The job was requeued after fleetlens sent `scontrol requeuehold` whose answer did not come back: held
+        (PENDING, JobHeldUser), the move carries on from `held`; still completing its requeue, wait; anything else
+        (released by someone, or ended) is no longer fleetlens's to change."""
+        held = job.state == "REQUEUE_HOLD" or (job.state in WAITING_STATES and _is_held(job.reason))
+        if held:
+            return self._to(action_id, "held", {**d, "held_at": now}, now, Step.STOPPED, True,
+                            f"job {job.job_id} requeued and held (Slurm's answer to the requeuehold was lost; squeue "
+                            f"shows it {job.state}, {job.reason}, restart {job.restart_count}; its checkpoint is at "
+                            f"step {d['checkpoint']['step']})")
+        if job.state in ("REQUEUED", "REQUEUE_FED") or (job.state in HOLDING_STATES and job.state != "RUNNING"):
+            return []  # still on its way back to the queue (COMPLETING, REQUEUED): held next
+        if job.state in GONE_STATES:
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {job.job_id} is {job.state} after its requeuehold (whose answer was lost); "
+                             "nothing is left to release")
+        return self._end(action_id, "failed", Step.FAILED, now, False,
+                         f"job {job.job_id} was requeued by the requeuehold (whose answer was lost) but is not held "
+                         f"now ({job.state}, {job.reason or 'no reason given'}: released by someone else?); it runs "
+                         f"or waits with its old request {d['old_gres']} and resumes from its checkpoint at step "
+                         f"{d['checkpoint']['step']}; fleetlens changes nothing more")
 
     def _held(self, action_id: int, d: dict[str, Any], job: SlurmJob | None, now: float) -> list[StepOutcome]:
         if job is None or job.state in GONE_STATES:
@@ -298,7 +342,7 @@ class SlurmActuator:
         if job.state == "RUNNING":
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"{why}; meanwhile Slurm started job {d['job_id']} with {job.gres}: it runs on so")
-        if not (job.reason or "").lower().startswith(("jobheld", "job requeued in held")):
+        if not _is_held(job.reason):
             self.cli.run("scontrol", "hold", str(job.job_id))
         if job.gres is None or str(job.gres) != d["old_gres"]:
             self.cli.run("scontrol", "update", f"jobid={job.job_id}", f"gres={d['old_gres']}")
@@ -310,12 +354,19 @@ class SlurmActuator:
     # ---- helpers ------------------------------------------------------------------------------------------------
 
     def _job(self, job_id: int) -> SlurmJob | None:
+        """What Slurm says of one job now, with its opt-in read from its start mark. squeue 22.05 lists every job
+        whatever `--jobs` says, so the others are dropped before they are read: one start mark per step, not one per
+        job in the queue."""
         try:
-            _, jobs = parse_jobs(self.cli.json("squeue", f"--jobs={job_id}"), sdk_asked=sdk_asked_from(self.settings))
+            doc = self.cli.json("squeue", f"--jobs={job_id}")
         except SlurmRefused as exc:
             if "invalid job id" in str(exc).lower():
                 return None
             raise
+        mine = [j for j in doc.get("jobs") or [] if isinstance(j, dict) and str(j.get("job_id")) == str(job_id)]
+        asked = sdk_asked_from(self.settings)
+        _, jobs = parse_jobs({**doc, "jobs": mine},
+                             sdk_asked=lambda j, submit, restart: j == job_id and asked(j, submit, restart))
         return jobs.get(job_id)
 
     def _room(self, job_id: int, node_name: str | None, shards: int) -> str | None:
@@ -333,17 +384,17 @@ class SlurmActuator:
         free = free_shards(node, jobs, leaving=job_id)
         if any(n >= shards for n in free.values()):
             return None
-        holders = {j.job_id: f"{j.gres}@{list(j.gpu_indices)}" for j in jobs.values()
-                   if j.node == node.name and j.state in HOLDING_STATES and j.job_id != job_id}
+        holders = {j.job_id: f"{j.gres}@{list(j.gpus_on(node.name))}" for j in jobs.values()
+                   if j.gpus_on(node.name) and j.state in HOLDING_STATES and j.job_id != job_id}
         return (f"no free shard is left on {node.name}: no GPU there has {shards} shards free that no whole-GPU job "
                 f"holds (free per GPU {free}; held by jobs {holders})")
 
     def _whole_holders(self, job: SlurmJob) -> list[int]:
         """The running whole-GPU jobs on one of the GPUs `job` was given."""
         _, jobs = parse_jobs(self.cli.json("squeue"))
-        return sorted(j.job_id for j in jobs.values() if j.job_id != job.job_id and j.node == job.node
+        return sorted(j.job_id for j in jobs.values() if j.job_id != job.job_id and job.node is not None
                       and j.state == "RUNNING" and j.gres is not None and j.gres.kind == "gpu"
-                      and set(j.gpu_indices) & set(job.gpu_indices))
+                      and set(j.gpus_on(job.node)) & set(job.gpu_indices))
 
     def _created(self, action_id: int) -> float:
         with self.store.session() as session:
@@ -355,6 +406,17 @@ class SlurmActuator:
     def _workflow(self, action_id: int) -> str:
         with self.store.session() as session:
             return session.get(Action, action_id).workflow_id
+
+    def _note(self, action_id: int, detail: dict[str, Any]) -> bool:
+        """Record `detail` without a step (what is about to be sent), if the action is still in the state this step
+        was decided in; False when another enforcer moved it on meanwhile."""
+        with self.store.session() as session:
+            query = select(Action).where(Action.id == action_id)
+            action = session.scalar(query.with_for_update() if self.store.is_postgres else query)
+            if self._stepping is not None and self._stepping != (action_id, action.state):
+                return False
+            action.detail = detail
+            return True
 
     def _to(self, action_id: int, state: str, detail: dict[str, Any], now: float, step: Step | None, ok: bool,
             message: str, training_step: int | None = None) -> list[StepOutcome]:
@@ -379,3 +441,21 @@ class SlurmActuator:
             detail = {**dict(session.get(Action, action_id).detail or {}), **(extra or {}),
                       "outcome": message}
         return self._to(action_id, state, detail, now, step, ok, message, training_step)
+
+
+def _is_held(reason: str | None) -> bool:
+    """Whether Slurm's state_reason says the job is held (by its user, an admin, or a requeuehold)."""
+    return (reason or "").lower().startswith(("jobheld", "job requeued in held"))
+
+
+def _signal_unsafe(started: Started) -> str | None:
+    """Why the checkpoint signal must not be sent to the job whose current start mark is `started` (None: safe): its
+    SDK is not the batch step's own process, or its mark, from an SDK older than that check, does not say. Not knowing
+    counts as unsafe: a job lost to the signal is worse than a job not moved."""
+    if started.batch_step is True:
+        return None
+    if started.batch_step is False:
+        return ("its fleetlens SDK runs as a child of the batch script, not as the batch step's own process (the "
+                "script started it without `exec`, or through srun)")
+    return ("its start mark does not say whether its fleetlens SDK is the batch step's own process (a mark from an "
+            "SDK older than that check)")
