@@ -126,3 +126,16 @@ def sdk_asked_from(settings: Settings) -> SdkAsked:
             return False
         return asked_to_move(started, job_id, submit_time, restart_count)
     return asked
+
+
+def signal_unsafe(started: Started) -> str | None:
+    """Why the checkpoint signal must not be sent to the job whose current start mark is `started` (None: safe): its
+    SDK is not the batch step's own process, or its mark, from an SDK older than that check, does not say. Not knowing
+    counts as unsafe: a job lost to the signal is worse than a job not moved."""
+    if started.batch_step is True:
+        return None
+    if started.batch_step is False:
+        return ("its fleetlens SDK runs as a child of the batch script, not as the batch step's own process (the "
+                "script started it without `exec`, or through srun)")
+    return ("its start mark does not say whether its fleetlens SDK is the batch step's own process (a mark from an "
+            "SDK older than that check)")

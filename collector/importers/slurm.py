@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from store.db import Store
+from store.errors import InvalidInput
 from store.models import Device, Host, Placement, Workflow
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.registry import DeviceSpec, register_devices, register_host
@@ -43,7 +44,7 @@ from store.slurm import (
     shard_share,
 )
 from store.slurm_cli import SlurmCli
-from store.slurm_marks import sdk_asked_from
+from store.slurm_marks import job_folder, read_started, sdk_asked_from, signal_unsafe
 from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float
                 continue
             if job.gres_error:
                 result.errors.append(f"slurm job {job.job_id}: {job.gres_error}")
+            job = _unless_signal_unsafe(job, settings)
             _record_job(session, job, settings, devices, view, now)
             seen.add(job.workflow_id)
             result.jobs += 1
@@ -105,6 +107,25 @@ def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float
     for error in result.errors:
         log.warning("%s", error)
     return result
+
+
+def _unless_signal_unsafe(job: SlurmJob, settings: Settings) -> SlurmJob:
+    """An opted-in job whose own start mark says the checkpoint signal would kill it (its SDK is not the batch step's
+    process) is recorded as not movable, with the reason, so that no cycle plans a move the actuator must refuse. A
+    job with no mark yet stays as it is: the actuator waits for its mark before it signals."""
+    if not job.opted_in:
+        return job
+    try:
+        started = read_started(job_folder(settings, job.workflow_id))
+    except (InvalidInput, OSError) as exc:
+        log.warning("slurm job %s: its start mark cannot be read (%s)", job.job_id, exc)
+        return job
+    unsafe = signal_unsafe(started) if started is not None and started.job_id == job.job_id else None
+    if unsafe is None:
+        return job
+    return replace(job, opted_in=False, not_movable_reason=(
+        f"opted in, but {unsafe}: the checkpoint signal would kill it; start it with `exec python train.py` in the "
+        "batch script"))
 
 
 def _node_devices(session: Session, slurm_node: SlurmNode, now: float) -> dict[int, int]:

@@ -47,7 +47,7 @@ from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
 from store.slurm import HOLDING_STATES, WAITING_STATES, SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli, SlurmRefused
-from store.slurm_marks import Started, job_folder, read_manifest, read_started, sdk_asked_from
+from store.slurm_marks import job_folder, read_manifest, read_started, sdk_asked_from, signal_unsafe
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class SlurmActuator:
                                  f"job {job.job_id}'s fleetlens SDK has not said it is ready for a checkpoint signal "
                                  f"in {self.options.checkpoint_timeout_s:.0f} s; it was not signalled, nothing done")
             return []
-        unsafe = _signal_unsafe(started)
+        unsafe = signal_unsafe(started)
         if unsafe is not None:
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"job {job.job_id} was not signalled: {unsafe}; `scancel --batch --signal=USR1` reaches "
@@ -446,16 +446,3 @@ class SlurmActuator:
 def _is_held(reason: str | None) -> bool:
     """Whether Slurm's state_reason says the job is held (by its user, an admin, or a requeuehold)."""
     return (reason or "").lower().startswith(("jobheld", "job requeued in held"))
-
-
-def _signal_unsafe(started: Started) -> str | None:
-    """Why the checkpoint signal must not be sent to the job whose current start mark is `started` (None: safe): its
-    SDK is not the batch step's own process, or its mark, from an SDK older than that check, does not say. Not knowing
-    counts as unsafe: a job lost to the signal is worse than a job not moved."""
-    if started.batch_step is True:
-        return None
-    if started.batch_step is False:
-        return ("its fleetlens SDK runs as a child of the batch script, not as the batch step's own process (the "
-                "script started it without `exec`, or through srun)")
-    return ("its start mark does not say whether its fleetlens SDK is the batch step's own process (a mark from an "
-            "SDK older than that check)")

@@ -1,8 +1,8 @@
 """The Slurm actuator's guards, against the real cluster: a requeuehold that Slurm applied but whose answer was lost
 (slurmctld's "Unexpected message received") is found on the next step, held, and the move goes on to its end; a job
-whose training runs as a child of its batch script (no `exec`), or whose start mark is an older SDK's that does not
-say, is never signalled; and one step reads the start mark of its own job only, though squeue 22.05 lists every job
-whatever `--jobs` says (checked here too)."""
+whose training runs as a child of its batch script (no `exec`) is recorded as not movable when imported, and one
+whose start mark (come after the import) is an older SDK's that does not say is never signalled; and one step reads
+the start mark of its own job only, though squeue 22.05 lists every job whatever `--jobs` says (checked here too)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import store.slurm_marks
 from collector.importers.slurm import import_slurm
 from enforcer.actuators.base import Move
 from enforcer.actuators.slurm import SlurmActuator
-from store.errors import UpstreamUnavailable
+from store.errors import InvalidInput, UpstreamUnavailable
 from store.models import Action, ActionEvent
+from store.models_slurm import SlurmJob
 from store.slurm_cli import SlurmCli
 from store.slurm_marks import STARTED, Started, job_folder, read_manifest, read_started, write_mark
 from tests.slurm.cluster import drive_to_end, job_processes, train_command
@@ -86,15 +87,15 @@ def test_a_job_that_runs_its_training_without_exec_is_never_signalled(slurm, job
     slurm.wait_running(job)
     folder = job_folder(slurm_settings, f"slurm-{job}")
     slurm.wait(lambda: read_started(folder), timeout=90)
-    actuator, action_id = _begin(sqlite_store, slurm_settings, job)
-    state = drive_to_end(actuator, action_id, timeout_s=30)
+    assert read_started(folder).batch_step is False  # its parent is the batch script, not slurmstepd
+    # the import reads its mark: observed and advised only, so no cycle plans a move the actuator must refuse
+    with pytest.raises(InvalidInput, match="observed and advised only.*without `exec`.*exec python train.py"):
+        _begin(sqlite_store, slurm_settings, job)
+    with sqlite_store.session() as s:
+        assert not s.get(SlurmJob, f"slurm-{job}").opted_in
     time.sleep(2)  # had USR1 been sent, the batch script would be dead by now (WTERMSIG 10)
     now = slurm.job(job)
     assert (now["job_state"], now["restart_cnt"], now["tres_per_node"]) == ("RUNNING", 0, "gres:shard:2")
-    assert state == "failed"
-    error = _error(sqlite_store, action_id)
-    assert "was not signalled" in error and "without `exec`" in error and "exec python train.py" in error
-    assert read_started(folder).batch_step is False  # its parent is the batch script, not slurmstepd
     assert read_manifest(folder) is None and len(job_processes(job)) == 1
 
 
@@ -109,8 +110,8 @@ def _old_mark(folder: str, job_id: int) -> None:
 def test_a_start_mark_of_an_sdk_that_does_not_say_is_refused(slurm, sqlite_store, slurm_settings, tmp_path):
     job = slurm.submit("sleep 300", gres="shard:2", comment="fleetlens:movable", cwd=tmp_path, name="old-sdk")
     slurm.wait_running(job)
-    _old_mark(job_folder(slurm_settings, f"slurm-{job}"), job)
-    actuator, action_id = _begin(sqlite_store, slurm_settings, job)
+    actuator, action_id = _begin(sqlite_store, slurm_settings, job)  # no mark when imported: movable by its comment
+    _old_mark(job_folder(slurm_settings, f"slurm-{job}"), job)  # the mark the actuator reads before it signals
     state = drive_to_end(actuator, action_id, timeout_s=30)
     time.sleep(2)  # a signalled `sleep` batch script dies of USR1
     now = slurm.job(job)
