@@ -9,7 +9,11 @@ function trainable sees only the first bundle, so the placement group is one {"G
 `tune.get_context().get_trial_resources()`); the allocation function is an object, never a bound method.
 
 A trial reports `fleetlens_step_s` (its seconds per step alone on one GPU, as the SDK measured and normalised it)
-and `fleetlens_steps_left` (steps left in its round) with each result. Every reallocation is kept in `log` in order;
+and `fleetlens_steps_left` (steps left in its round) with each result, and should report `fleetlens_gpu_ids`
+(`ray.get_gpu_ids()`): Ray keeps a fractional bundle on the GPU it placed it on, so the controller counts GPUs shared
+by trials that said where they are once, and any other share as a GPU of its own (a growth then waits longer). The
+controller learns the width a trial runs at from its placement group at every result, and the width Ray retries a
+trial that died at (its last placement group: Ray does not reset it). Every reallocation is kept in `log` in order;
 every event (start, resize, keep with its reason, finish, died) is handed to `on_event` (`StoreRecorder` writes them
 to the store).
 """
@@ -37,12 +41,18 @@ from store.sweeps import record_event, record_sweep
 
 STEP_S = "fleetlens_step_s"
 STEPS_LEFT = "fleetlens_steps_left"
+GPU_IDS = "fleetlens_gpu_ids"
 BASES = ("asha", "hyperband", "sha")
 
 
 def bundle(width: float, cpu: float) -> PlacementGroupFactory:
     """One bundle: a function trainable sees only the first."""
     return PlacementGroupFactory([{"CPU": cpu, "GPU": width}])
+
+
+def gpus_of(resources: PlacementGroupFactory | None) -> float:
+    """The GPUs a placement group factory asks for."""
+    return 0.0 if resources is None else float(resources.required_resources.get("GPU", 0.0))
 
 
 def base_scheduler(name: str, *, metric: str, mode: str, max_t: int, grace_period: int = 1,
@@ -95,6 +105,7 @@ class FluidScheduler(ResourceChangingScheduler):
         self.on_event = on_event
         self.cpu_per_trial = cpu_per_trial
         self._sent = 0
+        self._died: set[str] = set()  # trials that died: Ray may add them again to retry them
         super().__init__(base_scheduler=base,
                          resources_allocation_function=FluidAllocation(self.controller, cpu_per_trial,
                                                                        self.clock))
@@ -108,10 +119,24 @@ class FluidScheduler(ResourceChangingScheduler):
         return bundle(1.0, self.cpu_per_trial)
 
     def on_trial_add(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
-        self.controller.add(trial.trial_id, trial.experiment_tag or trial.trial_id, 0.0)
+        group = trial.experiment_tag or trial.trial_id
+        if trial.trial_id in self._died:
+            # Ray retries it (TuneController._requeue_trial: on_trial_error, then on_trial_add) with the placement
+            # group it held, or the one a pending resize gives it: not the base width
+            self._died.discard(trial.trial_id)
+            width = gpus_of(self._trials_to_reallocate.get(trial) or trial.placement_group_factory)
+            self.controller.retried(trial.trial_id, group, width, now=self.clock())
+            self._publish()
+        else:
+            self.controller.add(trial.trial_id, group, 0.0)
         super().on_trial_add(tune_controller, trial, **kwargs)
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        # what Ray runs it at: its placement group (a resize takes effect only at the restart after its result)
+        ids = result.get(GPU_IDS)
+        node = result.get("node_ip", "")
+        self.controller.running(trial.trial_id, gpus_of(trial.placement_group_factory),
+                                [f"{node}/{i}" for i in ids] if ids else None, now=self.clock())
         decision = super().on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.PAUSE and trial in self._trials_to_reallocate:
             self._unpause_after_resize(trial)
@@ -135,9 +160,10 @@ class FluidScheduler(ResourceChangingScheduler):
         super().on_trial_complete(tune_controller, trial, result, **kwargs)
 
     def on_trial_error(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
-        # a trial that died (during a restart too) gives its GPUs back; Ray retries it (then it comes back at its
-        # next result) or reports it failed
+        # a trial that died (during a restart too) gives its GPUs back; Ray retries it (on_trial_add: it comes back
+        # with the placement group it held) or reports it failed
         self.controller.finished(trial.trial_id, "died: its GPUs went back to the sweep", died=True, now=self.clock())
+        self._died.add(trial.trial_id)
         self._publish()
         super().on_trial_error(tune_controller, trial, **kwargs)
 

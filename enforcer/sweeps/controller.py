@@ -6,6 +6,17 @@ state, re-plans with `enforcer.sweeps.fluid.plan` on each event, and hands a tri
 reports: a shrink at once, a growth only once the GPUs it needs are free (else it waits for a later result). Every
 width it hands out is logged as a `Reallocation`, in order. The live scheduler (collector.tune) and the simulator's
 model of Ray Tune (enforcer.sim.sweeps.tune_model) drive this one class, so both make the same decisions.
+
+The engine, not the controller, says what a trial runs at: at every result (`running`: its placement group's GPUs
+and, when the trial reports them, which GPUs those are) and when it retries a trial that died (`retried`: Ray Tune
+keeps a resized trial's placement group on a retry). The controller follows it.
+
+Free GPUs are counted as Ray places bundles, not as `speed.gpu_cost` packs them: a whole-GPU bundle takes whole
+GPUs that hold nothing else, and a fractional bundle stays on the one GPU Ray put it on until it ends, whatever
+leaves that GPU meanwhile. So a share counts once per GPU its trial reported at its current width (shares reported on
+one GPU count that GPU once), and a share not reported yet counts as a GPU of its own. A growth to w GPUs is handed
+out only when w GPUs hold nothing (a growth to a share: one GPU), after the others and the profiling steps the plan
+starts (one GPU each): never a width Ray cannot place beside what it holds.
 """
 
 from __future__ import annotations
@@ -13,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from enforcer.sweeps.fluid import Decision, FluidConfig, Kind, TrialState, plan
-from enforcer.sweeps.speed import gpu_cost
 from store.errors import InvalidInput
 
 
@@ -51,6 +61,7 @@ class SweepController:
         self.log: list[Reallocation] = []
         self.notes: list[tuple[str, str]] = []  # (trial, reason) of decisions that held a trial back
         self.events: list[Event] = []
+        self.placed: dict[str, tuple[float, frozenset[str]]] = {}  # trial -> (width, the GPUs it reported there)
         self._now = 0.0
 
     # ---- events
@@ -64,10 +75,42 @@ class SweepController:
         t = self._get(trial_id)
         self.trials[trial_id] = replace(t, width=self.base_width if width is None else width)
 
+    def retried(self, trial_id: str, group: str, width: float, *, now: float = 0.0) -> None:
+        """The engine retries a trial that died, from its last checkpoint, at `width`: the placement group it last held
+        or was being resized to (Ray Tune keeps it on a retry, it does not go back to the base width). It holds those
+        GPUs from now (it waits for them, then runs) and is planned again from its next result."""
+        self._now = now
+        self.add(trial_id, group, 0.0)
+        self.trials[trial_id] = replace(self.trials[trial_id], width=width)
+        self.events.append(Event("start", trial_id, 0.0, width, "came back after it died", None, now))
+        self._replan()
+
+    def running(self, trial_id: str, width: float, gpus: list[str] | None = None, *, now: float = 0.0) -> None:
+        """The engine reports a result of the trial: it runs at `width` (Ray: its placement group's GPUs), on `gpus`
+        when the trial reports them (ids unique across the cluster: node and GPU). The controller follows the engine;
+        a width it did not hand out is recorded as a resize with the reason."""
+        self._now = now
+        back = trial_id not in self.trials
+        if back:  # back after a failure without the engine saying so: planned again from here
+            self.add(trial_id, trial_id, 0.0)
+        t = self.trials[trial_id]
+        if t.width <= 0:
+            self.events.append(Event("start", trial_id, 0.0, width, "came back after it died" if back else "",
+                                     t.remaining_steps, now))
+        elif abs(t.width - width) > 1e-9:
+            self.events.append(Event("resize", trial_id, t.width, width, f"the engine runs it at {width:g} GPUs",
+                                     t.remaining_steps, now))
+        self.trials[trial_id] = replace(t, width=width)
+        if gpus:
+            self.placed[trial_id] = (width, frozenset(gpus))
+        else:
+            self.placed.pop(trial_id, None)
+
     def on_result(self, trial_id: str, step_s: float | None, steps_left: float, *, checkpointed: bool = True,
                   now: float = 0.0) -> float:
         """A result of a running trial: its measured seconds per step alone (None: not reported) and steps left.
-        Returns the width it should run at from now (its current one when nothing changes)."""
+        Returns the width it should run at from now (its current one when nothing changes). Without `running` first,
+        a trial's first result finds it at the base width."""
         self._now = now
         back = trial_id not in self.trials
         if back:  # back after a failure (the engine retried it): planned again from here
@@ -91,11 +134,31 @@ class SweepController:
             self.events.append(Event("died" if died else "finish", trial_id, t.width, 0.0, reason, t.remaining_steps,
                                      self._now))
         self.planned.pop(trial_id, None)
+        self.placed.pop(trial_id, None)
         self._replan()
 
     # ---- reading
     def width(self, trial_id: str) -> float:
         return self._get(trial_id).width
+
+    def held(self, but: str = "") -> int:
+        """GPUs that hold something, as Ray places bundles (the module's doc), for the running trials other than
+        `but` and one GPU for each profiling step the plan starts."""
+        whole, loose = 0, 0
+        shared: set[str] = set()
+        for o in self.trials.values():
+            if not o.running or o.trial_id == but:
+                continue
+            if o.width >= 1.0 - 1e-9:
+                whole += round(o.width)
+                continue
+            width, gpus = self.placed.get(o.trial_id, (0.0, frozenset()))
+            if gpus and abs(width - o.width) <= 1e-9:
+                shared |= gpus
+            else:
+                loose += 1
+        profiles = sum(1 for d in self.planned.values() if d.kind == Kind.PROFILE and d.trial_id != but)
+        return whole + len(shared) + loose + profiles
 
     def sequence(self) -> list[tuple[str, float, float]]:
         return [(r.trial_id, r.old_width, r.new_width) for r in self.log]
@@ -123,8 +186,7 @@ class SweepController:
         d = self.planned.get(trial_id)
         if d is None or d.kind != Kind.RESIZE or abs(d.new_width - t.width) < 1e-9:
             return t.width
-        others = [o.width for o in self.trials.values() if o.running and o.trial_id != trial_id]
-        if d.new_width > t.width and gpu_cost([*others, d.new_width]) > self.config.gpus:
+        if d.new_width > t.width and self.held(trial_id) + max(1, round(d.new_width)) > self.config.gpus:
             return t.width  # the GPUs it grows into are not free yet: at a later result
         self.log.append(Reallocation(len(self.log), trial_id, t.width, d.new_width, d.kind, d.reason, now))
         self.events.append(Event("resize", trial_id, t.width, d.new_width, d.reason, t.remaining_steps, now))

@@ -8,7 +8,8 @@ alone on one GPU times the steps left in its round. Each measured trial starts a
 and the widths are then brought to the n GPUs at hand: while they need more, the trial that would finish first
 gives up a level (and when every trial is at 1/c, the shortest waits); while GPUs are left, a waiting trial starts,
 else the trial that would finish last takes the next level (the public code grows the wrong end). Levels are 1/c ..
-1/2 (lanes on one GPU) and 1 .. d (data-parallel); `SpeedModel` says how fast each runs.
+1/2 (lanes on one GPU; for c > 3 only 1/c and 1/(c-1), `SpeedModel.levels`) and 1 .. d (data-parallel);
+`SpeedModel` says how fast each runs.
 
 - A trial with no measurement (or a height of zero) first runs one step alone, on a whole GPU, to get one.
 - Static mode fills a group once: when all its trials are measured, then never resizes a running trial. Dynamic

@@ -45,8 +45,14 @@ class SpeedModel:
         return len(self.share_speeds)
 
     def levels(self) -> list[float]:
-        """Every width a trial may get, smallest first: 1/c .. 1/2, then 1 .. d."""
-        return [1.0 / k for k in range(self.max_share, 1, -1)] + [float(w) for w in range(1, self.max_span + 1)]
+        """Every width a trial may get, smallest first: the shares 1/k (k = c down to 2) that keep k the most trials on
+        their GPU, then 1 .. d. Ray puts a fractional bundle on any GPU it fits (NodeResourceInstanceSet::TryAllocate),
+        so a 1/k share may meet any others: beside shares of at least 1/c it has at most 1 + floor((1 - 1/k) c) trials
+        on its GPU, at most k when (k - 1) c < k^2. So c <= 3 keeps every share from 1/c to 1/2; a larger c only 1/c
+        and 1/(c - 1), and no share runs slower than `speed` says."""
+        c = self.max_share
+        shares = [1.0 / k for k in range(c, 1, -1) if (k - 1) * c < k * k]
+        return shares + [float(w) for w in range(1, self.max_span + 1)]
 
     def speed(self, width: float) -> float:
         if width <= 0.0:

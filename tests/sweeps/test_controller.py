@@ -34,21 +34,89 @@ def test_a_growth_waits_for_free_gpus_and_a_shrink_comes_first() -> None:
     assert ctrl.sequence() == [("a", 1.0, 3.0), ("a", 3.0, 2.0), ("b", 1.0, 2.0)]
 
 
-def test_a_trial_that_dies_gives_its_gpus_back_and_is_planned_again_if_it_returns() -> None:
+def test_a_trial_that_dies_gives_its_gpus_back_and_a_retry_takes_the_width_it_held() -> None:
+    """Ray retries a trial with the placement group it last held (TuneController._requeue_trial keeps it), not the
+    base width: the controller counts those GPUs from the retry, and the others give them back."""
     ctrl = SweepController(FluidConfig(4, SPEED, restart_s=0.0))
     for t in ("a", "b"):
         ctrl.add(t, "g", 10)
-    ctrl.on_result("a", 10.0, 9)
+    assert ctrl.on_result("a", 10.0, 9) == 3.0
     ctrl.finished("a", "died: its GPUs went back to the sweep", died=True)
     assert [e.kind for e in ctrl.events if e.trial_id == "a"] == ["start", "resize", "died"]
-    assert ctrl.on_result("b", 10.0, 9) == 4.0  # a's GPUs are b's now
-    assert ctrl.on_result("a", 10.0, 9) == 1.0  # a retried: back at the base width, nothing lost
+    ctrl.retried("a", "g", 3.0)  # Ray retries it at once (on_trial_error, then on_trial_add), on 3 GPUs
     back = [e for e in ctrl.events if e.trial_id == "a"][-1]
-    assert back.kind == "start" and "came back" in back.reason
+    assert (back.kind, back.new_width) == ("start", 3.0) and "came back" in back.reason
+    assert ctrl.width("a") == 3.0
+    assert ctrl.on_result("b", 10.0, 9) == 1.0  # a's GPUs are not b's: Ray gives them to a again
+    ctrl.running("a", 3.0)
+    assert ctrl.held() == 4
+    assert ctrl.on_result("a", 10.0, 8) == 2.0  # measured again: planned from its own 3 GPUs, one goes to b
+    assert ctrl.on_result("b", 10.0, 8) == 2.0
+    assert ctrl.sequence() == [("a", 1.0, 3.0), ("a", 3.0, 2.0), ("b", 1.0, 2.0)]
+    ctrl.finished("a", "died", died=True)  # not retried (its last failure): b takes its GPUs
+    assert ctrl.on_result("b", 10.0, 7) == 4.0
     with pytest.raises(InvalidInput):
         ctrl.add("b", "g", 1)
     with pytest.raises(InvalidInput):
         ctrl.width("zzz")
+
+
+def test_the_controller_follows_the_width_the_engine_runs_a_trial_at() -> None:
+    ctrl = SweepController(FluidConfig(4, SPEED, restart_s=0.0))
+    ctrl.add("a", "g", 10)
+    ctrl.running("a", 2.0)  # its first result: started at 2 GPUs, not the base width
+    assert ctrl.width("a") == 2.0 and ctrl.events[-1].kind == "start" and ctrl.events[-1].new_width == 2.0
+    ctrl.running("a", 3.0)  # a width it did not hand out: followed, and recorded
+    assert ctrl.width("a") == 3.0 and ctrl.events[-1].kind == "resize" and "engine" in ctrl.events[-1].reason
+    ctrl.running("zzz", 1.0)  # back without the engine saying so
+    assert ctrl.width("zzz") == 1.0 and "came back" in ctrl.events[-1].reason
+
+
+def _fragmented() -> SweepController:
+    """The reviewer's sequence on 4 GPUs: halves a and b on GPU 0 (Ray's best fit), c on GPU 1, d on GPU 2; none
+    of a, b, c can be resized (no checkpoint), so only d moves."""
+    ctrl = SweepController(FluidConfig(4, SPEED, restart_s=0.0))
+    for t in "abcd":
+        ctrl.add(t, "g", 10)
+    for t, width, gpu in (("a", 0.5, "n/0"), ("b", 0.5, "n/0"), ("c", 0.5, "n/1"), ("d", 1.0, "n/2")):
+        ctrl.running(t, width, [gpu])
+    for t in "abc":
+        assert ctrl.on_result(t, 0.1, 10, checkpointed=False) == 0.5
+    return ctrl
+
+
+def test_a_growth_waits_for_gpus_that_hold_no_share() -> None:
+    """Ray keeps a fractional bundle on its GPU: with b gone, a (GPU 0) and c (GPU 1) hold two GPUs, not the one
+    gpu_cost packs them into, and a three-GPU bundle does not fit beside them."""
+    ctrl = _fragmented()
+    assert ctrl.held("d") == 2  # a and b share GPU 0
+    assert ctrl.on_result("d", 10.0, 10) == 2.0  # GPUs 2 and 3 hold nothing: placed
+    ctrl.running("d", 2.0, ["n/2", "n/3"])
+    ctrl.finished("b")
+    assert ctrl.planned["d"].new_width == 3.0  # the plan packs a and c into one GPU...
+    assert ctrl.held("d") == 2
+    assert ctrl.on_result("d", 10.0, 9) == 2.0  # ...Ray cannot: the growth waits
+    assert ctrl.sequence() == [("d", 1.0, 2.0)]
+    ctrl.finished("c")  # GPU 1 holds nothing now
+    assert ctrl.on_result("d", 10.0, 8) == 3.0
+    assert ctrl.sequence() == [("d", 1.0, 2.0), ("d", 2.0, 3.0)]
+
+
+def test_a_share_that_did_not_say_where_it_runs_counts_as_a_gpu_of_its_own() -> None:
+    ctrl = SweepController(FluidConfig(4, SPEED, restart_s=0.0))
+    for t in "abd":
+        ctrl.add(t, "g", 10)
+    ctrl.running("a", 0.5)
+    ctrl.running("b", 0.5)
+    ctrl.running("d", 1.0)
+    for t in "ab":
+        ctrl.on_result(t, 0.1, 10, checkpointed=False)
+    assert ctrl.held("d") == 2
+    assert ctrl.on_result("d", 10.0, 10) == 1.0  # gpu_cost([0.5, 0.5, 3]) is 4: it would hand out 3
+    assert ctrl.planned["d"].new_width == 3.0
+    ctrl.running("a", 0.5, ["n/0"])
+    ctrl.running("b", 0.5, ["n/0"])  # now known to share one GPU
+    assert ctrl.held("d") == 1 and ctrl.on_result("d", 10.0, 9) == 3.0
 
 
 def test_more_trials_than_the_fleet_holds_each_keep_a_record() -> None:

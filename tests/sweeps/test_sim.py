@@ -9,7 +9,7 @@ import pytest
 from enforcer.sim.sweeps.compare import compare
 from enforcer.sim.sweeps.data import load
 from enforcer.sim.sweeps.engine import Engine
-from enforcer.sim.sweeps.tune_model import run_tune_model
+from enforcer.sim.sweeps.tune_model import place, release, run_tune_model
 from enforcer.sim.sweeps.tuners import make_tuner
 from enforcer.sweeps.fluid import FluidConfig
 from enforcer.sweeps.speed import SpeedModel
@@ -82,3 +82,26 @@ def test_hyperband_runs_its_brackets_together_or_one_after_the_other(sequential:
         rung = promoted
     assert len(later) == (34 if sequential else 0)  # the next bracket starts only when this one is done
     assert not released & {r.trial_id for r in later}
+
+
+def test_the_model_of_ray_tune_retries_a_trial_that_died_with_the_gpus_it_held() -> None:
+    """Ray keeps a resized trial's placement group on a retry: b dies on 4 GPUs and comes back on 4."""
+    config = FluidConfig(4, SPEED, restart_s=1.0)
+    ctrl = run_tune_model([("b", 12.0, 5)], config, start_s=2.0, restart_s=3.0, max_t=5, fail_at={"b": 2})
+    assert ctrl.sequence() == [("b", 1.0, 4.0)]  # no second resize: it came back where it was
+    kinds = [(e.kind, e.old_width, e.new_width) for e in ctrl.events]
+    assert kinds == [("start", 0.0, 1.0), ("resize", 1.0, 4.0), ("died", 4.0, 0.0), ("start", 0.0, 4.0),
+                     ("finish", 4.0, 0.0)]
+
+
+def test_the_model_places_bundles_as_rays_raylet_does() -> None:
+    """Whole GPUs: the first that hold nothing; a fraction: the GPU it fits most tightly (the reviewer's runs on
+    Ray 2.60: halves a and b share GPU 0, c goes to GPU 1; with b gone, three whole GPUs do not fit)."""
+    free = [1.0] * 4
+    a, b, c = place(free, 0.5), place(free, 0.5), place(free, 0.5)
+    assert (a, b, c) == ((0,), (0,), (1,))
+    release(free, 0.5, b)
+    assert place(list(free), 3.0) is None and place(list(free), 2.0) == (2, 3)
+    assert place(free, 0.5) == (0,)  # the tightest fit, not the first GPU with room
+    mixed = [1.0, 1.0]
+    assert [place(mixed, w) for w in (1 / 2, 1 / 3, 1 / 3, 1 / 2, 1 / 3)] == [(0,), (0,), (1,), (1,), None]
