@@ -259,3 +259,32 @@ def test_every_growth_the_controller_hands_out_is_placed_by_ray(ray_cluster: obj
     assert widths == [2.0, 3.0]
     for t in list(groups):
         remove_placement_group(groups.pop(t))
+
+
+def test_every_event_takes_the_scheduler_s_clock() -> None:
+    """Start, resize, death, retry and end: all on the clock the scheduler was given (no Ray cluster needed)."""
+    _ray()
+    from ray.tune.schedulers import FIFOScheduler
+
+    from collector.tune.scheduler import FluidScheduler
+
+    class Trial:  # what the scheduler reads of Ray's (hashable, as Ray's trials are)
+        def __init__(self, trial_id: str, resources: object) -> None:
+            self.trial_id = self.experiment_tag = trial_id
+            self.placement_group_factory = resources
+
+    events = []
+    scheduler = FluidScheduler(FIFOScheduler(), FluidConfig(GPUS, SPEED, dynamic=True, restart_s=1.0),
+                               on_event=events.append, clock=lambda: 1000.0)
+    trials = [Trial(t, scheduler.initial_resources()) for t in ("a", "b")]
+    for trial in trials:
+        scheduler.on_trial_add(None, trial)
+    scheduler.controller.on_result("a", 2.0, 5.0, now=scheduler.clock())
+    scheduler.on_trial_error(None, trials[0])  # died, then Ray retries it
+    scheduler.on_trial_add(None, trials[0])
+    scheduler.on_trial_complete(None, trials[0], {})
+    scheduler.on_trial_remove(None, trials[1])
+    scheduler._publish()
+    kinds = [e.kind for e in events]
+    assert {"start", "died", "finish"} <= set(kinds)
+    assert [e.at for e in events] == [1000.0] * len(events)
