@@ -23,9 +23,9 @@ def touch_fields(msg: dict[str, Any]) -> dict[str, Any]:
 def touch_workflow(session: Session, touch: dict[str, Any]) -> Workflow:
     wf = touch["workflow"]
     existing = session.get(Workflow, wf)
-    if existing is not None:  # a managed or known workflow: only fill what it lacks
-        fields = {"declared_steps": touch["total_steps"]} if existing.declared_steps is None and touch[
-            "total_steps"] else {}
+    if existing is not None:  # managed, known, or seen first by its process's samples: fill only what it lacks
+        fields = {key: touch[value] for key, value in (("declared_steps", "total_steps"), ("name", "name"))
+                  if getattr(existing, key) is None and touch[value]}
         workflow = upsert_workflow(session, wf, **fields)
     else:
         workflow = upsert_workflow(session, wf, id_source=touch["id_source"], name=touch["name"],
