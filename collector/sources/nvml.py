@@ -42,6 +42,7 @@ from typing import Any
 import pynvml
 
 from collector.sources.base import DeviceInfo, DeviceReading, ProcessReading, SourceUnavailable
+from collector.sources.mig_weight import slice_weight, whole_gpu_profile
 from collector.sources.nvml_device import (
     MIG_INDEX_BASE,
     PERMANENT,
@@ -54,7 +55,6 @@ from collector.sources.nvml_device import (
 )
 
 log = logging.getLogger(__name__)
-MIB = 1 << 20  # NVML's "MB" (memorySizeMB) are MiB
 
 
 class GpusUnreadable(SourceUnavailable):
@@ -169,57 +169,10 @@ class NvmlSource:
                           slice_weight=weight)
 
     def _slice_weight(self, dev: NvmlDevice, total: int | None) -> float | None:
-        """A MIG device's share of its parent: its SMs over the whole GPU's, else its GPU-instance slices over the
-        whole GPU's, else its memory over the whole GPU's. nvmlDeviceGetAttributes answers for MIG device handles
-        only ("This API currently only supports MIG device handles"), so the whole GPU's figures come from its
-        largest GPU-instance profile, which NVML gives for the parent without privileges; the parent's own memory
-        figure, which in MIG mode needs them, is the last resort."""
-        nv = self.nvml
-        try:
-            mine = nv.nvmlDeviceGetAttributes(dev.handle)
-        except (nv.NVMLError, AttributeError):
-            mine = None
-        whole = self._whole_gpu_profile(dev)
-        if mine is not None and whole is not None:
-            for part, of in ((mine.multiprocessorCount, whole.multiprocessorCount),
-                             (mine.gpuInstanceSliceCount, whole.sliceCount)):
-                if 0 < int(part) <= int(of):
-                    return int(part) / int(of)
-        parent_total = int(whole.memorySizeMB) * MIB if whole is not None else 0
-        if not parent_total:
-            try:
-                parent_total = int(nv.nvmlDeviceGetMemoryInfo(dev.parent).total)
-            except nv.NVMLError:
-                return None
-        return None if not total or not parent_total else min(1.0, total / parent_total)
-
-    def _whole_gpu_profile(self, dev: NvmlDevice) -> Any:
-        """The parent GPU's GPU-instance profile with the most slices (7g on an A100, 4g on an A30): the whole GPU's
-        SMs, slices and memory. Asked once per GPU; None where the driver answers for no profile."""
-        if dev.physical in self._whole_profiles:
-            return self._whole_profiles[dev.physical]
-        nv = self.nvml
-        best = None
-        version = 2
-        for profile in range(int(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
-            try:
-                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(dev.parent, profile, version)
-            except nv.NVMLError as exc:
-                if version == 2 and getattr(exc, "value", None) == nv.NVML_ERROR_FUNCTION_NOT_FOUND:
-                    version = 1  # a driver before the V call: the v1 struct has the same fields we read
-                    try:
-                        info = nv.nvmlDeviceGetGpuInstanceProfileInfo(dev.parent, profile, version)
-                    except nv.NVMLError:
-                        continue
-                else:
-                    continue  # a profile this GPU does not have
-            except AttributeError:
-                break
-            if best is None or (info.sliceCount, info.multiprocessorCount) > (best.sliceCount,
-                                                                               best.multiprocessorCount):
-                best = info
-        self._whole_profiles[dev.physical] = best
-        return best
+        """A MIG device's share of its parent (collector.sources.mig_weight); the parent's profile asked once."""
+        if dev.physical not in self._whole_profiles:
+            self._whole_profiles[dev.physical] = whole_gpu_profile(self.nvml, dev.parent)
+        return slice_weight(self.nvml, dev.handle, dev.parent, total, self._whole_profiles[dev.physical])
 
     def _gpm_open(self, dev: NvmlDevice) -> list[Any] | None:
         """[previous sample, current sample, previous taken?(, request)] when the GPU supports GPM, else None."""
