@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from store.models_base import Base
@@ -12,7 +12,11 @@ from store.models_base import Base
 
 class SlurmJob(Base):
     """What Slurm last said of one job (collector.importers.slurm): its request, what it holds, and whether it opted
-    in to be moved. The workflow `slurm-<id>` is the same id the agent gives the job's processes."""
+    in to be moved. The workflow `slurm-<id>` is the same id the agent gives the job's processes.
+
+    What it holds is `gpus_by_node`, every node's GPUs (a job may run on several nodes). `node` and `gpu_indices` are
+    its batch script's node and its GPUs there, all of them for a job on one node: kept as they were before jobs on
+    several nodes were recorded, for the code that reads them (the Slurm actuator moves only one-node jobs)."""
 
     __tablename__ = "slurm_jobs"
 
@@ -25,12 +29,14 @@ class SlurmJob(Base):
     partition: Mapped[str | None] = mapped_column(String(255))
     state: Mapped[str] = mapped_column(String(32))  # Slurm's job_state: PENDING, RUNNING, ...
     reason: Mapped[str | None] = mapped_column(Text)  # Slurm's state_reason (held, waiting for resources, ...)
-    node: Mapped[str | None] = mapped_column(String(255))
+    node: Mapped[str | None] = mapped_column(String(255))  # the batch script's node
     time_limit_s: Mapped[float | None]  # None: no limit
     gres: Mapped[str | None] = mapped_column(String(255))  # the request, e.g. "shard:2" or "gpu:1"
     gpus: Mapped[int] = mapped_column(Integer, default=0)  # whole GPUs requested
     shards: Mapped[int] = mapped_column(Integer, default=0)  # shards requested
-    gpu_indices: Mapped[list[Any]] = mapped_column(default=list)  # the node's GPUs it holds (either way)
+    gpu_indices: Mapped[list[Any]] = mapped_column(default=list)  # the GPUs it holds on `node` (either way)
+    # [[node, [GPU index, ...]], ...] sorted by node: the GPUs it holds on every node, [] while it holds none
+    gpus_by_node: Mapped[list[Any]] = mapped_column(default=list, server_default=text("'[]'"))
     requeue: Mapped[bool] = mapped_column(Boolean, default=False)
     restart_count: Mapped[int] = mapped_column(Integer, default=0)
     comment: Mapped[str | None] = mapped_column(Text)

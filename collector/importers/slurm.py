@@ -5,10 +5,11 @@ A job becomes the workflow `slurm-<id>` (the id the agent gives its processes th
 its request, time limit, the GPUs it holds and whether it opted in to be moved (its --comment, or its fleetlens
 SDK's start mark in its checkpoint location: store.slurm_marks). A node becomes a host, its GPUs devices (source
 "slurm"; a node whose agent registered its GPUs keeps them), and a running job's GPUs placements, one per GPU on
-every node the job runs on (a shard job's compute share is its shards over the GPU's). The row's `node` and
-`gpu_indices` are the batch script's node and its GPUs there (all of them for a job on one node); the workflow's
-labels keep every node's (`slurm_gpus`), and its `gpus` counts the whole GPUs held on all of them. A Slurm job is
-never `managed` in the agents' sense: only the Slurm actuator moves it, and only when `slurm_jobs.opted_in` says so.
+every node the job runs on (a shard job's compute share is its shards over the GPU's). The row's `gpus_by_node`
+and the workflow's label `slurm_gpus` keep every node's GPUs (the same value), the row's `node` and `gpu_indices`
+the batch script's node and its GPUs there (all of them for a job on one node), and the workflow's `gpus` counts the
+whole GPUs held on all of them. A Slurm job is never `managed` in the agents' sense: only the Slurm actuator moves
+it, and only when `slurm_jobs.opted_in` says so.
 
 Bad input is refused per job where it can be: a gres it cannot read leaves the job observed without GPUs and never
 movable; a job id Slurm reused (slurmctld lost its state) leaves the new job out, with the reason. squeue missing or
@@ -193,6 +194,7 @@ def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: di
     row.gpus = job.gres.count if job.gres and job.gres.kind == "gpu" else 0
     row.shards = job.gres.count if job.gres and job.gres.kind == "shard" else 0
     row.gpu_indices = list(job.gpu_indices) if running else []
+    row.gpus_by_node = held
     row.requeue, row.restart_count, row.comment = job.requeue, job.restart_count, job.comment
     row.opted_in, row.not_movable_reason, row.seen_at = job.opted_in, job.not_movable_reason, now
     shares: dict[int, tuple[str, float]] = {}
@@ -232,7 +234,7 @@ def _forget_gone(session: Session, seen: set[str], now: float) -> None:
     for row in session.scalars(select(SlurmJobRow).where(SlurmJobRow.state != GONE)):
         if row.workflow_id in seen:
             continue
-        row.state, row.gpu_indices = GONE, []
+        row.state, row.gpu_indices, row.gpus_by_node = GONE, [], []
         wf = session.get(Workflow, row.workflow_id)
         if wf is not None and wf.state == "running":
             wf.state = "finished"

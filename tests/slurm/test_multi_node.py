@@ -1,7 +1,8 @@
 """A job on two nodes in the store (no cluster: the real one has one node, so squeue's JSON of a two-node job is
 built here in Slurm 22.05's shape, and recorded through the importer's own `record_view`): it is placed on each
-node's own GPUs, its workflow counts all of them, it is never movable, and a node of it where its GPUs sit idle is a
-finding even when its batch script's node runs its process."""
+node's own GPUs, its workflow and its row count all of them, it is never movable, a node of it where its GPUs sit
+idle is a finding even when its batch script's node runs its process, and the Fleet and Workflow pages count and
+name every node's GPUs."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from sqlalchemy import select
 
 from analyzer.slurm_holders import RULE, find_slurm_holders_without_processes
 from collector.importers.slurm import record_view
+from store.db import Store
+from store.migrations import upgrade
 from store.models import Device, Finding, Placement, Process, Workflow
 from store.models_slurm import SlurmJob
 from store.registry import register_host
-from store.settings import Settings
+from store.settings import Settings, get_settings
 from store.slurm import SlurmView, parse_jobs, parse_nodes
+from tests.ui.helpers import assert_clean, metrics, page, texts
 
 META = {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}}
 NODES = {"meta": META, "errors": [], "nodes": [
@@ -32,6 +36,9 @@ WIDE = {"job_id": 11, "name": "wide", "nodes": "gpu[01-02]", "batch_host": "gpu0
         "comment": "fleetlens:movable", "gres_detail": ["gpu:2(IDX:0-1)", "gpu:2(IDX:2-3)"]}
 SHARED = {"job_id": 12, "name": "shared", "nodes": "gpu[01-02]", "batch_host": "gpu01",
           "tres_per_node": "gres:shard:2", "gres_detail": ["shard:2(IDX:3)", "shard:2(IDX:0)"]}
+# two jobs on one node sharing its GPU 2, a shard each
+SOLO = [{"job_id": j, "name": f"solo{j}", "nodes": "gpu01", "batch_host": "gpu01", "tres_per_node": "gres:shard:1",
+         "gres_detail": ["shard:1(IDX:2)"]} for j in (13, 14)]
 
 
 def _active(store, workflow_id: str) -> list[tuple[str, int, float]]:
@@ -75,3 +82,58 @@ def test_a_node_of_a_job_with_no_process_there_is_a_finding(sqlite_store, tmp_pa
         found = s.scalars(select(Finding).where(Finding.rule == RULE)).one()
     assert found.workflow_id == "slurm-11" and "GPU 2,3 of gpu02" in found.title and "gpu01" not in found.title
     assert found.evidence["idle_gpus_by_node"] == {"gpu02": [2, 3]} and found.gpu_hours_per_day == 48.0
+
+
+def _row(store, workflow_id: str) -> tuple[str | None, list, list, str]:
+    with store.session() as s:
+        row = s.get(SlurmJob, workflow_id)
+        return row.node, row.gpu_indices, row.gpus_by_node, row.state
+
+
+def test_the_row_of_a_job_keeps_every_node_s_gpus_and_its_batch_node_s(any_store, tmp_path):
+    settings = Settings(home=tmp_path)
+    pending = {**WIDE, "job_id": 15, "job_state": "PENDING", "nodes": "", "batch_host": "", "gres_detail": []}
+    record_view(any_store, _view(WIDE, SHARED, *SOLO, pending), settings, now=100.0)
+    # gpus_by_node: every node's, sorted by node, as the workflow's label; node and gpu_indices: the batch node's
+    assert _row(any_store, "slurm-11") == ("gpu01", [0, 1], [["gpu01", [0, 1]], ["gpu02", [2, 3]]], "RUNNING")
+    assert _row(any_store, "slurm-12") == ("gpu01", [3], [["gpu01", [3]], ["gpu02", [0]]], "RUNNING")
+    assert _row(any_store, "slurm-13") == ("gpu01", [2], [["gpu01", [2]]], "RUNNING")  # one node: its GPUs there
+    assert _row(any_store, "slurm-15") == (None, [], [], "PENDING")
+    with any_store.session() as s:
+        for j in (11, 12, 13):
+            assert s.get(SlurmJob, f"slurm-{j}").gpus_by_node == s.get(Workflow, f"slurm-{j}").labels["slurm_gpus"]
+    # a job that ends holds nothing on any node; one that went back to pending holds nothing either
+    record_view(any_store, _view(SHARED, *SOLO, {**WIDE, "job_id": 15}), settings, now=200.0)
+    assert _row(any_store, "slurm-11") == ("gpu01", [], [], "GONE")
+    assert _row(any_store, "slurm-15")[2] == [["gpu01", [0, 1]], ["gpu02", [2, 3]]]
+    record_view(any_store, _view(SHARED, *SOLO, pending), settings, now=300.0)
+    assert _row(any_store, "slurm-15") == (None, [], [], "PENDING")
+
+
+def test_the_fleet_and_workflow_pages_count_and_name_every_node_of_a_job(fleet_home, tmp_path, monkeypatch):
+    fleet_home.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{fleet_home / 'fleetlens.db'}"
+    monkeypatch.setenv("FLEETLENS_DB_URL", url)
+    get_settings(fresh=True)
+    store = Store(url)
+    upgrade(store)
+    record_view(store, _view(WIDE, SHARED, *SOLO), Settings(home=tmp_path), now=100.0)
+    store.dispose()
+
+    at = page("fleet")
+    assert_clean(at)
+    shown = metrics(at)
+    # gpu01: 0, 1 (wide), 3 (shared), 2 (both solo jobs: once); gpu02: 2, 3 (wide), 0 (shared). The batch node's
+    # alone would be 4.
+    assert shown["GPUs held by Slurm jobs"] == "7"
+    assert (shown["Slurm jobs running"], shown["Shards held"]) == ("4", "4")
+    rows = next(df.value for df in at.dataframe if "gres" in df.value.columns).set_index("workflow_id")
+    assert rows.loc["slurm-11", "nodes"] == "gpu01, gpu02"
+    assert rows.loc["slurm-11", "gpus_held"] == "gpu01: 0,1; gpu02: 2,3"
+    assert rows.loc["slurm-12", "gpus_held"] == "gpu01: 3; gpu02: 0"
+    assert (rows.loc["slurm-13", "nodes"], rows.loc["slurm-13", "gpus_held"]) == ("gpu01", "2")  # one node: as before
+
+    said = texts(page("workflow", workflow="slurm-11").markdown)
+    assert "node gpu01, gpu02 · " in said and "holds GPU gpu01: 0,1; gpu02: 2,3 · " in said
+    said = texts(page("workflow", workflow="slurm-13").markdown)
+    assert "node gpu01 · " in said and "holds GPU 2 · " in said

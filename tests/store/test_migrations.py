@@ -1,6 +1,6 @@
 """`alembic upgrade head` builds exactly the models' schema on SQLite and PostgreSQL; `downgrade base` empties it;
 0006 takes the sample tables' ids away and its downgrade gives them back, every row kept both ways; 0012 turns the
-placements' P' into the measured P and back."""
+placements' P' into the measured P and back; 0013 gives slurm_jobs every node's GPUs, filled for the rows before it."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from collections import Counter
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import column, inspect, select, table, text
 
 from store.db import Store
 from store.headroom import charged
 from store.ingest import write_samples
 from store.migrations import PROJECT_ROOT, current_revision, downgrade, head_revision, upgrade
-from store.models import Base, Placement
+from store.models import Base, Placement, Workflow
+from store.models_base import Json
+from store.models_slurm import SlurmJob
 from store.partitions import DAY, SAMPLE_TABLES, adopt_early_rows, day_of, is_partition, partition_name, partitions
 from store.registry import DeviceSpec, register_devices, register_host
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
@@ -258,5 +260,81 @@ def test_0012_placements_keep_measured_memory_on_postgresql(pg_url):
     store = Store(pg_url)
     try:
         _placements_keep_measured_memory(store)
+    finally:
+        store.dispose()
+
+
+# slurm_jobs as 0012 left it: written in SQL, since the model has 0013's column
+SLURM_0012 = table("slurm_jobs", *(column(c) for c in (
+    "workflow_id", "job_id", "submit_time", "state", "node", "gpus", "shards", "requeue", "restart_count",
+    "opted_in", "seen_at")), column("gpu_indices", Json))
+# {job: (state, batch node, its GPUs there, the workflow's slurm_gpus label)}, as the import before 0013 wrote them
+OLD_ROWS = {
+    1: ("RUNNING", "n1", [0, 1], [["n1", [0, 1]]]),
+    2: ("RUNNING", "n1", [2], [["n1", [2]], ["n2", [0, 3]]]),  # on two nodes: the label has both
+    3: ("RUNNING", "n2", [1], None),  # written before the label was
+    4: ("RUNNING", "n1", [3], [["n7", [5]]]),  # a label that does not agree with the row: the row wins
+    5: ("PENDING", None, [], []),
+    6: ("GONE", "n1", [], []),
+}
+
+
+def _slurm_gpus_by_node(store: Store) -> None:
+    """0012 -> 0013 -> 0012 -> 0013 on slurm_jobs rows the import wrote before 0013: the upgrade fills every node's
+    GPUs (its workflow's label where it agrees with the row, else the row's batch node), [] for a job holding none;
+    a row written without the column gets []; the downgrade drops it and leaves the batch node's as they were."""
+    assert upgrade(store, "0012") == "0012"
+    with store.session() as s:
+        for j, (_, _, _, label) in OLD_ROWS.items():
+            wf = upsert_workflow(s, f"slurm-{j}", now=1.0, id_source="slurm")
+            wf.labels = None if label is None else {"slurm_gpus": label}
+        upsert_workflow(s, "slurm-7", now=1.0, id_source="slurm")  # its row comes after the upgrade
+    with store.engine.begin() as conn:
+        conn.execute(SLURM_0012.insert(), [
+            {"workflow_id": f"slurm-{j}", "job_id": j, "submit_time": 1.0, "state": state, "node": node,
+             "gpus": 0, "shards": 1, "requeue": True, "restart_count": 0, "opted_in": False, "seen_at": 1.0,
+             "gpu_indices": indices} for j, (state, node, indices, _) in OLD_ROWS.items()])
+
+    def rows() -> dict[int, tuple]:
+        with store.session() as s:
+            return {r.job_id: (r.node, r.gpu_indices, r.gpus_by_node) for r in s.scalars(select(SlurmJob))}
+
+    assert upgrade(store) == head_revision()
+    assert _diff(store) == []
+    assert rows() == {1: ("n1", [0, 1], [["n1", [0, 1]]]), 2: ("n1", [2], [["n1", [2]], ["n2", [0, 3]]]),
+                      3: ("n2", [1], [["n2", [1]]]), 4: ("n1", [3], [["n1", [3]]]), 5: (None, [], []),
+                      6: ("n1", [], [])}
+    with store.engine.begin() as conn:  # what code from before 0013 writes: the column's default
+        conn.execute(SLURM_0012.insert(), {"workflow_id": "slurm-7", "job_id": 7, "submit_time": 1.0,
+                                           "state": "PENDING", "node": None, "gpus": 0, "shards": 0, "requeue": True,
+                                           "restart_count": 0, "opted_in": False, "seen_at": 1.0, "gpu_indices": []})
+    assert rows()[7] == (None, [], [])
+
+    downgrade(store, "0012")
+    assert current_revision(store) == "0012"
+    with store.engine.connect() as conn:
+        assert "gpus_by_node" not in {c["name"] for c in inspect(conn).get_columns("slurm_jobs")}
+        kept = conn.execute(select(SLURM_0012.c.job_id, SLURM_0012.c.node, SLURM_0012.c.gpu_indices)).all()
+    assert {j: (node, indices) for j, node, indices in kept} == {
+        **{j: (node, indices) for j, (_, node, indices, _) in OLD_ROWS.items()}, 7: (None, [])}
+    with store.session() as s:
+        assert s.get(Workflow, "slurm-2").labels == {"slurm_gpus": OLD_ROWS[2][3]}
+    assert upgrade(store) == head_revision()
+    assert rows()[2] == ("n1", [2], [["n1", [2]], ["n2", [0, 3]]])
+
+
+def test_0013_slurm_jobs_keep_every_node_s_gpus_on_sqlite(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    try:
+        _slurm_gpus_by_node(store)
+    finally:
+        store.dispose()
+
+
+@pytest.mark.pg
+def test_0013_slurm_jobs_keep_every_node_s_gpus_on_postgresql(pg_url):
+    store = Store(pg_url)
+    try:
+        _slurm_gpus_by_node(store)
     finally:
         store.dispose()

@@ -183,23 +183,52 @@ def profile_requests(store: Store, workflow_id: str, limit: int = 10) -> pd.Data
 
 
 def slurm_jobs(store: Store) -> pd.DataFrame:
-    """The Slurm jobs the last import saw (collector.importers.slurm), newest first, with what they hold and whether
-    they opted in to be moved; jobs squeue no longer lists are left out."""
+    """The Slurm jobs the last import saw (collector.importers.slurm), newest first, with what they hold on every
+    node and whether they opted in to be moved; jobs squeue no longer lists are left out. `nodes` and `gpus_held` say
+    what a job holds, for people: see _nodes_text and _gpus_held_text."""
     stmt = select(
         SlurmJob.workflow_id, SlurmJob.job_id, SlurmJob.name, SlurmJob.user, Workflow.team, SlurmJob.partition,
         SlurmJob.state, SlurmJob.reason, SlurmJob.node, SlurmJob.gres, SlurmJob.gpus, SlurmJob.shards,
-        SlurmJob.gpu_indices, SlurmJob.time_limit_s, SlurmJob.restart_count, SlurmJob.opted_in,
-        SlurmJob.not_movable_reason, SlurmJob.seen_at,
+        SlurmJob.gpu_indices, SlurmJob.gpus_by_node, SlurmJob.time_limit_s, SlurmJob.restart_count,
+        SlurmJob.opted_in, SlurmJob.not_movable_reason, SlurmJob.seen_at,
     ).join(Workflow, Workflow.id == SlurmJob.workflow_id).where(SlurmJob.state != "GONE").order_by(
         SlurmJob.job_id.desc())
     frame = _frame(store, stmt)
     if not frame.empty:
-        frame["gpus_held"] = [",".join(str(i) for i in (g or [])) for g in frame.gpu_indices]
+        frame["nodes"] = [_nodes_text(b, n) for b, n in zip(frame.gpus_by_node, frame.node, strict=True)]
+        frame["gpus_held"] = [_gpus_held_text(b) for b in frame.gpus_by_node]
     return frame
 
 
 def slurm_job(store: Store, workflow_id: str) -> dict[str, Any] | None:
-    """What Slurm last said of the workflow's job, or None when it is not a Slurm job."""
+    """What Slurm last said of the workflow's job (with `nodes` and `gpus_held` as slurm_jobs has them), or None
+    when it is not a Slurm job."""
     with store.session() as session:
         row = session.get(SlurmJob, workflow_id)
-        return None if row is None else {c.name: getattr(row, c.name) for c in SlurmJob.__table__.columns}
+        if row is None:
+            return None
+        job = {c.name: getattr(row, c.name) for c in SlurmJob.__table__.columns}
+    return {**job, "nodes": _nodes_text(job["gpus_by_node"], job["node"]), "gpus_held": _gpus_held_text(
+        job["gpus_by_node"])}
+
+
+NODES_NAMED = 3  # a job on more nodes is shown by the first ones and its count
+
+
+def _nodes_text(by_node: list[Any] | None, node: str | None) -> str | None:
+    """The nodes a job holds GPUs on ("gpu01, gpu02"; "gpu01, gpu02, gpu03, … (8 nodes)"), else its batch node
+    (a job holding no GPU), None for a job on no node yet."""
+    names = [str(n) for n, _ in by_node or []]
+    if not names:
+        return node
+    if len(names) <= NODES_NAMED:
+        return ", ".join(names)
+    return f"{', '.join(names[:NODES_NAMED])}, … ({len(names)} nodes)"
+
+
+def _gpus_held_text(by_node: list[Any] | None) -> str:
+    """A job's GPU indices: "0,1" on one node, as Slurm's IDX lists them; "gpu01: 0,1; gpu02: 2,3" on several."""
+    held = [(str(n), ",".join(str(i) for i in ix)) for n, ix in by_node or []]
+    if len(held) == 1:
+        return held[0][1]
+    return "; ".join(f"{n}: {ix}" for n, ix in held)

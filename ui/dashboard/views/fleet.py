@@ -83,7 +83,8 @@ if not slurm_table.empty:
     s = st.columns(4)
     running = slurm_table[slurm_table.state == "RUNNING"]
     s[0].metric("Slurm jobs running", f"{len(running):,}")
-    gpus = {(n, i) for n, g in zip(running.node, running.gpu_indices, strict=True) for i in (g or [])}
+    # every node's GPUs of a job on several nodes; a GPU two shard jobs share counts once
+    gpus = {(n, i) for by_node in running.gpus_by_node for n, ix in (by_node or []) for i in ix}
     s[1].metric("GPUs held by Slurm jobs", f"{len(gpus):,}")
     s[2].metric("Shards held", f"{int(running.shards.sum()):,}")
     s[3].metric("Opted in to moves", f"{int(running.opted_in.sum()):,}", help="of the running jobs")
@@ -91,5 +92,5 @@ if not slurm_table.empty:
         time_limit=[f"{t / 60:.0f} min" if t == t and t else "none" for t in slurm_table.time_limit_s],
         movable=["yes" if o else (r or "no") for o, r in zip(slurm_table.opted_in, slurm_table.not_movable_reason,
                                                               strict=True)])
-    st.dataframe(shown[["workflow_id", "name", "user", "team", "partition", "state", "node", "gres", "gpus_held",
+    st.dataframe(shown[["workflow_id", "name", "user", "team", "partition", "state", "nodes", "gres", "gpus_held",
                         "time_limit", "restart_count", "movable"]], hide_index=True)

@@ -49,11 +49,11 @@ st.caption(
 )
 slurm_job = fresh(ctx, "slurm_job", choice)
 if slurm_job is not None:  # a Slurm job: what it asked for, what it holds, and whether fleetlens may move it
-    held = ",".join(str(i) for i in slurm_job["gpu_indices"] or []) or "none"
+    held = slurm_job["gpus_held"] or "none"
     limit = f"{slurm_job['time_limit_s'] / 60:.0f} min" if slurm_job["time_limit_s"] else "no time limit"
     why = f" ({slurm_job['reason']})" if slurm_job["reason"] else ""
     st.markdown(
-        f"Slurm job **{slurm_job['job_id']}** · {slurm_job['state']}{why} · node {slurm_job['node'] or '—'} · "
+        f"Slurm job **{slurm_job['job_id']}** · {slurm_job['state']}{why} · node {slurm_job['nodes'] or '—'} · "
         f"asked for **{slurm_job['gres'] or 'no GPU'}** · holds GPU {held} · {limit} · "
         f"partition {slurm_job['partition'] or '—'} · restarts {slurm_job['restart_count']}")
     if slurm_job["opted_in"]:
