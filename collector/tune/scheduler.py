@@ -13,7 +13,15 @@ and `fleetlens_steps_left` (steps left in its round) with each result, and shoul
 (`ray.get_gpu_ids()`): Ray keeps a fractional bundle on the GPU it placed it on, so the controller counts GPUs shared
 by trials that said where they are once, and any other share as a GPU of its own (a growth then waits longer). The
 controller learns the width a trial runs at from its placement group at every result, and the width Ray retries a
-trial that died at (its last placement group: Ray does not reset it). Every reallocation is kept in `log` in order;
+trial that died at (its last placement group: Ray does not reset it).
+
+Between results Ray starts trials too: at every step of its loop (TuneController._maybe_add_actors) it asks
+`choose_trial_to_run` which trial to start or resume, then requests a placement group for every PENDING trial
+itself, whatever the answer; a PAUSED trial (one paused to resize, or by HyperBand) resumes only once that answer
+names it. So every PENDING trial is counted at its placement group's width from the step Ray has it, and the trial
+chosen is counted before Ray stages it; a growth handed out and not placed yet goes first (ASHA's FIFO order would
+put it behind every PENDING trial), and another trial that would take the GPUs it was promised is answered None
+until it is placed (Ray runs it again) or given up, unless nothing runs. Every reallocation is kept in `log` in order;
 every event (start, resize, keep with its reason, finish, died) is handed to `on_event` (`StoreRecorder` writes them
 to the store).
 """
@@ -25,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ray.tune.execution.placement_groups import PlacementGroupFactory
+from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
 from ray.tune.schedulers import (
     AsyncHyperBandScheduler,
@@ -153,6 +162,29 @@ class FluidScheduler(ResourceChangingScheduler):
         if info is None or trial not in info:
             return
         info[trial][0].trials_to_unpause.add(trial)
+
+    def choose_trial_to_run(self, tune_controller: Any, **kwargs: Any) -> Any:
+        """Which trial Ray starts or resumes now (None: none). Ray's ResourceChangingScheduler first gives the trials
+        paused to resize their new placement groups and asks the base scheduler (ASHA: the first PENDING trial, else
+        the first PAUSED; HyperBand: a PENDING one or one its bracket lists to unpause); then the controller counts
+        what Ray is about to start and holds back what would take the GPUs of a growth not placed yet (the module's
+        doc). Idempotent, as Ray asks: called again with nothing changed, it answers the same."""
+        chosen = super().choose_trial_to_run(tune_controller, **kwargs)
+        trials = list(tune_controller.get_trials())
+        ctrl = self.controller
+        for trial in trials:
+            if trial.status == Trial.PENDING:
+                ctrl.pending(trial.trial_id, gpus_of(trial.placement_group_factory))
+            elif (trial.status == Trial.RUNNING and trial.trial_id in ctrl.promised
+                  and trial not in self._trials_to_reallocate):
+                ctrl.growth_placed(trial.trial_id)  # it runs again, on the placement group it grew to
+        growing = [t for t in trials if t.trial_id in ctrl.promised and t.status == Trial.PAUSED]
+        if growing:
+            return growing[0]  # the growth first: its placement group is requested now
+        if chosen is None or chosen.trial_id in ctrl.promised:
+            return chosen
+        idle = not any(t.status == Trial.RUNNING for t in trials)
+        return chosen if ctrl.may_start(chosen.trial_id, gpus_of(chosen.placement_group_factory), idle=idle) else None
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict, **kwargs: Any) -> None:
         self.controller.finished(trial.trial_id, now=self.clock())

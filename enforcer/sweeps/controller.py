@@ -17,6 +17,13 @@ leaves that GPU meanwhile. So a share counts once per GPU its trial reported at 
 one GPU count that GPU once), and a share not reported yet counts as a GPU of its own. A growth to w GPUs is handed
 out only when w GPUs hold nothing (a growth to a share: one GPU), after the others and the profiling steps the plan
 starts (one GPU each): never a width Ray cannot place beside what it holds.
+
+The engine also starts trials between results, on its own (Ray Tune: a PENDING trial's placement group is requested
+as soon as Ray has the trial, and it starts when it fits) or when it asks (Ray Tune asks the scheduler which paused
+trial to resume). Such a trial is counted at the width it starts with from the moment the engine says so (`pending`,
+`may_start`) until its first result, before any growth is handed out; and while a growth handed out is not placed
+yet (`promised`, until `growth_placed`, the trial's next result, or its end), a trial the engine asks about waits
+(`may_start` says no) if it would take GPUs that growth was promised, unless the engine runs nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +32,11 @@ from dataclasses import dataclass, replace
 
 from enforcer.sweeps.fluid import Decision, FluidConfig, Kind, TrialState, plan
 from store.errors import InvalidInput
+
+
+def gpus_for(width: float) -> int:
+    """The GPUs a placement group of `width` takes that held nothing before: whole GPUs, or one for a share."""
+    return round(width) if width >= 1.0 - 1e-9 else 1
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,8 @@ class SweepController:
         self.notes: list[tuple[str, str]] = []  # (trial, reason) of decisions that held a trial back
         self.events: list[Event] = []
         self.placed: dict[str, tuple[float, frozenset[str]]] = {}  # trial -> (width, the GPUs it reported there)
+        self.starting: dict[str, float] = {}  # trial -> width the engine starts it at, until its first result
+        self.promised: dict[str, float] = {}  # trial -> the width of a growth handed out and not placed yet
         self._now = 0.0
 
     # ---- events
@@ -74,6 +88,30 @@ class SweepController:
         """The engine started (or restarted) the trial with `width` (default: the base width every trial starts at)."""
         t = self._get(trial_id)
         self.trials[trial_id] = replace(t, width=self.base_width if width is None else width)
+
+    def pending(self, trial_id: str, width: float) -> None:
+        """The engine will start the trial at `width` as soon as that fits, whatever the controller says (Ray Tune
+        requests a PENDING trial's placement group itself): counted at that width until its first result."""
+        t = self.trials.get(trial_id)
+        if t is not None and not t.running:
+            self.starting[trial_id] = width
+
+    def may_start(self, trial_id: str, width: float, *, idle: bool = False) -> bool:
+        """The engine asks whether to start or resume the trial at `width` now. No while a growth handed out to another
+        trial is not placed yet and this one would put the GPUs counted over the sweep's (it would take GPUs the growth
+        was promised), unless the engine runs nothing (`idle`: something must start). Yes otherwise, and it is counted
+        at that width from now."""
+        if self.trials.get(trial_id) is None:
+            return True  # not this sweep's to hold back
+        waits_for_growth = any(tid != trial_id for tid in self.promised)
+        if waits_for_growth and not idle and self.held(trial_id) + gpus_for(width) > self.config.gpus:
+            return False
+        self.pending(trial_id, width)
+        return True
+
+    def growth_placed(self, trial_id: str) -> None:
+        """The engine placed the growth it was handed (Ray Tune: the trial runs again, on its new placement group)."""
+        self.promised.pop(trial_id, None)
 
     def retried(self, trial_id: str, group: str, width: float, *, now: float = 0.0) -> None:
         """The engine retries a trial that died, from its last checkpoint, at `width`: the placement group it last held
@@ -101,6 +139,8 @@ class SweepController:
             self.events.append(Event("resize", trial_id, t.width, width, f"the engine runs it at {width:g} GPUs",
                                      t.remaining_steps, now))
         self.trials[trial_id] = replace(t, width=width)
+        self.starting.pop(trial_id, None)
+        self.promised.pop(trial_id, None)  # it runs: its growth is placed, or the engine runs it at another width
         if gpus:
             self.placed[trial_id] = (width, frozenset(gpus))
         else:
@@ -117,6 +157,7 @@ class SweepController:
             self.add(trial_id, trial_id, steps_left)
         t = self._get(trial_id)
         if t.width <= 0:  # its first result: the engine started it without telling
+            self.starting.pop(trial_id, None)
             t = replace(t, width=self.base_width)
             self.events.append(Event("start", trial_id, 0.0, self.base_width,
                                      "came back after it died" if back else "", steps_left, now))
@@ -135,6 +176,8 @@ class SweepController:
                                      self._now))
         self.planned.pop(trial_id, None)
         self.placed.pop(trial_id, None)
+        self.starting.pop(trial_id, None)
+        self.promised.pop(trial_id, None)  # given up
         self._replan()
 
     # ---- reading
@@ -143,7 +186,7 @@ class SweepController:
 
     def held(self, but: str = "") -> int:
         """GPUs that hold something, as Ray places bundles (the module's doc), for the running trials other than
-        `but` and one GPU for each profiling step the plan starts."""
+        `but`, the trials the engine is starting, and one GPU for each other profiling step the plan starts."""
         whole, loose = 0, 0
         shared: set[str] = set()
         for o in self.trials.values():
@@ -157,8 +200,11 @@ class SweepController:
                 shared |= gpus
             else:
                 loose += 1
-        profiles = sum(1 for d in self.planned.values() if d.kind == Kind.PROFILE and d.trial_id != but)
-        return whole + len(shared) + loose + profiles
+        starting = {tid: w for tid, w in self.starting.items()
+                    if tid != but and tid in self.trials and not self.trials[tid].running}
+        profiles = sum(1 for d in self.planned.values()
+                       if d.kind == Kind.PROFILE and d.trial_id != but and d.trial_id not in starting)
+        return whole + len(shared) + loose + sum(gpus_for(w) for w in starting.values()) + profiles
 
     def sequence(self) -> list[tuple[str, float, float]]:
         return [(r.trial_id, r.old_width, r.new_width) for r in self.log]
@@ -186,8 +232,10 @@ class SweepController:
         d = self.planned.get(trial_id)
         if d is None or d.kind != Kind.RESIZE or abs(d.new_width - t.width) < 1e-9:
             return t.width
-        if d.new_width > t.width and self.held(trial_id) + max(1, round(d.new_width)) > self.config.gpus:
-            return t.width  # the GPUs it grows into are not free yet: at a later result
+        if d.new_width > t.width:
+            if self.held(trial_id) + gpus_for(d.new_width) > self.config.gpus:
+                return t.width  # the GPUs it grows into are not free yet: at a later result
+            self.promised[trial_id] = d.new_width  # until the engine places it
         self.log.append(Reallocation(len(self.log), trial_id, t.width, d.new_width, d.kind, d.reason, now))
         self.events.append(Event("resize", trial_id, t.width, d.new_width, d.reason, t.remaining_steps, now))
         self.trials[trial_id] = replace(t, width=d.new_width)

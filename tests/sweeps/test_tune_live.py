@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -17,6 +16,7 @@ from enforcer.sweeps.speed import SpeedModel
 from store.db import Store
 from store.sweeps import events, gpu_use
 from tests.procs import processes_under
+from tests.sweeps.needs_ray import need_ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -28,22 +28,11 @@ TRIALS = [("a", 2.0, 2), ("b", 12.0, 4)]
 SCALE = 1.0  # wall seconds per simulated second in the live run
 
 
-def _ray():
-    try:
-        import ray
-        from ray import tune
-    except ImportError:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("Ray Tune is not installed, and the ray tests must run when CI=true (pip install .[tune])")
-        pytest.skip("Ray Tune is not installed (the tune extra)")
-    return ray, tune
-
-
 @pytest.fixture
 def ray_cluster(fleet_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """Ray on 2 CPUs and 4 logical GPUs, its processes marked by the test's FLEETLENS_HOME; stopped however the
     test ends, and no raylet or GCS left behind."""
-    ray, _ = _ray()
+    ray, _ = need_ray()
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     try:
@@ -263,7 +252,7 @@ def test_every_growth_the_controller_hands_out_is_placed_by_ray(ray_cluster: obj
 
 def test_every_event_takes_the_scheduler_s_clock() -> None:
     """Start, resize, death, retry and end: all on the clock the scheduler was given (no Ray cluster needed)."""
-    _ray()
+    need_ray()
     from ray.tune.schedulers import FIFOScheduler
 
     from collector.tune.scheduler import FluidScheduler

@@ -1,14 +1,17 @@
 """The simulator's model of Ray Tune running a sweep under the Fluid scheduler: the same `SweepController` the live
 scheduler (collector.tune) drives, on simulated time.
 
-As Ray Tune does: every trial starts at the base width (one GPU); pending trials start first, in order, then
-paused ones, each once its placement group fits; a trial reports after every step. A placement group (one bundle)
-goes on the GPUs as Ray's raylet puts it (`place`), and stays there until the trial stops. The controller learns
-that a trial runs, at which width and on which GPUs, from its results (as the live scheduler does); on a result that
-continues it may hand the trial a new width, and the trial is paused and restarted from its checkpoint with it
-(costing `restart_s`); its final result stops it without a reallocation; GPUs it frees reach the others at their
-next result. A trial that dies in a step (`fail_at`) loses that step, gives its GPUs back and is retried once, last
-in the queue, from its checkpoint with the placement group it held (Ray does not reset it).
+As Ray Tune does: every trial starts at the base width (one GPU); pending trials start first, in order, then paused
+ones, each once its placement group fits; a trial reports after every step. As the live scheduler does at Ray's
+`choose_trial_to_run`: the controller counts every pending trial from the start (`pending`), a paused trial whose
+growth was handed out resumes first, and another paused trial only when the controller lets it (`may_start`). A
+placement group (one bundle) goes on the GPUs as Ray's raylet puts it (`place`), and stays there until the trial
+stops. The controller learns that a trial runs, at which width and on which GPUs, from its results (as the live
+scheduler does); on a result that continues it may hand the trial a new width, and the trial is paused and restarted
+from its checkpoint with it (costing `restart_s`); its final result stops it without a reallocation; GPUs it frees
+reach the others at their next result. A trial that dies in a step (`fail_at`) loses that step, gives its GPUs back
+and is retried once, last in the queue, from its checkpoint with the placement group it held (Ray does not reset
+it).
 """
 
 from __future__ import annotations
@@ -80,9 +83,18 @@ def run_tune_model(trials: list[tuple[str, float, int]], config: FluidConfig, *,
     free = [1.0] * config.gpus
     now = 0.0
     for _ in range(100_000):
-        for t in [t for t in model if t.state == "pending"] + [t for t in model if t.state == "paused"]:
+        pending = [t for t in model if t.state == "pending"]
+        for t in pending:
+            ctrl.pending(t.trial_id, t.width)
+        idle = not any(t.state == "running" for t in model)
+        paused = sorted((t for t in model if t.state == "paused"), key=lambda t: t.trial_id not in ctrl.promised)
+        for t in pending + paused:
+            if (t.state == "paused" and t.trial_id not in ctrl.promised
+                    and not ctrl.may_start(t.trial_id, t.width, idle=idle)):
+                continue
             gpus = place(free, t.width)
             if gpus is not None:
+                ctrl.growth_placed(t.trial_id)
                 first = start_s.get(t.trial_id, 0.0) if isinstance(start_s, dict) else start_s
                 busy = first if t.state == "pending" and not t.failed else restart
                 t.next_at = now + busy + t.step_s / config.speed.speed(t.width)
