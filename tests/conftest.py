@@ -39,6 +39,19 @@ def fleet_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
+def cli_store(fleet_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+    """A migrated SQLite store that `fleetlens` commands and the dashboard's pages open (FLEETLENS_DB_URL)."""
+    fleet_home.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{fleet_home / 'fleetlens.db'}"
+    monkeypatch.setenv("FLEETLENS_DB_URL", url)
+    get_settings(fresh=True)
+    store = Store(url)
+    upgrade(store)
+    yield store
+    store.dispose()
+
+
+@pytest.fixture
 def sqlite_store(tmp_path: Path) -> Iterator[Store]:
     store = Store(f"sqlite:///{tmp_path / 'fleetlens.db'}")
     upgrade(store)

@@ -34,16 +34,3 @@ def agent(fleet_home: Path) -> Iterator[Agent]:
     yield a
     a.stop()
     a.store.dispose()
-
-
-@pytest.fixture
-def cli_store(fleet_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
-    """A migrated SQLite store that `fleetlens` commands open (FLEETLENS_DB_URL)."""
-    fleet_home.mkdir(parents=True, exist_ok=True)
-    url = f"sqlite:///{fleet_home / 'fleetlens.db'}"
-    monkeypatch.setenv("FLEETLENS_DB_URL", url)
-    get_settings(fresh=True)
-    store = Store(url)
-    upgrade(store)
-    yield store
-    store.dispose()

@@ -10,12 +10,10 @@ from sqlalchemy import select
 
 from analyzer.slurm_holders import RULE, find_slurm_holders_without_processes
 from collector.importers.slurm import record_view
-from store.db import Store
-from store.migrations import upgrade
 from store.models import Device, Finding, Placement, Process, Workflow
 from store.models_slurm import SlurmJob
 from store.registry import register_host
-from store.settings import Settings, get_settings
+from store.settings import Settings
 from store.slurm import SlurmView, parse_jobs, parse_nodes
 from tests.ui.helpers import assert_clean, metrics, page, texts
 
@@ -110,15 +108,8 @@ def test_the_row_of_a_job_keeps_every_node_s_gpus_and_its_batch_node_s(any_store
     assert _row(any_store, "slurm-15") == (None, [], [], "PENDING")
 
 
-def test_the_fleet_and_workflow_pages_count_and_name_every_node_of_a_job(fleet_home, tmp_path, monkeypatch):
-    fleet_home.mkdir(parents=True, exist_ok=True)
-    url = f"sqlite:///{fleet_home / 'fleetlens.db'}"
-    monkeypatch.setenv("FLEETLENS_DB_URL", url)
-    get_settings(fresh=True)
-    store = Store(url)
-    upgrade(store)
-    record_view(store, _view(WIDE, SHARED, *SOLO), Settings(home=tmp_path), now=100.0)
-    store.dispose()
+def test_the_fleet_and_workflow_pages_count_and_name_every_node_of_a_job(cli_store, tmp_path):
+    record_view(cli_store, _view(WIDE, SHARED, *SOLO), Settings(home=tmp_path), now=100.0)
 
     at = page("fleet")
     assert_clean(at)

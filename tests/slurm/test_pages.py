@@ -6,21 +6,13 @@ from __future__ import annotations
 import pytest
 
 from collector.importers.slurm import import_slurm
-from store.db import Store
-from store.migrations import upgrade
-from store.settings import get_settings
 from tests.ui.helpers import assert_clean, metrics, page, texts
 
 pytestmark = pytest.mark.slurm
 
 
-def test_fleet_and_workflow_pages_show_slurm_jobs(slurm, slurm_settings, fleet_home, tmp_path, monkeypatch):
-    fleet_home.mkdir(parents=True, exist_ok=True)
-    url = f"sqlite:///{fleet_home / 'fleetlens.db'}"
-    monkeypatch.setenv("FLEETLENS_DB_URL", url)
-    get_settings(fresh=True)
-    store = Store(url)
-    upgrade(store)
+def test_fleet_and_workflow_pages_show_slurm_jobs(slurm, slurm_settings, cli_store, tmp_path):
+    store = cli_store
     movable = slurm.submit("sleep 120", gres="shard:2", comment="fleetlens:movable", time_limit="30", cwd=tmp_path,
                            name="resnet")
     whole = slurm.submit("sleep 120", gres="gpu:1", cwd=tmp_path, name="bert")
@@ -45,4 +37,3 @@ def test_fleet_and_workflow_pages_show_slurm_jobs(slurm, slurm_settings, fleet_h
     said = texts(at.markdown) + texts(at.caption)
     assert f"Slurm job **{whole}**" in said and "asked for **gpu:1**" in said
     assert "Observed and advised only: did not opt in" in said
-    store.dispose()
