@@ -5,7 +5,6 @@ batch script waits). Only nodes with a live agent are judged: without one nobody
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from sqlalchemy import select
 
@@ -21,21 +20,21 @@ def find_slurm_holders_without_processes(store: Store, *, now: float | None = No
                                          agent_max_age_s: float = 120.0) -> int:
     """Record one finding per running Slurm job that has held GPUs for `grace_s` on a node whose agent wrote within
     `agent_max_age_s`, with no live process of it there; returns how many. A job on several nodes is judged on each
-    of them (the import keeps every node's GPUs in the workflow's label `slurm_gpus`), and one finding names the
-    nodes where its GPUs sit idle."""
+    of them (the import keeps every node's GPUs in the row's `gpus_by_node`), and one finding names the nodes where
+    its GPUs sit idle."""
     now = time.time() if now is None else now
     specs: list[FindingSpec] = []
     with store.session() as session:
-        jobs = list(session.execute(
-            select(SlurmJob, Workflow.labels).join(Workflow, Workflow.id == SlurmJob.workflow_id)
+        jobs = list(session.scalars(
+            select(SlurmJob).join(Workflow, Workflow.id == SlurmJob.workflow_id)
             .where(SlurmJob.state == "RUNNING", SlurmJob.node.is_not(None), Workflow.created_at <= now - grace_s)))
-        held = {job.workflow_id: _held(job, labels) for job, labels in jobs}
+        held = {job.workflow_id: {str(n): [int(i) for i in ix] for n, ix in job.gpus_by_node or []} for job in jobs}
         nodes = {n for on in held.values() for n in on}
         watched = set(session.scalars(select(Host.id).where(Host.id.in_(nodes), Host.source != "slurm",
                                                             Host.last_seen >= now - agent_max_age_s)))
         running = set(session.execute(select(Process.workflow_id, Process.host_id).where(
             Process.host_id.in_(watched), Process.ended_at.is_(None))).tuples())
-        for job, _labels in jobs:
+        for job in jobs:
             idle = {n: ix for n, ix in held[job.workflow_id].items()
                     if n in watched and ix and (job.workflow_id, n) not in running}
             if not idle:
@@ -56,10 +55,3 @@ def find_slurm_holders_without_processes(store: Store, *, now: float | None = No
         upsert_findings(session, specs, now)
     return len(specs)
 
-
-def _held(job: SlurmJob, labels: dict[str, Any] | None) -> dict[str, list[int]]:
-    """{node: GPU indices} the job holds: every node's from the import's label, else its row's one node."""
-    by_node = (labels or {}).get("slurm_gpus")  # [[node, [index, ...]], ...]
-    if isinstance(by_node, list) and by_node:
-        return {str(n): [int(i) for i in ix] for n, ix in by_node}
-    return {job.node: list(job.gpu_indices or [])} if job.node else {}

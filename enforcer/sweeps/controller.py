@@ -193,7 +193,7 @@ class SweepController:
             if not o.running or o.trial_id == but:
                 continue
             if o.width >= 1.0 - 1e-9:
-                whole += round(o.width)
+                whole += gpus_for(o.width)
                 continue
             width, gpus = self.placed.get(o.trial_id, (0.0, frozenset()))
             if gpus and abs(width - o.width) <= 1e-9:
