@@ -243,9 +243,13 @@ class SdkHandlers:
                 log.exception("job SDK write failed")
 
     def _write_steps(self) -> None:
+        # What is written is taken off the queues first, so a summary or a memory change that arrives during the
+        # write stays queued for the next one; on DatabaseUnavailable it all goes back in front, in order.
         with self._lock:
             rows = list(self._step_rows)
+            self._step_rows.clear()
             dirty = set(self._dirty_mem)
+            self._dirty_mem.clear()
             mem = {wf: workflow_memory(self._mem, wf) for wf in dirty}
             contexts = {wf: self._context.workflow_context(wf) for wf in dirty}
         if not rows and not mem:
@@ -260,13 +264,20 @@ class SdkHandlers:
                     record_workflow_memory(session, wf, figures)
                     record_workflow_context(session, wf, contexts[wf])
         except DatabaseUnavailable:
-            raise  # kept for the next try
+            with self._lock:  # kept for the next try
+                self._step_rows.extendleft(reversed(rows))
+                self._trim_step_rows()
+                self._dirty_mem |= dirty
+            raise
         except Exception:  # rows the database refuses would block every later row: drop them, loudly
             log.exception("job SDK step summaries refused by the database; %d dropped", len(rows))
-        with self._lock:
-            for _ in rows:
-                self._step_rows.popleft()
-            self._dirty_mem -= dirty
+
+    def _trim_step_rows(self) -> None:
+        """Drop the oldest queued step summaries past MAX_QUEUED_STEP_ROWS (the database has been away long).
+        Call under the lock."""
+        while len(self._step_rows) > MAX_QUEUED_STEP_ROWS:
+            self._step_rows.popleft()
+            self._dropped_rows += 1
 
     def _run_ops(self, limit: int) -> None:
         """Carry out the first `limit` queued updates, in order."""
@@ -353,9 +364,7 @@ class SdkHandlers:
             rows[0]["_touch"] = touch_fields(msg)  # the workflow row must exist before its step rows
         with self._lock:
             self._step_rows.extend(rows)
-            while len(self._step_rows) > MAX_QUEUED_STEP_ROWS:
-                self._step_rows.popleft()
-                self._dropped_rows += 1
+            self._trim_step_rows()
             if note_memory(self._mem, (wf, pid), batches):
                 self._dirty_mem.add(wf)
             for b in batches:

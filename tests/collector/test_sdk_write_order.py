@@ -3,10 +3,12 @@ store while steps it sent before saying goodbye are still queued, however the me
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import func, select
 
 from collector import protocol as p
 from collector.sdk_handlers import SdkHandlers
+from store.errors import DatabaseUnavailable
 from store.models import StepStat, Workflow
 from store.settings import get_settings
 
@@ -47,3 +49,66 @@ def test_a_goodbye_that_arrives_while_steps_are_written_waits_for_its_steps(sqli
     assert state() == ("running", 4)  # the goodbye waits: its steps are not in the store yet
     handler.flush()
     assert state() == ("finished", 9)
+
+
+def _memory_batch(first: int, last: int) -> dict:
+    return {**_batch(first, last), "mem_persistent": 1_000_000, "mem_peak": 1_500_000, "mem_source": "rss"}
+
+
+def _during_the_next_write(handler: SdkHandlers, action) -> None:
+    """Run `action` once, while the handler's next write is inside its database session."""
+    store, session = handler.store, handler.store.session
+    done = []
+
+    class Interleaving:
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def session(self):
+            if not done:
+                done.append(True)
+                action()
+            return session()
+
+    handler.store = Interleaving()
+
+
+def test_memory_reported_while_steps_are_written_reaches_the_workflow(sqlite_store, fleet_home) -> None:
+    handler = SdkHandlers(sqlite_store, "h1", get_settings(fresh=True))
+    assert handler.handle(_msg(p.HELLO, name="wf-order", total_steps=10, start_step=0, lane=None,
+                               id_source="env"))["ok"]
+    assert handler.handle(_msg(p.STEPS, batches=[_memory_batch(0, 4)]))["ok"]
+    # the job's last summary, with its memory, arrives while the first is being written
+    _during_the_next_write(handler, lambda: handler.handle(_msg(p.STEPS, batches=[_memory_batch(5, 9)])))
+    handler.flush()
+    handler.flush()
+    with sqlite_store.session() as s:
+        wf = s.get(Workflow, "wf-order")
+        assert wf.labels["mem_steps"] == 10 and wf.labels["mem_source"] == "rss"
+        firsts = s.scalars(select(StepStat.first_step).where(StepStat.workflow_id == "wf-order")
+                           .order_by(StepStat.first_step)).all()
+    assert firsts == [0, 5]
+
+
+def test_steps_kept_while_the_database_is_away_stay_in_order_with_later_ones(sqlite_store, fleet_home) -> None:
+    handler = SdkHandlers(sqlite_store, "h1", get_settings(fresh=True))
+    assert handler.handle(_msg(p.HELLO, name="wf-order", total_steps=15, start_step=0, lane=None,
+                               id_source="env"))["ok"]
+    assert handler.handle(_msg(p.STEPS, batches=[_memory_batch(0, 4)]))["ok"]
+
+    def away() -> None:
+        assert handler.handle(_msg(p.STEPS, batches=[_memory_batch(5, 9)]))["ok"]
+        raise DatabaseUnavailable("the database is away")
+
+    _during_the_next_write(handler, away)
+    with pytest.raises(DatabaseUnavailable):
+        handler.flush()
+    assert [r["first_step"] for r in handler._step_rows] == [0, 5]
+    assert handler.handle(_msg(p.STEPS, batches=[_memory_batch(10, 14)]))["ok"]
+    handler.flush()
+    handler.flush()
+    with sqlite_store.session() as s:
+        rows = s.execute(select(StepStat.first_step, StepStat.id).where(StepStat.workflow_id == "wf-order")
+                         .order_by(StepStat.id)).all()
+        assert [first for first, _ in rows] == [0, 5, 10]  # written in the order the job sent them
+        assert s.get(Workflow, "wf-order").labels["mem_steps"] == 15
