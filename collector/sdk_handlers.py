@@ -31,7 +31,6 @@ from collector.sdk_memory import (
     ProcessMemory,
     as_int,
     note_memory,
-    record_workflow_context,
     record_workflow_memory,
     workflow_memory,
 )
@@ -260,9 +259,8 @@ class SdkHandlers:
                 for touch in touches.values():  # the workflow row must exist before its step rows
                     touch_workflow(session, touch)
                 session.add_all(StepStat(**{k: v for k, v in r.items() if k != "_touch"}) for r in rows)
-                for wf, figures in mem.items():
-                    record_workflow_memory(session, wf, figures)
-                    record_workflow_context(session, wf, contexts[wf])
+                for wf, figures in sorted(mem.items()):  # rows locked in one order by every agent
+                    record_workflow_memory(session, wf, self.host_id, figures, contexts[wf])
         except DatabaseUnavailable:
             with self._lock:  # kept for the next try
                 self._step_rows.extendleft(reversed(rows))

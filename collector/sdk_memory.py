@@ -1,12 +1,14 @@
-"""The agent's record of job memory: each process's (P, E) from its step summaries, a workflow's from them."""
+"""The agent's record of job memory: each process's (P, E) from its step summaries, a workflow's from them, and the
+workflow's row from every host's record."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from store.device_memory import CONTEXT_LABEL, MEM_STEPS_LABEL
+from store.device_memory import CONTEXT_LABEL, HOST_MEMORY_PREFIX, MEM_STEPS_LABEL
 from store.models import Workflow
 from store.rows import merge_labels
 
@@ -47,32 +49,62 @@ def workflow_memory(mem: ProcessMemory, wf: str) -> tuple[int | None, int | None
             max((v[1] for v in values if v[1] is not None), default=None), best, max(v[3] for v in values))
 
 
-def record_workflow_memory(session: Session, wf: str,
-                           figures: tuple[int | None, int | None, str | None, int]) -> None:
-    """Put a workflow's P and E (`workflow_memory`) on its row, with where they come from and the steps seen."""
+def record_workflow_memory(session: Session, wf: str, host_id: str,
+                           figures: tuple[int | None, int | None, str | None, int], context: int | None) -> None:
+    """Put what this host measured of a workflow (`workflow_memory`'s P, E, source and steps, and its C from
+    collector.sdk_context) in its host entry (store.device_memory.HOST_MEMORY_PREFIX), then set the row's P and E,
+    `mem_source`, `mem_steps` and `mem_context` from every host's entry: CUDA figures preferred, the largest of each.
+
+    Agents on several hosts write the same workflow: the row is locked first (PostgreSQL), each host's entry is
+    merged in SQL (store.rows.merge_labels), and the entries are read back after the merge, so the figures taken
+    include every host's as committed, and no agent's write replaces another's with its own alone."""
     persistent, ephemeral, source, steps = figures
-    workflow = session.get(Workflow, wf)
-    if workflow is None or source is None:
+    if source is None and context is None:
         return
-    workflow.mem_persistent, workflow.mem_ephemeral = persistent, ephemeral
-    labels = workflow.labels or {}
-    if labels.get("mem_source") == source:  # a restarted job's count starts again: keep the most
-        steps = max(steps, int(labels.get(MEM_STEPS_LABEL) or 0))
-    if labels.get("mem_source") != source or labels.get(MEM_STEPS_LABEL) != steps:
-        merge_labels(session, workflow, {"mem_source": source, MEM_STEPS_LABEL: steps})
-
-
-def record_workflow_context(session: Session, wf: str, context: int | None) -> None:
-    """Put a workflow's measured C (collector.sdk_context) on its row (labels, store.device_memory.CONTEXT_LABEL),
-    where admission and the fleet state read it (store.device_memory.known_context)."""
-    if context is None:
-        return
-    workflow = session.get(Workflow, wf)
+    workflow = session.execute(select(Workflow).filter_by(id=wf).with_for_update()
+                               .execution_options(populate_existing=True)).scalar_one_or_none()
     if workflow is None:
         return
-    labels = workflow.labels or {}
-    if labels.get(CONTEXT_LABEL) != int(context):
-        merge_labels(session, workflow, {CONTEXT_LABEL: int(context)})
+    key = HOST_MEMORY_PREFIX + host_id
+    old = _host_entry((workflow.labels or {}).get(key))
+    if source is None and old is not None:  # a context alone: this host's memory figures stay as they were
+        persistent, ephemeral, source, steps = old[:4]
+    if old is not None and old[2] == source:  # a restarted job's count starts again: keep the most
+        steps = max(steps, old[3])
+    if context is None and old is not None:
+        context = old[4]
+    entry = [persistent, ephemeral, source, steps, None if context is None else int(context)]
+    if old is None or list(old) != entry:
+        merge_labels(session, workflow, {key: entry})
+    labels = workflow.labels or {}  # read back after the merge: every host's entry as committed
+    entries = [e for k, v in labels.items() if k.startswith(HOST_MEMORY_PREFIX) and (e := _host_entry(v))]
+    patch: dict[str, Any] = {}
+    sized = [e for e in entries if e[2] in ("cuda", "rss")]
+    if sized:
+        best = "cuda" if any(e[2] == "cuda" for e in sized) else "rss"
+        chosen = [e for e in sized if e[2] == best]
+        most = max(e[3] for e in chosen)
+        if labels.get("mem_source") == best:  # a row written before the host entries keeps its count
+            most = max(most, int(labels.get(MEM_STEPS_LABEL) or 0))
+        workflow.mem_persistent = max((e[0] for e in chosen if e[0] is not None), default=None)
+        workflow.mem_ephemeral = max((e[1] for e in chosen if e[1] is not None), default=None)
+        patch.update({"mem_source": best, MEM_STEPS_LABEL: most})
+    contexts = [e[4] for e in entries if e[4] is not None]
+    if contexts:
+        patch[CONTEXT_LABEL] = max(contexts)
+    patch = {k: v for k, v in patch.items() if labels.get(k) != v}
+    if patch:
+        merge_labels(session, workflow, patch)
+
+
+def _host_entry(value: Any) -> tuple[int | None, int | None, str | None, int, int | None] | None:
+    """A host entry as (P, E, source, steps, C), or None when the value is not one (a hand-edited label)."""
+    if not isinstance(value, list) or len(value) != 5:
+        return None
+    persistent, ephemeral, source, steps, context = value
+    if source not in ("cuda", "rss", None):
+        return None
+    return as_int(persistent), as_int(ephemeral), source, as_int(steps) or 0, as_int(context)
 
 
 def as_int(value: Any) -> int | None:

@@ -15,6 +15,11 @@ MEM_STEPS_LABEL = "mem_steps"  # workflows.labels: steps the job SDK has reporte
 # workflows.labels: C, bytes one process of the job holds outside PyTorch's caching allocator (CUDA context, library
 # workspaces), as the agent measured it: NVML's per-process used memory less torch.cuda.memory_reserved()
 CONTEXT_LABEL = "mem_context"
+# workflows.labels: one key per host the job SDK's memory was measured on, "mem_host:<host>", whose value is
+# [P, E, source, steps, C] as that host's agent measured them (None where it has none). The row's P, E and the two
+# labels above are taken over every host's entry (collector.sdk_memory.record_workflow_memory), so a job whose
+# ranks run on several hosts is sized by the largest rank, not by the agent that wrote last.
+HOST_MEMORY_PREFIX = "mem_host:"
 
 
 def unplaced_memory(session: Session, device_ids: Collection[int], placed: Mapping[int, Collection[str]],

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import func, select
 
 from collector.agent_store import touch_new_workflows
-from collector.sdk_memory import record_workflow_context, record_workflow_memory
+from collector.sdk_memory import record_workflow_memory
 from collector.serving_sink import ServingSink
 from store.db import Store
-from store.device_memory import CONTEXT_LABEL, MEM_STEPS_LABEL
+from store.device_memory import CONTEXT_LABEL, HOST_MEMORY_PREFIX, MEM_STEPS_LABEL
 from store.models import Workflow
 from store.rows import merge_labels
 from store.serving import app_windows
@@ -135,16 +135,54 @@ def test_labels_another_agent_set_since_the_row_was_read_are_kept(any_store: Sto
             read = s.get(Workflow, "job")
             assert read.labels == {"team_hint": "vision"}
             with any_store.session() as other:
-                record_workflow_context(other, "job", 512 << 20)
-            record_workflow_memory(s, "job", (4 << 30, 1 << 30, "cuda", 40))
+                record_workflow_memory(other, "job", "host-b", (None, None, None, 0), 512 << 20)
+            record_workflow_memory(s, "job", "host-a", (4 << 30, 1 << 30, "cuda", 40), None)
             assert read.labels[CONTEXT_LABEL] == 512 << 20  # the object is read back after the merge
     finally:
         slow.dispose()
     with any_store.session() as s:
         wf = s.get(Workflow, "job")
         assert wf.labels == {"team_hint": "vision", CONTEXT_LABEL: 512 << 20, "mem_source": "cuda",
-                             MEM_STEPS_LABEL: 40}
+                             MEM_STEPS_LABEL: 40, HOST_MEMORY_PREFIX + "host-a": [4 << 30, 1 << 30, "cuda", 40, None],
+                             HOST_MEMORY_PREFIX + "host-b": [None, None, None, 0, 512 << 20]}
         assert (wf.mem_persistent, wf.mem_ephemeral) == (4 << 30, 1 << 30)
         for bad in (None, {"nested": 1}):
             with pytest.raises(ValueError, match="must be set, and be a scalar or a list"):
                 merge_labels(s, wf, {"trial": bad})
+
+
+def test_a_job_on_several_hosts_is_sized_by_its_largest_rank_whatever_order_the_agents_write_in(
+        any_store: Store) -> None:
+    """Each host's agent records its ranks' memory at once, round after round: the row carries the largest P and E
+    of any host (not the last writer's), the most steps, and the largest C; every host's own entry is kept."""
+    with any_store.session() as s:
+        upsert_workflow(s, "ddp", id_source="env", now=1.0)
+    url = any_store.url
+    GiB = 1 << 30
+
+    def record(k: int, barrier: threading.Barrier) -> None:
+        store = Store(url)
+        try:
+            for rnd in range(1, 11):
+                barrier.wait(timeout=60)
+                # host k's ranks hold (k + 1) GiB and a little more each round; host 0's have seen the most steps
+                with store.session() as s:
+                    record_workflow_memory(s, "ddp", f"host-{k}", ((k + 1) * GiB + rnd, GiB // (k + 1) + rnd, "cuda",
+                                                                   rnd * (10 if k == 0 else 1)), ((k + 1) << 20) + rnd)
+        finally:
+            store.dispose()
+
+    assert _together(record) == []
+    with any_store.session() as s:
+        wf = s.get(Workflow, "ddp")
+        assert (wf.mem_persistent, wf.mem_ephemeral) == (AGENTS * GiB + 10, GiB + 10)  # the last round's largest
+        assert (wf.labels["mem_source"], wf.labels[MEM_STEPS_LABEL], wf.labels[CONTEXT_LABEL]) == \
+            ("cuda", 100, (AGENTS << 20) + 10)
+        assert {k for k in wf.labels if k.startswith(HOST_MEMORY_PREFIX)} == \
+            {f"{HOST_MEMORY_PREFIX}host-{k}" for k in range(AGENTS)}
+        # a host whose job measures host memory only (no CUDA) does not replace the CUDA figures, however large
+        record_workflow_memory(s, "ddp", "host-cpu", (64 * GiB, 0, "rss", 500), None)
+    with any_store.session() as s:
+        wf = s.get(Workflow, "ddp")
+        assert (wf.mem_persistent, wf.labels["mem_source"], wf.labels[MEM_STEPS_LABEL]) == \
+            (AGENTS * GiB + 10, "cuda", 100)
