@@ -55,9 +55,10 @@ def record_workflow_memory(session: Session, wf: str, host_id: str,
     collector.sdk_context) in its host entry (store.device_memory.HOST_MEMORY_PREFIX), then set the row's P and E,
     `mem_source`, `mem_steps` and `mem_context` from every host's entry: CUDA figures preferred, the largest of each.
 
-    Agents on several hosts write the same workflow: the row is locked first (PostgreSQL), each host's entry is
-    merged in SQL (store.rows.merge_labels), and the entries are read back after the merge, so the figures taken
-    include every host's as committed, and no agent's write replaces another's with its own alone."""
+    Agents on several hosts write the same workflow. The row is locked first (PostgreSQL; on SQLite the entry's
+    UPDATE takes the write lock), each host's entry is merged in SQL (store.rows.merge_labels), and the entries are
+    read back after the merge, so the figures taken include every host's as committed, and no agent's write
+    replaces another's with its own alone."""
     persistent, ephemeral, source, steps = figures
     if source is None and context is None:
         return
@@ -74,8 +75,9 @@ def record_workflow_memory(session: Session, wf: str, host_id: str,
     if context is None and old is not None:
         context = old[4]
     entry = [persistent, ephemeral, source, steps, None if context is None else int(context)]
-    if old is None or list(old) != entry:
-        merge_labels(session, workflow, {key: entry})
+    # written even when unchanged: on SQLite the UPDATE is what takes the write lock, so the entries read back
+    # next are every host's as committed, and no other agent writes before this transaction ends
+    merge_labels(session, workflow, {key: entry})
     labels = workflow.labels or {}  # read back after the merge: every host's entry as committed
     entries = [e for k, v in labels.items() if k.startswith(HOST_MEMORY_PREFIX) and (e := _host_entry(v))]
     patch: dict[str, Any] = {}
