@@ -113,13 +113,37 @@ def asked_to_move(started: Started | None, job_id: int, submit_time: float, rest
     return started.restart_count < restart_count or started.started_at >= submit_time - CLOCK_SLACK_S
 
 
-def sdk_asked_from(settings: Settings) -> SdkAsked:
+class StartMarks:
+    """The start marks of one reading of the cluster, each job's read at most once (one read of the shared checkpoint
+    location per job, and one answer for both questions asked of it: did its SDK ask to be movable, may it be
+    signalled). A mark that could not be read raises the same error each time it is asked for."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._read: dict[str, Started | None | InvalidInput | OSError] = {}
+
+    def started(self, workflow_id: str) -> Started | None:
+        if workflow_id not in self._read:
+            try:
+                self._read[workflow_id] = read_started(job_folder(self.settings, workflow_id))
+            except (InvalidInput, OSError) as exc:
+                self._read[workflow_id] = exc
+        found = self._read[workflow_id]
+        if isinstance(found, (InvalidInput, OSError)):
+            raise found
+        return found
+
+
+def sdk_asked_from(settings: Settings, marks: StartMarks | None = None) -> SdkAsked:
     """What store.slurm.parse_jobs consults for a job without the opt-in comment: its start mark, in its checkpoint
-    location as the enforcer's host sees it. A mark that cannot be read counts as not asked (logged)."""
+    location as the enforcer's host sees it: read through `marks` when given (one reading of the cluster reads each
+    mark once), else afresh at each call. A mark that cannot be read counts as not asked (logged)."""
+    def started_of(workflow_id: str) -> Started | None:
+        return marks.started(workflow_id) if marks is not None else read_started(job_folder(settings, workflow_id))
+
     def asked(job_id: int, submit_time: float, restart_count: int) -> bool:
-        folder = job_folder(settings, workflow_id_of(job_id))
         try:
-            started = read_started(folder)
+            started = started_of(workflow_id_of(job_id))
         except (InvalidInput, OSError) as exc:
             log.warning("slurm job %s: its start mark cannot be read (%s); it counts as not asking to be movable",
                         job_id, exc)

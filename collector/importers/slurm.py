@@ -45,7 +45,7 @@ from store.slurm import (
     shard_share,
 )
 from store.slurm_cli import SlurmCli
-from store.slurm_marks import job_folder, read_started, sdk_asked_from, signal_unsafe
+from store.slurm_marks import StartMarks, sdk_asked_from, signal_unsafe
 from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,9 @@ def read_view(cli: SlurmCli, sdk_asked: SdkAsked | None = None) -> SlurmView:
 def import_slurm(store: Store, settings: Settings, *, cli: SlurmCli | None = None,
                  now: float | None = None) -> SlurmImport:
     """Read the cluster and record it (one transaction)."""
-    view = read_view(cli or SlurmCli.from_settings(settings), sdk_asked_from(settings))
-    return record_view(store, view, settings, now=time.time() if now is None else now)
+    marks = StartMarks(settings)  # each job's start mark read once, for its opt-in and its signal safety
+    view = read_view(cli or SlurmCli.from_settings(settings), sdk_asked_from(settings, marks))
+    return record_view(store, view, settings, now=time.time() if now is None else now, marks=marks)
 
 
 def import_slurm_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
@@ -87,7 +88,10 @@ def import_slurm_from_settings(store: Store, settings: Settings) -> dict[str, An
             "errors": result.errors}
 
 
-def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float) -> SlurmImport:
+def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float,
+                marks: StartMarks | None = None) -> SlurmImport:
+    """Record one reading of the cluster in one transaction; `marks`: the start marks read for that reading."""
+    marks = marks or StartMarks(settings)
     result = SlurmImport(version=view.version, nodes=len(view.nodes))
     with store.session() as session:
         devices = {name: _node_devices(session, node, now) for name, node in view.nodes.items()}
@@ -99,7 +103,7 @@ def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float
                 continue
             if job.gres_error:
                 result.errors.append(f"slurm job {job.job_id}: {job.gres_error}")
-            job = _unless_signal_unsafe(job, settings)
+            job = _unless_signal_unsafe(job, marks)
             _record_job(session, job, settings, devices, view, now)
             seen.add(job.workflow_id)
             result.jobs += 1
@@ -110,14 +114,14 @@ def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float
     return result
 
 
-def _unless_signal_unsafe(job: SlurmJob, settings: Settings) -> SlurmJob:
+def _unless_signal_unsafe(job: SlurmJob, marks: StartMarks) -> SlurmJob:
     """An opted-in job whose own start mark says the checkpoint signal would kill it (its SDK is not the batch step's
     process) is recorded as not movable, with the reason, so that no cycle plans a move the actuator must refuse. A
     job with no mark yet stays as it is: the actuator waits for its mark before it signals."""
     if not job.opted_in:
         return job
     try:
-        started = read_started(job_folder(settings, job.workflow_id))
+        started = marks.started(job.workflow_id)
     except (InvalidInput, OSError) as exc:
         log.warning("slurm job %s: its start mark cannot be read (%s)", job.job_id, exc)
         return job
