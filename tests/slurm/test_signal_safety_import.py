@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 
-from collector.importers.slurm import record_view
+import store.slurm_marks as marks_module
+from collector.importers.slurm import import_slurm, record_view
 from store.models_slurm import SlurmJob
 from store.settings import Settings
 from store.slurm import SlurmView, parse_jobs, parse_nodes
@@ -44,9 +45,6 @@ def test_one_import_reads_a_job_s_start_mark_once_for_its_opt_in_and_its_signal_
         sqlite_store, tmp_path, monkeypatch) -> None:
     """A job opted in by its SDK alone (no comment): one reading of the cluster asks its mark whether the SDK asked
     to be movable and whether the signal is safe, and the shared checkpoint location is read once for both."""
-    import store.slurm_marks as marks_module
-    from collector.importers.slurm import import_slurm
-
     settings = Settings(home=tmp_path)
     write_mark(job_folder(settings, "slurm-7"), STARTED,
                Started(job_id=7, restart_count=0, step=0, gpus="0", started_at=2000.0, movable=True,
