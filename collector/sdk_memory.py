@@ -40,11 +40,16 @@ def note_memory(mem: ProcessMemory, key: tuple[str, int], batches: list[dict[str
 def workflow_memory(mem: ProcessMemory, wf: str) -> tuple[int | None, int | None, str | None, int]:
     """The workflow's P and E: the largest over its processes, CUDA numbers preferred; and the most steps any
     of its processes was seen for. Call under the lock."""
-    mine = [v for k, v in mem.items() if k[0] == wf]
-    if not mine:
+    return largest([v for k, v in mem.items() if k[0] == wf])
+
+
+def largest(figures: list[tuple[int | None, int | None, str, int]]) -> tuple[int | None, int | None, str | None, int]:
+    """(P, E, source, steps) over several processes' or hosts' figures: CUDA numbers preferred, then the largest P,
+    the largest E and the most steps among those of that source; (None, None, None, 0) for none."""
+    if not figures:
         return None, None, None, 0
-    best = "cuda" if any(v[2] == "cuda" for v in mine) else "rss"
-    values = [v for v in mine if v[2] == best]
+    best = "cuda" if any(v[2] == "cuda" for v in figures) else "rss"
+    values = [v for v in figures if v[2] == best]
     return (max((v[0] for v in values if v[0] is not None), default=None),
             max((v[1] for v in values if v[1] is not None), default=None), best, max(v[3] for v in values))
 
@@ -81,15 +86,11 @@ def record_workflow_memory(session: Session, wf: str, host_id: str,
     labels = workflow.labels or {}  # read back after the merge: every host's entry as committed
     entries = [e for k, v in labels.items() if k.startswith(HOST_MEMORY_PREFIX) and (e := _host_entry(v))]
     patch: dict[str, Any] = {}
-    sized = [e for e in entries if e[2] in ("cuda", "rss")]
-    if sized:
-        best = "cuda" if any(e[2] == "cuda" for e in sized) else "rss"
-        chosen = [e for e in sized if e[2] == best]
-        most = max(e[3] for e in chosen)
+    persistent, ephemeral, best, most = largest([e[:4] for e in entries if e[2] in ("cuda", "rss")])
+    if best is not None:
         if labels.get("mem_source") == best:  # a row written before the host entries keeps its count
             most = max(most, int(labels.get(MEM_STEPS_LABEL) or 0))
-        workflow.mem_persistent = max((e[0] for e in chosen if e[0] is not None), default=None)
-        workflow.mem_ephemeral = max((e[1] for e in chosen if e[1] is not None), default=None)
+        workflow.mem_persistent, workflow.mem_ephemeral = persistent, ephemeral
         patch.update({"mem_source": best, MEM_STEPS_LABEL: most})
     contexts = [e[4] for e in entries if e[4] is not None]
     if contexts:
