@@ -43,7 +43,11 @@ class Parsed:
 
 def parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, set]) -> Parsed:
     out = Parsed()
-    dev_index: dict[DeviceKey, int] = {}
+    # one device per (host, index): dcgm-exporter 1.x's series of a GPU carry no modelName, today's do, so their
+    # DeviceKeys differ while both are the same GPU (a fleet half-way through an upgrade); the device is named by
+    # its highest-priority series (today's names come first)
+    dev_index: dict[tuple[str, int], int] = {}
+    dev_prio: list[int] = []
     wf_index: dict[WorkflowKey, int] = {}
     # scrape targets whose pod labels Prometheus renamed (kube-prometheus): on each of their series, pod, namespace
     # and container are the target's, even where dcgm-exporter wrote none (a GPU no workload uses)
@@ -68,17 +72,20 @@ def parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, s
         if f is None:  # which workflow uses the device, apart from its readings
             users.append((dev, labels, np.fromiter((p[0] for p in points), float, len(points))))
             continue
-        d = dev_index.get(dev)
+        prio = PRIO[name]
+        d = dev_index.get((dev.host, dev.index))
         if d is None:
-            d = dev_index[dev] = len(out.devices)
+            d = dev_index[(dev.host, dev.index)] = len(out.devices)
             out.devices.append(dev)
             out.columns.append({})
+            dev_prio.append(prio)
+        elif prio < dev_prio[d]:
+            out.devices[d], dev_prio[d] = dev, prio
         ts = np.fromiter((p[0] for p in points), float, len(points))
         values = np.array([p[1] for p in points], dtype=float) * f.scale
         ok = np.isfinite(values)
         if not ok.all():
             ts, values = ts[ok], values[ok]
-        prio = PRIO[name]
         have = out.columns[d].get(f.column)
         if have is None or prio < have[0]:
             out.columns[d][f.column] = (prio, ts, values)
@@ -86,9 +93,8 @@ def parse(series: list[dict[str, Any]], settings: Settings, skipped: dict[str, s
             both_ts, first = np.unique(np.concatenate([have[1], ts]), return_index=True)
             out.columns[d][f.column] = (prio, both_ts, np.concatenate([have[2], values])[first])
         _add_user(out, wf_index, d, workflow_of(labels, settings), ts)
-    at = {(key.host, key.index): d for key, d in dev_index.items()}  # the users series carry no model name
     for dev, labels, ts in users:
-        d = at.get((dev.host, dev.index))
+        d = dev_index.get((dev.host, dev.index))
         if d is not None:  # a device without readings has no samples to attribute
             _add_user(out, wf_index, d, workflow_of(labels, settings), ts)
     return out
@@ -126,45 +132,82 @@ def wide_columns(parsed: Parsed) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return wide, np.array(offsets, dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class Carried:
+    """A device's counters where its stored samples end, for the next window or run to carry on from (None: not
+    known): ECC errors as stored (kept rising across resets) and as the exporter last reported them, and the XID
+    count and the last XID code. An import carries all four from window to window; a new run reads only the stored
+    ones (the store keeps no raw value)."""
+
+    ecc: float | None = None
+    ecc_raw: float | None = None
+    xid: int | None = None
+    xid_code: float | None = None
+
+
 def counters(wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarray,
-              last: dict[int, tuple[Any, Any]]) -> int:
+             carried: dict[int, Carried]) -> tuple[int, dict[int, Carried]]:
     """ecc_errors made monotonic across resets, and xid_errors as a count of new XID codes, each carrying on from
-    the device's last stored sample (`last`: dev -> stored (ecc, xid) at the cursor); returns the resets seen."""
+    the device's last stored sample (`carried`: dev -> its counters there); returns the resets seen and each
+    device's counters after its last new sample.
+
+    The raw values to carry on from are, in order: those carried from the window before; those of the stored point
+    fetched again (at or before the cursor); else, with a gap over the stored point, the stored count alone: the
+    ECC count then carries on as the larger of the stored count and the new reading (right unless the counter was
+    reset in the gap), and a non-zero XID code after a stored non-zero count is taken as the one already counted."""
     resets = 0
+    after: dict[int, Carried] = {}
     ecc_all, code_all, ts_all = wide["ecc_errors"], wide["xid_code"], wide["ts"]
     xid_all = np.full(len(ts_all), np.nan)
     for d in range(len(offsets) - 1):
         lo, hi = int(offsets[d]), int(offsets[d + 1])
-        stored_ecc, stored_xid = last.get(d, (None, None))
+        was = carried.get(d, Carried())
         old = ts_all[lo:hi] <= cursor[d]  # fetched again only to carry the counts on
         ecc = ecc_all[lo:hi]
+        ecc_now, raw_now = was.ecc, was.ecc_raw
         if np.isfinite(ecc).any():
             offset, prev = 0.0, None
             base = np.flatnonzero(old & np.isfinite(ecc))
-            if len(base) and stored_ecc is not None:
+            if was.ecc is not None and was.ecc_raw is not None:
+                prev, offset = was.ecc_raw, was.ecc - was.ecc_raw
+            elif was.ecc is not None and len(base):
                 prev = float(ecc[base[-1]])
-                offset = float(stored_ecc) - prev
-            for i in np.flatnonzero(np.isfinite(ecc) & ~old):
+                offset = was.ecc - prev
+            new = np.flatnonzero(np.isfinite(ecc) & ~old)
+            if prev is None and was.ecc is not None and len(new):  # a gap over the stored point
+                prev = float(ecc[new[0]])
+                offset = max(0.0, was.ecc - prev)
+            for i in new:
                 v = float(ecc[i])
                 if prev is not None and v < prev:  # it dropped: the counter restarted from zero
                     offset += prev
                     resets += 1
                 ecc[i] = offset + v
                 prev = v
+            if len(new):
+                ecc_now, raw_now = float(ecc[new[-1]]), prev
         codes = code_all[lo:hi]
+        count, code_now = was.xid, was.xid_code
         if np.isfinite(codes).any():
             base = np.flatnonzero(old & np.isfinite(codes))
-            prev_code = float(codes[base[-1]]) if len(base) else 0.0
-            count = int(stored_xid or 0)
+            if was.xid_code is not None:
+                prev_code: float | None = was.xid_code
+            elif len(base):
+                prev_code = float(codes[base[-1]])
+            else:  # nothing counted yet: the code was 0; else it is the one counted last, whatever it was
+                prev_code = None if was.xid else 0.0
+            count = int(was.xid or 0)
             out = xid_all[lo:hi]
             for i in np.flatnonzero(np.isfinite(codes) & ~old):
                 v = float(codes[i])
-                if v != prev_code and v != 0:
+                if prev_code is not None and v != prev_code and v != 0:
                     count += 1
                 out[i] = count
                 prev_code = v
+            code_now = prev_code
+        after[d] = Carried(ecc_now, raw_now, count, code_now)
     wide["xid_errors"] = xid_all
-    return resets
+    return resets, after
 
 
 def arrow(values: np.ndarray, integer: bool = False) -> pa.Array:
@@ -181,14 +224,23 @@ def arrow(values: np.ndarray, integer: bool = False) -> pa.Array:
 
 def processes(parsed: Parsed, wide: dict[str, np.ndarray], offsets: np.ndarray, cursor: np.ndarray
                ) -> dict[tuple[int, int], np.ndarray]:
-    """{(dev, workflow): row numbers in `wide`} of the new samples each workflow's series have on each device."""
+    """{(dev, workflow): row numbers in `wide`} of the new samples each workflow's series have on each device.
+
+    Only times the device has a row at: a workflow's series of a field another field's series replaced (GPU_UTIL
+    kept, GR_ENGINE_ACTIVE not), or an agent's fleetlens_device_workflow, can carry times the device's readings
+    lack, and a process sample is one of the device's samples."""
     out = {}
     for (d, w), times in parsed.users.items():
         ts = np.unique(np.concatenate(times))
         ts = ts[ts > cursor[d]]
         if len(ts):
             lo, hi = int(offsets[d]), int(offsets[d + 1])
-            out[(d, w)] = lo + np.searchsorted(wide["ts"][lo:hi], ts)
+            device_ts = wide["ts"][lo:hi]
+            at = np.searchsorted(device_ts, ts)
+            found = at < len(device_ts)
+            found[found] = device_ts[at[found]] == ts[found]
+            if found.any():
+                out[(d, w)] = lo + at[found]
     return out
 
 

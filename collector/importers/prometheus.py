@@ -43,6 +43,7 @@ from sqlalchemy import func, select, tuple_
 
 from collector.dcgm_names import DEVICE_WORKFLOW, FIELDS, LEGACY
 from collector.importers.dcgm_frames import (
+    Carried,
     counters,
     parse,
     processes,
@@ -117,9 +118,9 @@ def _cursors(store: Store) -> dict[tuple[str, int], tuple[int, float | None]]:
 
 
 def _resume_points(store: Store, cursors: dict[tuple[str, int], tuple[int, float | None]]
-                   ) -> dict[tuple[str, int], tuple[float, Any, Any]]:
-    """{(host, index): (time, ecc_errors, xid_errors)} of each imported device's last stored sample: where its
-    series resumes and where its counters carry on from."""
+                   ) -> dict[tuple[str, int], tuple[float, Carried]]:
+    """{(host, index): (time, counters)} of each imported device's last stored sample: where its series resumes
+    and where its counters carry on from."""
     wanted = {(d, t): key for key, (d, t) in cursors.items() if t is not None}
     if not wanted:
         return {}
@@ -128,7 +129,8 @@ def _resume_points(store: Store, cursors: dict[tuple[str, int], tuple[int, float
             select(DeviceSample.device_id, DeviceSample.ts, DeviceSample.ecc_errors, DeviceSample.xid_errors)
             .where(tuple_(DeviceSample.device_id, DeviceSample.ts).in_(list(wanted)))
         ).all()
-    return {wanted[(d, t)]: (float(t), e, x) for d, t, e, x in rows}
+    return {wanted[(d, t)]: (float(t), Carried(ecc=None if e is None else float(e), xid=x))
+            for d, t, e, x in rows}
 
 
 def import_windows(since: float, until: float, step: float, settings: Settings) -> list[tuple[float, float]]:
@@ -296,7 +298,7 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
 
 
 def _plan_window(series: list[dict[str, Any]], settings: Settings,
-                 resume: dict[tuple[str, int], tuple[float, Any, Any]], summary: ImportSummary,
+                 resume: dict[tuple[str, int], tuple[float, Carried]], summary: ImportSummary,
                  seen: dict[str, Any]) -> Window | None:
     """What is new in one window's series (None: nothing); `resume` moves on to the window's last new samples."""
     # the same series come back in every window: count each once
@@ -307,8 +309,9 @@ def _plan_window(series: list[dict[str, Any]], settings: Settings,
     wide, offsets = wide_columns(parsed)
     points = [resume.get((d.host, d.index)) for d in parsed.devices]
     cursor = np.array([-math.inf if p is None else p[0] for p in points])
-    last = {d: (p[1], p[2]) for d, p in enumerate(points) if p is not None}
-    summary.counter_resets += counters(wide, offsets, cursor, last)
+    carried = {d: p[1] for d, p in enumerate(points) if p is not None}
+    resets, after = counters(wide, offsets, cursor, carried)
+    summary.counter_resets += resets
     keep = wide["ts"] > cursor[wide["dev"]]
     if not keep.any():
         return None
@@ -317,14 +320,8 @@ def _plan_window(series: list[dict[str, Any]], settings: Settings,
         lo, hi = int(offsets[d]), int(offsets[d + 1])
         rows = np.flatnonzero(keep[lo:hi])
         if len(rows):
-            r = lo + int(rows[-1])
-            resume[(key.host, key.index)] = (float(wide["ts"][r]), _scalar(wide["ecc_errors"][r]),
-                                             _scalar(wide["xid_errors"][r]))
+            resume[(key.host, key.index)] = (float(wide["ts"][lo + int(rows[-1])]), after[d])
     return Window(parsed, wide, keep, procs)
-
-
-def _scalar(value: float) -> int | None:
-    return None if not np.isfinite(value) else int(round(float(value)))
 
 
 FIELD_NAMES = frozenset(f.name for f in FIELDS)
