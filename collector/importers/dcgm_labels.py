@@ -39,6 +39,9 @@ from store.settings import Settings
 SOURCE = "prometheus"  # the source of imported hosts and devices, and the id source of a workflow an agent named
 PID_BASE = 1 << 30  # synthetic pids (dcgm-exporter sees no processes), above any real pid_max
 MIG_INDEX_BASE = 1000  # a MIG instance's device index: (gpu + 1) * 1000 + GPU_I_ID, apart from whole GPUs
+# a GPU known by its UUID alone (no gpu label) gets an index from the UUID's hash, above any GPU's index (and its MIG
+# instances' below 2**31): two such GPUs of a host share one with odds of 1 in 900,000 a pair
+UUID_INDEX_BASE, UUID_INDEX_SPAN = 1_000_000, 900_000
 K8S_LABELS = (POD, NAMESPACE, CONTAINER)
 # the pod of dcgm-exporter itself (gpu-operator's nvidia-dcgm-exporter-xxxxx, the Helm chart's dcgm-exporter-xxxxx):
 # a series labelled with it is a GPU no workload uses, labelled by Prometheus with its scrape target's pod
@@ -104,7 +107,8 @@ def device_of(labels: dict[str, str]) -> DeviceKey | str:
     if gpu is None and not uuid:
         return "without a gpu or UUID label"
     try:
-        index = int(gpu) if gpu is not None else int(hashlib.sha1(uuid.encode()).hexdigest()[:6], 16) % 900
+        index = int(gpu) if gpu is not None else \
+            UUID_INDEX_BASE + int(hashlib.sha1(uuid.encode()).hexdigest()[:8], 16) % UUID_INDEX_SPAN
     except ValueError:
         return "with a gpu label that is not a number"
     model = labels.get(MODEL) or "GPU (dcgm-exporter)"
