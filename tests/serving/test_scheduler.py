@@ -216,3 +216,67 @@ def test_a_running_batch_that_can_no_longer_make_it_is_stopped_and_counted() -> 
     # the point-estimate baseline stops a batch once all its members are late: one at a time, none ends late
     cw = simulate(work, ClockworkLike(d.mean, 0.1, max_batch=1, stop_running=True), 1, 0.1)
     assert cw.late == 0 and cw.stopped > 0
+
+
+def test_stopping_with_the_default_thresholds_is_accepted_and_stop_eps_defaults_to_eps() -> None:
+    d = _dists()
+    q = RequestQueue(d, {"long": 5.0}, alpha=0.1, stop_running=True)
+    assert q.policy.stop_eps == q.policy.eps
+    assert DistributionAware(d, alpha=0.1, eps=0.3, stop_running=True).stop_eps == 0.3
+    # given explicitly, as the simulator and the benchmark do, it is kept
+    assert DistributionAware(d, alpha=0.1, eps=0.3, stop_running=True, stop_eps=0.1).stop_eps == 0.1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"alpha": -0.5}, "alpha=-0.5"),
+    ({"alpha": float("nan")}, "alpha=nan"),
+    ({"alpha": float("inf")}, "alpha=inf"),
+    ({"alpha": 0.1, "eps": 1.0}, "eps=1.0"),
+    ({"alpha": 0.1, "eps": -0.1}, "eps=-0.1"),
+    ({"alpha": 0.1, "eps": float("nan")}, "eps=nan"),
+    ({"alpha": 0.1, "max_batch": 0}, "max_batch=0"),
+    ({"alpha": 0.1, "max_batch": 2.5}, "max_batch=2.5"),
+    ({"alpha": 0.1, "lookahead": 0}, "lookahead=0"),
+    ({"alpha": 0.1, "stop_running": True, "stop_eps": float("nan")}, "stop_eps=nan"),
+])
+def test_the_scheduler_refuses_parameters_it_cannot_plan_with(kwargs, match) -> None:
+    d = _dists()
+    with pytest.raises(InvalidInput, match=match):
+        DistributionAware(d, **kwargs)
+    if "lookahead" not in kwargs:  # the live queue takes the policy's other parameters as they are
+        with pytest.raises(InvalidInput, match=match):
+            RequestQueue(d, {"long": 5.0}, **kwargs)
+
+
+def test_the_live_queue_reuses_the_slots_of_requests_that_left_and_chooses_the_same_batches() -> None:
+    d = _dists()
+    slos = {"short": 4.0, "long": 6.0}
+    rng = np.random.default_rng(7)
+    now = [0.0]
+    q = RequestQueue(d, slos, alpha=0.1, eps=0.3, max_batch=4, groups={"short": "m", "long": "m"},
+                     clock=lambda: now[0])
+    # the same arrivals replayed through the policy over arrays that keep every request ever submitted
+    pol = DistributionAware(d, alpha=0.1, eps=0.3, max_batch=4)
+    n = 3000
+    app = np.zeros(n, dtype=np.int64)
+    deadline = np.zeros(n)
+    work = Workload(np.zeros(n), app, np.zeros(n, dtype=np.int64), np.ones(n), deadline)
+    waiting: list[int] = []
+    ids = 0
+    for _ in range(600):
+        for _ in range(int(rng.integers(0, 6))):
+            name = "short" if rng.random() < 0.6 else "long"
+            r = q.submit(name, ids)
+            app[ids], deadline[ids] = d.index_of[name], r.deadline
+            waiting.append(ids)
+            ids += 1
+        now[0] += float(rng.uniform(0.0, 1.5))
+        expect = pol.select(now[0], {0: waiting} if waiting else {}, work)
+        waiting = [i for i in waiting if i not in set(expect.batch) | set(expect.drop)]
+        batch = q.next_batch(timeout=0)
+        assert [r.payload for r in q.dropped()] == expect.drop
+        assert (batch.payloads if batch else []) == expect.batch
+    assert ids > 1000 and q.submitted == q.served + q.shed + q.pending() == ids
+    assert q.served > 0 and q.shed > 0
+    # the arrays hold the requests waiting at once (a few dozen at most here), not all that were ever submitted
+    assert len(q._view.app) <= 128
