@@ -16,8 +16,10 @@ from enforcer.sim.serving.engine import Workload, simulate
 from enforcer.sim.serving.experiment import OursTuning, prepare, run_policies, tune_ours
 from enforcer.sim.serving.rightsize import prepare_workflow, rightsize
 from enforcer.sim.serving.traces import RequestTrace, read_alibaba_requests, read_azure_requests
+from store import latency_sketch as ls
 from store.errors import InvalidInput, NotFound
 from store.migrations import upgrade
+from store.serving import merge_minutes, set_slo
 from store.workflows import upsert_workflow
 from tests.ui.serving_seed import WORKFLOW, seed_serving
 
@@ -280,3 +282,38 @@ def test_the_live_queue_reuses_the_slots_of_requests_that_left_and_chooses_the_s
     assert q.served > 0 and q.shed > 0
     # the arrays hold the requests waiting at once (a few dozen at most here), not all that were ever submitted
     assert len(q._view.app) <= 128
+
+
+def _minute(app: str, minute: float, n: int, dropped: int, t: float = 0.3) -> dict:
+    eh: dict[int, int] = {}
+    if n:
+        ls.add(eh, t, n)
+    return {"app": app, "minute": minute, "n": n, "dropped": dropped, "met": n, "exec_sum": n * t,
+            "exec_sumsq": n * t * t, "wait_sum": 0.0, "latency_sum": n * t, "batch_sum": n,
+            "exec_hist": ls.to_json(eh), "latency_hist": ls.to_json(eh)}
+
+
+def test_rightsize_counts_shed_requests_as_load_and_refuses_an_application_it_cannot_time(sqlite_store) -> None:
+    now = time.time()
+    seed_serving(sqlite_store, now=now)
+    minute = now // 60 * 60
+    # "upscale" was served three hours ago; in the last hour every one of its requests was shed
+    with sqlite_store.session() as s:
+        set_slo(s, WORKFLOW, "upscale", 1.0)
+        merge_minutes(s, WORKFLOW, [_minute("upscale", minute - 3 * 3600.0, 30, 0)]
+                      + [_minute("upscale", minute - 60.0 * (i + 1), 0, 50) for i in range(10)], devices=4)
+    with pytest.raises(InvalidInput, match=r"every request of 'upscale' \(500\) in the last 3600 s was shed") as e:
+        prepare_workflow(sqlite_store, WORKFLOW, now=now)
+    window = float(str(e.value).split("--window ")[1].split()[0])
+    assert 3 * 3600 <= window <= 3 * 3600 + 120
+    # with a window that reaches its served minute, its shed requests are replayed as load, as the others' are
+    prep, _, _ = prepare_workflow(sqlite_store, WORKFLOW, now=now, window_s=window)
+    assert int(np.sum(np.array(prep.apps)[prep.app] == "upscale")) == 30 + 500
+    assert len(prep.arrival) == 20 * 60 + 8 + 30 + 500
+    # a workflow that has only ever shed its requests says so, not that it has none in the window
+    with sqlite_store.session() as s:
+        upsert_workflow(s, "overloaded")
+        set_slo(s, "overloaded", "a", 0.1)
+        merge_minutes(s, "overloaded", [_minute("a", minute - 600.0, 0, 5000)], devices=2)
+    with pytest.raises(InvalidInput, match=r"'a' \(5000\) .* shed.* no request of \['a'\] was ever served"):
+        prepare_workflow(sqlite_store, "overloaded", now=now)
