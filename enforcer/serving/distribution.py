@@ -21,6 +21,9 @@ DEFAULT_CELLS = 1024
 
 def batch_cost(b: int, alpha: float) -> float:
     """g(b) = 1 + alpha * log2(b): how much longer a batch of b runs than its longest member alone."""
+    if not (alpha >= 0 and math.isfinite(alpha)):  # NaN fails the first test
+        raise InvalidInput(f"batch cost alpha={alpha}: a finite number >= 0 (g(b) = 1 + alpha log2 b; a batch never "
+                           "runs faster than its longest member alone)")
     if b < 1:
         raise InvalidInput(f"batch size {b}: a batch holds at least one request")
     return 1.0 + alpha * math.log2(b)
@@ -35,6 +38,8 @@ class TimeGrid:
 
     @classmethod
     def covering(cls, max_time: float, cells: int = DEFAULT_CELLS) -> TimeGrid:
+        if cells < 2:
+            raise InvalidInput(f"time grid: at least 2 cells, not {cells}")
         if not max_time > 0 or not math.isfinite(max_time):
             raise InvalidInput(f"time grid: the longest execution time must be positive and finite, not {max_time}")
         return cls(max_time * 1.0001 / (cells - 1), cells)

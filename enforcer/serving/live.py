@@ -9,8 +9,8 @@
 With `stop_running`, a batch carries `stop_at` (the queue's clock): an iterative model checks it between steps
 and, once past it, gives the batch up with `q.stop(batch)`; its requests are shed like dropped ones.
 
-The same `DistributionAware.select` the simulator replays decides here; the queue only keeps ids, arrivals,
-applications and deadlines in arrays the policy reads (its `RequestView`).
+The same `DistributionAware.select` the simulator replays decides here; the queue only keeps the waiting requests'
+applications, arrivals and deadlines in arrays the policy reads (its `RequestView`), one slot a waiting request.
 """
 
 from __future__ import annotations
@@ -59,20 +59,35 @@ class LiveBatch:
 
 
 class _View(ArrayRequestView):
-    """Growing arrays indexed by request id (the policy's RequestView)."""
+    """Arrays indexed by slot (the policy's RequestView): a request holds a slot while it waits in the queue, and
+    the slot is reused once the request is batched or dropped, so the arrays grow only with the most requests ever
+    waiting at once, not with every request ever submitted."""
 
     def __init__(self) -> None:
         self.app = np.zeros(64, dtype=np.int64)
         self.group = np.zeros(64, dtype=np.int64)
         self.arrival = np.zeros(64)
         self.deadline = np.zeros(64)
+        self._free: list[int] = []
+        self._used = 0  # slots below it have been handed out at least once
 
-    def put(self, i: int, app: int, group: int, arrival: float, deadline: float) -> None:
-        if i >= len(self.app):
-            for name in ("app", "group", "arrival", "deadline"):
-                arr = getattr(self, name)
-                setattr(self, name, np.concatenate([arr, np.zeros_like(arr)]))
+    def put(self, app: int, group: int, arrival: float, deadline: float) -> int:
+        """A free slot filled with the request's fields."""
+        if self._free:
+            i = self._free.pop()
+        else:
+            i = self._used
+            self._used += 1
+            if i >= len(self.app):
+                for name in ("app", "group", "arrival", "deadline"):
+                    arr = getattr(self, name)
+                    setattr(self, name, np.concatenate([arr, np.zeros_like(arr)]))
         self.app[i], self.group[i], self.arrival[i], self.deadline[i] = app, group, arrival, deadline
+        return i
+
+    def free(self, slots: list[int]) -> None:
+        """The requests in `slots` left the queue: their slots take new requests."""
+        self._free.extend(slots)
 
 
 class RequestQueue:
@@ -80,7 +95,7 @@ class RequestQueue:
 
     def __init__(self, dists: Distributions, slos: Mapping[str, float], alpha: float, *,
                  groups: Mapping[str, str] | None = None, eps: float = DEFAULT_EPS,
-                 max_batch: int = DEFAULT_MAX_BATCH, stop_running: bool = False, stop_eps: float = 0.1,
+                 max_batch: int = DEFAULT_MAX_BATCH, stop_running: bool = False, stop_eps: float | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         missing = [a for a in slos if a not in dists.index_of]
         if missing:
@@ -98,8 +113,8 @@ class RequestQueue:
                                         stop_eps=stop_eps)
         self.clock = clock
         self._view = _View()
-        self._queues: dict[int, list[int]] = {}
-        self._requests: dict[int, LiveRequest] = {}
+        self._queues: dict[int, list[int]] = {}  # group -> slots of its waiting requests, in arrival order
+        self._requests: dict[int, LiveRequest] = {}  # slot -> the request waiting in it
         self._dropped: list[LiveRequest] = []
         self._next_id = 0
         self._cond = threading.Condition()
@@ -117,9 +132,9 @@ class RequestQueue:
             self._next_id += 1
             req = LiveRequest(i, app, payload, now, now + self.slos[app])
             g = self._app_group[app]
-            self._view.put(i, self.dists.index_of[app], g, now, req.deadline)
-            self._queues.setdefault(g, []).append(i)
-            self._requests[i] = req
+            slot = self._view.put(self.dists.index_of[app], g, now, req.deadline)
+            self._queues.setdefault(g, []).append(slot)
+            self._requests[slot] = req
             self.submitted += 1
             self._cond.notify()
         return req
@@ -165,12 +180,14 @@ class RequestQueue:
                         self._queues[g] = [r for r in q if r not in dropped]
                     for r in sel.drop:
                         self._dropped.append(self._requests.pop(r))
+                    self._view.free(sel.drop)
                     self.shed += len(dropped)
                 if sel.batch:
                     g = int(self._view.group[sel.batch[0]])
                     taken = set(sel.batch)
                     self._queues[g] = [r for r in self._queues[g] if r not in taken]
                     reqs = [self._requests.pop(r) for r in sel.batch]
+                    self._view.free(sel.batch)
                     self.served += len(reqs)
                     stop_at = None if sel.stop_after is None else now + sel.stop_after
                     return LiveBatch(self._group_names[g], reqs, sel.predicted_cdf, stop_at)

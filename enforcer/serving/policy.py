@@ -14,10 +14,10 @@ rules below, not its code:
   or, with `pick="rate"`, the group whose best batch scores highest (a shortest-job-like order: it finishes more
   on time, but also when every time is known exactly, so its gain is the order's, not the distributions');
 - optionally (`stop_running`), a running batch is stopped once, given how long it has run, no member's chance of
-  finishing by its deadline reaches `stop_eps` (at most `eps`: for a request running alone the two thresholds
-  then agree; an iterative model stops between steps; the live queue hands the serving loop the moment as
-  `LiveBatch.stop_at`). Off by default: benchmarks/serving.py reports it beside the headline, as a point estimate
-  stopped at its last member's deadline gains most of what it gives ours.
+  finishing by its deadline reaches `stop_eps` (at most `eps`, and `eps` unless given: for a request running alone
+  the two thresholds then agree; an iterative model stops between steps; the live queue hands the serving loop the
+  moment as `LiveBatch.stop_at`). Off by default: benchmarks/serving.py reports it beside the headline, as a point
+  estimate stopped at its last member's deadline gains most of what it gives ours.
 
 The policy sees only queues of request ids and a `RequestView` (application, deadline): never a request's true
 time. The simulator (enforcer/sim/serving) and the live queue (enforcer/serving/live.py) both call `select`.
@@ -115,13 +115,18 @@ class DistributionAware:
 
     def __init__(self, dists: Distributions, alpha: float, *, eps: float = DEFAULT_EPS,
                  max_batch: int = DEFAULT_MAX_BATCH, pick: str = "edf", app_row: np.ndarray | None = None,
-                 lookahead: int = 16, stop_running: bool = False, stop_eps: float = 0.1) -> None:
-        if not 0.0 <= eps < 1.0:
+                 lookahead: int = 16, stop_running: bool = False, stop_eps: float | None = None) -> None:
+        if not 0.0 <= eps < 1.0:  # NaN fails too
             raise InvalidInput(f"drop threshold eps={eps}: a probability in [0, 1)")
-        if max_batch < 1:
-            raise InvalidInput(f"max_batch={max_batch}: at least 1")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int | np.integer) or max_batch < 1:
+            raise InvalidInput(f"max_batch={max_batch!r}: a whole number of requests, at least 1")
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int | np.integer) or lookahead < 1:
+            # with none looked at, no batch is ever formed while requests wait
+            raise InvalidInput(f"lookahead={lookahead!r}: a whole number of requests, at least 1")
         if pick not in ("edf", "rate"):
             raise InvalidInput(f"pick={pick!r}: 'edf' or 'rate'")
+        if stop_eps is None:
+            stop_eps = eps
         if stop_running and not 0.0 < stop_eps <= eps:
             # a request kept because its chance alone is >= eps, but below stop_eps, would be handed out in a batch
             # already due to stop: the two thresholds would contradict each other
@@ -136,7 +141,7 @@ class DistributionAware:
         self.lookahead = lookahead
         self.stop_running = stop_running
         self.stop_eps = stop_eps
-        self.g = [batch_cost(b, alpha) if b else 0.0 for b in range(max_batch + 1)]
+        self.g = [batch_cost(b, alpha) if b else 0.0 for b in range(max_batch + 1)]  # refuses a bad alpha
 
     def _rows(self, apps: np.ndarray) -> np.ndarray:
         return apps if self.app_row is None else self.app_row[apps]

@@ -4,8 +4,12 @@ applications and right-sizes a stored serving workflow; a user's mistake is one 
 from __future__ import annotations
 
 import json
+import time
 
+from store import latency_sketch as ls
+from store.serving import merge_minutes, set_slo
 from store.serving_raw import write_raw
+from store.workflows import upsert_workflow
 from tests.ui.serving_seed import WORKFLOW, seed_serving
 from ui.cli import run
 
@@ -44,3 +48,29 @@ def test_serving_commands(cli_store, capsys) -> None:
     assert "-1.0 is not a positive number of seconds" in capsys.readouterr().err
     assert run(["serving", "slo", "no-such-service", "img2img", "1"]) == 2
     assert "no workflow 'no-such-service' in the store" in capsys.readouterr().err
+
+
+
+def test_rightsize_blames_the_slo_only_when_requests_miss_it_even_alone(cli_store, capsys) -> None:
+    # one 0.1 s request every 10 s and an SLO of 0.105 s: every request fits alone, but a scheduler that holds a
+    # batch open for more requests misses all of them, on any number of devices
+    now = time.time()
+    eh: dict[int, int] = {}
+    ls.add(eh, 0.1, 6)
+    recs = [{"app": "a", "minute": (now - (30 - i) * 60.0) // 60 * 60, "n": 6, "dropped": 0, "met": 6,
+             "exec_sum": 0.6, "exec_sumsq": 0.06, "wait_sum": 0.0, "latency_sum": 0.6, "batch_sum": 6,
+             "exec_hist": ls.to_json(eh), "latency_hist": ls.to_json(eh)} for i in range(30)]
+    with cli_store.session() as s:
+        upsert_workflow(s, "svc")
+        set_slo(s, "svc", "a", 0.105)
+        merge_minutes(s, "svc", recs, devices=1)
+    assert run(["serving", "rightsize", "svc", "--scheduler", "triton_like"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "even alone (relax the SLO" not in out
+    assert "no number of devices up to 64 reaches 99.0% with triton_like" in out
+    # with the SLO below the execution time, it is the SLO that no number of devices can help
+    with cli_store.session() as s:
+        set_slo(s, "svc", "a", 0.05)
+    assert run(["serving", "rightsize", "svc", "--scheduler", "triton_like"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "only 0.00% of requests run within their SLO even alone (relax the SLO or the target)" in out

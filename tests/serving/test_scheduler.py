@@ -16,8 +16,10 @@ from enforcer.sim.serving.engine import Workload, simulate
 from enforcer.sim.serving.experiment import OursTuning, prepare, run_policies, tune_ours
 from enforcer.sim.serving.rightsize import prepare_workflow, rightsize
 from enforcer.sim.serving.traces import RequestTrace, read_alibaba_requests, read_azure_requests
+from store import latency_sketch as ls
 from store.errors import InvalidInput, NotFound
 from store.migrations import upgrade
+from store.serving import merge_minutes, set_slo
 from store.workflows import upsert_workflow
 from tests.ui.serving_seed import WORKFLOW, seed_serving
 
@@ -216,3 +218,102 @@ def test_a_running_batch_that_can_no_longer_make_it_is_stopped_and_counted() -> 
     # the point-estimate baseline stops a batch once all its members are late: one at a time, none ends late
     cw = simulate(work, ClockworkLike(d.mean, 0.1, max_batch=1, stop_running=True), 1, 0.1)
     assert cw.late == 0 and cw.stopped > 0
+
+
+def test_stopping_with_the_default_thresholds_is_accepted_and_stop_eps_defaults_to_eps() -> None:
+    d = _dists()
+    q = RequestQueue(d, {"long": 5.0}, alpha=0.1, stop_running=True)
+    assert q.policy.stop_eps == q.policy.eps
+    assert DistributionAware(d, alpha=0.1, eps=0.3, stop_running=True).stop_eps == 0.3
+    # given explicitly, as the simulator and the benchmark do, it is kept
+    assert DistributionAware(d, alpha=0.1, eps=0.3, stop_running=True, stop_eps=0.1).stop_eps == 0.1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"alpha": -0.5}, "alpha=-0.5"),
+    ({"alpha": float("nan")}, "alpha=nan"),
+    ({"alpha": float("inf")}, "alpha=inf"),
+    ({"alpha": 0.1, "eps": 1.0}, "eps=1.0"),
+    ({"alpha": 0.1, "eps": -0.1}, "eps=-0.1"),
+    ({"alpha": 0.1, "eps": float("nan")}, "eps=nan"),
+    ({"alpha": 0.1, "max_batch": 0}, "max_batch=0"),
+    ({"alpha": 0.1, "max_batch": 2.5}, "max_batch=2.5"),
+    ({"alpha": 0.1, "lookahead": 0}, "lookahead=0"),
+    ({"alpha": 0.1, "stop_running": True, "stop_eps": float("nan")}, "stop_eps=nan"),
+])
+def test_the_scheduler_refuses_parameters_it_cannot_plan_with(kwargs, match) -> None:
+    d = _dists()
+    with pytest.raises(InvalidInput, match=match):
+        DistributionAware(d, **kwargs)
+    if "lookahead" not in kwargs:  # the live queue takes the policy's other parameters as they are
+        with pytest.raises(InvalidInput, match=match):
+            RequestQueue(d, {"long": 5.0}, **kwargs)
+
+
+def test_the_live_queue_reuses_the_slots_of_requests_that_left_and_chooses_the_same_batches() -> None:
+    d = _dists()
+    slos = {"short": 4.0, "long": 6.0}
+    rng = np.random.default_rng(7)
+    now = [0.0]
+    q = RequestQueue(d, slos, alpha=0.1, eps=0.3, max_batch=4, groups={"short": "m", "long": "m"},
+                     clock=lambda: now[0])
+    # the same arrivals replayed through the policy over arrays that keep every request ever submitted
+    pol = DistributionAware(d, alpha=0.1, eps=0.3, max_batch=4)
+    n = 3000
+    app = np.zeros(n, dtype=np.int64)
+    deadline = np.zeros(n)
+    work = Workload(np.zeros(n), app, np.zeros(n, dtype=np.int64), np.ones(n), deadline)
+    waiting: list[int] = []
+    ids = 0
+    for _ in range(600):
+        for _ in range(int(rng.integers(0, 6))):
+            name = "short" if rng.random() < 0.6 else "long"
+            r = q.submit(name, ids)
+            app[ids], deadline[ids] = d.index_of[name], r.deadline
+            waiting.append(ids)
+            ids += 1
+        now[0] += float(rng.uniform(0.0, 1.5))
+        expect = pol.select(now[0], {0: waiting} if waiting else {}, work)
+        waiting = [i for i in waiting if i not in set(expect.batch) | set(expect.drop)]
+        batch = q.next_batch(timeout=0)
+        assert [r.payload for r in q.dropped()] == expect.drop
+        assert (batch.payloads if batch else []) == expect.batch
+    assert ids > 1000 and q.submitted == q.served + q.shed + q.pending() == ids
+    assert q.served > 0 and q.shed > 0
+    # the arrays hold the requests waiting at once (a few dozen at most here), not all that were ever submitted
+    assert len(q._view.app) <= 128
+
+
+def _minute(app: str, minute: float, n: int, dropped: int, t: float = 0.3) -> dict:
+    eh: dict[int, int] = {}
+    if n:
+        ls.add(eh, t, n)
+    return {"app": app, "minute": minute, "n": n, "dropped": dropped, "met": n, "exec_sum": n * t,
+            "exec_sumsq": n * t * t, "wait_sum": 0.0, "latency_sum": n * t, "batch_sum": n,
+            "exec_hist": ls.to_json(eh), "latency_hist": ls.to_json(eh)}
+
+
+def test_rightsize_counts_shed_requests_as_load_and_refuses_an_application_it_cannot_time(sqlite_store) -> None:
+    now = time.time()
+    seed_serving(sqlite_store, now=now)
+    minute = now // 60 * 60
+    # "upscale" was served three hours ago; in the last hour every one of its requests was shed
+    with sqlite_store.session() as s:
+        set_slo(s, WORKFLOW, "upscale", 1.0)
+        merge_minutes(s, WORKFLOW, [_minute("upscale", minute - 3 * 3600.0, 30, 0)]
+                      + [_minute("upscale", minute - 60.0 * (i + 1), 0, 50) for i in range(10)], devices=4)
+    with pytest.raises(InvalidInput, match=r"every request of 'upscale' \(500\) in the last 3600 s was shed") as e:
+        prepare_workflow(sqlite_store, WORKFLOW, now=now)
+    window = float(str(e.value).split("--window ")[1].split()[0])
+    assert 3 * 3600 <= window <= 3 * 3600 + 120
+    # with a window that reaches its served minute, its shed requests are replayed as load, as the others' are
+    prep, _, _ = prepare_workflow(sqlite_store, WORKFLOW, now=now, window_s=window)
+    assert int(np.sum(np.array(prep.apps)[prep.app] == "upscale")) == 30 + 500
+    assert len(prep.arrival) == 20 * 60 + 8 + 30 + 500
+    # a workflow that has only ever shed its requests says so, not that it has none in the window
+    with sqlite_store.session() as s:
+        upsert_workflow(s, "overloaded")
+        set_slo(s, "overloaded", "a", 0.1)
+        merge_minutes(s, "overloaded", [_minute("a", minute - 600.0, 0, 5000)], devices=2)
+    with pytest.raises(InvalidInput, match=r"'a' \(5000\) .* shed.* no request of \['a'\] was ever served"):
+        prepare_workflow(sqlite_store, "overloaded", now=now)

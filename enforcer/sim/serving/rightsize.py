@@ -6,7 +6,9 @@ Two sources: a serving workflow in the store (its per-minute histograms: each mi
 times within it, execution times drawn from its histogram, one batching group per application), and a request
 trace (Alibaba's, with real arrivals and times: distributions fit on the first half, the second half replayed at
 its real pace). A target no number of devices can meet (requests that run longer than their SLO even alone) is
-said so, with the best attainment any number reaches.
+said so, with the best attainment any number reaches. Shed requests arrived too, so they are replayed as load; an
+application whose every request in the window was shed has no execution time measured there, and is refused by
+name (with the window that would reach its last served minute), not left out.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from enforcer.sim.serving.experiment import Prepared, simulate_policies
 from store import latency_sketch as ls
 from store.db import Store
 from store.errors import InvalidInput, NotFound
-from store.serving import app_windows, last_request_minute
+from store.serving import AppWindow, app_windows, last_request_minute
 from store.workflows import get_workflow
 
 SCHEDULERS = ("ours", "clockwork_like", "nexus_like", "clipper_like", "triton_like")
@@ -86,15 +88,37 @@ def rightsize(prep: Prepared, slo: np.ndarray, *, alpha: float = 0.1, target: fl
     return out
 
 
+def _shed_only(workflow_id: str, apps: list[AppWindow], served_last: dict[str, float | None], now: float,
+               window_s: float) -> str:
+    """Why applications whose every request in the window was shed cannot be left out, nor replayed, and what to
+    do: their requests are load, but no execution time of theirs was measured in the window."""
+    shed = ", ".join(f"{w.app!r} ({w.dropped})" for w in apps)
+    msg = (f"serving workflow {workflow_id!r}: every request of {shed} in the last {window_s:g} s was shed, so "
+           "their load cannot be replayed without execution times, and leaving it out would size for less than "
+           "arrived")
+    never = [a for a, t in served_last.items() if t is None]
+    if never:
+        return f"{msg}; no request of {never} was ever served, so their execution times are unknown"
+    reach = now - min(t for t in served_last.values() if t is not None)  # to the oldest of their last served minutes
+    return f"{msg}; give --window {math.ceil(reach)} or more to reach a minute in which each was served"
+
+
 def prepare_workflow(store: Store, workflow_id: str, *, now: float | None = None, window_s: float = 3600.0,
                      seed: int = 0) -> tuple[Prepared, np.ndarray, int]:
     """A store workflow as a simulator input: (prepared requests, SLO per application, devices it holds)."""
     now = time.time() if now is None else now
     with store.session() as s:
-        apps = [w for w in app_windows(s, now - window_s, now, [workflow_id]) if w.n]
+        apps = [w for w in app_windows(s, now - window_s, now, [workflow_id]) if w.n or w.dropped]
         if not apps:
             get_workflow(s, workflow_id)  # unknown: says so
             last = last_request_minute(s, workflow_id)
+        shed_only = [w for w in apps if not w.n]
+        if shed_only:  # the window timed none of their requests: when were they last served?
+            before = {w.app: w for w in app_windows(s, 0.0, now - window_s, [workflow_id])}
+            served_last = {w.app: max((m[0] for m in before[w.app].minutes if m[1]), default=None)
+                           if w.app in before else None for w in shed_only}
+    if shed_only:
+        raise InvalidInput(_shed_only(workflow_id, shed_only, served_last, now, window_s))
     if not apps:
         if last is None:
             raise NotFound(f"workflow {workflow_id!r} has recorded no serving requests (the job SDK's serving mode, "
