@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from store.serving import set_slo
 from store.serving_raw import write_raw
 from tests.ui.helpers import assert_clean, metrics, page, texts
 from tests.ui.live_ui import CHROMIUM, ROOT, running_ui
@@ -24,6 +25,17 @@ def test_serving_page_shows_the_stores_counts_and_a_right_size(empty_store) -> N
     success = texts(at.success)
     assert "Right size:" in success and "(holds 4)" in success
     assert "Raw requests kept" not in texts(at.caption)
+
+
+def test_serving_page_blames_the_slo_only_when_requests_miss_it_even_alone(empty_store) -> None:
+    seed_serving(empty_store)
+    with empty_store.session() as s:  # txt2img's median is 0.4 s: most of its requests run past 0.3 s alone
+        set_slo(s, WORKFLOW, "txt2img", 0.3, target=0.9)
+    at = page("serving")
+    assert_clean(at)
+    warning = texts(at.warning)
+    assert "No number of devices reaches 90.0%" in warning and "run within their SLO even alone" in warning
+    assert "Right size:" not in texts(at.success)
 
 
 def test_serving_page_shows_the_raw_requests_kept_and_counted_over_the_cap(empty_store) -> None:

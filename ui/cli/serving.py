@@ -71,15 +71,8 @@ def _print(rs: RightSize, held: str) -> None:
         table.add_row(name, "none" if n is None else str(n), tried)
     console.print(table)
     best = rs.best
-    if best is None and rs.ceiling < rs.target:
-        console.print(f"no number of devices reaches {rs.target:.1%}: only {rs.ceiling:.2%} of requests run within "
-                      "their SLO even alone (relax the SLO or the target)")
-    elif best is None:  # the SLO allows it: these schedulers fall short on every number of devices tried
-        tried = [(share, -n) for att in rs.attainment.values() for n, share in att.items()]
-        top, fewest = max(tried, default=(0.0, 0))
-        console.print(f"no number of devices up to {max((-n for _, n in tried), default=0)} reaches {rs.target:.1%} "
-                      f"with {', '.join(rs.needed)}: the best is {top:.2%} on {-fewest}, although {rs.ceiling:.2%} "
-                      "of requests run within their SLO even alone (try another scheduler)")
+    if best is None:
+        console.print(rs.shortfall())
     else:
         console.print(f"right size: {best[1]} devices with {best[0]} ({held})")
 

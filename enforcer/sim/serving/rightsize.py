@@ -45,6 +45,18 @@ class RightSize:
         ok = [(n, i, s) for i, (s, n) in enumerate(self.needed.items()) if n is not None]
         return (min(ok)[2], min(ok)[0]) if ok else None  # ties go to the first scheduler named (ours)
 
+    def shortfall(self) -> str:
+        """Why no number of devices reaches the target (when `best` is None): the SLO itself, when requests run
+        longer than it even alone; else the schedulers asked for, on every number of devices tried."""
+        if self.ceiling < self.target:
+            return (f"no number of devices reaches {self.target:.1%}: only {self.ceiling:.2%} of requests run within "
+                    "their SLO even alone (relax the SLO or the target)")
+        tried = [(share, -n) for att in self.attainment.values() for n, share in att.items()]
+        top, fewest = max(tried, default=(0.0, 0))
+        return (f"no number of devices up to {max((-n for _, n in tried), default=0)} reaches {self.target:.1%} "
+                f"with {', '.join(self.needed)}: the best is {top:.2%} on {-fewest}, although {self.ceiling:.2%} "
+                "of requests run within their SLO even alone (try another scheduler)")
+
 
 def _attainment(prep: Prepared, work: Workload, slo: np.ndarray, alpha: float, n: int, name: str) -> float:
     r = simulate_policies(prep, work, slo, alpha, n, which=(name,), eps=RIGHTSIZE_EPS)[name]

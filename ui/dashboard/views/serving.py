@@ -75,8 +75,8 @@ else:
     st.dataframe(pd.DataFrame(rows), hide_index=True)
     best = rs.best
     if best is None:
-        st.warning(f"No number of devices reaches {rs.target:.0%}: only {rs.ceiling:.2%} of requests run within "
-                   "their SLO even alone.")
+        why = rs.shortfall()
+        st.warning(why[0].upper() + why[1:] + ".")
     else:
         st.success(f"Right size: **{best[1]} devices** with {best[0]} (holds {held_n}); replayed "
                    f"{rs.requests:,} requests with the measured arrivals and execution times.")
