@@ -5,6 +5,11 @@ the database cannot take yet stays merged in memory for the next try, so no requ
 what it refuses for another reason is tried again a few times and then given up, one workflow at a time, counted
 in `unwritable` and logged, so it never stalls the other workflows.
 
+A message may carry `sender` (a token unique to the SDK's recorder, e.g. a random UUID) and `seq` (its sequence
+number, from 1, one more for each new message): the agent merges each (workflow, pid, sender)'s messages once, so
+a message the agent merged but answered too late, sent again unchanged under the same `seq`, is acknowledged
+without being counted twice (`duplicates`). Senders silent for SENDER_MEMORY_S are forgotten.
+
 Raw requests (a message's `raw`, sent when the job enables them) are stored only when this agent's settings enable
 them too; each workflow keeps its newest rows up to its cap (store.serving_raw), and the older rows they replace
 are counted over the cap in the store, or here in `raw_not_enabled` when the agent keeps none."""
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -29,6 +35,7 @@ from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
 
+SENDER_MEMORY_S = 24 * 3600.0  # how long the last `seq` of a silent sender is remembered
 WRITE_TRIES = 3  # writes in a row the store may refuse a workflow's data (not for being away) before it is given up
 
 
@@ -59,14 +66,25 @@ class ServingSink:
         self.taken = 0  # requests (served + dropped) accepted from jobs
         self.written = 0  # of which in the store
         self.refused_messages = 0
+        self._seqs: dict[tuple[str, Any, str], tuple[int, float]] = {}  # (wf, pid, sender) -> (last seq, when)
+        self._next_forget = 0.0
+        self.duplicates = 0  # messages merged already (same sender and seq), acknowledged and not counted again
         self._failures: dict[str, int] = {}  # workflow -> writes in a row the store refused (not for being away)
         self.unwritable = 0  # requests given up after WRITE_TRIES such refusals (logged with the reason)
         self.raw_unwritable = 0  # raw requests likewise
 
-    def handle(self, msg: dict[str, Any]) -> None:
-        """Check and merge one message; InvalidInput (the whole message refused) when any record is bad."""
+    def handle(self, msg: dict[str, Any]) -> bool:
+        """Check and merge one message; InvalidInput (the whole message refused) when any record is bad. False when
+        it was merged already (the same sender's `seq` again): acknowledged, not counted twice."""
         wf = msg["workflow"]
         try:
+            sender, seq = msg.get("sender"), msg.get("seq")
+            if (sender is None) != (seq is None):
+                raise InvalidInput("serving: sender and seq go together")
+            if sender is not None and (not isinstance(sender, str) or not 0 < len(sender) <= 128):
+                raise InvalidInput(f"serving: sender {sender!r:.40} is not a string of 1 to 128 characters")
+            if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
+                raise InvalidInput(f"serving: seq={seq!r} is not a whole number >= 1")
             minutes = [check_minute(r) for r in msg["minutes"]]
             devices = msg.get("devices")
             devices = 1 if devices is None else devices
@@ -88,6 +106,9 @@ class ServingSink:
                 self.refused_messages += 1
             raise InvalidInput(str(exc)) from None
         with self._lock:
+            if sender is not None and not self._first_delivery((wf, msg.get("pid"), sender), seq):
+                self.duplicates += 1
+                return False
             for r in minutes:
                 # devices: what the service holds in the minutes this message carries, not what it once held
                 r["devices"], r["slo"] = devices, slos.get(r["app"])  # slo: the one `met` was counted against
@@ -111,6 +132,22 @@ class ServingSink:
                 replaced = max(0, len(waiting) - self.raw_cap)
                 del waiting[:replaced]
                 self._raw_over[wf] = self._raw_over.get(wf, 0) + raw_over + replaced
+        return True
+
+    def _first_delivery(self, key: tuple[str, Any, str], seq: int) -> bool:
+        """Whether `seq` is new from this sender (and remember it); called under the lock, so two deliveries of
+        one message at once merge it once. A sender sends one message at a time: its sequence only grows."""
+        now = time.monotonic()
+        if now >= self._next_forget:
+            self._next_forget = now + 60.0
+            for k in [k for k, (_s, seen) in self._seqs.items() if now - seen > SENDER_MEMORY_S]:
+                del self._seqs[k]
+        last = self._seqs.get(key)
+        if last is not None and seq <= last[0]:
+            self._seqs[key] = (last[0], now)
+            return False
+        self._seqs[key] = (seq, now)
+        return True
 
     def pending(self) -> int:
         with self._lock:

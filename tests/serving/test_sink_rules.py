@@ -182,3 +182,22 @@ def test_the_operators_slo_wins_over_the_sdks_and_the_agent_never_resets_its_tar
     # the SDK counted `met` against its own 1 s: against the operator's 0.2 s, met comes from the histogram
     w = _windows(any_store, "svc")["a"]
     assert (w.met(), w.n) == (2, 4)
+
+
+def test_a_message_sent_again_under_the_same_seq_is_counted_once(agent) -> None:
+    """The SDK sends a message again when the agent's reply came after its timeout: with the same sender and
+    seq, the agent acknowledges it and does not count it twice."""
+    from collector import protocol as p
+
+    msg = {"op": p.SERVING, "v": p.VERSION, "workflow": "svc", "pid": 7, "sender": "rec-1", "seq": 1,
+           "minutes": [_minute("a", 60.0, [0.1, 0.2])]}
+    assert agent.handlers.handle(msg) == {"ok": True}
+    assert agent.handlers.handle(msg) == {"ok": True, "duplicate": True}  # the resend
+    assert agent.handlers.handle({**msg, "seq": 2, "minutes": [_minute("a", 60.0, [0.3])]}) == {"ok": True}
+    assert agent.handlers.handle({**msg, "sender": "rec-2"})["ok"]  # another recorder's first message
+    assert agent.handlers.handle({**msg, "pid": 8})["ok"]  # another process's
+    reply = agent.handlers.handle({**msg, "seq": 0})
+    assert not reply["ok"] and "seq=0" in reply["error"]
+    assert agent.handlers.serving.duplicates == 1
+    agent.handlers.flush()
+    assert _windows(agent.store, "svc")["a"].n == 7
