@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from store import latency_sketch as ls
@@ -119,7 +119,8 @@ def merge_minutes(session: Session, workflow_id: str, records: Iterable[Mapping[
 def set_slo(session: Session, workflow_id: str, app: str, slo_s: float | None, *, target: float = 0.99,
             now: float | None = None) -> ServingApp:
     """The operator's SLO (`fleetlens serving slo`): sets the application's SLO and target, whatever the SDK
-    declared (declare_slo never changes them afterwards)."""
+    declared (declare_slo never changes them afterwards). A new SLO clears the exact `met` of the minutes stored
+    already (the SDK counted them against another), so their attainment comes from the latency histogram."""
     if slo_s is None:
         app = check_app(app, "SLO")
     else:
@@ -128,9 +129,12 @@ def set_slo(session: Session, workflow_id: str, app: str, slo_s: float | None, *
         raise InvalidInput(f"SLO target for {app!r}: {target!r} is not a share in (0, 1]")
     get_workflow(session, workflow_id)  # an SLO belongs to a workflow the store knows (a typo would hide it)
     now = time.time() if now is None else now
-    # the agents of a replicated service report its SLOs at once: created by the first, set by each (store.rows)
+    missing = session.get(ServingApp, (workflow_id, app)) is None
     row = locked_row(session, ServingApp, {"workflow_id": workflow_id, "app": app}, slo_s=slo_s, target=target,
                      updated_at=now)
+    if missing or row.slo_s != slo_s:
+        session.execute(update(ServingMinute).where(ServingMinute.workflow_id == workflow_id, ServingMinute.app == app)
+                        .values(met=None).execution_options(synchronize_session=False))
     row.slo_s, row.target, row.updated_at = slo_s, target, now
     session.flush()
     return row

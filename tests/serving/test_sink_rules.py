@@ -179,9 +179,13 @@ def test_the_operators_slo_wins_over_the_sdks_and_the_agent_never_resets_its_tar
     with any_store.session() as s:
         row = s.get(ServingApp, ("svc", "a"))
         assert (row.slo_s, row.target) == (0.2, 0.9)
-    # the SDK counted `met` against its own 1 s: against the operator's 0.2 s, met comes from the histogram
+    # the SDK counted `met` against its own 1 s, before the operator's SLO and after it: against the operator's
+    # 0.2 s, met comes from the histogram, for the minute stored before the change too
     w = _windows(any_store, "svc")["a"]
     assert (w.met(), w.n) == (2, 4)
+    with any_store.session() as s:
+        (before,) = app_windows(s, 0.0, 120.0)
+    assert (before.met(), before.n) == (1, 2)
 
 
 def test_a_message_sent_again_under_the_same_seq_is_counted_once(agent) -> None:
