@@ -381,7 +381,8 @@ class SdkHandlers:
                     self._dirty_mem.add(wf)
 
     def _on_serving(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self.serving.handle(msg)
+        if self.serving.handle(msg) is False:
+            return {"ok": True, "duplicate": True}  # merged already: this is a resend of a late-answered message
         return {"ok": True}
 
     def _on_profile_done(self, msg: dict[str, Any]) -> dict[str, Any]:

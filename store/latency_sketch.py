@@ -10,6 +10,7 @@ serving findings.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -23,16 +24,38 @@ _INV_LOG_GAMMA = 1.0 / math.log(GAMMA)
 Hist = dict[int, int]
 
 
+def _bucket(x: float) -> int:
+    return math.ceil(math.log(x) * _INV_LOG_GAMMA)
+
+
+def _largest_bucket() -> int:
+    i = math.floor(math.log(sys.float_info.max) * _INV_LOG_GAMMA)
+    while True:
+        try:
+            return i if math.isfinite(GAMMA ** i) else i - 1
+        except OverflowError:
+            i -= 1
+
+
+# The buckets a positive, finite double can fall in whose value is itself finite: a key outside them (a histogram
+# someone else wrote) is refused, so every reader can turn every stored bucket into seconds.
+MIN_BUCKET = _bucket(math.ulp(0.0))
+MAX_BUCKET = _largest_bucket()
+_MAX_SECONDS = GAMMA ** MAX_BUCKET  # the largest value MAX_BUCKET holds
+
+
 def bucket(x: float) -> int:
-    """The bucket of a positive, finite value (seconds)."""
+    """The bucket of a positive, finite value (seconds); InvalidInput for one too large to have a finite bucket."""
     if not (x > 0 and math.isfinite(x)):
         raise InvalidInput(f"latency sketch: {x!r} is not a positive, finite number of seconds")
-    return math.ceil(math.log(x) * _INV_LOG_GAMMA)
+    if x > _MAX_SECONDS:
+        raise InvalidInput(f"latency sketch: {x!r} seconds is too large to be a time")
+    return min(_bucket(x), MAX_BUCKET)  # a value at the very top may round up past it
 
 
 def value(i: int) -> float:
     """What bucket i stands for: within RELATIVE_ERROR of anything in it."""
-    return 2.0 * GAMMA ** i / (GAMMA + 1.0)
+    return GAMMA ** i * (2.0 / (GAMMA + 1.0))  # finite for every bucket in [MIN_BUCKET, MAX_BUCKET]
 
 
 def add(hist: Hist, x: float, count: int = 1) -> None:
@@ -41,11 +64,21 @@ def add(hist: Hist, x: float, count: int = 1) -> None:
 
 
 def merge(into: Hist, other: Mapping[int | str, int]) -> Hist:
-    """Add `other`'s counts into `into` (keys may be JSON strings); a negative or fractional count is refused."""
+    """Add `other`'s counts into `into` (keys may be JSON strings); a negative or fractional count, or a key that is
+    not a whole number in [MIN_BUCKET, MAX_BUCKET], is refused (InvalidInput, and `into` is left unchanged)."""
+    checked = []
     for k, c in other.items():
         if isinstance(c, bool) or not isinstance(c, int) or c < 0:
             raise InvalidInput(f"latency sketch: bucket {k!r} has count {c!r}, not a whole number >= 0")
-        i = int(k)
+        try:
+            i = int(k) if not isinstance(k, bool | float) else None
+        except ValueError:
+            i = None
+        if i is None or not MIN_BUCKET <= i <= MAX_BUCKET:
+            raise InvalidInput(f"latency sketch: bucket {k!r} is not a whole number in [{MIN_BUCKET}, {MAX_BUCKET}] "
+                               "(the buckets of positive, finite times)")
+        checked.append((i, c))
+    for i, c in checked:
         into[i] = into.get(i, 0) + c
     return into
 
@@ -83,6 +116,8 @@ def count_at_most(hist: Mapping[int, int], x: float) -> int:
     """How many values are <= x, to within one bucket (the bucket holding x counts in full)."""
     if x <= 0:
         return 0
+    if x > _MAX_SECONDS:
+        return total(hist)
     edge = bucket(x)
     return int(sum(c for k, c in hist.items() if k <= edge))
 

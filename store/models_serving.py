@@ -30,7 +30,7 @@ class ServingMinute(Base):
     wait_sum: Mapped[float] = mapped_column(default=0.0)
     latency_sum: Mapped[float] = mapped_column(default=0.0)
     batch_sum: Mapped[int] = mapped_column(BigInteger, default=0)  # sum over requests of their batch's size
-    devices: Mapped[int] = mapped_column(Integer, default=1)  # devices the service held (largest reported)
+    devices: Mapped[int] = mapped_column(Integer, default=1)  # devices the service held that minute (largest reported)
     exec_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
     latency_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
 

@@ -3,6 +3,10 @@ SLOs per application, and the reads the findings, right-sizing and the dashboard
 
 A minute record (what the SDK sends through the agent) is a dict with app, minute, n, dropped, met (or None),
 exec_sum, exec_sumsq, wait_sum, latency_sum, batch_sum, exec_hist, latency_hist (store.latency_sketch dicts).
+
+An application's name is a non-empty string of at most MAX_APP characters, everywhere (minutes, SLOs, raw
+requests): a longer one is refused, never cut, so two applications never share a row and an SLO always finds its
+minutes (`check_app`).
 """
 
 from __future__ import annotations
@@ -13,17 +17,45 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from store import latency_sketch as ls
 from store.errors import InvalidInput
 from store.models_serving import ServingApp, ServingMinute
-from store.rows import locked_row
+from store.rows import insert_missing, locked_row
 from store.workflows import get_workflow
 
 SUM_FIELDS = ("exec_sum", "exec_sumsq", "wait_sum", "latency_sum")
 COUNT_FIELDS = ("n", "dropped", "batch_sum")
+MAX_APP = ServingMinute.__table__.c.app.type.length  # 255: the store's column
+
+
+def check_app(app: Any, what: str) -> str:
+    """An application's name as every serving table takes it; InvalidInput (naming `what` was refused) when it is
+    not a non-empty string of at most MAX_APP characters."""
+    if not isinstance(app, str) or not app.strip():
+        raise InvalidInput(f"{what}: no application (an application is a non-empty string)")
+    if len(app) > MAX_APP:
+        raise InvalidInput(f"{what}: application {app[:40]!r}... is {len(app)} characters long, more than "
+                           f"{MAX_APP}")
+    return app
+
+
+def check_slo(app: Any, slo_s: Any) -> tuple[str, float]:
+    """An SLO as the store takes it (the application's name, positive finite seconds); InvalidInput says why not."""
+    app = check_app(app, "SLO")
+    if isinstance(slo_s, bool) or not isinstance(slo_s, int | float) or not (slo_s > 0 and math.isfinite(slo_s)):
+        raise InvalidInput(f"SLO for {app!r}: {slo_s!r} is not a positive number of seconds")
+    return app, float(slo_s)
+
+
+def merge_met(met: int | None, n: int, other_met: int | None, other_n: int) -> int | None:
+    """The requests within the SLO of two parts of one minute: their sum, or None (no SLO was known for some of
+    them) when either part served requests without one. A part that served none met its SLO for all of them (0)."""
+    met = 0 if n == 0 else met
+    other_met = 0 if other_n == 0 else other_met
+    return None if met is None or other_met is None else met + other_met
 
 
 def check_minute(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -31,13 +63,11 @@ def check_minute(rec: Mapping[str, Any]) -> dict[str, Any]:
     histogram counts that do not add up to n)."""
     if not isinstance(rec, Mapping):
         raise InvalidInput("serving minute: a record must be an object")
-    app = rec.get("app")
-    if not isinstance(app, str) or not app.strip():
-        raise InvalidInput("serving minute: a request with no application (app must be a non-empty string)")
+    app = check_app(rec.get("app"), "serving minute")
     minute = rec.get("minute")
     if not isinstance(minute, int | float) or isinstance(minute, bool) or not math.isfinite(minute):
         raise InvalidInput(f"serving minute for {app!r}: minute {minute!r} is not a time")
-    out: dict[str, Any] = {"app": app[:255], "minute": float(minute) - float(minute) % 60.0}
+    out: dict[str, Any] = {"app": app, "minute": float(minute) - float(minute) % 60.0}
     for f in COUNT_FIELDS:
         v = rec.get(f, 0)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -64,19 +94,21 @@ def merge_minutes(session: Session, workflow_id: str, records: Iterable[Mapping[
                   devices: int = 1) -> int:
     """Add checked minute records into the workflow's rows (creating them); returns the requests added. Agents on
     several hosts add into one row at once: each row is locked while it is added to, in (app, minute) order
-    (store.rows), so no addition is lost and no two writers deadlock."""
-    checked = [rec if isinstance(rec.get("exec_hist"), dict) and all(isinstance(k, int) for k in rec["exec_hist"])
-               else check_minute(rec) for rec in records]
+    (store.rows), so no addition is lost and no two writers deadlock.
+
+    A record's `devices` (else `devices`) is what the service reported holding in that minute: the row keeps the
+    largest any writer reported for it (each replica of a service reports the devices of the whole service)."""
+    checked = [{**(rec if isinstance(rec.get("exec_hist"), dict) and all(isinstance(k, int) for k in rec["exec_hist"])
+                   else check_minute(rec)), "devices": int(rec.get("devices") or devices)} for rec in records]
     added = 0
     for r in sorted(checked, key=lambda r: (r["app"], r["minute"])):
         row = locked_row(session, ServingMinute, {"workflow_id": workflow_id, "app": r["app"], "minute": r["minute"]},
                          n=0, dropped=0, met=None, exec_sum=0.0, exec_sumsq=0.0, wait_sum=0.0, latency_sum=0.0,
-                         batch_sum=0, devices=devices, exec_hist={}, latency_hist={})
+                         batch_sum=0, devices=r["devices"], exec_hist={}, latency_hist={})
+        row.met = merge_met(row.met, row.n, r["met"], r["n"])
         for f in COUNT_FIELDS + SUM_FIELDS:
             setattr(row, f, getattr(row, f) + r[f])
-        if r["met"] is not None:
-            row.met = (row.met or 0) + r["met"]
-        row.devices = max(row.devices or 1, devices)
+        row.devices = max(row.devices or 1, r["devices"])
         row.exec_hist = ls.to_json(ls.merge(ls.from_json(row.exec_hist), r["exec_hist"]))
         row.latency_hist = ls.to_json(ls.merge(ls.from_json(row.latency_hist), r["latency_hist"]))
         added += r["n"]
@@ -86,20 +118,40 @@ def merge_minutes(session: Session, workflow_id: str, records: Iterable[Mapping[
 
 def set_slo(session: Session, workflow_id: str, app: str, slo_s: float | None, *, target: float = 0.99,
             now: float | None = None) -> ServingApp:
-    if not app:
-        raise InvalidInput("SLO: name the application")
-    if slo_s is not None and not (slo_s > 0 and math.isfinite(slo_s)):
-        raise InvalidInput(f"SLO for {app!r}: {slo_s!r} is not a positive number of seconds")
+    """The operator's SLO (`fleetlens serving slo`): sets the application's SLO and target, whatever the SDK
+    declared (declare_slo never changes them afterwards). A new SLO clears the exact `met` of the minutes stored
+    already (the SDK counted them against another), so their attainment comes from the latency histogram."""
+    if slo_s is None:
+        app = check_app(app, "SLO")
+    else:
+        app, slo_s = check_slo(app, slo_s)
     if not 0 < target <= 1:
         raise InvalidInput(f"SLO target for {app!r}: {target!r} is not a share in (0, 1]")
     get_workflow(session, workflow_id)  # an SLO belongs to a workflow the store knows (a typo would hide it)
     now = time.time() if now is None else now
-    # the agents of a replicated service report its SLOs at once: created by the first, set by each (store.rows)
+    missing = session.get(ServingApp, (workflow_id, app)) is None
     row = locked_row(session, ServingApp, {"workflow_id": workflow_id, "app": app}, slo_s=slo_s, target=target,
                      updated_at=now)
+    if missing or row.slo_s != slo_s:
+        session.execute(update(ServingMinute).where(ServingMinute.workflow_id == workflow_id, ServingMinute.app == app)
+                        .values(met=None).execution_options(synchronize_session=False))
     row.slo_s, row.target, row.updated_at = slo_s, target, now
     session.flush()
     return row
+
+
+def declare_slo(session: Session, workflow_id: str, app: str, slo_s: float, *, now: float | None = None) -> bool:
+    """The SLO a serving job's SDK declares: it fills in an application that has none stored (target 0.99), and
+    leaves one already stored as it is, so an SLO or target the operator set is never undone. True if stored."""
+    app, slo_s = check_slo(app, slo_s)
+    if session.get(ServingApp, (workflow_id, app)) is not None:
+        return False
+    get_workflow(session, workflow_id)
+    # the agents of a replicated service declare its SLOs at once: the first insert wins, the others do nothing
+    insert_missing(session, ServingApp, {"workflow_id": workflow_id, "app": app, "slo_s": slo_s, "target": 0.99,
+                                         "updated_at": time.time() if now is None else now})
+    session.flush()
+    return True
 
 
 @dataclass
@@ -110,13 +162,13 @@ class AppWindow:
     app: str
     n: int = 0
     dropped: int = 0
-    met_exact: int | None = None
+    met_exact: int | None = 0  # None once a minute with requests had no SLO known (store.serving.merge_met)
     exec_sum: float = 0.0
     exec_sumsq: float = 0.0
     latency_sum: float = 0.0
     wait_sum: float = 0.0
     batch_sum: int = 0
-    devices: int = 1
+    devices: int = 1  # the devices the service held in the window's newest minute
     slo_s: float | None = None
     target: float = 0.99
     exec_hist: dict[int, int] = field(default_factory=dict)
@@ -149,7 +201,7 @@ class AppWindow:
         the latency histogram (to within one 2 % bucket); None without an SLO."""
         if self.slo_s is None:
             return None
-        if self.met_exact is not None and all(m[3] is not None for m in self.minutes):
+        if self.met_exact is not None:
             return self.met_exact
         return ls.count_at_most(self.latency_hist, self.slo_s)
 
@@ -171,16 +223,15 @@ def app_windows(session: Session, since: float, until: float,
         if row.minute + 60.0 <= since:
             continue
         w = out.setdefault((row.workflow_id, row.app), AppWindow(row.workflow_id, row.app))
+        w.met_exact = merge_met(w.met_exact, w.n, row.met, row.n)
         w.n += row.n
         w.dropped += row.dropped
-        if row.met is not None:
-            w.met_exact = (w.met_exact or 0) + row.met
         w.exec_sum += row.exec_sum
         w.exec_sumsq += row.exec_sumsq
         w.latency_sum += row.latency_sum
         w.wait_sum += row.wait_sum
         w.batch_sum += row.batch_sum
-        w.devices = max(w.devices, row.devices or 1)
+        w.devices = row.devices or 1  # what the service holds now: its newest minute's (rows come oldest first)
         ls.merge(w.exec_hist, row.exec_hist or {})
         ls.merge(w.latency_hist, row.latency_hist or {})
         w.minutes.append((row.minute, row.n, row.dropped, row.met))

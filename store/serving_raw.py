@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from store.errors import InvalidInput
 from store.models_serving import ServingRawCount, ServingRequest
 from store.rows import locked_row
+from store.serving import check_app
 
 RAW_FIELDS = ("app", "arrival", "wait_s", "exec_s", "latency_s", "batch_size")
 
@@ -26,8 +27,7 @@ def check_raw(rec: Any) -> dict[str, Any]:
     if not isinstance(rec, list | tuple) or len(rec) != len(RAW_FIELDS):
         raise InvalidInput(f"serving raw request: {rec!r} is not [{', '.join(RAW_FIELDS)}]")
     app, arrival, wait, exec_s, latency, batch = rec
-    if not isinstance(app, str) or not app.strip():
-        raise InvalidInput("serving raw request: a request with no application")
+    app = check_app(app, "serving raw request")
     nums = {"arrival": arrival, "wait_s": wait, "exec_s": exec_s, "latency_s": latency}
     for name, v in nums.items():
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -37,7 +37,7 @@ def check_raw(rec: Any) -> dict[str, Any]:
                            f"latency={latency!r} do not fit (exec > 0, wait >= 0, latency >= each)")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidInput(f"serving raw request for {app!r}: batch_size={batch!r} is not a whole number >= 1")
-    return {"app": app[:255], "arrival": float(arrival), "wait_s": float(wait), "exec_s": float(exec_s),
+    return {"app": app, "arrival": float(arrival), "wait_s": float(wait), "exec_s": float(exec_s),
             "latency_s": float(latency), "batch_size": batch}
 
 
