@@ -5,9 +5,12 @@ Nothing is signalled, held or changed unless enforcement is on and the job opted
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from typing import Any
 
+import numpy as np
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from enforcer.actuators.slurm import TERMINAL, SlurmActuator
 from enforcer.slurm_plan import SlurmHolding, plan_slurm_moves
@@ -23,15 +26,10 @@ log = logging.getLogger(__name__)
 
 
 def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[SlurmHolding]:
-    """The running Slurm jobs that hold GPUs, with their use over the window (mean of their processes' readings:
-    SM utilisation on a GPU, CPU time on the cpu source) and the most shards a GPU of their node has (from the
-    import's host labels)."""
-    since = now - settings.slurm_usage_window_s
+    """The running Slurm jobs that hold GPUs, with their use over the window (`used_p95`) and the most shards a GPU
+    of their node has (from the import's host labels)."""
     with store.session() as session:
-        used = {wf: float(u) for wf, u in session.execute(
-            select(ProcessSample.workflow_id, func.avg(func.coalesce(ProcessSample.sm_util, ProcessSample.cpu_util)))
-            .where(ProcessSample.ts >= since, ProcessSample.workflow_id.like("slurm-%"))
-            .group_by(ProcessSample.workflow_id)) if u is not None}
+        used = used_p95(session, since=now - settings.slurm_usage_window_s)
         placed = {wf: d for wf, d in session.execute(
             select(Placement.workflow_id, func.min(Placement.device_id)).where(Placement.state == "active")
             .group_by(Placement.workflow_id))}
@@ -54,14 +52,32 @@ def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[Slur
                 for r in rows if r.gpus or r.shards]
 
 
+def used_p95(session: Session, *, since: float) -> dict[str, float]:
+    """Each Slurm job's use of one GPU since `since`: the p95 over its readings of what all its processes on one
+    device used at one time together (SM utilisation on a GPU, CPU time on the cpu source), at most the whole device.
+    Its processes are summed, not averaged: NVML reads a process that holds a context and runs no kernel as 0, and
+    such a process beside the one that trains would otherwise halve the job's use."""
+    totals: dict[str, list[float]] = defaultdict(list)
+    for wf, total in session.execute(
+            select(ProcessSample.workflow_id, func.sum(func.coalesce(ProcessSample.sm_util, ProcessSample.cpu_util)))
+            .where(ProcessSample.ts >= since, ProcessSample.workflow_id.like("slurm-%"))
+            .group_by(ProcessSample.workflow_id, ProcessSample.ts, ProcessSample.device_id)):
+        if total is not None:
+            totals[wf].append(min(1.0, float(total)))
+    return {wf: float(np.quantile(values, 0.95)) for wf, values in totals.items()}
+
+
 def run_slurm_cycle(store: Store, settings: Settings, *, apply: bool, now: float,
                     actuator: SlurmActuator | None = None) -> dict[str, Any]:
     """Plan, and begin the moves when applying; a summary for the cycle's result. The cycle's driver
     (enforcer.actuators.drive) carries the moves on through the Slurm actuator, like every engine's."""
     actuator = actuator or SlurmActuator(store, settings)
     with store.session() as session:
+        # a job with a move under way, or one that ended within the cool-down, is left alone: the import after a
+        # move may not have come yet, and its samples are still the old request's
         busy = frozenset(session.scalars(select(Action.workflow_id).where(
-            Action.engine == "slurm", Action.state.not_in(TERMINAL))))
+            Action.engine == "slurm",
+            Action.state.not_in(TERMINAL) | (Action.updated_at >= now - settings.cooldown_s))))
     holdings = slurm_holdings(store, settings, now=now)
     moves, advice = plan_slurm_moves(holdings, busy=busy, max_moves=settings.max_moves_per_cycle,
                                      policy=settings.policy)

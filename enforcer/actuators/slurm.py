@@ -5,11 +5,13 @@
         +----------+-------------+--> failed  +---------+----------+--> rolling_back -> rolled_back
 
 - planned: the job must still be running and opted in (`--comment=fleetlens:movable` or its SDK's start mark,
-  requeueable, on shards, on one node: store.slurm.opt_in, decided again from what Slurm and the mark say now), and
-  its start mark must say the SDK is the batch step's own process (the script exec'd it): `scancel --batch` signals
-  that process alone, and a batch script that runs the training as its child (no `exec`, or through srun) is killed
-  by SIGUSR1. A mark that says otherwise, or an older SDK's that does not say, fails the move with nothing done. Else
-  it gets SIGUSR1 through `scancel --batch --signal=USR1` (the SDK checkpoints at its next step boundary).
+  requeueable, on shards, on one node: store.slurm.opt_in, decided again from what Slurm and the mark say now), hold
+  more shards now than the move asks for (Slurm's request, not the store's row: a row read before the next import
+  may still show what a finished move changed), and its start mark must say the SDK is the batch step's own process
+  (the script exec'd it): `scancel --batch` signals that process alone, and a batch script that runs the training as
+  its child (no `exec`, or through srun) is killed by SIGUSR1. A mark that says otherwise, or an older SDK's that
+  does not say, fails the move with nothing done. Else it gets SIGUSR1 through `scancel --batch --signal=USR1` (the
+  SDK checkpoints at its next step boundary).
 - signalled: the SDK's manifest (store.slurm_marks) written after the signal names a file whose size and sha256
   fleetlens reads again itself; the checkpoint is then recorded (store.checkpoints). No checkpoint in time, or the
   job ended meanwhile: failed, with nothing changed.
@@ -17,15 +19,18 @@
   shards the move stops here (failed, nothing changed); else `scontrol requeuehold` (refused: failed, unchanged).
   That the hold was sent is recorded first: when its answer is lost (a timeout, slurmctld restarting), the next
   step finds the job requeued (a higher restart count) and held, and carries on from `held`; never left held.
-- held: `scontrol update gres=<fewer shards>` (refused, or the shards went to another job meanwhile: roll back).
+- held: `scontrol update gres=<fewer shards>` (refused, or the shards went to another job meanwhile: roll back). A
+  job released by someone else meanwhile runs with its old request: failed, nothing more changed; one not back in the
+  queue within the resume timeout: roll back.
 - updated: `scontrol release`.
-- released: the SDK's start mark of the new run (a higher restart count) must say it restored the recorded
-  checkpoint (same sha256) at or above its step; not resumed in time: roll back.
+- released: the SDK's start mark of the new run (Slurm's restart count now, above the one when the hold was sent)
+  must say it restored the recorded checkpoint (same sha256) at or above its step; not resumed in time: roll back.
 - rolling_back: the old request is restored and the job released (it resumes from its checkpoint as it was).
 
 Every step is one Slurm command at most, decided from what the store and Slurm say now, so `advance` is idempotent
 and a slurmctld that does not answer (restarted in the middle of a move) only makes it wait; a step is recorded only
-if the action is still in the state it was decided in (two enforcers on one move: the first one's step stands).
+if the action is still in the state it was decided in (two enforcers on one move: the first one's step stands), and
+`begin` locks the job's row first (two enforcers beginning moves of one job: the second finds the first's).
 Slurm keeps one job under one id: a requeued job never runs twice, and fleetlens never cancels a job or resubmits it
 under a new id.
 """
@@ -36,7 +41,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from enforcer.actuators.base import Move, Step, StepOutcome
 from store.checkpoints import digest, record_checkpoint
@@ -45,7 +50,7 @@ from store.errors import InvalidInput, NotFound, UpstreamUnavailable
 from store.models import Action, ActionEvent, Device
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
-from store.slurm import HOLDING_STATES, WAITING_STATES, SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
+from store.slurm import HOLDING_STATES, WAITING_STATES, Gres, SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli, SlurmRefused
 from store.slurm_marks import job_folder, read_manifest, read_started, sdk_asked_from, signal_unsafe
 
@@ -88,7 +93,16 @@ class SlurmActuator:
     def begin(self, move: Move, *, now: float) -> int:
         new = parse_gres(str(move.request.get("gres") or ""))
         with self.store.session() as session:
-            row = session.get(SlurmJobRow, move.workflow_id)
+            # two enforcers (serve's cycle and a DAG) may begin a move of one job at once: the job's row is locked
+            # before the check for a move under way, so the second waits for the first one's action and sees it
+            # (PostgreSQL: SELECT ... FOR UPDATE; SQLite: an UPDATE of the row first takes its one write lock)
+            query = select(SlurmJobRow).where(SlurmJobRow.workflow_id == move.workflow_id)
+            if self.store.is_postgres:
+                query = query.with_for_update()
+            else:
+                session.execute(update(SlurmJobRow).where(SlurmJobRow.workflow_id == move.workflow_id)
+                                .values(job_id=SlurmJobRow.job_id).execution_options(synchronize_session=False))
+            row = session.scalar(query.execution_options(populate_existing=True))
             if row is None:
                 raise NotFound(f"{move.workflow_id} is not a Slurm job fleetlens has seen (run the Slurm import "
                                "first); nothing moved")
@@ -165,6 +179,11 @@ class SlurmActuator:
         if not job.opted_in:
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"job {job.job_id} no longer opts in ({job.not_movable_reason}); nothing was done")
+        fewer = _fewer(parse_gres(d["new_gres"]), job.gres)
+        if fewer is not None:  # the store's row was read before a move or an update changed the job's request
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {job.job_id} holds {job.gres} now (Slurm), not {d['old_gres']} as the store "
+                             f"said when the move was planned: {fewer}; nothing was done")
         started = read_started(self._folder(action_id))
         if started is None or started.job_id != job.job_id or started.restart_count != job.restart_count:
             # the SDK says where each start begins once its signal handler is in: before that, USR1 would kill it
@@ -183,7 +202,7 @@ class SlurmActuator:
                              "without exec, not through srun), on a current fleetlens SDK; nothing was done")
         before = read_manifest(self._folder(action_id))  # the checkpoint must be a new one, whatever the clocks say
         self.cli.run("scancel", "--batch", "--signal=USR1", str(job.job_id))
-        d = {**d, "signal_at": now, "attempts": int(d.get("attempts", 0)) + 1,
+        d = {**d, "signal_at": now, "attempts": int(d.get("attempts", 0)) + 1, "old_gres": str(job.gres),
              "manifest_before": before.written_at if before is not None else None}
         return self._to(action_id, "signalled", d, now, Step.PLANNED, True,
                         f"checkpoint signal (USR1) sent to job {job.job_id}'s batch script")
@@ -244,7 +263,8 @@ class SlurmActuator:
         room = self._room(job.job_id, d["node"], int(d["new_gres"].split(":")[-1]))
         if room is not None:
             return self._end(action_id, "failed", Step.FAILED, now, False, f"{room}; nothing was changed")
-        d = {**d, "hold_sent": {"at": now, "restart_count": job.restart_count}}
+        # the run this move stops is the one Slurm shows now: the resume is checked against its restart count
+        d = {**d, "hold_sent": {"at": now, "restart_count": job.restart_count}, "restart_before": job.restart_count}
         if not self._note(action_id, d):  # another enforcer took this step meanwhile
             return []
         try:
@@ -286,8 +306,18 @@ class SlurmActuator:
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"job {d['job_id']} is {job.state if job else 'gone'} after the requeue; fleetlens "
                              "cannot release it")
-        if job.state != "PENDING":
-            return []  # still completing its requeue
+        if job.state == "RUNNING":
+            return self._end(action_id, "failed", Step.FAILED, now, False,
+                             f"job {job.job_id} was released by someone else after its requeuehold and runs again "
+                             f"with its old request {job.gres} (from its checkpoint at step "
+                             f"{d['checkpoint']['step']}); fleetlens changes nothing more")
+        if job.state != "PENDING":  # still completing its requeue
+            if now - float(d["held_at"]) > self.options.resume_timeout_s:
+                why = (f"not back in Slurm's queue within {self.options.resume_timeout_s:.0f} s of its requeuehold "
+                       f"(Slurm: {job.state}, {job.reason or 'no reason given'})")
+                return self._to(action_id, "rolling_back", {**d, "why": why}, now, Step.FAILED, False,
+                                f"{why}; restoring its request")
+            return []
         room = self._room(job.job_id, d["node"], int(d["new_gres"].split(":")[-1]))
         if room is not None:
             return self._to(action_id, "rolling_back", {**d, "why": room}, now, Step.FAILED, False,
@@ -311,8 +341,10 @@ class SlurmActuator:
                              f"job {d['job_id']} is {job.state if job else 'gone'} after its release")
         started = read_started(self._folder(action_id))
         ckpt = d["checkpoint"]
+        # the mark of the run this move started: Slurm's restart count now, past the one the hold stopped (a mark
+        # left by an earlier run, of an earlier move, says nothing of this one)
         if job.state == "RUNNING" and started is not None and started.job_id == d["job_id"] \
-                and started.restart_count > int(d["restart_before"]):
+                and started.restart_count == job.restart_count > int(d["restart_before"]):
             if started.step < int(ckpt["step"]) or started.restored_sha256 != ckpt["sha256"]:
                 return self._end(action_id, "failed", Step.FAILED, now, False,
                                  f"job {d['job_id']} resumed at step {started.step}, not from its checkpoint at step "
@@ -441,6 +473,18 @@ class SlurmActuator:
             detail = {**dict(session.get(Action, action_id).detail or {}), **(extra or {}),
                       "outcome": message}
         return self._to(action_id, state, detail, now, step, ok, message, training_step)
+
+
+def _fewer(new: Gres | None, live: Gres | None) -> str | None:
+    """Why `new` is not a smaller request than `live`, the one Slurm shows the job holding now (None: it is). A move
+    only ever lowers a shard request; a whole-GPU request is not one fleetlens changes (Slurm 22.05 cannot)."""
+    if new is None or new.kind != "shard":
+        return f"the move asks for {new}, not shards"
+    if live is None or live.kind != "shard":
+        return f"the job's request is {live}, not shards, and fleetlens only lowers a shard request"
+    if new.count >= live.count:
+        return f"{new} is not fewer shards than {live}, and fleetlens never raises a request"
+    return None
 
 
 def _is_held(reason: str | None) -> bool:
