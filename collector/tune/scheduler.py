@@ -6,7 +6,8 @@ every trial starts with the same resources (one GPU, the profiling step) and is 
 allocation function runs only when the base scheduler lets a trial continue, and GPUs freed by a stop reach the
 others at their next result; every change restarts the trial from its checkpoint, so `reuse_actors=False`; a
 function trainable sees only the first bundle, so the placement group is one {"GPU": width} bundle (read it with
-`tune.get_context().get_trial_resources()`); the allocation function is an object, never a bound method.
+`tune.get_context().get_trial_resources()`); the allocation function is an object, never a bound method. A sweep's
+trials form one group: its Ray Tune experiment (`sweep_of`).
 
 A trial reports `fleetlens_step_s` (its seconds per step alone on one GPU, as the SDK measured and normalised it)
 and `fleetlens_steps_left` (steps left in its round) with each result, and should report `fleetlens_gpu_ids`
@@ -62,6 +63,16 @@ def bundle(width: float, cpu: float) -> PlacementGroupFactory:
 def gpus_of(resources: PlacementGroupFactory | None) -> float:
     """The GPUs a placement group factory asks for."""
     return 0.0 if resources is None else float(resources.required_resources.get("GPU", 0.0))
+
+
+def sweep_of(trial: Any) -> str:
+    """The group a trial belongs to: its Ray Tune experiment (the directory name every trial of one Tuner run shares,
+    a restored run too). Not `experiment_tag`: Ray makes that per trial ("0_lr=0.1")."""
+    name = getattr(getattr(trial, "storage", None), "experiment_dir_name", None)
+    if not name:
+        raise InvalidInput(f"trial {trial.trial_id} has no Ray Tune experiment (trial.storage.experiment_dir_name): "
+                           "Fluid cannot group it into its sweep")
+    return str(name)
 
 
 def base_scheduler(name: str, *, metric: str, mode: str, max_t: int, grace_period: int = 1,
@@ -128,7 +139,7 @@ class FluidScheduler(ResourceChangingScheduler):
         return bundle(1.0, self.cpu_per_trial)
 
     def on_trial_add(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
-        group = trial.experiment_tag or trial.trial_id
+        group = sweep_of(trial)
         if trial.trial_id in self._died:
             # Ray retries it (TuneController._requeue_trial: on_trial_error, then on_trial_add) with the placement
             # group it held, or the one a pending resize gives it: not the base width

@@ -7,6 +7,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,6 +71,12 @@ def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: ob
     scheduler = FluidScheduler(base_scheduler("asha", metric="loss", mode="min", max_t=max_t, grace_period=max_t),
                                config, on_event=StoreRecorder(sqlite_store, "fluid-live", config))
     names = {name: (step_s, steps) for name, step_s, steps in TRIALS}
+    groups: dict[str, str] = {}  # trial -> the group the controller put it in
+
+    class Groups(tune.Callback):
+        def on_trial_result(self, iteration: int, trials: list, trial: object, result: dict, **info: object) -> None:
+            groups[trial.trial_id] = scheduler.controller.trials[trial.trial_id].group
+
     space = {"name": tune.grid_search([n for n, _, _ in TRIALS]), "eta": SPEED.dp_efficiency,
              "share_speeds": list(SPEED.share_speeds), "d": SPEED.max_span, "scale": SCALE, "seed": 0,
              "step_s": tune.sample_from(lambda spec: names[spec.config.name][0]),
@@ -78,10 +85,12 @@ def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: ob
         tune.with_resources(train, scheduler.initial_resources()),
         param_space=space,
         tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=False),
-        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name="fluid", verbose=0),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name="fluid", verbose=0,
+                                  callbacks=[Groups()]),
     )
     results = tuner.fit()
     assert not results.errors
+    assert len(groups) == len(TRIALS) and set(groups.values()) == {"fluid"}  # one sweep: the experiment
     by_id = {r.metrics["trial_id"]: r.config["name"] for r in results}
     live = [(by_id[r.trial_id], r.old_width, r.new_width) for r in scheduler.log]
     simulated = run_tune_model(TRIALS, config, start_s=2.0, restart_s=3.0, max_t=max_t).sequence()
@@ -259,7 +268,8 @@ def test_every_event_takes_the_scheduler_s_clock() -> None:
 
     class Trial:  # what the scheduler reads of Ray's (hashable, as Ray's trials are)
         def __init__(self, trial_id: str, resources: object) -> None:
-            self.trial_id = self.experiment_tag = trial_id
+            self.trial_id, self.experiment_tag = trial_id, f"0_name={trial_id}"
+            self.storage = SimpleNamespace(experiment_dir_name="fluid")  # Ray's StorageContext: the experiment
             self.placement_group_factory = resources
 
     events = []
