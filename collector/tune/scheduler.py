@@ -17,14 +17,16 @@ controller learns the width a trial runs at from its placement group at every re
 trial that died at (its last placement group: Ray does not reset it).
 
 Between results Ray starts trials too: at every step of its loop (TuneController._maybe_add_actors) it asks
-`choose_trial_to_run` which trial to start or resume, then requests a placement group for every PENDING trial
-itself, whatever the answer; a PAUSED trial (one paused to resize, or by HyperBand) resumes only once that answer
-names it. So every PENDING trial is counted at its placement group's width from the step Ray has it, and the trial
-chosen is counted before Ray stages it; a growth handed out and not placed yet goes first (ASHA's FIFO order would
-put it behind every PENDING trial), and another trial that would take the GPUs it was promised is answered None
-until it is placed (Ray runs it again) or given up, unless nothing runs. Every reallocation is kept in `log` in order;
-every event (start, resize, keep with its reason, finish, died) is handed to `on_event` (`StoreRecorder` writes them
-to the store).
+`choose_trial_to_run` which trial to start or resume, then requests a placement group for every PENDING trial itself,
+whatever the answer; a PAUSED trial (one paused to resize, or by HyperBand) resumes only once that answer names it. A
+trial the base scheduler pauses (HyperBand at its rung) holds nothing meanwhile (Ray frees its placement group): the
+others may grow into its GPUs from their next result, and it is counted again once it is chosen. So every PENDING
+trial is counted at its placement group's width from the step Ray has it, and the trial chosen is counted before Ray
+stages it; a growth handed out and not placed yet goes first (ASHA's FIFO order would put it behind every PENDING
+trial), and another trial that would take the GPUs it was promised is answered None until it is placed (Ray runs it
+again) or given up, unless nothing runs. Every reallocation is kept in `log` in order; every event (start, resize,
+keep with its reason, wait (a pause too), finish, died) is handed to `on_event` (`StoreRecorder` writes them to the
+store).
 """
 
 from __future__ import annotations
@@ -157,9 +159,17 @@ class FluidScheduler(ResourceChangingScheduler):
         node = result.get("node_ip", "")
         self.controller.running(trial.trial_id, gpus_of(trial.placement_group_factory),
                                 [f"{node}/{i}" for i in ids] if ids else None, now=self.clock())
+        before = self._trials_to_reallocate.get(trial)
         decision = super().on_trial_result(tune_controller, trial, result)
-        if decision == TrialScheduler.PAUSE and trial in self._trials_to_reallocate:
-            self._unpause_after_resize(trial)
+        if decision == TrialScheduler.PAUSE:
+            resize = self._trials_to_reallocate.get(trial)
+            if resize is not None and resize is not before:  # ours: Ray pauses it to restart it at its new width
+                self._unpause_after_resize(trial)
+            else:  # the base scheduler's (HyperBand at a rung): Ray frees its placement group until it resumes it
+                steps_left = result.get(STEPS_LEFT)
+                self.controller.paused(trial.trial_id, "paused by the base scheduler at the end of its round: its "
+                                       "GPUs went back to the sweep",
+                                       None if steps_left is None else float(steps_left), now=self.clock())
         self._publish()
         return decision
 
