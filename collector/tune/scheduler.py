@@ -26,7 +26,8 @@ stages it; a growth handed out and not placed yet goes first (ASHA's FIFO order 
 trial), and another trial that would take the GPUs it was promised is answered None until it is placed (Ray runs it
 again) or given up, unless nothing runs. Every reallocation is kept in `log` in order; every event (start, resize,
 keep with its reason, wait (a pause too), finish, died) is handed to `on_event` (`StoreRecorder` writes them to the
-store).
+store). Ray stops the trials of an experiment stopped as a whole (a Stopper's stop_all, time_budget_s, fail_fast)
+without telling the scheduler: the run's callback `ending()` ends them with the experiment.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ray.tune import Callback
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
@@ -225,11 +227,35 @@ class FluidScheduler(ResourceChangingScheduler):
         self._publish()
         super().on_trial_remove(tune_controller, trial, **kwargs)
 
+    def ending(self) -> SweepEnd:
+        """The Tune callback that ends the sweep's records with the experiment: pass it to the run
+        (`tune.RunConfig(callbacks=[scheduler.ending()])`)."""
+        return SweepEnd(self)
+
+    def experiment_ended(self) -> None:
+        """The experiment ended: every trial still counted ends here. Ray stops the trials of an experiment stopped as
+        a whole (a Stopper's stop_all, time_budget_s, fail_fast: TuneController._stop_experiment_if_needed) without
+        telling the scheduler, so without this they would hold their GPUs in the records for good."""
+        for trial_id in list(self.controller.trials):
+            self.controller.finished(trial_id, "the experiment ended", now=self.clock())
+        self._publish()
+
     def _publish(self) -> None:
         while self._sent < len(self.controller.events):
             if self.on_event is not None:
                 self.on_event(self.controller.events[self._sent])
             self._sent += 1
+
+
+class SweepEnd(Callback):
+    """Tells the scheduler that the experiment ended (`FluidScheduler.experiment_ended`): Ray calls a callback's
+    on_experiment_end however the experiment ends, and never the scheduler."""
+
+    def __init__(self, scheduler: FluidScheduler) -> None:
+        self.scheduler = scheduler
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.scheduler.experiment_ended()
 
 
 class StoreRecorder:

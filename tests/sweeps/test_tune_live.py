@@ -115,6 +115,52 @@ def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: ob
     assert all(held >= one for _, held, one in use) and use[-1][1] == 0.0
 
 
+def test_a_sweep_stopped_as_a_whole_ends_every_trial_in_the_records(ray_cluster: object, tmp_path: Path,
+                                                                    sqlite_store: Store) -> None:
+    """A Stopper's stop_all (as time_budget_s and fail_fast) makes Ray stop every trial without telling the scheduler
+    (TuneController._stop_experiment_if_needed): the scheduler's callback ends them in the records with the
+    experiment, so the Sweeps page shows none holding GPUs after the sweep."""
+    from ray import tune
+
+    from collector.tune.scheduler import FluidScheduler, StoreRecorder, base_scheduler
+    from tests.sweeps.tune_job import train
+
+    class StopAll(tune.Stopper):  # the whole experiment stops after the first result
+        def __init__(self) -> None:
+            self.seen = False
+
+        def __call__(self, trial_id: str, result: dict) -> bool:
+            self.seen = True
+            return False
+
+        def stop_all(self) -> bool:
+            return self.seen
+
+    config = FluidConfig(GPUS, SPEED, dynamic=True, restart_s=1.0)
+    max_t = max(n for _, _, n in TRIALS)
+    scheduler = FluidScheduler(base_scheduler("asha", metric="loss", mode="min", max_t=max_t, grace_period=max_t),
+                               config, on_event=StoreRecorder(sqlite_store, "fluid-stop", config))
+    names = {name: (step_s, steps) for name, step_s, steps in TRIALS}
+    space = {"name": tune.grid_search([n for n, _, _ in TRIALS]), "eta": SPEED.dp_efficiency,
+             "share_speeds": list(SPEED.share_speeds), "d": SPEED.max_span, "scale": SCALE, "seed": 0,
+             "step_s": tune.sample_from(lambda spec: names[spec.config.name][0]),
+             "steps": tune.sample_from(lambda spec: names[spec.config.name][1])}
+    tuner = tune.Tuner(
+        tune.with_resources(train, scheduler.initial_resources()),
+        param_space=space,
+        tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=False),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name="fluid-stop", verbose=0,
+                                  stop=StopAll(), callbacks=[scheduler.ending()]),
+    )
+    tuner.fit()
+    rows = events(sqlite_store, "fluid-stop")
+    started = {r.trial_id for r in rows if r.kind == "start"}
+    assert started, "no trial reported before the stop: nothing tested"
+    assert started <= {r.trial_id for r in rows if r.kind in ("finish", "died")}
+    assert gpu_use(rows, GPUS)[-1][1] == 0.0
+    assert not scheduler.controller.trials
+
+
 def test_a_hyperband_sweep_resumes_the_trials_it_resizes(ray_cluster: object, tmp_path: Path) -> None:
     """HyperBand restarts a paused trial only when its bracket lists it; a pause to resize is listed, or the resized
     trial and its whole rung would wait for good (here: until the time budget ends the sweep unfinished)."""
