@@ -89,15 +89,16 @@ def events(store: Store, sweep_id: str) -> list[EventRow]:
 def gpu_use(rows: list[EventRow], gpus: int) -> list[tuple[float, float, float]]:
     """(time, GPUs the sweep held, GPUs one trial per GPU would hold for the same running trials) after each event.
 
-    A trial holds its width from its start to its finish; one trial per GPU holds one GPU per running trial, at most
-    the sweep's GPUs.
+    A trial holds its width from its start to its finish, or to a wait (a trial waits only when it runs nothing: a
+    pause gives its GPUs back until it starts again); one trial per GPU holds one GPU per running trial, at most the
+    sweep's GPUs.
     """
     width: dict[str, float] = {}
     out: list[tuple[float, float, float]] = []
     for r in rows:
         if r.kind in ("start", "resize", "keep"):
             width[r.trial_id] = r.new_width
-        elif r.kind in ("finish", "died"):
+        elif r.kind in ("wait", "finish", "died"):
             width.pop(r.trial_id, None)
         out.append((r.ts, sum(width.values()), float(min(len(width), gpus))))
     return out

@@ -6,7 +6,8 @@ every trial starts with the same resources (one GPU, the profiling step) and is 
 allocation function runs only when the base scheduler lets a trial continue, and GPUs freed by a stop reach the
 others at their next result; every change restarts the trial from its checkpoint, so `reuse_actors=False`; a
 function trainable sees only the first bundle, so the placement group is one {"GPU": width} bundle (read it with
-`tune.get_context().get_trial_resources()`); the allocation function is an object, never a bound method.
+`tune.get_context().get_trial_resources()`); the allocation function is an object, never a bound method. A sweep's
+trials form one group: its Ray Tune experiment (`sweep_of`).
 
 A trial reports `fleetlens_step_s` (its seconds per step alone on one GPU, as the SDK measured and normalised it)
 and `fleetlens_steps_left` (steps left in its round) with each result, and should report `fleetlens_gpu_ids`
@@ -16,14 +17,17 @@ controller learns the width a trial runs at from its placement group at every re
 trial that died at (its last placement group: Ray does not reset it).
 
 Between results Ray starts trials too: at every step of its loop (TuneController._maybe_add_actors) it asks
-`choose_trial_to_run` which trial to start or resume, then requests a placement group for every PENDING trial
-itself, whatever the answer; a PAUSED trial (one paused to resize, or by HyperBand) resumes only once that answer
-names it. So every PENDING trial is counted at its placement group's width from the step Ray has it, and the trial
-chosen is counted before Ray stages it; a growth handed out and not placed yet goes first (ASHA's FIFO order would
-put it behind every PENDING trial), and another trial that would take the GPUs it was promised is answered None
-until it is placed (Ray runs it again) or given up, unless nothing runs. Every reallocation is kept in `log` in order;
-every event (start, resize, keep with its reason, finish, died) is handed to `on_event` (`StoreRecorder` writes them
-to the store).
+`choose_trial_to_run` which trial to start or resume, then requests a placement group for every PENDING trial itself,
+whatever the answer; a PAUSED trial (one paused to resize, or by HyperBand) resumes only once that answer names it. A
+trial the base scheduler pauses (HyperBand at its rung) holds nothing meanwhile (Ray frees its placement group): the
+others may grow into its GPUs from their next result, and it is counted again once it is chosen. So every PENDING
+trial is counted at its placement group's width from the step Ray has it, and the trial chosen is counted before Ray
+stages it; a growth handed out and not placed yet goes first (ASHA's FIFO order would put it behind every PENDING
+trial), and another trial that would take the GPUs it was promised is answered None until it is placed (Ray runs it
+again) or given up, unless nothing runs. Every reallocation is kept in `log` in order; every event (start, resize,
+keep with its reason, wait (a pause too), finish, died) is handed to `on_event` (`StoreRecorder` writes them to the
+store). Ray stops the trials of an experiment stopped as a whole (a Stopper's stop_all, time_budget_s, fail_fast)
+without telling the scheduler: the run's callback `ending()` ends them with the experiment.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ray.tune import Callback
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
@@ -62,6 +67,16 @@ def bundle(width: float, cpu: float) -> PlacementGroupFactory:
 def gpus_of(resources: PlacementGroupFactory | None) -> float:
     """The GPUs a placement group factory asks for."""
     return 0.0 if resources is None else float(resources.required_resources.get("GPU", 0.0))
+
+
+def sweep_of(trial: Any) -> str:
+    """The group a trial belongs to: its Ray Tune experiment (the directory name every trial of one Tuner run shares,
+    a restored run too). Not `experiment_tag`: Ray makes that per trial ("0_lr=0.1")."""
+    name = getattr(getattr(trial, "storage", None), "experiment_dir_name", None)
+    if not name:
+        raise InvalidInput(f"trial {trial.trial_id} has no Ray Tune experiment (trial.storage.experiment_dir_name): "
+                           "Fluid cannot group it into its sweep")
+    return str(name)
 
 
 def base_scheduler(name: str, *, metric: str, mode: str, max_t: int, grace_period: int = 1,
@@ -128,7 +143,7 @@ class FluidScheduler(ResourceChangingScheduler):
         return bundle(1.0, self.cpu_per_trial)
 
     def on_trial_add(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
-        group = trial.experiment_tag or trial.trial_id
+        group = sweep_of(trial)
         if trial.trial_id in self._died:
             # Ray retries it (TuneController._requeue_trial: on_trial_error, then on_trial_add) with the placement
             # group it held, or the one a pending resize gives it: not the base width
@@ -146,9 +161,17 @@ class FluidScheduler(ResourceChangingScheduler):
         node = result.get("node_ip", "")
         self.controller.running(trial.trial_id, gpus_of(trial.placement_group_factory),
                                 [f"{node}/{i}" for i in ids] if ids else None, now=self.clock())
+        before = self._trials_to_reallocate.get(trial)
         decision = super().on_trial_result(tune_controller, trial, result)
-        if decision == TrialScheduler.PAUSE and trial in self._trials_to_reallocate:
-            self._unpause_after_resize(trial)
+        if decision == TrialScheduler.PAUSE:
+            resize = self._trials_to_reallocate.get(trial)
+            if resize is not None and resize is not before:  # ours: Ray pauses it to restart it at its new width
+                self._unpause_after_resize(trial)
+            else:  # the base scheduler's (HyperBand at a rung): Ray frees its placement group until it resumes it
+                steps_left = result.get(STEPS_LEFT)
+                self.controller.paused(trial.trial_id, "paused by the base scheduler at the end of its round: its "
+                                       "GPUs went back to the sweep",
+                                       None if steps_left is None else float(steps_left), now=self.clock())
         self._publish()
         return decision
 
@@ -204,11 +227,35 @@ class FluidScheduler(ResourceChangingScheduler):
         self._publish()
         super().on_trial_remove(tune_controller, trial, **kwargs)
 
+    def ending(self) -> SweepEnd:
+        """The Tune callback that ends the sweep's records with the experiment: pass it to the run
+        (`tune.RunConfig(callbacks=[scheduler.ending()])`)."""
+        return SweepEnd(self)
+
+    def experiment_ended(self) -> None:
+        """The experiment ended: every trial still counted ends here. Ray stops the trials of an experiment stopped as
+        a whole (a Stopper's stop_all, time_budget_s, fail_fast: TuneController._stop_experiment_if_needed) without
+        telling the scheduler, so without this they would hold their GPUs in the records for good."""
+        for trial_id in list(self.controller.trials):
+            self.controller.finished(trial_id, "the experiment ended", now=self.clock())
+        self._publish()
+
     def _publish(self) -> None:
         while self._sent < len(self.controller.events):
             if self.on_event is not None:
                 self.on_event(self.controller.events[self._sent])
             self._sent += 1
+
+
+class SweepEnd(Callback):
+    """Tells the scheduler that the experiment ended (`FluidScheduler.experiment_ended`): Ray calls a callback's
+    on_experiment_end however the experiment ends, and never the scheduler."""
+
+    def __init__(self, scheduler: FluidScheduler) -> None:
+        self.scheduler = scheduler
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.scheduler.experiment_ended()
 
 
 class StoreRecorder:

@@ -18,12 +18,13 @@ one GPU count that GPU once), and a share not reported yet counts as a GPU of it
 out only when w GPUs hold nothing (a growth to a share: one GPU), after the others and the profiling steps the plan
 starts (one GPU each): never a width Ray cannot place beside what it holds.
 
-The engine also starts trials between results, on its own (Ray Tune: a PENDING trial's placement group is requested
-as soon as Ray has the trial, and it starts when it fits) or when it asks (Ray Tune asks the scheduler which paused
-trial to resume). Such a trial is counted at the width it starts with from the moment the engine says so (`pending`,
-`may_start`) until its first result, before any growth is handed out; and while a growth handed out is not placed
-yet (`promised`, until `growth_placed`, the trial's next result, or its end), a trial the engine asks about waits
-(`may_start` says no) if it would take GPUs that growth was promised, unless the engine runs nothing.
+The engine also starts trials between results, on its own (Ray Tune: a PENDING trial's placement group is requested as
+soon as Ray has the trial, and it starts when it fits) or when it asks (Ray Tune asks the scheduler which paused trial
+to resume; a trial the engine paused at the end of its round, `paused`, holds nothing until then). Such a trial is
+counted at the width it starts with from the moment the engine says so (`pending`, `may_start`) until its first
+result, before any growth is handed out; and while a growth handed out is not placed yet (`promised`, until
+`growth_placed`, the trial's next result, or its end), a trial the engine asks about waits (`may_start` says no) if it
+would take GPUs that growth was promised, unless the engine runs nothing.
 """
 
 from __future__ import annotations
@@ -123,6 +124,24 @@ class SweepController:
         self.events.append(Event("start", trial_id, 0.0, width, "came back after it died", None, now))
         self._replan()
 
+    def paused(self, trial_id: str, reason: str, steps_left: float | None = None, *, now: float = 0.0) -> None:
+        """The engine paused the trial at the end of its round (Ray Tune: HyperBand at its rung, until the rung
+        decides): its GPUs go back to the sweep (Ray frees its placement group), and it waits with no steps left until
+        the engine resumes it (`may_start`, `pending`) for a round whose steps it reports then (`steps_left`: what it
+        reported at the pause, for the record). A pause to resize is not this: the trial keeps the width it was
+        handed."""
+        self._now = now
+        t = self.trials.get(trial_id)
+        if t is None or not t.running:
+            return
+        self.events.append(Event("wait", trial_id, t.width, 0.0, reason,
+                                 t.remaining_steps if steps_left is None else steps_left, now))
+        self.trials[trial_id] = replace(t, width=0.0, remaining_steps=0.0)
+        self.placed.pop(trial_id, None)
+        self.starting.pop(trial_id, None)
+        self.promised.pop(trial_id, None)
+        self._replan()
+
     def running(self, trial_id: str, width: float, gpus: list[str] | None = None, *, now: float = 0.0) -> None:
         """The engine reports a result of the trial: it runs at `width` (Ray: its placement group's GPUs), on `gpus`
         when the trial reports them (ids unique across the cluster: node and GPU). The controller follows the engine;
@@ -133,8 +152,8 @@ class SweepController:
             self.add(trial_id, trial_id, 0.0)
         t = self.trials[trial_id]
         if t.width <= 0:
-            self.events.append(Event("start", trial_id, 0.0, width, "came back after it died" if back else "",
-                                     t.remaining_steps, now))
+            reason = "came back after it died" if back else "resumed" if t.step_s is not None else ""
+            self.events.append(Event("start", trial_id, 0.0, width, reason, t.remaining_steps, now))
         elif abs(t.width - width) > 1e-9:
             self.events.append(Event("resize", trial_id, t.width, width, f"the engine runs it at {width:g} GPUs",
                                      t.remaining_steps, now))

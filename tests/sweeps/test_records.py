@@ -44,3 +44,15 @@ def test_bad_records_raise_our_errors(sqlite_store) -> None:
         record_event(sqlite_store, "s", "t", "teleport", 0.0, 1.0)
     with pytest.raises(InvalidInput):
         record_sweep(sqlite_store, "", 4, {})
+
+
+def test_a_trial_paused_at_its_rung_holds_no_gpus_until_it_starts_again(sqlite_store) -> None:
+    """A pause is recorded as a wait from the trial's width to 0 (the scheduler's event): its GPUs go back."""
+    record_sweep(sqlite_store, "s", 2, {})
+    for i, (trial, kind, old, new) in enumerate([("a", "start", 0.0, 1.0), ("b", "start", 0.0, 1.0),
+                                                 ("b", "wait", 1.0, 0.0), ("a", "resize", 1.0, 2.0),
+                                                 ("a", "finish", 2.0, 0.0), ("b", "start", 0.0, 1.0)]):
+        record_event(sqlite_store, "s", trial, kind, old, new, now=1000.0 + i)
+    use = gpu_use(events(sqlite_store, "s"), 2)
+    assert [(held, one) for _, held, one in use] == [(1.0, 1.0), (2.0, 2.0), (1.0, 1.0), (2.0, 1.0), (0.0, 0.0),
+                                                     (1.0, 1.0)]

@@ -15,9 +15,22 @@ from tests.sweeps.needs_ray import need_ray
 SPEED = SpeedModel(dp_efficiency=0.85, share_speeds=(1.0, 0.65), max_span=4)
 
 
+EXPERIMENT: dict[str, object] = {}  # the Ray Tune experiment the trials of a test belong to (`trial`)
+
+
 @pytest.fixture(autouse=True)
-def _ray_tune() -> None:
+def _ray_tune(tmp_path) -> None:
     need_ray()
+    experiment(str(tmp_path), "fluid-sweep")
+
+
+def experiment(storage_path: str, name: str) -> None:
+    """The experiment `trial` puts trials in from now: Ray gives every trial of one Tuner run a copy of the run's
+    StorageContext (its experiment_dir_name is the run's name)."""
+    from ray.train._internal.storage import StorageContext
+
+    EXPERIMENT["storage"] = StorageContext(storage_path, name)
+    EXPERIMENT["count"] = 0
 
 
 class Tune:
@@ -40,13 +53,16 @@ def scheduler(gpus: int):
 
 def trial(sched, trial_id: str, width: float | None = None, status: str = "PENDING"):
     """A Ray trial the scheduler was told of (on_trial_add), with `status` and the placement group of `width` GPUs
-    (default: the one every trial starts with; another width is set as Ray's ResourceChangingScheduler resizes)."""
+    (default: the one every trial starts with; another width is set as Ray's ResourceChangingScheduler resizes). Made
+    as Ray's BasicVariantGenerator makes it: a tag of its own ("0_name=a") and its experiment's storage."""
     from ray.tune.experiment import Trial
 
     from collector.tune.scheduler import bundle
 
-    t = Trial("fluid", stub=True, trial_id=trial_id, experiment_tag=trial_id,
-              placement_group_factory=sched.initial_resources())
+    n = EXPERIMENT["count"]
+    EXPERIMENT["count"] = n + 1
+    t = Trial("fluid", stub=True, trial_id=trial_id, experiment_tag=f"{n}_name={trial_id}",
+              storage=EXPERIMENT["storage"], placement_group_factory=sched.initial_resources())
     t.create_placement_group_factory()
     sched.on_trial_add(None, t)
     if width is not None:

@@ -7,6 +7,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,6 +71,12 @@ def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: ob
     scheduler = FluidScheduler(base_scheduler("asha", metric="loss", mode="min", max_t=max_t, grace_period=max_t),
                                config, on_event=StoreRecorder(sqlite_store, "fluid-live", config))
     names = {name: (step_s, steps) for name, step_s, steps in TRIALS}
+    groups: dict[str, str] = {}  # trial -> the group the controller put it in
+
+    class Groups(tune.Callback):
+        def on_trial_result(self, iteration: int, trials: list, trial: object, result: dict, **info: object) -> None:
+            groups[trial.trial_id] = scheduler.controller.trials[trial.trial_id].group
+
     space = {"name": tune.grid_search([n for n, _, _ in TRIALS]), "eta": SPEED.dp_efficiency,
              "share_speeds": list(SPEED.share_speeds), "d": SPEED.max_span, "scale": SCALE, "seed": 0,
              "step_s": tune.sample_from(lambda spec: names[spec.config.name][0]),
@@ -78,10 +85,12 @@ def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: ob
         tune.with_resources(train, scheduler.initial_resources()),
         param_space=space,
         tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=False),
-        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name="fluid", verbose=0),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name="fluid", verbose=0,
+                                  callbacks=[Groups()]),
     )
     results = tuner.fit()
     assert not results.errors
+    assert len(groups) == len(TRIALS) and set(groups.values()) == {"fluid"}  # one sweep: the experiment
     by_id = {r.metrics["trial_id"]: r.config["name"] for r in results}
     live = [(by_id[r.trial_id], r.old_width, r.new_width) for r in scheduler.log]
     simulated = run_tune_model(TRIALS, config, start_s=2.0, restart_s=3.0, max_t=max_t).sequence()
@@ -104,6 +113,52 @@ def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: ob
     use = gpu_use(rows, GPUS)
     assert max(held for _, held, _ in use) == 4.0  # b alone on all four GPUs at the end
     assert all(held >= one for _, held, one in use) and use[-1][1] == 0.0
+
+
+def test_a_sweep_stopped_as_a_whole_ends_every_trial_in_the_records(ray_cluster: object, tmp_path: Path,
+                                                                    sqlite_store: Store) -> None:
+    """A Stopper's stop_all (as time_budget_s and fail_fast) makes Ray stop every trial without telling the scheduler
+    (TuneController._stop_experiment_if_needed): the scheduler's callback ends them in the records with the
+    experiment, so the Sweeps page shows none holding GPUs after the sweep."""
+    from ray import tune
+
+    from collector.tune.scheduler import FluidScheduler, StoreRecorder, base_scheduler
+    from tests.sweeps.tune_job import train
+
+    class StopAll(tune.Stopper):  # the whole experiment stops after the first result
+        def __init__(self) -> None:
+            self.seen = False
+
+        def __call__(self, trial_id: str, result: dict) -> bool:
+            self.seen = True
+            return False
+
+        def stop_all(self) -> bool:
+            return self.seen
+
+    config = FluidConfig(GPUS, SPEED, dynamic=True, restart_s=1.0)
+    max_t = max(n for _, _, n in TRIALS)
+    scheduler = FluidScheduler(base_scheduler("asha", metric="loss", mode="min", max_t=max_t, grace_period=max_t),
+                               config, on_event=StoreRecorder(sqlite_store, "fluid-stop", config))
+    names = {name: (step_s, steps) for name, step_s, steps in TRIALS}
+    space = {"name": tune.grid_search([n for n, _, _ in TRIALS]), "eta": SPEED.dp_efficiency,
+             "share_speeds": list(SPEED.share_speeds), "d": SPEED.max_span, "scale": SCALE, "seed": 0,
+             "step_s": tune.sample_from(lambda spec: names[spec.config.name][0]),
+             "steps": tune.sample_from(lambda spec: names[spec.config.name][1])}
+    tuner = tune.Tuner(
+        tune.with_resources(train, scheduler.initial_resources()),
+        param_space=space,
+        tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=False),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name="fluid-stop", verbose=0,
+                                  stop=StopAll(), callbacks=[scheduler.ending()]),
+    )
+    tuner.fit()
+    rows = events(sqlite_store, "fluid-stop")
+    started = {r.trial_id for r in rows if r.kind == "start"}
+    assert started, "no trial reported before the stop: nothing tested"
+    assert started <= {r.trial_id for r in rows if r.kind in ("finish", "died")}
+    assert gpu_use(rows, GPUS)[-1][1] == 0.0
+    assert not scheduler.controller.trials
 
 
 def test_a_hyperband_sweep_resumes_the_trials_it_resizes(ray_cluster: object, tmp_path: Path) -> None:
@@ -259,7 +314,8 @@ def test_every_event_takes_the_scheduler_s_clock() -> None:
 
     class Trial:  # what the scheduler reads of Ray's (hashable, as Ray's trials are)
         def __init__(self, trial_id: str, resources: object) -> None:
-            self.trial_id = self.experiment_tag = trial_id
+            self.trial_id, self.experiment_tag = trial_id, f"0_name={trial_id}"
+            self.storage = SimpleNamespace(experiment_dir_name="fluid")  # Ray's StorageContext: the experiment
             self.placement_group_factory = resources
 
     events = []
