@@ -6,21 +6,30 @@ execution time), and the SDK sends per-application per-minute histograms to the 
     with serving(workflow="sd-api", slos={"txt2img": 2.0}, devices=2) as rec:
         while True:
             batch = queue.next_batch()                     # e.g. enforcer.serving.live.RequestQueue
-            with rec.batch(batch.app, batch.arrivals):     # times the batch: CUDA events on a GPU, wall time else
-                out = model(batch.inputs)
-            rec.shed(app, arrivals_of_dropped)             # requests the scheduler dropped: counted, not lost
+            with rec.batch(batch):                         # times the batch: CUDA events on a GPU, wall time else
+                out = model(batch.inputs)                  # may give the batch up: queue.stop(batch)
+            for r in queue.dropped():                      # requests the scheduler dropped or gave up
+                rec.shed(r.app, [r.arrival])               # counted, not lost
 
 Per request the SDK only adds to in-memory sums and two log-bucket histograms (store.latency_sketch: quantiles to
-1 %), so recording costs about a microsecond; about once a second (settings.sdk_flush_interval_s) what
-accumulated goes to the agent as one `serving` message. Without an agent the sums wait (merged by minute, so
-they stay small) and are sent when one answers; past MAX_PENDING_MINUTES app-minutes the oldest are given up and
-counted in `lost`. Bad input raises InvalidInput: a request with no application, an execution time <= 0 or not
-finite, a start before the arrival or an end before the start (a clock that goes backwards). A wall clock that
-steps back between requests is counted in `clock_steps_back` and the request is filed under the latest minute.
+1 %), so recording costs about a microsecond; about once a second (settings.sdk_flush_interval_s) what accumulated goes
+to the agent in `serving` messages (MINUTES_PER_MESSAGE minutes each). Without an agent the sums wait (merged by
+minute, so they stay small) and are sent when one answers; past MAX_PENDING_MINUTES app-minutes the oldest are given
+up and counted in `lost`, as are the requests of a message the agent refuses (logged with its reason; never sent
+again).
 
-Raw requests are opt-in (settings.serving_raw_requests): each request's [app, arrival, wait, execution, latency,
-batch size] goes along too, the newest settings.serving_raw_max_rows waiting at once (those they replace are
-counted in `raw_over_cap`, sent along, and counted by the store, which keeps each workflow's newest rows up to the
+Bad input raises InvalidInput before anything of the call is counted: a request with no application (or a name over
+APP_MAX_CHARS characters, the store's limit), a time that is not a finite number, a start before the arrival, an end
+before the start, an execution time <= 0 or longer than start to end (beyond the wall clock's resolution), a batch
+size that is not a whole number >= 1. A request's latency is at least its wait plus its execution time, so a wall
+clock too coarse to tick during a batch still gives a positive latency. A wall clock that steps back (a request ending
+over STEP_BACK_TOLERANCE_S before the latest end recorded) is counted once in `clock_steps_back`, and from then on the
+step is added to every time recorded, so the minutes stay in order. A minute holding a request recorded before its
+application's SLO was known sends met=None (not judged), not a count of part of its requests.
+
+Raw requests are opt-in (settings.serving_raw_requests): each request's [app, arrival, wait, execution, latency, batch
+size] goes too, in messages of their own, the newest settings.serving_raw_max_rows waiting at once (those they replace
+are counted in `raw_over_cap`, sent along, and counted by the store, which keeps each workflow's newest rows up to the
 same cap: store.serving_raw).
 """
 
@@ -29,12 +38,13 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import numbers
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from collector import protocol as p
 from collector.sdk_settings import job_settings
@@ -46,15 +56,28 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING_MINUTES = 100_000
 RAW_PER_MESSAGE = 5_000  # raw requests per message: ~100-400 bytes each, well under protocol.MAX_LINE
+# minutes per message: a minute's two histograms hold at most ~1,750 buckets each (1 ns to ten days, 2 % wide), ~45 KB
+# with its application's name, so a message stays well under protocol.MAX_LINE (4 MiB)
+MINUTES_PER_MESSAGE = 50
+APP_MAX_CHARS = 255  # the store's column
+# Requests are recorded when their batch ends, so ends come nearly in order; arrivals do not (a long queue wait).
+# An end this far before the latest one is the wall clock set back, not requests recorded out of order.
+STEP_BACK_TOLERANCE_S = 60.0
+# An execution time measured on another clock (CUDA events, perf_counter, thread time) may exceed the wall clock's
+# start to end by the wall clock's resolution, the float spacing of epoch times (~0.24 us) and a rate difference
+# (NTP slews the wall clock by up to 500 ppm).
+_WALL_RESOLUTION = time.get_clock_info("time").resolution
+_CLOCK_RATE_SLACK = 1e-3
 
 
 class _Minute:
-    __slots__ = ("n", "dropped", "met", "exec_sum", "exec_sumsq", "wait_sum", "latency_sum", "batch_sum",
-                 "exec_hist", "latency_hist")
+    __slots__ = ("n", "dropped", "met", "unjudged", "exec_sum", "exec_sumsq", "wait_sum", "latency_sum",
+                 "batch_sum", "exec_hist", "latency_hist")
 
     def __init__(self) -> None:
         self.n = self.dropped = self.batch_sum = 0
         self.met: int | None = None
+        self.unjudged = False  # a request recorded while its application had no SLO: met stays None
         self.exec_sum = self.exec_sumsq = self.wait_sum = self.latency_sum = 0.0
         self.exec_hist: dict[int, int] = {}
         self.latency_hist: dict[int, int] = {}
@@ -66,36 +89,85 @@ class _Minute:
                 "exec_hist": ls.to_json(self.exec_hist), "latency_hist": ls.to_json(self.latency_hist)}
 
 
+class _Request(NamedTuple):
+    """One served request, checked: every value valid, so adding it to a minute cannot fail half-way."""
+    app: str
+    arrival: float
+    end: float
+    wait: float
+    exec_s: float
+    latency: float
+    batch_size: int
+    exec_bucket: int
+    latency_bucket: int
+
+
+class _Refused(Exception):
+    """The agent refused a message as invalid (not: it is away): sending it again would be refused again."""
+
+
+def _app(app: Any, what: str = "request") -> str:
+    if not isinstance(app, str) or not app:
+        raise InvalidInput(f"serving: a {what} with no application")
+    if len(app) > APP_MAX_CHARS:
+        raise InvalidInput(f"serving: application {app[:40]!r}... is {len(app)} characters long, over "
+                           f"{APP_MAX_CHARS}")
+    return app
+
+
+def _time(x: Any, app: str, what: str) -> float:
+    """A finite number of seconds as a plain float (numpy's too: the protocol is JSON)."""
+    if type(x) is not float:  # the usual case skips the slower checks below
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise InvalidInput(f"serving {app!r}: {what} {x!r} is not a number of seconds")
+        try:
+            x = float(x)
+        except OverflowError:
+            x = math.inf
+    if not math.isfinite(x):
+        raise InvalidInput(f"serving {app!r}: {what} {x!r} is not a finite time")
+    return x
+
+
+def _whole(x: Any, what: str) -> int:
+    """A whole number >= 1 (numpy integers too, as a plain int: the protocol is JSON)."""
+    if type(x) is not int and (isinstance(x, bool) or not isinstance(x, numbers.Integral)):
+        raise InvalidInput(f"serving: {what} {x!r} is not a whole number >= 1")
+    if x < 1:
+        raise InvalidInput(f"serving: {what} {x!r} is not a whole number >= 1")
+    return int(x)
+
+
 class ServingRecorder:
     """Records a serving loop's requests (see the module's docstring). Not thread-safe: one serving loop."""
 
     def __init__(self, workflow: str | None = None, *, slos: dict[str, float] | None = None, devices: int = 1,
                  settings: Settings | None = None, cuda: bool | None = None) -> None:
         self.settings = settings if settings is not None else job_settings()  # the SDK's entry point
-        if devices < 1:
-            raise InvalidInput(f"devices={devices}: a service holds at least one device")
+        self.devices = _whole(devices, "devices (a service holds at least one device)")
         self.workflow_id = workflow or self.settings.workflow or "serving"
         self.slos: dict[str, float] = {}
         for app, slo in (slos or {}).items():
             self.set_slo(app, slo)
-        self.devices = devices
         self._pending: dict[tuple[str, float], _Minute] = {}
         self._conn = p.AgentConnection(self.settings.socket_path, self.settings.sdk_timeout_s)
         self._next_connect = 0.0
         self._next_flush = time.monotonic() + self.settings.sdk_flush_interval_s
-        self._last_wall = -math.inf
+        self._last_end = -math.inf  # the latest end recorded, on the corrected clock
+        self._wall_shift = 0.0  # added to every time recorded: the sum of the wall clock's steps back
         self._torch: Any = None
         self._cuda = cuda
-        self._sent_slos: dict[str, float] = {}
         self.recorded = 0  # requests recorded (served)
         self.shed_count = 0  # requests recorded as dropped
         self.sent = 0  # requests (served + dropped) the agent took
-        self.lost = 0  # requests given up (no agent for too long): counted, and logged
+        self.lost = 0  # requests given up (no agent for too long, or refused by it): counted, and logged
+        self.refused = 0  # messages the agent refused as invalid (their requests are in `lost`)
         self.clock_steps_back = 0
         self._raw_on = bool(self.settings.serving_raw_requests)
         self._raw: deque[list] = deque(maxlen=self.settings.serving_raw_max_rows)
         self.raw_sent = 0
         self.raw_over_cap = 0  # raw requests not kept: newer ones took their place while the agent did not take them
+        self.raw_refused = 0  # raw requests (rows, and counts over the cap) in messages the agent refused
 
     # ---- lifecycle
     def __enter__(self) -> ServingRecorder:
@@ -115,11 +187,129 @@ class ServingRecorder:
     def set_slo(self, app: str, slo_s: float) -> None:
         if not isinstance(app, str) or not app:
             raise InvalidInput("SLO: name the application")
-        if not (isinstance(slo_s, int | float) and slo_s > 0 and math.isfinite(slo_s)):
+        if isinstance(slo_s, bool) or not (isinstance(slo_s, numbers.Real) and slo_s > 0 and math.isfinite(slo_s)):
             raise InvalidInput(f"SLO for {app!r}: {slo_s!r} is not a positive number of seconds")
         self.slos[app] = float(slo_s)
 
     # ---- recording
+    def record(self, app: str, *, arrival: float, start: float, end: float, batch_size: int = 1,
+               exec_s: float | None = None) -> None:
+        """One served request: wall-clock arrival, start and end of its batch (time.time() seconds); `exec_s`
+        the batch's execution time when measured otherwise than end - start (CUDA events, thread CPU time). Its
+        latency is end - arrival, and at least its wait plus `exec_s` (a coarse wall clock may not have ticked)."""
+        self._add([self._check(app, arrival, start, end, batch_size, exec_s)])
+        self._maybe_flush()
+
+    def shed(self, app: str, arrivals: Sequence[float]) -> None:
+        """Requests the scheduler dropped (overload, hopeless deadline): counted per minute, never served."""
+        app = _app(app, "dropped request")
+        times = [_time(a, app, "a dropped request's arrival") for a in arrivals]  # all checked before any counts
+        self._add_shed([app] * len(times), times)
+        self._maybe_flush()
+
+    @contextmanager
+    def batch(self, app: Any, arrivals: Sequence[float] | None = None, *, cpu_time: bool = False) -> Iterator[None]:
+        """Time one batch around the `with` body and record each member: `rec.batch(app, arrivals)`, `app` one name
+        for all or one per arrival, or `rec.batch(b)` with a request queue's batch (`enforcer.serving.live`:
+        its `apps`, `arrivals` and `given_up`). On a GPU the execution time is measured with CUDA events around the
+        body's kernels (the block waits for them); on a CPU, wall time, or with `cpu_time` the serving thread's CPU
+        time (a host shared with other busy processes stretches wall time by however long they held the core).
+        Latency is wall time, measured on the monotonic clock from the batch's start.
+
+        A queue's batch given up in the body (`RequestQueue.stop`) records nothing: the queue hands its requests
+        back through `dropped()`, to be shed once. When the body raises, its members are counted as dropped (they
+        were not served) and the exception goes on."""
+        live = None
+        if arrivals is None:
+            live = app
+            try:
+                app, arrivals = list(live.apps), list(live.arrivals)
+            except (AttributeError, TypeError):
+                raise InvalidInput("serving: rec.batch takes (applications, arrivals) or a request queue's batch "
+                                   f"(with apps and arrivals), not {live!r}") from None
+        try:
+            arrivals = list(arrivals)
+            apps = [app] * len(arrivals) if isinstance(app, str) else list(app)
+        except TypeError:
+            raise InvalidInput(f"serving: a batch of applications {app!r} and arrivals {arrivals!r}: "
+                               "each must be a name or a list") from None
+        if not arrivals:
+            raise InvalidInput(f"serving {app!r}: a batch holds at least one request")
+        if len(apps) != len(arrivals):
+            raise InvalidInput(f"serving: {len(apps)} applications for {len(arrivals)} requests in one batch")
+        apps = [_app(a) for a in apps]
+        times = [_time(a, name, "arrival") for name, a in zip(apps, arrivals, strict=True)]
+        torch = self._cuda_torch()
+        start_wall = time.time()
+        t0 = time.perf_counter()
+        c0 = time.thread_time()
+        if torch is not None:
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev0.record()
+        try:
+            yield
+            if torch is not None:
+                ev1.record()
+                ev1.synchronize()
+                exec_s = ev0.elapsed_time(ev1) / 1000.0
+            elif cpu_time:
+                exec_s = time.thread_time() - c0
+            else:
+                exec_s = time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+        except BaseException:
+            if not (live is not None and getattr(live, "given_up", False)):
+                self._add_shed(apps, times)
+            raise
+        if live is not None and getattr(live, "given_up", False):
+            return
+        exec_s = exec_s if exec_s > 1e-9 else 1e-9  # a thread clock too coarse to tick (NaN too)
+        # the end on the monotonic clock: a wall clock stepped during the batch does not change its latency, and
+        # the latency is never shorter than the execution time measured on another clock
+        end_wall = start_wall + max(elapsed, exec_s)
+        try:
+            reqs = [self._check(name, min(a, start_wall), start_wall, end_wall, len(times), exec_s)
+                    for name, a in zip(apps, times, strict=True)]
+        except InvalidInput:  # not expected from these measurements; if it happens, the requests are still counted
+            self._add_shed(apps, times)
+            raise
+        self._add(reqs)
+        self._maybe_flush()
+
+    def _check(self, app: Any, arrival: Any, start: Any, end: Any, batch_size: Any, exec_s: Any) -> _Request:
+        """One served request checked and its derived values computed; InvalidInput says what is wrong."""
+        app = _app(app)
+        arrival, start, end = _time(arrival, app, "arrival"), _time(start, app, "start"), _time(end, app, "end")
+        if start < arrival:
+            raise InvalidInput(f"serving {app!r}: started {arrival - start:.6f} s before it arrived (clock went "
+                               "backwards?)")
+        if end < start:
+            raise InvalidInput(f"serving {app!r}: ended {start - end:.6f} s before it started (clock went backwards?)")
+        exec_s = end - start if exec_s is None else _time(exec_s, app, "execution time")
+        if not exec_s > 0:
+            raise InvalidInput(f"serving {app!r}: execution time {exec_s!r} s is not positive (end before start?)")
+        slack = (end - start) * _CLOCK_RATE_SLACK + _WALL_RESOLUTION + 2 * math.ulp(max(abs(start), abs(end)))
+        if exec_s > end - start + slack:
+            raise InvalidInput(f"serving {app!r}: execution time {exec_s:.6f} s is longer than its batch's start to "
+                               f"end, {end - start:.6f} s")
+        batch_size = _whole(batch_size, f"{app!r}: batch size")
+        wait = start - arrival
+        latency = max(end - arrival, wait + exec_s)  # >= each: a wall clock that did not tick still gives latency
+        if not (math.isfinite(latency) and math.isfinite(exec_s * exec_s)):
+            raise InvalidInput(f"serving {app!r}: times too far apart (latency {latency!r} s, execution {exec_s!r} s)")
+        return _Request(app, arrival, end, wait, exec_s, latency, batch_size, ls.bucket(exec_s), ls.bucket(latency))
+
+    def _corrected(self, end: float) -> float:
+        """The shift to add to a request ending at `end` (wall clock): a step back is counted once, and the running
+        correction then carries every later time past it."""
+        end += self._wall_shift
+        if end < self._last_end - STEP_BACK_TOLERANCE_S:
+            self.clock_steps_back += 1
+            self._wall_shift += self._last_end - end
+            end = self._last_end
+        self._last_end = max(self._last_end, end)
+        return self._wall_shift
+
     def _minute(self, app: str, arrival: float) -> _Minute:
         key = (app, arrival - arrival % 60.0)
         m = self._pending.get(key)
@@ -131,93 +321,34 @@ class ServingRecorder:
                 m.met = 0
         return m
 
-    def record(self, app: str, *, arrival: float, start: float, end: float, batch_size: int = 1,
-               exec_s: float | None = None) -> None:
-        """One served request: wall-clock arrival, start and end of its batch (time.time() seconds); `exec_s`
-        the batch's execution time when measured otherwise than end - start (CUDA events, thread CPU time)."""
-        if not isinstance(app, str) or not app:
-            raise InvalidInput("serving: a request with no application")
-        if not (math.isfinite(arrival) and math.isfinite(start) and math.isfinite(end)):
-            raise InvalidInput(f"serving {app!r}: arrival, start and end must be finite times")
-        if start < arrival:
-            raise InvalidInput(f"serving {app!r}: started {arrival - start:.6f} s before it arrived (clock went "
-                               "backwards?)")
-        if end < start:
-            raise InvalidInput(f"serving {app!r}: ended {start - end:.6f} s before it started (clock went backwards?)")
-        exec_s = end - start if exec_s is None else exec_s
-        if not (exec_s > 0 and math.isfinite(exec_s)):
-            raise InvalidInput(f"serving {app!r}: execution time {exec_s!r} s is not positive (end before start?)")
-        if batch_size < 1:
-            raise InvalidInput(f"serving {app!r}: batch size {batch_size} < 1")
-        if arrival < self._last_wall - 60.0:  # the wall clock was set back: keep the durations, file it late
-            self.clock_steps_back += 1
-            shift = self._last_wall - arrival
-            arrival, start, end = arrival + shift, start + shift, end + shift
-        self._last_wall = max(self._last_wall, arrival)
-        wait = start - arrival
-        latency = end - arrival
-        m = self._minute(app, arrival)
-        m.n += 1
-        m.exec_sum += exec_s
-        m.exec_sumsq += exec_s * exec_s
-        m.wait_sum += wait
-        m.latency_sum += latency
-        m.batch_sum += batch_size
-        ls.add(m.exec_hist, exec_s)
-        ls.add(m.latency_hist, latency)
-        if self._raw_on:
-            if len(self._raw) == self._raw.maxlen:
-                self.raw_over_cap += 1  # the oldest waiting row gives way to this one (with a cap of 0, this one)
-            self._raw.append([app, arrival, wait, exec_s, latency, batch_size])
-        slo = self.slos.get(app)
-        if slo is not None and latency <= slo:
-            m.met = (m.met or 0) + 1
-        self.recorded += 1
-        self._maybe_flush()
+    def _add(self, reqs: Sequence[_Request]) -> None:
+        """Add checked requests to their minutes (nothing here can fail half-way)."""
+        for r in reqs:
+            arrival = r.arrival + self._corrected(r.end)
+            m = self._minute(r.app, arrival)
+            m.n += 1
+            m.exec_sum += r.exec_s
+            m.exec_sumsq += r.exec_s * r.exec_s
+            m.wait_sum += r.wait
+            m.latency_sum += r.latency
+            m.batch_sum += r.batch_size
+            m.exec_hist[r.exec_bucket] = m.exec_hist.get(r.exec_bucket, 0) + 1
+            m.latency_hist[r.latency_bucket] = m.latency_hist.get(r.latency_bucket, 0) + 1
+            if self._raw_on:
+                if len(self._raw) == self._raw.maxlen:
+                    self.raw_over_cap += 1  # the oldest waiting row gives way to this one (with a cap of 0, this one)
+                self._raw.append([r.app, arrival, r.wait, r.exec_s, r.latency, r.batch_size])
+            slo = self.slos.get(r.app)
+            if slo is None:
+                m.unjudged, m.met = True, None
+            elif not m.unjudged:
+                m.met = (m.met or 0) + (r.latency <= slo)
+            self.recorded += 1
 
-    def shed(self, app: str, arrivals: Sequence[float]) -> None:
-        """Requests the scheduler dropped (overload, hopeless deadline): counted per minute, never served."""
-        if not isinstance(app, str) or not app:
-            raise InvalidInput("serving: a dropped request with no application")
-        for a in arrivals:
-            if not math.isfinite(a):
-                raise InvalidInput(f"serving {app!r}: a dropped request's arrival {a!r} is not a time")
-            self._minute(app, a).dropped += 1
+    def _add_shed(self, apps: Sequence[str], arrivals: Sequence[float]) -> None:
+        for app, a in zip(apps, arrivals, strict=True):
+            self._minute(app, a + self._wall_shift).dropped += 1
             self.shed_count += 1
-        self._maybe_flush()
-
-    @contextmanager
-    def batch(self, app: str | Sequence[str], arrivals: Sequence[float], *, cpu_time: bool = False):
-        """Time one batch around the `with` body and record each member (`app` one name for all, or one per
-        arrival). On a GPU the execution time is measured with CUDA events around the body's kernels (the block
-        waits for them); on a CPU, wall time, or with `cpu_time` the serving thread's CPU time (a host shared with
-        other busy processes stretches wall time by however long they held the core). Latency is wall time."""
-        if not arrivals:
-            raise InvalidInput(f"serving {app!r}: a batch holds at least one request")
-        apps = [app] * len(arrivals) if isinstance(app, str) else list(app)
-        if len(apps) != len(arrivals):
-            raise InvalidInput(f"serving: {len(apps)} applications for {len(arrivals)} requests in one batch")
-        torch = self._cuda_torch()
-        start_wall = time.time()
-        if torch is not None:
-            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            ev0.record()
-        t0 = time.perf_counter()
-        c0 = time.thread_time()
-        yield
-        if torch is not None:
-            ev1.record()
-            ev1.synchronize()
-            exec_s = ev0.elapsed_time(ev1) / 1000.0
-        elif cpu_time:
-            exec_s = time.thread_time() - c0
-        else:
-            exec_s = time.perf_counter() - t0
-        exec_s = max(exec_s, 1e-9)
-        end_wall = max(time.time(), start_wall + 1e-9)
-        for name, a in zip(apps, arrivals, strict=True):
-            self.record(name, arrival=min(a, start_wall), start=start_wall, end=end_wall,
-                        batch_size=len(arrivals), exec_s=exec_s)
 
     def _cuda_torch(self) -> Any:
         if self._cuda is False:
@@ -237,30 +368,43 @@ class ServingRecorder:
             self.flush()
 
     def flush(self, *, force: bool = False) -> bool:
-        """Send every pending minute (and raw request) to the agent; True when the agent took them (or there was
-        nothing). Raw requests go RAW_PER_MESSAGE at a time, so no message passes the protocol's line limit."""
+        """Send every pending minute (and raw request) to the agent; True when the agent took them or refused them
+        (or there was nothing), False when it is away (what it did not take waits). Minutes go MINUTES_PER_MESSAGE
+        and raw requests RAW_PER_MESSAGE at a time, in messages of their own, so no message passes the protocol's
+        line limit and a refused message gives up no more than itself."""
         self._next_flush = time.monotonic() + self.settings.sdk_flush_interval_s
         if not self._pending and not self._raw and not self.raw_over_cap:
             return True
         if not self._link_ready(force=force):
             return False
-        items = list(self._pending.items())
-        minutes = [m.record(app, minute) for (app, minute), m in items]
-        raw, raw_over = self._raw_head(), self.raw_over_cap
-        if not self._send(minutes, raw, raw_over):
-            return False
-        for key, m in items:
-            self.sent += m.n + m.dropped
-            del self._pending[key]
-        self._took_raw(raw, raw_over)
-        while self._raw:
-            raw = self._raw_head()
-            if not self._send([], raw, 0):
-                return False
-            self._took_raw(raw, 0)
+        while self._pending:
+            items = list(itertools.islice(self._pending.items(), MINUTES_PER_MESSAGE))
+            try:
+                if not self._send([m.record(app, minute) for (app, minute), m in items], [], 0):
+                    return False
+            except _Refused as exc:
+                self._give_up_refused(items, [], 0, str(exc))
+            else:
+                self.sent += sum(m.n + m.dropped for _, m in items)
+            for key, _ in items:
+                del self._pending[key]
+        while self._raw or self.raw_over_cap:
+            raw, raw_over = self._raw_head(), self.raw_over_cap
+            try:
+                if not self._send([], raw, raw_over):
+                    return False
+            except _Refused as exc:
+                self._give_up_refused([], raw, raw_over, str(exc))
+            else:
+                self.raw_sent += len(raw)
+            for _ in raw:  # the serving loop's own thread flushes: nothing was appended since _raw_head
+                self._raw.popleft()
+            self.raw_over_cap -= raw_over
         return True
 
     def _send(self, minutes: list[dict[str, Any]], raw: list[list], raw_over: int) -> bool:
+        """True when the agent took the message, False when it is away or asks to be sent it again later; _Refused
+        when it refused it as invalid."""
         msg = {"op": p.SERVING, "v": p.VERSION, "workflow": self.workflow_id, "pid": _pid(), "rank": 0,
                "devices": self.devices, "slos": self.slos, "minutes": minutes}
         if raw or raw_over:
@@ -275,17 +419,22 @@ class ServingRecorder:
         if not reply.get("ok"):
             if reply.get("retry"):
                 return False
-            raise InvalidInput(f"serving: the agent refused the requests: {reply.get('error')}")
+            raise _Refused(str(reply.get("error")))
         return True
+
+    def _give_up_refused(self, items: list[tuple[tuple[str, float], _Minute]], raw: list[list], raw_over: int,
+                         error: str) -> None:
+        """A message the agent refused would be refused again: its requests are counted in `lost` and its raw
+        requests in `raw_refused`, once, with the agent's reason."""
+        n = sum(m.n + m.dropped for _, m in items)
+        self.refused += 1
+        self.lost += n
+        self.raw_refused += len(raw) + raw_over
+        log.warning("serving: the agent refused %d minutes (%d requests) and %d raw requests: %s; given up "
+                    "(%d requests lost so far)", len(items), n, len(raw) + raw_over, error, self.lost)
 
     def _raw_head(self) -> list[list]:
         return list(itertools.islice(self._raw, RAW_PER_MESSAGE))
-
-    def _took_raw(self, raw: list[list], raw_over: int) -> None:
-        for _ in raw:  # the serving loop's own thread flushes: nothing was appended since _raw_head
-            self._raw.popleft()
-        self.raw_over_cap -= raw_over
-        self.raw_sent += len(raw)
 
     def _link_ready(self, force: bool = False) -> bool:
         if self._conn.connected:

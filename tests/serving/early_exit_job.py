@@ -7,7 +7,8 @@ A batch runs until its last member exits. The job first profiles each applicatio
 distribution), then serves requests a producer thread submits at seeded random times.
 
 With `--stop-running` the queue gives each batch a `stop_at`: the model asks `RequestQueue.past_stop` before each layer
-and, once it is, gives the batch up (`RequestQueue.stop`); its requests are recorded as shed.
+and, once it is, gives the batch up (`RequestQueue.stop`) inside `rec.batch(batch)`; its requests are recorded as
+shed, once (the SDK does not record a batch given up as served).
 
     python -m tests.serving.early_exit_job --workflow W --requests 300 --devices 4 --slo-dynamic 1.2
 """
@@ -124,22 +125,14 @@ def main() -> None:
                 shed += 1
             if batch is None:
                 continue
-            if batch.stop_at is not None:
-                start, cpu0 = queue.clock(), time.thread_time()
+            with rec.batch(batch, cpu_time=True):  # a batch given up in the body is recorded as shed only
                 layers = run(batch.payloads, give_up=lambda b=batch: queue.past_stop(b))
                 if layers < max(batch.payloads):  # given up before its last member exited
                     queue.stop(batch)
                     stops.append({"stop_at": batch.stop_at, "stopped": queue.clock(), "layers": layers,
                                   "needed": max(batch.payloads)})
-                    continue  # its requests come back from queue.dropped() and are recorded as shed
-                # served: recorded as `rec.batch` would (CPU time), which cannot know in advance whether it will be
-                exec_s = max(time.thread_time() - cpu0, 1e-9)
-                for app, arrival in zip(batch.apps, batch.arrivals, strict=True):
-                    rec.record(app, arrival=arrival, start=start, end=max(queue.clock(), start),
-                               batch_size=len(batch.requests), exec_s=exec_s)
-            else:
-                with rec.batch(batch.apps, batch.arrivals, cpu_time=True):
-                    run(batch.payloads)
+            if batch.given_up:
+                continue  # its requests come back from queue.dropped() and are recorded as shed
             served += len(batch.requests)
         for r in queue.dropped():
             rec.shed(r.app, [r.arrival])
