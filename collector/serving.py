@@ -12,11 +12,12 @@ execution time), and the SDK sends per-application per-minute histograms to the 
                 rec.shed(r.app, [r.arrival])               # counted, not lost
 
 Per request the SDK only adds to in-memory sums and two log-bucket histograms (store.latency_sketch: quantiles to
-1 %), so recording costs about a microsecond; about once a second (settings.sdk_flush_interval_s) what accumulated goes
-to the agent in `serving` messages (MINUTES_PER_MESSAGE minutes each). Without an agent the sums wait (merged by
-minute, so they stay small) and are sent when one answers; past MAX_PENDING_MINUTES app-minutes the oldest are given
-up and counted in `lost`, as are the requests of a message the agent refuses (logged with its reason; never sent
-again).
+1 %), so recording costs a few microseconds; about once a second (settings.sdk_flush_interval_s) what accumulated goes
+to the agent in `serving` messages (MINUTES_PER_MESSAGE minutes each), each with the recorder's `sender` token and a
+`seq`: a message the agent did not answer in time is sent again unchanged, before anything newer, and the agent merges
+it once. Without an agent the sums wait (merged by minute, so they stay small) and are sent when one answers; past
+MAX_PENDING_MINUTES app-minutes the oldest are given up and counted in `lost`, as are the requests of a message the
+agent refuses (logged with its reason; never sent again) and what no agent took by close().
 
 Bad input raises InvalidInput before anything of the call is counted: a request with no application (or a name over
 APP_MAX_CHARS characters, the store's limit), a time that is not a finite number, a start before the arrival, an end
@@ -40,6 +41,7 @@ import logging
 import math
 import numbers
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -102,8 +104,13 @@ class _Request(NamedTuple):
     latency_bucket: int
 
 
-class _Refused(Exception):
-    """The agent refused a message as invalid (not: it is away): sending it again would be refused again."""
+class _Message(NamedTuple):
+    """A message for the agent, as built once and sent (again) unchanged, with what it carries for the counts."""
+
+    msg: dict[str, Any]
+    requests: int  # served + dropped
+    raw: int  # raw request rows
+    raw_over: int  # raw requests counted over the cap
 
 
 def _app(app: Any, what: str = "request") -> str:
@@ -150,6 +157,11 @@ class ServingRecorder:
         for app, slo in (slos or {}).items():
             self.set_slo(app, slo)
         self._pending: dict[tuple[str, float], _Minute] = {}
+        # each message carries this recorder's sender token and a sequence number; one the agent did not answer is
+        # sent again exactly as it was, under its number, before any newer one, so the agent merges it once
+        self._sender = uuid.uuid4().hex
+        self._seq = 0
+        self._in_flight: _Message | None = None
         self._conn = p.AgentConnection(self.settings.socket_path, self.settings.sdk_timeout_s)
         self._next_connect = 0.0
         self._next_flush = time.monotonic() + self.settings.sdk_flush_interval_s
@@ -168,6 +180,7 @@ class ServingRecorder:
         self.raw_sent = 0
         self.raw_over_cap = 0  # raw requests not kept: newer ones took their place while the agent did not take them
         self.raw_refused = 0  # raw requests (rows, and counts over the cap) in messages the agent refused
+        self.raw_lost = 0  # raw requests no agent took before the recorder closed
 
     # ---- lifecycle
     def __enter__(self) -> ServingRecorder:
@@ -178,11 +191,13 @@ class ServingRecorder:
         self.close()
 
     def close(self) -> None:
-        """Send what is left (waiting for the agent up to its timeout) and disconnect."""
+        """Send what is left (waiting for the agent up to its timeout) and disconnect; what no agent took is
+        counted in `lost` (and `raw_lost`) and logged."""
         try:
             self.flush(force=True)
         finally:
             self._conn.close()
+            self._give_up_unsent()
 
     def set_slo(self, app: str, slo_s: float) -> None:
         if not isinstance(app, str) or not app:
@@ -371,70 +386,92 @@ class ServingRecorder:
         """Send every pending minute (and raw request) to the agent; True when the agent took them or refused them
         (or there was nothing), False when it is away (what it did not take waits). Minutes go MINUTES_PER_MESSAGE
         and raw requests RAW_PER_MESSAGE at a time, in messages of their own, so no message passes the protocol's
-        line limit and a refused message gives up no more than itself."""
+        line limit and a refused message gives up no more than itself. A message leaves the pending minutes when it
+        is first sent: one the agent did not answer (away, or too slow to reply) is sent again as it was, under its
+        `seq`, before anything newer, and requests recorded meanwhile go in new messages."""
         self._next_flush = time.monotonic() + self.settings.sdk_flush_interval_s
-        if not self._pending and not self._raw and not self.raw_over_cap:
+        if self._in_flight is None and not self._pending and not self._raw and not self.raw_over_cap:
             return True
         if not self._link_ready(force=force):
             return False
-        while self._pending:
+        while True:
+            if self._in_flight is None:
+                self._in_flight = self._next_message()
+                if self._in_flight is None:
+                    return True
+            if not self._deliver(self._in_flight):
+                return False
+            self._in_flight = None
+
+    def _next_message(self) -> _Message | None:
+        """The next message, taken off the pending minutes (or raw requests): None when nothing waits."""
+        if self._pending:
             items = list(itertools.islice(self._pending.items(), MINUTES_PER_MESSAGE))
-            try:
-                if not self._send([m.record(app, minute) for (app, minute), m in items], [], 0):
-                    return False
-            except _Refused as exc:
-                self._give_up_refused(items, [], 0, str(exc))
-            else:
-                self.sent += sum(m.n + m.dropped for _, m in items)
             for key, _ in items:
                 del self._pending[key]
-        while self._raw or self.raw_over_cap:
-            raw, raw_over = self._raw_head(), self.raw_over_cap
-            try:
-                if not self._send([], raw, raw_over):
-                    return False
-            except _Refused as exc:
-                self._give_up_refused([], raw, raw_over, str(exc))
-            else:
-                self.raw_sent += len(raw)
-            for _ in raw:  # the serving loop's own thread flushes: nothing was appended since _raw_head
-                self._raw.popleft()
-            self.raw_over_cap -= raw_over
-        return True
+            minutes = [m.record(app, minute) for (app, minute), m in items]
+            self._seq += 1
+            return _Message(self._message(minutes, [], 0), sum(m.n + m.dropped for _, m in items), 0, 0)
+        if self._raw or self.raw_over_cap:
+            raw = [self._raw.popleft() for _ in range(min(RAW_PER_MESSAGE, len(self._raw)))]
+            raw_over, self.raw_over_cap = self.raw_over_cap, 0
+            self._seq += 1
+            return _Message(self._message([], raw, raw_over), 0, len(raw), raw_over)
+        return None
 
-    def _send(self, minutes: list[dict[str, Any]], raw: list[list], raw_over: int) -> bool:
-        """True when the agent took the message, False when it is away or asks to be sent it again later; _Refused
-        when it refused it as invalid."""
+    def _message(self, minutes: list[dict[str, Any]], raw: list[list], raw_over: int) -> dict[str, Any]:
         msg = {"op": p.SERVING, "v": p.VERSION, "workflow": self.workflow_id, "pid": _pid(), "rank": 0,
-               "devices": self.devices, "slos": self.slos, "minutes": minutes}
+               "devices": self.devices, "slos": dict(self.slos), "minutes": minutes, "sender": self._sender,
+               "seq": self._seq}
         if raw or raw_over:
             msg["raw"], msg["raw_over_cap"] = raw, raw_over
+        return msg
+
+    def _deliver(self, m: _Message) -> bool:
+        """Send one message: True when the agent took it (or had taken it: a resend it acknowledges as merged
+        already) or refused it as invalid (given up and counted), False when it is away or asks to be sent it
+        again later."""
         try:
-            reply = self._conn.request(msg)
+            reply = self._conn.request(m.msg)
         except OSError as exc:
             self._next_connect = time.monotonic() + self.settings.sdk_retry_s
-            log.info("serving: the fleetlens agent did not take %d minutes and %d raw requests (%s); kept for later",
-                     len(minutes), len(raw), exc)
+            log.info("serving: the fleetlens agent did not answer a message of %d requests and %d raw requests (%s);"
+                     " kept to be sent again", m.requests, m.raw, exc)
             return False
-        if not reply.get("ok"):
-            if reply.get("retry"):
-                return False
-            raise _Refused(str(reply.get("error")))
+        if reply.get("ok"):
+            self.sent += m.requests
+            self.raw_sent += m.raw
+            return True
+        if reply.get("retry"):
+            return False
+        self._give_up_refused(m, str(reply.get("error")))
         return True
 
-    def _give_up_refused(self, items: list[tuple[tuple[str, float], _Minute]], raw: list[list], raw_over: int,
-                         error: str) -> None:
+    def _give_up_refused(self, m: _Message, error: str) -> None:
         """A message the agent refused would be refused again: its requests are counted in `lost` and its raw
         requests in `raw_refused`, once, with the agent's reason."""
-        n = sum(m.n + m.dropped for _, m in items)
         self.refused += 1
-        self.lost += n
-        self.raw_refused += len(raw) + raw_over
+        self.lost += m.requests
+        self.raw_refused += m.raw + m.raw_over
         log.warning("serving: the agent refused %d minutes (%d requests) and %d raw requests: %s; given up "
-                    "(%d requests lost so far)", len(items), n, len(raw) + raw_over, error, self.lost)
+                    "(%d requests lost so far)", len(m.msg["minutes"]), m.requests, m.raw + m.raw_over, error,
+                    self.lost)
 
-    def _raw_head(self) -> list[list]:
-        return list(itertools.islice(self._raw, RAW_PER_MESSAGE))
+    def _give_up_unsent(self) -> None:
+        """At close, what no agent took: counted in `lost` (raw requests in `raw_lost`) and logged once."""
+        unsent = sum(m.n + m.dropped for m in self._pending.values())
+        raw = len(self._raw)
+        if self._in_flight is not None:
+            unsent += self._in_flight.requests
+            raw += self._in_flight.raw + self._in_flight.raw_over
+        if unsent or raw:
+            self.lost += unsent
+            self.raw_lost += raw
+            log.warning("serving: closed with %d requests and %d raw requests no agent took: given up (%d requests "
+                        "lost in all)", unsent, raw, self.lost)
+        self._pending.clear()
+        self._raw.clear()
+        self._in_flight = None
 
     def _link_ready(self, force: bool = False) -> bool:
         if self._conn.connected:

@@ -217,3 +217,43 @@ def test_a_minute_recorded_partly_before_its_slo_was_known_is_not_judged_by_the_
     rec.close()
     w = _windows(agent)["a"]
     assert w.n == 101 and w.met() == 101 and w.attainment() == 1.0
+
+
+def test_a_message_answered_too_late_is_sent_again_unchanged_and_counted_once(agent, monkeypatch) -> None:
+    # the agent merges the first message but answers after the SDK stopped waiting (a busy agent on a loaded host)
+    rec = ServingRecorder("svc", slos={"a": 1.0}, settings=agent.settings.model_copy(update={"sdk_timeout_s": 0.3}),
+                          cuda=False)
+    handle, calls = agent.handlers.serving.handle, []
+
+    def late(msg: dict) -> bool:
+        merged = handle(msg)
+        calls.append(msg["seq"])
+        if len(calls) == 1:
+            time.sleep(0.8)
+        return merged
+
+    monkeypatch.setattr(agent.handlers.serving, "handle", late)
+    t = time.time() - 5
+    for _ in range(100):
+        rec.record("a", arrival=t, start=t, end=t + 0.01)
+    assert rec.flush(force=True) is False  # no answer in time: kept to be sent again
+    for _ in range(7):  # recorded meanwhile, into the same minute
+        rec.record("a", arrival=t, start=t, end=t + 0.01)
+    time.sleep(0.8)
+    assert rec.flush(force=True) is True
+    rec.close()
+    # the first message went again under its own number before the newer one, and was merged once
+    assert calls == [1, 1, 2] and agent.handlers.serving.duplicates == 1
+    assert (rec.recorded, rec.sent, rec.lost) == (107, 107, 0)
+    assert _windows(agent)["a"].n == 107
+
+
+def test_what_no_agent_took_by_close_is_counted_lost(fleet_home) -> None:
+    rec = ServingRecorder("svc", settings=get_settings(fresh=True).model_copy(update={"sdk_timeout_s": 0.2}),
+                          cuda=False)
+    t = time.time()
+    for _ in range(3):
+        rec.record("a", arrival=t, start=t, end=t + 0.01)
+    rec.shed("a", [t])
+    rec.close()  # no agent listens
+    assert (rec.recorded, rec.shed_count, rec.sent, rec.lost) == (3, 1, 0, 4)
