@@ -12,8 +12,9 @@ whole GPUs held on all of them. A Slurm job is never `managed` in the agents' se
 it, and only when `slurm_jobs.opted_in` says so.
 
 Bad input is refused per job where it can be: a gres it cannot read leaves the job observed without GPUs and never
-movable; a job id Slurm reused (slurmctld lost its state) leaves the new job out, with the reason. squeue missing or
-failing, or JSON of another Slurm version, raises before anything is written.
+movable; a node whose gres it cannot read is left out, with the reason, and the other nodes are read; a job id Slurm
+reused (slurmctld lost its state) leaves the new job out, with the reason. squeue missing or failing, or JSON of
+another Slurm version, raises before anything is written.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def read_view(cli: SlurmCli, sdk_asked: SdkAsked | None = None) -> SlurmView:
     """One reading of the cluster through its CLI (raises UpstreamUnavailable / InvalidInput, writing nothing);
     `sdk_asked` reads whether a job's SDK asked to be movable (its start mark, store.slurm_marks)."""
     version, jobs = parse_jobs(cli.json("squeue"), sdk_asked=sdk_asked)
-    _, nodes = parse_nodes(cli.json("sinfo"))
-    return SlurmView(version=version, nodes=nodes, jobs=jobs)
+    errors: list[str] = []  # nodes left out (a gres that cannot be read), reported with the import's other errors
+    _, nodes = parse_nodes(cli.json("sinfo"), errors=errors)
+    return SlurmView(version=version, nodes=nodes, jobs=jobs, errors=errors)
 
 
 def import_slurm(store: Store, settings: Settings, *, cli: SlurmCli | None = None,
@@ -92,7 +94,7 @@ def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float
                 marks: StartMarks | None = None) -> SlurmImport:
     """Record one reading of the cluster in one transaction; `marks`: the start marks read for that reading."""
     marks = marks or StartMarks(settings)
-    result = SlurmImport(version=view.version, nodes=len(view.nodes))
+    result = SlurmImport(version=view.version, nodes=len(view.nodes), errors=list(view.errors))
     with store.session() as session:
         devices = {name: _node_devices(session, node, now) for name, node in view.nodes.items()}
         seen: set[str] = set()
