@@ -77,8 +77,17 @@ def import_slurm(store: Store, settings: Settings, *, cli: SlurmCli | None = Non
                  now: float | None = None) -> SlurmImport:
     """Read the cluster and record it (one transaction)."""
     marks = StartMarks(settings)  # each job's start mark read once, for its opt-in and its signal safety
-    view = read_view(cli or SlurmCli.from_settings(settings), sdk_asked_from(settings, marks))
+    view = read_view(cli or SlurmCli.from_settings(settings),
+                     sdk_asked_from(settings, marks, first_submits=_first_submits(store)))
     return record_view(store, view, settings, now=time.time() if now is None else now, marks=marks)
+
+
+def _first_submits(store: Store) -> dict[int, float]:
+    """{job id: its first submission the store saw} of the jobs it has not seen end: a start mark of an earlier run
+    of the job (before a requeue) counts only when written after it (store.slurm_marks.asked_to_move)."""
+    with store.session() as session:
+        return dict(session.execute(select(SlurmJobRow.job_id, SlurmJobRow.submit_time)
+                                    .where(SlurmJobRow.state != GONE)).tuples().all())
 
 
 def import_slurm_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
@@ -157,11 +166,16 @@ def _node_devices(session: Session, slurm_node: SlurmNode, now: float) -> dict[i
 
 
 def _reused(session: Session, job: SlurmJob) -> str | None:
+    """Why `job` is not the job the store knows under its id (None: it is, or the store knows none). The row keeps the
+    job's first submission fleetlens saw. A requeue gives the job a new submit time and counts a restart, and squeue
+    shows the two at different moments (the restart at once, while the job is still COMPLETING; the submit time
+    about 2 s later), so a job with a new submit time is the same one while it counts at least one restart and no
+    fewer than the store saw. A job whose count is back at 0 (or below the store's) with a new submit time is a new
+    job under a reused id; so is any job under the id of one the store saw end."""
     row = session.get(SlurmJobRow, job.workflow_id)
     if row is None or abs(row.submit_time - job.submit_time) < 1.0:
         return None
-    if job.restart_count > row.restart_count and row.state != GONE:
-        row.submit_time = job.submit_time  # a requeue: Slurm gives the job a new submit time and counts a restart
+    if row.state != GONE and job.restart_count > 0 and job.restart_count >= row.restart_count:
         return None
     return (f"slurm job id {job.job_id} was reused: the store's {job.workflow_id} was submitted at "
             f"{row.submit_time:.0f} by {row.user} ({row.name}), the job Slurm now calls {job.job_id} at "
