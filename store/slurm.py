@@ -147,6 +147,7 @@ class SlurmJob:
     # indices it holds on each: `gpu_indices` are `node`'s alone, the whole of them for a job on one node
     nodes: tuple[str, ...] = ()
     gpus_by_node: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    start_time: float | None = None  # when its current run began (squeue's start_time), while it holds its GPUs
 
     def __post_init__(self) -> None:
         # a job made with only `node` and `gpu_indices` (code written before jobs had several nodes) is on that node
@@ -314,7 +315,10 @@ def parse_jobs(doc: dict[str, Any], *, sdk_asked: SdkAsked | None = None) -> tup
             time_limit_s=float(limit) * 60.0 if isinstance(limit, int | float) and limit > 0 else None,
             gres=gres, gres_error=gres_error, gpu_indices=by_node.get(node or "", ()), requeue=requeue,
             restart_count=restart_count, comment=comment, opted_in=ok, not_movable_reason=why, nodes=tuple(nodes),
-            gpus_by_node=by_node)
+            gpus_by_node=by_node,
+            # squeue's start_time of a pending job is when Slurm expects to start it, not a start; a job COMPLETING
+            # after a requeue still shows its old run's
+            start_time=_epoch(raw.get("start_time")) if state in HOLDING_STATES else None)
     return release, jobs
 
 

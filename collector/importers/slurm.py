@@ -208,8 +208,11 @@ def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: di
     if row is None:
         row = SlurmJobRow(workflow_id=job.workflow_id, job_id=job.job_id, submit_time=job.submit_time)
         session.add(row)
+    held_before = row.state in HOLDING_STATES
     row.name, row.user, row.account, row.partition = job.name, job.user, job.account, job.partition
     row.state, row.reason, row.node, row.time_limit_s = job.state, job.reason, job.node, job.time_limit_s
+    # when its current run began: squeue's start_time, else when the import first saw it hold its GPUs
+    row.start_time = (job.start_time or (row.start_time if held_before else None) or now) if running else None
     row.gres = str(job.gres) if job.gres else None
     row.gpus = job.gres.count if job.gres and job.gres.kind == "gpu" else 0
     row.shards = job.gres.count if job.gres and job.gres.kind == "shard" else 0
