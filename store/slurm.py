@@ -36,7 +36,8 @@ REQUEST_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task")
 HOLDING_STATES = ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED", "SIGNALING", "RESIZING",
                   "STAGE_OUT")
 # the states of a job that waits to run (again): pending, or on its way back to pending after a requeue
-WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+# (SPECIAL_EXIT: requeued and held after its special exit code; RESV_DEL_HOLD: held as its reservation was deleted)
+WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD")
 _DETAIL = re.compile(r"^(?P<gres>[^()]+?)(?:\(IDX:(?P<idx>[^)]*)\))?$")
 
 

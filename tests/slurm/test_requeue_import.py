@@ -91,3 +91,13 @@ def test_the_job_s_own_mark_from_before_its_requeue_keeps_it_opted_in(sqlite_sto
         assert import_slurm(sqlite_store, settings, cli=slurm, now=now).errors == []
         assert _opted_in(sqlite_store)
 
+
+def test_a_job_held_to_run_again_is_waiting_not_failed(sqlite_store, tmp_path):
+    """SPECIAL_EXIT (requeued held after its special exit code) and RESV_DEL_HOLD (held as its reservation was
+    deleted) wait to run again, as a pending job does: the workflow stays running."""
+    settings, slurm = Settings(home=tmp_path), FakeSlurm()
+    for now, state in enumerate(["RUNNING", "SPECIAL_EXIT", "RESV_DEL_HOLD"], start=2000):
+        slurm.jobs = [_job(state, 0, 1000)]
+        import_slurm(sqlite_store, settings, cli=slurm, now=now)
+        with sqlite_store.session() as s:
+            assert (s.get(SlurmJob, "slurm-5").state, s.get(Workflow, "slurm-5").state) == (state, "running")
