@@ -22,7 +22,12 @@ class SlurmJob(Base):
 
     workflow_id: Mapped[str] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"), primary_key=True)
     job_id: Mapped[int] = mapped_column(BigInteger, index=True)
-    submit_time: Mapped[float]  # with the id, tells a job from a later one that reuses its id
+    # its first submission fleetlens saw (a requeue gives it a new one): with the id and the restart count, tells a
+    # job from a later one that reuses its id
+    submit_time: Mapped[float]
+    # when its current run began (squeue's start_time, else when the import first saw it hold its GPUs), while it
+    # holds them (alembic revision 0014); None else
+    start_time: Mapped[float | None]
     name: Mapped[str | None] = mapped_column(String(255))
     user: Mapped[str | None] = mapped_column(String(255))
     account: Mapped[str | None] = mapped_column(String(255))

@@ -8,6 +8,7 @@ Only the JSON of openapi v0.0.38 (Slurm 22.05) is read: another version's fields
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from store.errors import InvalidInput, UpstreamUnavailable
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_PLUGINS = ("openapi/v0.0.38",)
 GPU_KINDS = ("gpu", "shard")
@@ -33,7 +36,8 @@ REQUEST_FIELDS = ("tres_per_node", "tres_per_job", "tres_per_task")
 HOLDING_STATES = ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED", "SIGNALING", "RESIZING",
                   "STAGE_OUT")
 # the states of a job that waits to run (again): pending, or on its way back to pending after a requeue
-WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+# (SPECIAL_EXIT: requeued and held after its special exit code; RESV_DEL_HOLD: held as its reservation was deleted)
+WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD")
 _DETAIL = re.compile(r"^(?P<gres>[^()]+?)(?:\(IDX:(?P<idx>[^)]*)\))?$")
 
 
@@ -144,6 +148,7 @@ class SlurmJob:
     # indices it holds on each: `gpu_indices` are `node`'s alone, the whole of them for a job on one node
     nodes: tuple[str, ...] = ()
     gpus_by_node: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    start_time: float | None = None  # when its current run began (squeue's start_time), while it holds its GPUs
 
     def __post_init__(self) -> None:
         # a job made with only `node` and `gpu_indices` (code written before jobs had several nodes) is on that node
@@ -208,6 +213,7 @@ class SlurmView:
     version: str
     nodes: dict[str, SlurmNode] = field(default_factory=dict)
     jobs: dict[int, SlurmJob] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # nodes left out, and why
 
 
 def workflow_id_of(job_id: int) -> str:
@@ -310,15 +316,19 @@ def parse_jobs(doc: dict[str, Any], *, sdk_asked: SdkAsked | None = None) -> tup
             time_limit_s=float(limit) * 60.0 if isinstance(limit, int | float) and limit > 0 else None,
             gres=gres, gres_error=gres_error, gpu_indices=by_node.get(node or "", ()), requeue=requeue,
             restart_count=restart_count, comment=comment, opted_in=ok, not_movable_reason=why, nodes=tuple(nodes),
-            gpus_by_node=by_node)
+            gpus_by_node=by_node,
+            # squeue's start_time of a pending job is when Slurm expects to start it, not a start; a job COMPLETING
+            # after a requeue still shows its old run's
+            start_time=_epoch(raw.get("start_time")) if state in HOLDING_STATES else None)
     return release, jobs
 
 
 def gres_counts(text: str, what: str) -> tuple[int, int]:
     """(GPUs, shards) a node has, from its gres ("gpu:4,shard:8", "gpu:a100:4(S:0),shard:8"); other kinds are not
-    counted. Raises InvalidInput for a part it cannot read."""
+    counted. The commas inside a part's parentheses ("gpu:4(S:0,2)": GPUs bound to sockets 0 and 2) are not parts'
+    separators. Raises InvalidInput for a part it cannot read."""
     gpus = shards = 0
-    for part in text.split(","):
+    for part in _split_top(text, what=text, brackets="()", kind=what):
         part = part.split("(")[0].strip()
         if not part or part == "(null)":
             continue
@@ -332,15 +342,25 @@ def gres_counts(text: str, what: str) -> tuple[int, int]:
     return gpus, shards
 
 
-def parse_nodes(doc: dict[str, Any]) -> tuple[str, dict[str, SlurmNode]]:
-    """(Slurm release, {node name: node}) from `sinfo --json`."""
+def parse_nodes(doc: dict[str, Any], *, errors: list[str] | None = None) -> tuple[str, dict[str, SlurmNode]]:
+    """(Slurm release, {node name: node}) from `sinfo --json`. A node whose gres cannot be read is left out (fleetlens
+    must not guess its GPUs), with the reason appended to `errors` (logged when there is no such list); the other
+    nodes are read."""
     release = version_of(doc, "sinfo --json")
     nodes: dict[str, SlurmNode] = {}
     for raw in doc.get("nodes") or []:
         name = raw.get("name")
         if not name:
             raise InvalidInput(f"sinfo --json gave a node without a name: {str(raw)[:200]}")
-        gpus, shards = gres_counts(str(raw.get("gres") or ""), f"node {name}'s gres")
+        try:
+            gpus, shards = gres_counts(str(raw.get("gres") or ""), f"node {name}'s gres")
+        except InvalidInput as exc:
+            why = f"slurm node {name} left out: {exc}; its GPUs and the jobs' placements on it are not recorded"
+            if errors is not None:
+                errors.append(why)  # the caller reports it
+            else:
+                log.warning("%s", why)
+            continue
         nodes[name] = SlurmNode(name=name, state=str(raw.get("state") or "unknown"),
                                 partitions=tuple(raw.get("partitions") or ()), gpus=gpus, shards=shards)
     return release, nodes
@@ -381,23 +401,24 @@ def expand_hostlist(text: str) -> list[str]:
     return names
 
 
-def _split_top(text: str, *, what: str) -> list[str]:
-    """`text` split at the commas outside brackets."""
+def _split_top(text: str, *, what: str, brackets: str = "[]", kind: str = "the host list") -> list[str]:
+    """`text` split at the commas outside brackets (`brackets`: the opening and the closing one)."""
+    opening, closing = brackets
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
-        if ch == "[":
+        if ch == opening:
             depth += 1
             if depth > 1:
-                raise InvalidInput(f"cannot read the host list {what!r}: a bracket inside a bracket")
-        elif ch == "]":
+                raise InvalidInput(f"cannot read {kind} {what!r}: a bracket inside a bracket")
+        elif ch == closing:
             depth -= 1
             if depth < 0:
-                raise InvalidInput(f"cannot read the host list {what!r}: a ']' without its '['")
+                raise InvalidInput(f"cannot read {kind} {what!r}: a {closing!r} without its {opening!r}")
         elif ch == "," and depth == 0:
             parts.append(text[start:i].strip())
             start = i + 1
     if depth:
-        raise InvalidInput(f"cannot read the host list {what!r}: a '[' without its ']'")
+        raise InvalidInput(f"cannot read {kind} {what!r}: a {opening!r} without its {closing!r}")
     parts.append(text[start:].strip())
     return parts
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -105,12 +106,20 @@ def read_started(folder: str) -> Started | None:
         raise InvalidInput(f"{folder}/{STARTED} is not the start mark the fleetlens SDK writes ({exc})") from None
 
 
-def asked_to_move(started: Started | None, job_id: int, submit_time: float, restart_count: int) -> bool:
-    """Whether a start mark says this job's SDK asked to be movable: its own mark (the job id, and written after the
-    job was submitted, or by an earlier run of the same job before it was requeued), saying so."""
+def asked_to_move(started: Started | None, job_id: int, submit_time: float, restart_count: int, *,
+                  first_submit_time: float | None = None) -> bool:
+    """Whether a start mark says this job's SDK asked to be movable: its own mark, saying so. Its own: the job id, and
+    written after the job was submitted. A requeue gives the job a new submit time, so a mark of an earlier run of
+    the job (before a requeue: a lower restart count) is its own only when written after the job's first submission
+    (`first_submit_time`, as the store saw it); without that, only a mark written after the job's latest submission
+    counts. A mark left by an earlier job under a reused id, written before this job was first submitted, never
+    counts, however many times this job was requeued."""
     if started is None or not started.movable or started.job_id != job_id:
         return False
-    return started.restart_count < restart_count or started.started_at >= submit_time - CLOCK_SLACK_S
+    since = submit_time
+    if started.restart_count < restart_count and first_submit_time is not None:
+        since = min(first_submit_time, submit_time)
+    return started.started_at >= since - CLOCK_SLACK_S
 
 
 class StartMarks:
@@ -134,10 +143,13 @@ class StartMarks:
         return found
 
 
-def sdk_asked_from(settings: Settings, marks: StartMarks | None = None) -> SdkAsked:
+def sdk_asked_from(settings: Settings, marks: StartMarks | None = None, *,
+                   first_submits: Mapping[int, float] | None = None) -> SdkAsked:
     """What store.slurm.parse_jobs consults for a job without the opt-in comment: its start mark, in its checkpoint
     location as the enforcer's host sees it: read through `marks` when given (one reading of the cluster reads each
-    mark once), else afresh at each call. A mark that cannot be read counts as not asked (logged)."""
+    mark once), else afresh at each call. `first_submits`: {job id: its first submission the store saw}, which lets a
+    mark of the job's run before a requeue count (asked_to_move). A mark that cannot be read counts as not asked
+    (logged)."""
     def started_of(workflow_id: str) -> Started | None:
         return marks.started(workflow_id) if marks is not None else read_started(job_folder(settings, workflow_id))
 
@@ -148,7 +160,8 @@ def sdk_asked_from(settings: Settings, marks: StartMarks | None = None) -> SdkAs
             log.warning("slurm job %s: its start mark cannot be read (%s); it counts as not asking to be movable",
                         job_id, exc)
             return False
-        return asked_to_move(started, job_id, submit_time, restart_count)
+        return asked_to_move(started, job_id, submit_time, restart_count,
+                             first_submit_time=(first_submits or {}).get(job_id))
     return asked
 
 

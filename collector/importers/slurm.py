@@ -12,8 +12,9 @@ whole GPUs held on all of them. A Slurm job is never `managed` in the agents' se
 it, and only when `slurm_jobs.opted_in` says so.
 
 Bad input is refused per job where it can be: a gres it cannot read leaves the job observed without GPUs and never
-movable; a job id Slurm reused (slurmctld lost its state) leaves the new job out, with the reason. squeue missing or
-failing, or JSON of another Slurm version, raises before anything is written.
+movable; a node whose gres it cannot read is left out, with the reason, and the other nodes are read; a job id Slurm
+reused (slurmctld lost its state) leaves the new job out, with the reason. squeue missing or failing, or JSON of
+another Slurm version, raises before anything is written.
 """
 
 from __future__ import annotations
@@ -67,16 +68,26 @@ def read_view(cli: SlurmCli, sdk_asked: SdkAsked | None = None) -> SlurmView:
     """One reading of the cluster through its CLI (raises UpstreamUnavailable / InvalidInput, writing nothing);
     `sdk_asked` reads whether a job's SDK asked to be movable (its start mark, store.slurm_marks)."""
     version, jobs = parse_jobs(cli.json("squeue"), sdk_asked=sdk_asked)
-    _, nodes = parse_nodes(cli.json("sinfo"))
-    return SlurmView(version=version, nodes=nodes, jobs=jobs)
+    errors: list[str] = []  # nodes left out (a gres that cannot be read), reported with the import's other errors
+    _, nodes = parse_nodes(cli.json("sinfo"), errors=errors)
+    return SlurmView(version=version, nodes=nodes, jobs=jobs, errors=errors)
 
 
 def import_slurm(store: Store, settings: Settings, *, cli: SlurmCli | None = None,
                  now: float | None = None) -> SlurmImport:
     """Read the cluster and record it (one transaction)."""
     marks = StartMarks(settings)  # each job's start mark read once, for its opt-in and its signal safety
-    view = read_view(cli or SlurmCli.from_settings(settings), sdk_asked_from(settings, marks))
+    view = read_view(cli or SlurmCli.from_settings(settings),
+                     sdk_asked_from(settings, marks, first_submits=_first_submits(store)))
     return record_view(store, view, settings, now=time.time() if now is None else now, marks=marks)
+
+
+def _first_submits(store: Store) -> dict[int, float]:
+    """{job id: its first submission the store saw} of the jobs it has not seen end: a start mark of an earlier run
+    of the job (before a requeue) counts only when written after it (store.slurm_marks.asked_to_move)."""
+    with store.session() as session:
+        return dict(session.execute(select(SlurmJobRow.job_id, SlurmJobRow.submit_time)
+                                    .where(SlurmJobRow.state != GONE)).tuples().all())
 
 
 def import_slurm_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
@@ -92,7 +103,7 @@ def record_view(store: Store, view: SlurmView, settings: Settings, *, now: float
                 marks: StartMarks | None = None) -> SlurmImport:
     """Record one reading of the cluster in one transaction; `marks`: the start marks read for that reading."""
     marks = marks or StartMarks(settings)
-    result = SlurmImport(version=view.version, nodes=len(view.nodes))
+    result = SlurmImport(version=view.version, nodes=len(view.nodes), errors=list(view.errors))
     with store.session() as session:
         devices = {name: _node_devices(session, node, now) for name, node in view.nodes.items()}
         seen: set[str] = set()
@@ -155,11 +166,16 @@ def _node_devices(session: Session, slurm_node: SlurmNode, now: float) -> dict[i
 
 
 def _reused(session: Session, job: SlurmJob) -> str | None:
+    """Why `job` is not the job the store knows under its id (None: it is, or the store knows none). The row keeps the
+    job's first submission fleetlens saw. A requeue gives the job a new submit time and counts a restart, and squeue
+    shows the two at different moments (the restart at once, while the job is still COMPLETING; the submit time
+    about 2 s later), so a job with a new submit time is the same one while it counts at least one restart and no
+    fewer than the store saw. A job whose count is back at 0 (or below the store's) with a new submit time is a new
+    job under a reused id; so is any job under the id of one the store saw end."""
     row = session.get(SlurmJobRow, job.workflow_id)
     if row is None or abs(row.submit_time - job.submit_time) < 1.0:
         return None
-    if job.restart_count > row.restart_count and row.state != GONE:
-        row.submit_time = job.submit_time  # a requeue: Slurm gives the job a new submit time and counts a restart
+    if row.state != GONE and job.restart_count > 0 and job.restart_count >= row.restart_count:
         return None
     return (f"slurm job id {job.job_id} was reused: the store's {job.workflow_id} was submitted at "
             f"{row.submit_time:.0f} by {row.user} ({row.name}), the job Slurm now calls {job.job_id} at "
@@ -192,8 +208,11 @@ def _record_job(session: Session, job: SlurmJob, settings: Settings, devices: di
     if row is None:
         row = SlurmJobRow(workflow_id=job.workflow_id, job_id=job.job_id, submit_time=job.submit_time)
         session.add(row)
+    held_before = row.state in HOLDING_STATES
     row.name, row.user, row.account, row.partition = job.name, job.user, job.account, job.partition
     row.state, row.reason, row.node, row.time_limit_s = job.state, job.reason, job.node, job.time_limit_s
+    # when its current run began: squeue's start_time, else when the import first saw it hold its GPUs
+    row.start_time = (job.start_time or (row.start_time if held_before else None) or now) if running else None
     row.gres = str(job.gres) if job.gres else None
     row.gpus = job.gres.count if job.gres and job.gres.kind == "gpu" else 0
     row.shards = job.gres.count if job.gres and job.gres.kind == "shard" else 0

@@ -11,11 +11,12 @@ from sqlalchemy import select
 
 from collector.importers.slurm import import_slurm, record_view
 from store.errors import InvalidInput, UpstreamUnavailable
-from store.models import Placement
+from store.models import Host, Placement
 from store.models_slurm import SlurmJob
 from store.settings import Settings, get_settings
 from store.slurm import Gres, SlurmView, held_indices, parse_gres, parse_indices, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli
+from tests.slurm.fakes import FakeSlurm
 from ui.cli import run
 
 
@@ -32,6 +33,21 @@ def test_gres_strings():
             parse_gres(bad)
     with pytest.raises(InvalidInput, match="GPU indices"):
         parse_indices("0-x")
+
+
+def test_a_node_whose_gres_cannot_be_read_leaves_the_rest_of_the_cluster_imported(sqlite_store, fleet_home):
+    slurm = FakeSlurm(nodes=[{"name": "n1", "gres": "gpu:a100:4(S:0,2),shard:8"}, {"name": "n2", "gres": "gpu:x:y"}])
+    slurm.jobs = [{"job_id": j, "job_state": "RUNNING", "submit_time": 1000, "tres_per_node": "gres:gpu:1",
+                   "nodes": node, "batch_host": node, "gres_detail": ["gpu:1(IDX:0)"]} for j, node in ((1, "n1"),
+                                                                                                    (2, "n2"))]
+    result = import_slurm(sqlite_store, Settings(home=fleet_home), cli=slurm, now=1.0)
+    assert (result.nodes, result.jobs) == (1, 2)
+    assert len(result.errors) == 1 and "node n2 left out" in result.errors[0] and "gpu:x:y" in result.errors[0]
+    with sqlite_store.session() as s:
+        assert s.get(Host, "n1") is not None and s.get(Host, "n2") is None
+        # the job on the readable node holds its GPU there; the other is observed without a placement
+        held = {p.workflow_id for p in s.scalars(select(Placement).where(Placement.state == "active"))}
+        assert held == {"slurm-1"} and s.get(SlurmJob, "slurm-2").state == "RUNNING"
 
 
 def test_squeue_missing_says_what_to_install(tmp_path, sqlite_store, fleet_home, monkeypatch, capsys):

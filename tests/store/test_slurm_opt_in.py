@@ -63,8 +63,14 @@ def test_a_start_mark_counts_only_for_its_own_job_and_run():
     assert not asked_to_move(_started(), 8, 990.0, 0)  # another job's mark
     # a mark from long before this job was submitted: an earlier job under a reused id
     assert not asked_to_move(_started(), 7, 5000.0, 0)
-    # ...unless it is this job's own earlier run, before Slurm requeued it (a new submit time, one more restart)
-    assert asked_to_move(_started(), 7, 5000.0, 1)
+    # ...and still after this job was requeued (a new submit time, one more restart), however often
+    assert not asked_to_move(_started(), 7, 5000.0, 1, first_submit_time=4900.0)
+    assert not asked_to_move(_started(), 7, 5000.0, 3, first_submit_time=4900.0)
+    # this job's own earlier run, before Slurm requeued it: written after its first submission
+    assert asked_to_move(_started(), 7, 5000.0, 1, first_submit_time=990.0)
+    # ...which must be known: without it only a mark written after its latest submission counts
+    assert not asked_to_move(_started(), 7, 5000.0, 1)
+    assert asked_to_move(_started(restart_count=1, started_at=5010.0), 7, 5000.0, 1)
 
 
 def test_marks_written_before_the_sdk_said_so_read_as_not_asked_and_unreadable_ones_as_not_asked(tmp_path: Path):

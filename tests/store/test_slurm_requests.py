@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from store.errors import InvalidInput
-from store.slurm import Gres, SlurmNode, free_shards, gres_counts, parse_gres, parse_jobs
+from store.slurm import Gres, SlurmNode, free_shards, gres_counts, parse_gres, parse_jobs, parse_nodes
 
 
 def _squeue(*jobs: dict) -> dict:
@@ -56,3 +56,21 @@ def test_a_finished_or_requeued_job_holds_nothing():
                                     "gres_detail": ["gpu:1(IDX:0)"]}
                                    for i, s in enumerate(["COMPLETED", "FAILED", "REQUEUED", "REQUEUE_HOLD"]))))
     assert free_shards(NODE, jobs) == {0: 2, 1: 2, 2: 2, 3: 2}
+
+
+def test_a_node_s_gres_with_its_gpus_socket_list_is_read():
+    """sinfo names the sockets a node's GPUs are bound to: a range, or a list whose commas are not the gres's."""
+    assert gres_counts("gpu:a100:4(S:0-1),shard:8", "node n1's gres") == (4, 8)
+    assert gres_counts("gpu:a100:4(S:0,2),shard:8", "node n1's gres") == (4, 8)
+    assert gres_counts("gpu:a100:2(S:0,2),gpu:v100:2(S:1,3),shard:8(S:0-3)", "node n1's gres") == (4, 8)
+    with pytest.raises(InvalidInput, match="n1's gres"):
+        gres_counts("gpu:4(S:0,2", "node n1's gres")
+
+
+def test_a_node_whose_gres_cannot_be_read_is_left_out_alone_with_the_reason():
+    meta = {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}}
+    errors: list[str] = []
+    _, nodes = parse_nodes({"meta": meta, "errors": [], "nodes": [
+        {"name": "ok01", "gres": "gpu:4(S:0,2),shard:8"}, {"name": "odd01", "gres": "gpu:4(S:0,2"}]}, errors=errors)
+    assert list(nodes) == ["ok01"] and (nodes["ok01"].gpus, nodes["ok01"].shards) == (4, 8)
+    assert len(errors) == 1 and "odd01" in errors[0] and "gpu:4(S:0,2" in errors[0]
