@@ -9,6 +9,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from store.models_base import Base
 
+GONE = "GONE"  # the state of a job squeue no longer lists
+
 
 class SlurmJob(Base):
     """What Slurm last said of one job (collector.importers.slurm): its request, what it holds, and whether it opted

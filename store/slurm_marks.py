@@ -18,9 +18,13 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import fsspec
+from sqlalchemy import select
 
 from store.checkpoints import location_for
+from store.db import Store
 from store.errors import InvalidInput
+from store.models_slurm import GONE
+from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
 from store.slurm import SdkAsked, workflow_id_of
 
@@ -163,6 +167,17 @@ def sdk_asked_from(settings: Settings, marks: StartMarks | None = None, *,
         return asked_to_move(started, job_id, submit_time, restart_count,
                              first_submit_time=(first_submits or {}).get(job_id))
     return asked
+
+
+def first_submits(store: Store, job_ids: list[int] | None = None) -> dict[int, float]:
+    """{job id: its first submission the store saw} of the jobs (those of `job_ids`, else all) it has not seen end:
+    a start mark of an earlier run of the job (before a requeue) counts only when written after it
+    (asked_to_move)."""
+    query = select(SlurmJobRow.job_id, SlurmJobRow.submit_time).where(SlurmJobRow.state != GONE)
+    if job_ids is not None:
+        query = query.where(SlurmJobRow.job_id.in_(job_ids))
+    with store.session() as session:
+        return dict(session.execute(query).tuples().all())
 
 
 def signal_unsafe(started: Started) -> str | None:

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from store.db import Store
 from store.errors import InvalidInput
 from store.models import Device, Host, Placement, Workflow
+from store.models_slurm import GONE
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.rows import merge_labels
@@ -46,13 +47,12 @@ from store.slurm import (
     shard_share,
 )
 from store.slurm_cli import SlurmCli
-from store.slurm_marks import StartMarks, sdk_asked_from, signal_unsafe
+from store.slurm_marks import StartMarks, first_submits, sdk_asked_from, signal_unsafe
 from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
 
 SOURCE = "slurm"
-GONE = "GONE"  # a job squeue no longer lists
 
 
 @dataclass
@@ -78,16 +78,8 @@ def import_slurm(store: Store, settings: Settings, *, cli: SlurmCli | None = Non
     """Read the cluster and record it (one transaction)."""
     marks = StartMarks(settings)  # each job's start mark read once, for its opt-in and its signal safety
     view = read_view(cli or SlurmCli.from_settings(settings),
-                     sdk_asked_from(settings, marks, first_submits=_first_submits(store)))
+                     sdk_asked_from(settings, marks, first_submits=first_submits(store)))
     return record_view(store, view, settings, now=time.time() if now is None else now, marks=marks)
-
-
-def _first_submits(store: Store) -> dict[int, float]:
-    """{job id: its first submission the store saw} of the jobs it has not seen end: a start mark of an earlier run
-    of the job (before a requeue) counts only when written after it (store.slurm_marks.asked_to_move)."""
-    with store.session() as session:
-        return dict(session.execute(select(SlurmJobRow.job_id, SlurmJobRow.submit_time)
-                                    .where(SlurmJobRow.state != GONE)).tuples().all())
 
 
 def import_slurm_from_settings(store: Store, settings: Settings) -> dict[str, Any]:

@@ -52,7 +52,14 @@ from store.models_slurm import SlurmJob as SlurmJobRow
 from store.settings import Settings
 from store.slurm import HOLDING_STATES, WAITING_STATES, Gres, SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli, SlurmRefused
-from store.slurm_marks import job_folder, read_manifest, read_started, sdk_asked_from, signal_unsafe
+from store.slurm_marks import (
+    first_submits,
+    job_folder,
+    read_manifest,
+    read_started,
+    sdk_asked_from,
+    signal_unsafe,
+)
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +403,9 @@ class SlurmActuator:
                 return None
             raise
         mine = [j for j in doc.get("jobs") or [] if isinstance(j, dict) and str(j.get("job_id")) == str(job_id)]
-        asked = sdk_asked_from(self.settings)
+        # the job's first submission as the store saw it: its own mark from before a requeue still counts while
+        # the run after it has not written its own yet
+        asked = sdk_asked_from(self.settings, first_submits=first_submits(self.store, [job_id]))
         _, jobs = parse_jobs({**doc, "jobs": mine},
                              sdk_asked=lambda j, submit, restart: j == job_id and asked(j, submit, restart))
         return jobs.get(job_id)

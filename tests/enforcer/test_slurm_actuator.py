@@ -190,3 +190,17 @@ def test_two_enforcers_never_begin_two_moves_of_one_job(any_store, settings):
     with any_store.session() as s:
         assert s.scalars(select(Action.id).where(Action.workflow_id == WF, Action.state.not_in(TERMINAL))).all() \
             == [results["first"]]
+
+
+def test_a_job_that_opted_in_by_its_sdk_stays_movable_after_a_requeue_until_its_new_run_writes_its_mark(
+        sqlite_store, settings):
+    slurm = FakeSlurm()
+    slurm.submit(JOB, "shard:4", submit_time=1000.0)
+    slurm.jobs[JOB]["comment"] = ""  # no opt-in comment: only its SDK's start mark asks
+    write_mark(job_folder(settings, WF), STARTED, Started(job_id=JOB, restart_count=0, step=0, gpus="0",
+                                                          started_at=1500.0, movable=True, batch_step=True))
+    import_slurm(sqlite_store, settings, cli=slurm)
+    # requeued (by anyone): a restart and a new submit time; its run 1 has not written its own mark yet
+    slurm.jobs[JOB].update(restart_cnt=1, submit_time=2000.0)
+    job = SlurmActuator(sqlite_store, settings, cli=slurm)._job(JOB)
+    assert job is not None and job.opted_in, job

@@ -1,5 +1,6 @@
-"""A fake Slurm at the command line's boundary, for the actuator's steps without a cluster: `squeue --json` and
-`sinfo --json` print Slurm 22.05's JSON (openapi v0.0.38, the fields fleetlens reads, as the real cluster prints them)
+"""Fake Slurms at the command line's boundary, without a cluster. `SlurmAnswers` answers `squeue --json` and
+`sinfo --json` with the jobs and nodes a test sets (the importer's view). `FakeSlurm`, for the actuator's steps, prints
+Slurm 22.05's JSON (openapi v0.0.38, the fields fleetlens reads, as the real cluster prints them)
 of the jobs a test sets, and the commands a move sends are recorded and carried out on those jobs as slurmctld does
 (requeuehold: pending, held, one restart more; update: the new request; release: no longer held). What Slurm does on
 its own (starting a released job, someone else's release) the test does with `start`."""
@@ -58,3 +59,17 @@ class FakeSlurm(SlurmCli):
 
     def json(self, name: str, *args: str) -> dict[str, Any]:
         return json.loads(self.run(name, *args, "--json"))
+
+
+class SlurmAnswers:
+    """A SlurmCli's `json` for the importer: `jobs` is what squeue lists now, `nodes` what sinfo does (Slurm 22.05's
+    JSON, openapi v0.0.38)."""
+
+    def __init__(self, nodes: list[dict[str, Any]] | None = None) -> None:
+        self.jobs: list[dict[str, Any]] = []
+        self.nodes = nodes if nodes is not None else [{"name": "n1", "state": "mixed", "partitions": ["gpu"],
+                                                       "gres": "gpu:4,shard:8"}]
+
+    def json(self, name: str, *args: str) -> dict[str, Any]:
+        key, value = ("nodes", self.nodes) if name == "sinfo" else ("jobs", self.jobs)
+        return {"meta": META, "errors": [], key: value}

@@ -16,7 +16,7 @@ from store.models_slurm import SlurmJob
 from store.settings import Settings, get_settings
 from store.slurm import Gres, SlurmView, held_indices, parse_gres, parse_indices, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli
-from tests.slurm.fakes import FakeSlurm
+from tests.fakes.fake_slurm import SlurmAnswers
 from ui.cli import run
 
 
@@ -36,7 +36,7 @@ def test_gres_strings():
 
 
 def test_a_node_whose_gres_cannot_be_read_leaves_the_rest_of_the_cluster_imported(sqlite_store, fleet_home):
-    slurm = FakeSlurm(nodes=[{"name": "n1", "gres": "gpu:a100:4(S:0,2),shard:8"}, {"name": "n2", "gres": "gpu:x:y"}])
+    slurm = SlurmAnswers(nodes=[{"name": "n1", "gres": "gpu:a100:4(S:0,2),shard:8"}, {"name": "n2", "gres": "gpu:x:y"}])
     slurm.jobs = [{"job_id": j, "job_state": "RUNNING", "submit_time": 1000, "tres_per_node": "gres:gpu:1",
                    "nodes": node, "batch_host": node, "gres_detail": ["gpu:1(IDX:0)"]} for j, node in ((1, "n1"),
                                                                                                     (2, "n2"))]

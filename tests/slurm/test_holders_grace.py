@@ -11,7 +11,7 @@ from collector.importers.slurm import import_slurm
 from store.models import Finding
 from store.registry import register_host
 from store.settings import Settings
-from tests.slurm.fakes import FakeSlurm
+from tests.fakes.fake_slurm import SlurmAnswers
 
 T0 = 1_000_000.0
 
@@ -28,7 +28,7 @@ def _agent_on(store, node: str, now: float) -> None:
 
 
 def test_a_job_that_waited_in_the_queue_gets_its_grace_from_its_start(sqlite_store, tmp_path):
-    settings, slurm = Settings(home=tmp_path), FakeSlurm()
+    settings, slurm = Settings(home=tmp_path), SlurmAnswers()
     slurm.jobs = [_job("PENDING")]
     import_slurm(sqlite_store, settings, cli=slurm, now=T0)  # its workflow is made while it waits, for an hour
     start = T0 + 3600
@@ -41,7 +41,7 @@ def test_a_job_that_waited_in_the_queue_gets_its_grace_from_its_start(sqlite_sto
 
 
 def test_a_shard_job_s_idle_gpus_count_by_its_share_of_them(sqlite_store, tmp_path):
-    settings, slurm = Settings(home=tmp_path), FakeSlurm()  # n1: 4 GPUs, 8 shards, 2 on each
+    settings, slurm = Settings(home=tmp_path), SlurmAnswers()  # n1: 4 GPUs, 8 shards, 2 on each
     slurm.jobs = [_job("RUNNING", "shard:1", start_time=int(T0), nodes="n1", batch_host="n1",
                        gres_detail=["shard:1(IDX:3)"])]
     import_slurm(sqlite_store, settings, cli=slurm, now=T0 + 1000)

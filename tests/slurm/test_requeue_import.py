@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.importers.slurm import GONE, import_slurm
+from collector.importers.slurm import import_slurm
 from store.models import Workflow
-from store.models_slurm import SlurmJob
+from store.models_slurm import GONE, SlurmJob
 from store.settings import Settings
 from store.slurm import OPT_IN_WORD
 from store.slurm_marks import STARTED, Started, job_folder, write_mark
-from tests.slurm.fakes import FakeSlurm
+from tests.fakes.fake_slurm import SlurmAnswers
 
 
 def _job(state: str, restart: int, submit: int, **kw: Any) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def _job(state: str, restart: int, submit: int, **kw: Any) -> dict[str, Any]:
 
 
 def test_a_requeue_seen_in_either_order_keeps_the_job_and_a_reused_id_is_still_refused(sqlite_store, tmp_path):
-    settings, slurm = Settings(home=tmp_path), FakeSlurm()
+    settings, slurm = Settings(home=tmp_path), SlurmAnswers()
     seen = [
         _job("RUNNING", 0, 1000, comment=OPT_IN_WORD),
         _job("COMPLETING", 1, 1000, comment=OPT_IN_WORD),  # right after `scontrol requeue`: the old submit time
@@ -69,7 +69,7 @@ def _opted_in(store) -> bool:
 
 
 def test_a_start_mark_of_an_earlier_job_under_the_same_id_never_opts_in_the_new_one(sqlite_store, tmp_path):
-    settings, slurm = Settings(home=tmp_path), FakeSlurm()
+    settings, slurm = Settings(home=tmp_path), SlurmAnswers()
     _mark(settings, started_at=100.0)  # left by an earlier job 5, long before this one was submitted
     slurm.jobs = [_job("RUNNING", 0, 50_000)]
     import_slurm(sqlite_store, settings, cli=slurm, now=60_000)
@@ -80,7 +80,7 @@ def test_a_start_mark_of_an_earlier_job_under_the_same_id_never_opts_in_the_new_
 
 
 def test_the_job_s_own_mark_from_before_its_requeue_keeps_it_opted_in(sqlite_store, tmp_path):
-    settings, slurm = Settings(home=tmp_path), FakeSlurm()
+    settings, slurm = Settings(home=tmp_path), SlurmAnswers()
     _mark(settings, started_at=1005.0)  # its SDK started after its submission
     slurm.jobs = [_job("RUNNING", 0, 1000)]
     import_slurm(sqlite_store, settings, cli=slurm, now=2000)
@@ -95,7 +95,7 @@ def test_the_job_s_own_mark_from_before_its_requeue_keeps_it_opted_in(sqlite_sto
 def test_a_job_held_to_run_again_is_waiting_not_failed(sqlite_store, tmp_path):
     """SPECIAL_EXIT (requeued held after its special exit code) and RESV_DEL_HOLD (held as its reservation was
     deleted) wait to run again, as a pending job does: the workflow stays running."""
-    settings, slurm = Settings(home=tmp_path), FakeSlurm()
+    settings, slurm = Settings(home=tmp_path), SlurmAnswers()
     for now, state in enumerate(["RUNNING", "SPECIAL_EXIT", "RESV_DEL_HOLD"], start=2000):
         slurm.jobs = [_job(state, 0, 1000)]
         import_slurm(sqlite_store, settings, cli=slurm, now=now)
