@@ -88,6 +88,20 @@ def _column(values: list[Any], text: bool = False) -> Any:
     return arr if arr.ndim == 1 and arr.dtype.kind in "if" else pd.Series(values).to_numpy()
 
 
+def _check_types(df: pd.DataFrame, numbers: tuple[str, ...], texts: tuple[str, ...] = ()) -> None:
+    """TypeError naming the column when a kept event's time, size or id is no number, or its name or category no
+    string (a missing number is a gap, as in HTA's frame): the streaming reader refuses the same events."""
+    for col in numbers:
+        if col in df and df[col].dtype.kind not in "if":
+            bad = [v for v in pd.unique(df[col]) if v is not None and v.__class__ not in (int, float)]
+            if bad:
+                raise TypeError(f"{col} holds a {type(bad[0]).__name__} ({bad[0]!r:.40}), not a number")
+    for col in texts:
+        bad = [v for v in pd.unique(df[col]) if v.__class__ is not str]
+        if bad:
+            raise TypeError(f"{col} is missing or not a string ({bad[0]!r:.40})")
+
+
 def _index_dtype(n: int) -> Any:
     """The integer type pd.to_numeric(downcast="integer") gives positions 0..n-1."""
     return pd.to_numeric(pd.Series([0, n - 1]), downcast="integer").dtype
@@ -128,6 +142,7 @@ def read_events(path: Path, args: dict[str, int]) -> tuple[dict[str, Any], pd.Da
     df = pd.DataFrame({k: _column(v, text=k in TEXT_KEYS) for k, v in zip(columns, _values(kept_events, columns),
                                                                            strict=True)},
                       index=pd.Index(kept))
+    _check_types(df, ("ts", "dur"), ("name", "cat"))
     kinds = {k: _column_kind(df[k], dropped, k) for k in columns}
     for k, kind in kinds.items():
         if kind is not None:
@@ -156,6 +171,7 @@ def read_events(path: Path, args: dict[str, int]) -> tuple[dict[str, Any], pd.Da
                 lifted[name].append(default)
     for name, values in lifted.items():
         df[name] = pd.Series(_column(values), index=df.index)
+    _check_types(df, ("correlation", "bytes"))
     if "stream" in df and df["stream"].dtype.kind != "i":
         values = pd.unique(df["stream"])
         df["stream"] = df["stream"].map({v: _stream_number(v) for v in values}).astype(np.int64)

@@ -64,11 +64,63 @@ def _flags(name: str) -> int:
     return f | (LAUNCH if LAUNCH_RE.search(name) else 0)
 
 
+def _correlation(value: Any) -> int:
+    """A correlation id that is not an int: null is none (-1, as HTA's frame leaves it unlinked); a whole float is
+    its int; anything else is a malformed event (ValueError)."""
+    if value is None:
+        return -1
+    if value.__class__ is float and value.is_integer():
+        return int(value)
+    raise ValueError("not a correlation id")
+
+
+NUMBER = (int, float)
+
+
 def _array(values: list[Any]) -> np.ndarray:
+    """Numbers as one array, NaN for a missing value; ValueError when a value is no number (a malformed event)."""
     arr = np.array(values)
-    if arr.dtype.kind not in "if":  # a missing value among them
+    if arr.dtype.kind not in "if":  # a missing value among them, or one that is no number
+        if any(v is not None and v.__class__ not in NUMBER for v in values):
+            raise ValueError("not a number")
         arr = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
     return arr
+
+
+def _what(value: Any) -> str:
+    text = repr(value)
+    kind = type(value).__name__
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({text[:40]}{'...' if len(text) > 40 else ''})"
+
+
+def _malformed(batch: list[Any], base: int) -> str:
+    """What is wrong with the first malformed event of a batch the read could not take, for the error."""
+    for i, e in enumerate(batch):
+        if e.__class__ is not dict:
+            return f"event {base + i} is not an object"
+        ts, dur, cat = e.get("ts"), e.get("dur"), e.get("cat")
+        wrong = {}
+        if ts is not None and ts.__class__ not in NUMBER:
+            wrong["ts"] = f"is {_what(ts)}, not a number"
+        if dur is not None and cat is not None and cat != "Trace":
+            if dur.__class__ not in NUMBER:
+                wrong["dur"] = f"is {_what(dur)}, not a number"
+            for key in ("cat", "name"):
+                if key not in e or e[key] is None:
+                    wrong[key] = "is missing"
+                elif e[key].__class__ is not str:
+                    wrong[key] = f"is {_what(e[key])}, not a string"
+            a = e.get("args")
+            if a.__class__ is dict:
+                corr, nbytes = a.get("correlation"), a.get("bytes")
+                if corr is not None and corr.__class__ is not int and not (corr.__class__ is float
+                                                                           and corr.is_integer()):
+                    wrong["args.correlation"] = f"is {_what(corr)}, not an integer"
+                if nbytes is not None and nbytes.__class__ not in NUMBER:
+                    wrong["args.bytes"] = f"is {_what(nbytes)}, not a number"
+        if wrong:
+            return f"event {base + i}: " + "; ".join(f"{k} {v}" for k, v in wrong.items())
+    return "an event's fields are not of the types a trace has"
 
 
 NARROW = frozenset({"name", "cat", "stream"})
@@ -132,7 +184,17 @@ class StreamedColumns:
             self.flags.append(_flags(text))
         return c
 
-    def add(self, batch: list[Any]) -> None:  # noqa: C901, PLR0912, PLR0915  (one pass per event, kept flat for speed)
+    def add(self, batch: list[Any]) -> None:
+        """Take one batch of events; InvalidTrace naming the first malformed event when a field has the wrong type
+        (a time or size that is no number, a name or category that is no string, a correlation id that is no
+        integer). A null correlation id or stream is none, as in HTA's frame."""
+        base = self.position
+        try:
+            self._add(batch)
+        except (TypeError, ValueError):
+            raise InvalidTrace(str(self.path), f"has malformed events ({_malformed(batch, base)})") from None
+
+    def _add(self, batch: list[Any]) -> None:  # noqa: C901, PLR0912, PLR0915  (one pass per event, kept flat for speed)
         symbols, flags, code = self.symbols, self.flags, self.code
         gi, gn, gc, gt, gd, gs, gr, gb = [], [], [], [], [], [], [], []
         ci, cn, cc, ct, cd, cs, cr = [], [], [], [], [], [], []
@@ -156,10 +218,14 @@ class StreamedColumns:
             name = e.get("name")
             n = symbols.get(name)
             if n is None:
+                if name.__class__ is not str:
+                    raise TypeError("a name that is no string")
                 n = code(name)
                 side = {symbols.get(x) for x in GPU_SIDE_NAMES} - {None}
             k = symbols.get(cat)
             if k is None:
+                if cat.__class__ is not str:
+                    raise TypeError("a category that is no string")
                 k = code(cat)
             cat_codes.add(k)
             a = e.get("args")
@@ -168,6 +234,8 @@ class StreamedColumns:
                 corr = a.get("correlation", -1)
                 if stream.__class__ is not int:
                     stream = _stream_number(stream)
+                if corr.__class__ is not int:
+                    corr = _correlation(corr)
             else:
                 stream = corr = -1
             idx = base + i

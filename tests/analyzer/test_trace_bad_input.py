@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from analyzer.traces import InvalidTrace, analyze_paths, analyze_trace, register_trace
 from analyzer.traces.parse import parse_trace
+from analyzer.traces.stream_read import stream_trace
 from store.errors import InvalidInput
 from store.models import Finding, Trace
 from store.settings import get_settings
@@ -127,3 +128,49 @@ def test_a_trace_another_host_wrote_and_this_one_cannot_read_says_where_to_put_t
         assert far.status == "failed" and "no such file here on analyzer-host; host gpu-node-7 wrote it" in far.error
         assert "shared storage" in far.error
         assert near.status == "failed" and "no such file" in near.error and "shared storage" not in near.error
+
+
+def _first(events: list[dict], cat: str, arg: str | None = None) -> dict:
+    return next(e for e in events if e.get("cat") == cat and (arg is None or arg in (e.get("args") or {})))
+
+
+MALFORMED = {  # what is changed in the first such event, the field the error names
+    "cpu correlation a string": (lambda ev: _first(ev, "cuda_runtime", "correlation")["args"].update(correlation="12"),
+                                 "correlation"),
+    "kernel correlation a string": (lambda ev: _first(ev, "kernel")["args"].update(correlation="12"), "correlation"),
+    "ts a string": (lambda ev: _first(ev, "kernel").update(ts="x"), "ts"),
+    "dur a string": (lambda ev: _first(ev, "kernel").update(dur="12"), "dur"),
+    "cat a list": (lambda ev: _first(ev, "kernel").update(cat=["kernel"]), "cat"),
+    "name missing": (lambda ev: _first(ev, "kernel").pop("name"), "name"),
+    "bytes a string": (lambda ev: _first(ev, "gpu_memcpy")["args"].update(bytes="4"), "bytes"),
+}
+
+
+def _changed(tmp: Path, change) -> Path:
+    with gzip.open(GOOD, "rb") as fh:
+        record = json.loads(fh.read())
+    change(record["traceEvents"])
+    p = tmp / "changed.json"
+    p.write_text(json.dumps(record))
+    return p
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_event_is_refused_naming_the_file_and_field_by_both_readers(tmp_path, case):
+    change, field = MALFORMED[case]
+    path = _changed(tmp_path, change)
+    with pytest.raises(InvalidTrace) as err:
+        stream_trace(path)
+    assert str(path) in str(err.value) and "malformed events (event " in str(err.value) and field in str(err.value)
+    with pytest.raises(InvalidTrace, match="malformed events"):  # the reference reader, in HTA's words
+        parse_trace(path)
+
+
+def test_a_malformed_file_among_good_ones_is_an_error_alone(tmp_path, fleet_home, capsys):
+    bad = _changed(tmp_path, MALFORMED["ts a string"][0])
+    res = analyze_paths([GOOD, bad])
+    assert [s["path"] for s in res.summaries] == [str(GOOD)]
+    assert "malformed events" in res.errors[str(bad)]
+    assert run(["analyze", str(GOOD), str(bad), "--json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["traces"]) == 1 and "ts is a str" in out["errors"][str(bad)]

@@ -146,6 +146,20 @@ def test_corrupt_text_in_the_middle_names_the_place(tmp_path):
     assert "not valid JSON" in msg and "whole events" in msg
 
 
+def test_a_null_correlation_id_is_no_correlation_as_in_the_reference(tmp_path, thresholds):
+    with gzip.open(TRACES / "a100_alexnet_microbench.json.gz", "rb") as fh:
+        record = orjson.loads(fh.read())
+    launch = next(e for e in record["traceEvents"]
+                  if e.get("cat") == "cuda_runtime" and "correlation" in (e.get("args") or {}))
+    launch["args"]["correlation"] = None
+    path = tmp_path / "null_correlation.json"
+    path.write_bytes(orjson.dumps(record))
+    ref_summary, ref_found = _reference(path, thresholds)
+    summary, found = analyze_one(path, thresholds=thresholds)
+    assert _same(ref_summary, summary) == []
+    assert _same([f.as_dict(8) for f in ref_found], [f.as_dict(8) for f in found]) == []
+
+
 def test_memory_limit_refuses_a_trace_whose_columns_would_pass_it():
     with pytest.raises(InvalidTrace, match="memory limit"):
         analyze_one(TRACES / A100, memory_budget=256 * 1024)
