@@ -186,11 +186,11 @@ class SlurmActuator:
         if not job.opted_in:
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"job {job.job_id} no longer opts in ({job.not_movable_reason}); nothing was done")
-        fewer = _fewer(parse_gres(d["new_gres"]), job.gres)
-        if fewer is not None:  # the store's row was read before a move or an update changed the job's request
+        why_not = _why_not_fewer(parse_gres(d["new_gres"]), job.gres)
+        if why_not is not None:  # the store's row was read before a move or an update changed the job's request
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"job {job.job_id} holds {job.gres} now (Slurm), not {d['old_gres']} as the store "
-                             f"said when the move was planned: {fewer}; nothing was done")
+                             f"said when the move was planned: {why_not}; nothing was done")
         started = read_started(self._folder(action_id))
         if started is None or started.job_id != job.job_id or started.restart_count != job.restart_count:
             # the SDK says where each start begins once its signal handler is in: before that, USR1 would kill it
@@ -484,7 +484,7 @@ class SlurmActuator:
         return self._to(action_id, state, detail, now, step, ok, message, training_step)
 
 
-def _fewer(new: Gres | None, live: Gres | None) -> str | None:
+def _why_not_fewer(new: Gres | None, live: Gres | None) -> str | None:
     """Why `new` is not a smaller request than `live`, the one Slurm shows the job holding now (None: it is). A move
     only ever lowers a shard request; a whole-GPU request is not one fleetlens changes (Slurm 22.05 cannot)."""
     if new is None or new.kind != "shard":

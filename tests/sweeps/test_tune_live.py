@@ -27,6 +27,7 @@ SPEED = SpeedModel(dp_efficiency=0.85, share_speeds=(1.0, 0.65), max_span=4)
 # machine: the model gives the same reallocations for any start-up of 0.5 to 8 s per trial and restarts of 1 to 25 s
 TRIALS = [("a", 2.0, 2), ("b", 12.0, 4)]
 SCALE = 1.0  # wall seconds per simulated second in the live run
+FLUID = FluidConfig(GPUS, SPEED, dynamic=True, restart_s=1.0)
 
 
 @pytest.fixture
@@ -59,24 +60,20 @@ def ray_cluster(fleet_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert not left, f"Ray left processes running: {[p.pid for p in left]}"
 
 
-def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: object, tmp_path: Path,
-                                                                 sqlite_store: Store) -> None:
+def _fluid_sweep(tmp_path: Path, store: Store, name: str, *, callbacks: tuple = (), ending: bool = False,
+                 **run: object) -> tuple[object, object]:
+    """TRIALS under a dynamic Fluid scheduler on an ASHA base recording into `store` as sweep `name`: the scheduler
+    and the Tuner, with `callbacks` (and the scheduler's end-of-experiment callback when `ending`) and the rest of
+    `run` (e.g. stop) in its RunConfig."""
     from ray import tune
 
     from collector.tune.scheduler import FluidScheduler, StoreRecorder, base_scheduler
     from tests.sweeps.tune_job import train
 
-    config = FluidConfig(GPUS, SPEED, dynamic=True, restart_s=1.0)
     max_t = max(n for _, _, n in TRIALS)
     scheduler = FluidScheduler(base_scheduler("asha", metric="loss", mode="min", max_t=max_t, grace_period=max_t),
-                               config, on_event=StoreRecorder(sqlite_store, "fluid-live", config))
-    names = {name: (step_s, steps) for name, step_s, steps in TRIALS}
-    groups: dict[str, str] = {}  # trial -> the group the controller put it in
-
-    class Groups(tune.Callback):
-        def on_trial_result(self, iteration: int, trials: list, trial: object, result: dict, **info: object) -> None:
-            groups[trial.trial_id] = scheduler.controller.trials[trial.trial_id].group
-
+                               FLUID, on_event=StoreRecorder(store, name, FLUID))
+    names = {trial: (step_s, steps) for trial, step_s, steps in TRIALS}
     space = {"name": tune.grid_search([n for n, _, _ in TRIALS]), "eta": SPEED.dp_efficiency,
              "share_speeds": list(SPEED.share_speeds), "d": SPEED.max_span, "scale": SCALE, "seed": 0,
              "step_s": tune.sample_from(lambda spec: names[spec.config.name][0]),
@@ -85,15 +82,31 @@ def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: ob
         tune.with_resources(train, scheduler.initial_resources()),
         param_space=space,
         tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=False),
-        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name="fluid", verbose=0,
-                                  callbacks=[Groups()]),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name=name, verbose=0,
+                                  callbacks=[*callbacks, *([scheduler.ending()] if ending else [])], **run),
     )
+    return scheduler, tuner
+
+
+def test_live_and_simulated_make_the_same_reallocations_in_order(ray_cluster: object, tmp_path: Path,
+                                                                 sqlite_store: Store) -> None:
+    from ray import tune
+
+    groups: dict[str, str] = {}  # trial -> the group the controller put it in
+
+    class Groups(tune.Callback):
+        def on_trial_result(self, iteration: int, trials: list, trial: object, result: dict, **info: object) -> None:
+            groups[trial.trial_id] = scheduler.controller.trials[trial.trial_id].group
+
+    scheduler, tuner = _fluid_sweep(tmp_path, sqlite_store, "fluid-live", callbacks=(Groups(),))
+    names = {name for name, _, _ in TRIALS}
+    max_t = max(n for _, _, n in TRIALS)
     results = tuner.fit()
     assert not results.errors
-    assert len(groups) == len(TRIALS) and set(groups.values()) == {"fluid"}  # one sweep: the experiment
+    assert len(groups) == len(TRIALS) and set(groups.values()) == {"fluid-live"}  # one sweep: the experiment
     by_id = {r.metrics["trial_id"]: r.config["name"] for r in results}
     live = [(by_id[r.trial_id], r.old_width, r.new_width) for r in scheduler.log]
-    simulated = run_tune_model(TRIALS, config, start_s=2.0, restart_s=3.0, max_t=max_t).sequence()
+    simulated = run_tune_model(TRIALS, FLUID, start_s=2.0, restart_s=3.0, max_t=max_t).sequence()
     assert live == simulated
     assert live == [("a", 1.0, 3.0), ("b", 1.0, 4.0)]
     # every trial ran all its steps; a resized one resumed from its checkpoint with its new GPUs
@@ -122,9 +135,6 @@ def test_a_sweep_stopped_as_a_whole_ends_every_trial_in_the_records(ray_cluster:
     experiment, so the Sweeps page shows none holding GPUs after the sweep."""
     from ray import tune
 
-    from collector.tune.scheduler import FluidScheduler, StoreRecorder, base_scheduler
-    from tests.sweeps.tune_job import train
-
     class StopAll(tune.Stopper):  # the whole experiment stops after the first result
         def __init__(self) -> None:
             self.seen = False
@@ -136,22 +146,7 @@ def test_a_sweep_stopped_as_a_whole_ends_every_trial_in_the_records(ray_cluster:
         def stop_all(self) -> bool:
             return self.seen
 
-    config = FluidConfig(GPUS, SPEED, dynamic=True, restart_s=1.0)
-    max_t = max(n for _, _, n in TRIALS)
-    scheduler = FluidScheduler(base_scheduler("asha", metric="loss", mode="min", max_t=max_t, grace_period=max_t),
-                               config, on_event=StoreRecorder(sqlite_store, "fluid-stop", config))
-    names = {name: (step_s, steps) for name, step_s, steps in TRIALS}
-    space = {"name": tune.grid_search([n for n, _, _ in TRIALS]), "eta": SPEED.dp_efficiency,
-             "share_speeds": list(SPEED.share_speeds), "d": SPEED.max_span, "scale": SCALE, "seed": 0,
-             "step_s": tune.sample_from(lambda spec: names[spec.config.name][0]),
-             "steps": tune.sample_from(lambda spec: names[spec.config.name][1])}
-    tuner = tune.Tuner(
-        tune.with_resources(train, scheduler.initial_resources()),
-        param_space=space,
-        tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=False),
-        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name="fluid-stop", verbose=0,
-                                  stop=StopAll(), callbacks=[scheduler.ending()]),
-    )
+    scheduler, tuner = _fluid_sweep(tmp_path, sqlite_store, "fluid-stop", ending=True, stop=StopAll())
     tuner.fit()
     rows = events(sqlite_store, "fluid-stop")
     started = {r.trial_id for r in rows if r.kind == "start"}
