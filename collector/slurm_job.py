@@ -160,9 +160,17 @@ class SlurmSide:
 
     def resume_path(self) -> Path | None:
         """The checkpoint to restore when this job was requeued after writing one: its manifest's file, whose sha256
-        must still match (a torn or replaced file stops the job rather than resuming from something else)."""
+        must still match (a torn or replaced file stops the job rather than resuming from something else). Only a
+        manifest of an earlier run of the job counts (a lower restart count: a requeue comes after the checkpoint):
+        one of this run's count or higher was left by another job under a reused id (a new job's first run has
+        restart count 0), and restoring it would train on another job's weights."""
         manifest = read_manifest(self.folder)
         if manifest is None or manifest.job_id != self.job_id:
+            return None
+        if manifest.restart_count >= self.restart_count:
+            log.warning("fleetlens under Slurm: job %s (run %d) finds a checkpoint manifest of run %d under its id in "
+                        "%s: not one of its earlier runs (another job under a reused id); starting without it",
+                        self.job_id, self.restart_count, manifest.restart_count, self.folder)
             return None
         path = Path(manifest.path)
         if not path.is_file():

@@ -68,3 +68,23 @@ def test_checkpoint_on_sigusr1_and_resume_after_a_requeue(tmp_path, fleet_home):
     out, err = third.communicate(timeout=120)
     assert third.returncode == 2 and "does not match the sha256 its manifest recorded" in err
     assert read_started(folder).restart_count == 1  # it never said it started
+
+
+@pytest.mark.parametrize(("run", "restored"), [(0, False), (1, True)],
+                         ids=["a-new-job-under-a-reused-id", "the-job-requeued"])
+def test_only_a_checkpoint_of_an_earlier_run_of_the_job_is_restored(fleet_home, monkeypatch, run, restored):
+    from collector.slurm_job import SlurmSide
+    from store.slurm_marks import CHECKPOINT_MANIFEST, CheckpointManifest, write_mark
+
+    # a checkpoint that job 4242's run 0 wrote on the signal
+    folder = job_folder(Settings(home=fleet_home), "slurm-4242")
+    weights = fleet_home.parent / "ckpt.pt"
+    weights.write_bytes(b"weights at step 8")
+    write_mark(folder, CHECKPOINT_MANIFEST, CheckpointManifest(
+        job_id=4242, restart_count=0, step=8, path=str(weights), size_bytes=weights.stat().st_size,
+        sha256=hashlib.sha256(weights.read_bytes()).hexdigest(), written_at=time.time()))
+    # run 0 of a job given the same id later (Slurm reuses ids), or run 1 of the job after its requeue
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", str(run))
+    side = SlurmSide(Settings(home=fleet_home), "slurm-4242")
+    assert side.resume_path() == (weights if restored else None)
