@@ -177,3 +177,15 @@ def test_cli_errors_are_one_line(cli_store, capsys, tmp_path):
     assert "retention_days" in capsys.readouterr().err
     assert run(["findings", "--workflow", "nobody"]) == 0
     assert "no findings match" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [
+    ["rank", "--now", "nan"], ["rank", "--period-hours", "inf"], ["detect", "--now", "nan"],
+    ["detect", "--window-hours", "nan"], ["rollup", "--since", "nan"], ["rollup", "--now", "inf"],
+    ["rollup", "--retention-days", "inf"],
+])
+def test_cli_refuses_a_number_that_is_not_finite(cli_store, capsys, args):
+    # Typer reads "nan" and "inf" as floats; they used to end in a traceback (or, for --window-hours, in no findings)
+    assert run(args) == 2
+    err = capsys.readouterr().err
+    assert "finite" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
