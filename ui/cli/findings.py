@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -53,7 +54,11 @@ def findings(
     """List findings (trace and telemetry), the costliest first; costs and the total from the one waste function."""
     store = open_store()
     frame = findings_frame(store, workflow_id=workflow, rule=rule, team=team, include_resolved=include_resolved)
-    w = waste(frame, held_from_rollups(store))
+    # the GPU-hours held are those of the workflows listed (of the team, or the one workflow), as `rank` counts them
+    held = held_from_rollups(store, team=team)
+    if workflow is not None:
+        held = replace(held, workflows={wf: h for wf, h in held.workflows.items() if wf == workflow})
+    w = waste(frame, held)
     frame = costed(frame, w)
     if as_json:
         _echo_json(_records(frame))
