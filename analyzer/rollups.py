@@ -309,8 +309,8 @@ def apply_retention(store: Store, retention_days: float, now: float | None = Non
     exactly the rows still there; likewise a (workflow, hour) of process samples. Anything else stays
     (roll it up, then run the retention again).
     """
-    if retention_days is None or not retention_days > 0:
-        raise InvalidInput(f"retention_days must be a positive number of days, got {retention_days!r}")
+    if retention_days is None or not 0 < retention_days < math.inf:
+        raise InvalidInput(f"retention_days must be a positive, finite number of days, got {retention_days!r}")
     now = time.time() if now is None else float(now)
     cutoff = hour_of(now - retention_days * 86400.0)  # whole hours only
     # PostgreSQL: a day whose every hour is rolled up goes as one partition; what is left goes row by row

@@ -81,6 +81,24 @@ def upsert_findings(session: Session, specs: list[FindingSpec], now: float | Non
     return out
 
 
+def resolve_superseded(session: Session, workflow_id: str, subject: str, trace_id: int, found: set[str],
+                       now: float | None = None) -> int:
+    """Resolve the open trace findings of this workflow and subject (a rank) that an earlier trace found and this
+    later one (`trace_id`, whose findings' fingerprints are `found`) did not: the job as profiled now no longer
+    shows them. Findings of later traces are left alone, whatever order the traces are analysed in. Returns how many
+    were resolved."""
+    now = time.time() if now is None else now
+    stale = session.scalars(select(Finding).where(
+        Finding.source == "trace", Finding.workflow_id == workflow_id, Finding.status != "resolved",
+        Finding.trace_id < trace_id))
+    n = 0
+    for finding in stale:
+        if finding.fingerprint not in found and finding.fingerprint.rsplit("|", 1)[-1] == subject:
+            finding.status, finding.updated_at = "resolved", now
+            n += 1
+    return n
+
+
 def set_finding_status(session: Session, finding_id: int, status: str, by: str | None = None) -> Finding:
     if status not in STATUSES:
         raise InvalidInput(f"status {status!r} is not one of {STATUSES}")

@@ -21,7 +21,7 @@ from analyzer.traces.run import analyze_one
 from store import profiling
 from store.db import Store
 from store.errors import InvalidInput, NotFound
-from store.findings import upsert_finding
+from store.findings import resolve_superseded, upsert_finding
 from store.models import Trace, Workflow
 from store.workflows import upsert_workflow
 
@@ -75,8 +75,11 @@ def analyze_trace(store: Store, trace_id: int, *, cache_dir: Path, host_id: str 
         trace = session.get(Trace, trace_id)
         wf = _workflow_for(session, trace)
         gpus = wf.gpus or 1
-        for f in found:
-            upsert_finding(session, f.to_spec(wf.id, gpus, trace.id))
+        specs = [f.to_spec(wf.id, gpus, trace.id) for f in found]
+        for spec in specs:
+            upsert_finding(session, spec)
+        # what an earlier trace of this rank found and this one does not is gone: resolved, no longer counted
+        resolve_superseded(session, wf.id, f"rank{summary['rank']}", trace.id, {spec.fingerprint for spec in specs})
         trace.status, trace.error, trace.analyzed_at = "analyzed", None, time.time()
         trace.summary = summary
         trace.steps = summary["n_steps"]

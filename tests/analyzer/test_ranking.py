@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import pandas as pd
 import pytest
@@ -177,3 +179,45 @@ def test_cli_errors_are_one_line(cli_store, capsys, tmp_path):
     assert "retention_days" in capsys.readouterr().err
     assert run(["findings", "--workflow", "nobody"]) == 0
     assert "no findings match" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [
+    ["rank", "--now", "nan"], ["rank", "--period-hours", "inf"], ["detect", "--now", "nan"],
+    ["detect", "--window-hours", "nan"], ["rollup", "--since", "nan"], ["rollup", "--now", "inf"],
+    ["rollup", "--retention-days", "inf"],
+])
+def test_cli_refuses_a_number_that_is_not_finite(cli_store, capsys, args):
+    # Typer reads "nan" and "inf" as floats; they used to end in a traceback (or, for --window-hours, in no findings)
+    assert run(args) == 2
+    err = capsys.readouterr().err
+    assert "finite" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _held_in_title(out: str) -> float:
+    found = re.search(r"of ([\d,.]+) GPU-hours held per day", " ".join(out.split()))
+    assert found, out
+    return float(found.group(1).replace(",", ""))
+
+
+def test_cli_findings_filtered_counts_the_held_time_of_what_it_lists(fleet_home, capsys):
+    # two workflows of two teams, each holding one GPU the last 6 h: `findings --team` / `--workflow` say what that
+    # team or workflow held, as `rank --team` does, not the whole fleet's held time
+    assert run(["init"]) == 0
+    store = Store(f"sqlite:///{fleet_home / 'fleetlens.db'}")
+    now = time.time()
+    fleet = Fleet(store, t0=now - now % HOUR - 6 * HOUR)
+    d1, d2 = fleet.device(), fleet.device()
+    fleet.workflow("idle", team="llm")
+    fleet.workflow("small", team="vision")
+    fleet.run(d1, "idle", 0, 360, util=0.0, mem_gib=60)
+    fleet.run(d2, "small", 0, 360, util=0.9, mem_gib=8)
+    fleet.flush()
+    detect(store, now=now, window_s=6 * HOUR)
+    capsys.readouterr()
+    assert run(["findings"]) == 0
+    fleet_held = _held_in_title(capsys.readouterr().out)
+    assert run(["findings", "--team", "vision"]) == 0
+    assert _held_in_title(capsys.readouterr().out) == pytest.approx(fleet_held / 2, abs=0.1)
+    assert run(["findings", "--workflow", "small"]) == 0
+    assert _held_in_title(capsys.readouterr().out) == pytest.approx(fleet_held / 2, abs=0.1)
+    store.dispose()

@@ -129,7 +129,7 @@ def test_retention_deletes_only_rolled_up_hours(any_store):
 
 
 def test_retention_rejects_a_bad_number(sqlite_store):
-    for bad in (0, -1, None):
+    for bad in (0, -1, None, float("nan"), float("inf")):  # inf: no cutoff hour to keep whole hours from
         with pytest.raises(InvalidInput, match="retention_days"):
             apply_retention(sqlite_store, bad)
 

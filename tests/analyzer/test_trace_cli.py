@@ -36,6 +36,16 @@ def test_html_is_one_self_contained_page(fleet_home, tmp_path, capsys):
     assert "trace.pageable_memcpy" in text
 
 
+def test_html_into_a_missing_folder_is_one_line_and_exit_2(fleet_home, tmp_path, capsys):
+    page = tmp_path / "no" / "report.html"
+    assert run(["analyze", str(ALEXNET), "--html", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the HTML report" in err and "Traceback" not in err and not page.exists()
+    (tmp_path / "dir.html").mkdir()  # the folder exists, the file cannot be written: said the same way
+    assert run(["analyze", str(ALEXNET), "--html", str(tmp_path / "dir.html")]) == 2
+    assert "cannot write the HTML report" in capsys.readouterr().err
+
+
 def test_store_option_registers_and_analyses(fleet_home, capsys):
     assert run(["init"]) == 0
     assert run(["analyze", str(ALEXNET), "--store", "--workflow", "alexnet"]) == 0

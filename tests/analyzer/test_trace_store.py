@@ -56,3 +56,25 @@ def test_parsed_trace_is_cached_by_path_size_mtime(tmp_path):
         assert pickle.load(fh).rank == 0
     second, _ = analyze_one(ALEXNET, cache_dir=tmp_path)
     assert second == first
+
+
+
+def test_a_later_trace_of_the_rank_resolves_what_it_no_longer_shows(sqlite_store, tmp_path):
+    # rank 0 of a workflow profiled twice: the later trace shows host_bound and tiny_steps, not the earlier trace's
+    # pageable copies, syncs or missing tensor cores, which are then resolved (no longer open, no longer counted);
+    # analysed the other way round, the earlier trace resolves nothing of the later one's
+    def status(wf: str) -> dict[str, str]:
+        with sqlite_store.session() as s:
+            return {f.rule: f.status for f in s.scalars(select(Finding).where(Finding.workflow_id == wf))}
+
+    for wf, order in (("in-order", (0, 1)), ("reversed", (1, 0))):
+        with sqlite_store.session() as s:
+            upsert_workflow(s, wf)
+        ids = [register_trace(sqlite_store, path, workflow_id=wf)
+               for path in (ALEXNET, TRACES / "amd_mi250_minitoy.json.gz")]
+        for i in order:
+            assert analyze_trace(sqlite_store, ids[i], cache_dir=tmp_path)["status"] == "analyzed"
+    assert status("in-order") == {"trace.host_bound": "open", "trace.tiny_steps": "open",
+                                  "trace.pageable_memcpy": "resolved", "trace.sync_heavy": "resolved",
+                                  "trace.no_tensor_cores": "resolved"}
+    assert set(status("reversed").values()) == {"open"} and len(status("reversed")) == 5

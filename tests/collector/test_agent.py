@@ -180,6 +180,9 @@ def test_cli_refuses_bad_intervals(fleet_home, capsys):
     assert run(["agent", "--interval", "0"]) == 2
     assert "--interval must be a positive number of seconds" in capsys.readouterr().err
     assert run(["agent", "--flush-interval", "-3", "--once"]) == 2
+    for option, bad in (("--interval", "nan"), ("--flush-interval", "inf"), ("--duration", "nan")):
+        assert run(["agent", option, bad, "--once"]) == 2
+        assert f"{option} must be a positive number of seconds" in capsys.readouterr().err
 
 
 def test_cli_refuses_a_database_without_schema(fleet_home, capsys):

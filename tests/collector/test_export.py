@@ -22,6 +22,7 @@ from store.models import DeviceSample, Host, ProcessSample, Workflow
 from store.settings import get_settings
 from tests.conftest import FLEET
 from ui.cli import run
+from ui.cli.export import parse_time
 
 END = 2_000_000_000.0
 
@@ -163,3 +164,10 @@ def test_cli_export_and_load_replay(fleet_home, tmp_path, capsys) -> None:
         assert sorted(s.scalars(select(Host.id))) == ["alibaba-h00", "alibaba-h01", "copy-alibaba-h00"]
     assert run(["export", str(out), "--since", "yesterday"]) == 2
     assert "neither epoch seconds nor a duration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
+def test_a_time_that_is_not_finite_is_refused(text) -> None:
+    # float() reads these, but no time is NaN or infinite: a one-line error, not an empty export or a traceback
+    with pytest.raises(InvalidInput, match="neither epoch seconds nor a duration"):
+        parse_time(text)

@@ -81,6 +81,10 @@ def test_cli_bad_trace_one_line(fleet_home, capsys):
     assert "lacks the columns" in capsys.readouterr().err
     assert run(["simulate", "--trace", "nope:/x"]) == 2
     assert run(["simulate", "--trace", "alibaba:" + str(FLEET), "--nodes", "0x8"]) == 2
+    capsys.readouterr()
+    for kind in ("openb", "salus", "alibaba"):  # no path after the colon: said in one line, not a traceback
+        assert run(["simulate", "--trace", f"{kind}:"]) == 2
+        assert "after the colon" in capsys.readouterr().err
 
 
 def test_cli_table_and_html(fleet_home, tmp_path, capsys):

@@ -96,3 +96,12 @@ def test_help_shows_what_the_commands_say_whole():
     assert "workflows slurm-ID (request" in _cli(["slurm-import", "--help"], env).stdout
     # a docstring's paragraph is one paragraph, not broken where the source wraps
     assert "enforcement stays a dry run unless FLEETLENS_ENFORCE=true" in _cli(["serve", "--help"], env).stdout
+
+
+@pytest.mark.parametrize("lane_mb", ["nan", "inf", "0", "-5"])
+def test_move_refuses_a_lane_size_that_is_not_a_positive_number(fleet_home, capsys, lane_mb):
+    assert run(["init"]) == 0
+    capsys.readouterr()
+    assert run(["move", "job", "--to-device", "1", "--lane-mb", lane_mb]) == 2
+    err = capsys.readouterr().err
+    assert "--lane-mb must be a positive number of MB" in err and "Traceback" not in err

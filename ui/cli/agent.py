@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import typer
 
@@ -34,7 +35,7 @@ def agent(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for name, value in (("--interval", interval), ("--flush-interval", flush_interval), ("--duration", duration)):
-        if value is not None and value <= 0:
+        if value is not None and not 0 < value < math.inf:  # NaN too: an interval of NaN sampled without a pause
             raise ConfigError(f"{name} must be a positive number of seconds, not {value}")
     overrides = {
         k: v

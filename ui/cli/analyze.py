@@ -56,6 +56,8 @@ def analyze(
     no_cache: bool = typer.Option(False, "--no-cache", help="Parse again even if the trace was parsed before."),
 ) -> int:
     """Find why a training job wastes its GPU, from its PyTorch profiler traces. Exit code 2 if any trace failed."""
+    if html is not None and not html.parent.is_dir():  # said before the analysis, not after it
+        raise InvalidInput(f"cannot write the HTML report {html}: folder {html.parent} does not exist")
     s = settings()
     cache_dir = None if no_cache else s.home / "cache" / "traces"
     if store:
@@ -66,7 +68,10 @@ def analyze(
     else:
         print_report(result, console, gpus)
     if html is not None:
-        html.write_text(render_html(result, gpus), encoding="utf-8")
+        try:
+            html.write_text(render_html(result, gpus), encoding="utf-8")
+        except OSError as exc:
+            raise InvalidInput(f"cannot write the HTML report {html}: {exc.strerror or exc}") from None
         err_console.print(f"wrote {html}")
     for path, problem in result.errors.items():
         err_console.print(f"fleetlens: trace {path}: {problem}", highlight=False, markup=False)

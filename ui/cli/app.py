@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import typer
 from rich.console import Console
 
 from store.db import Store
+from store.errors import InvalidInput
 from store.migrations import check_schema
 from store.settings import Settings, get_settings
 
@@ -31,3 +34,10 @@ def open_store(check: bool = True) -> Store:
     if check:
         check_schema(store)
     return store
+
+
+def finite(option: str, value: float | None) -> float | None:
+    """The value of a numeric option, refused with a one-line error when it is NaN or infinite (Typer takes "nan")."""
+    if value is not None and not math.isfinite(value):
+        raise InvalidInput(f"{option} must be a finite number, got {value}")
+    return value

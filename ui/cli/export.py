@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -26,9 +27,12 @@ def parse_time(text: str | None, *, now: float | None = None) -> float | None:
     if match:
         return now - float(match.group(1)) * _UNIT[match.group(2)]
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise InvalidInput(f"time {text!r} is neither epoch seconds nor a duration like 30m, 6h, 2d") from None
+        value = math.nan
+    if not math.isfinite(value):  # float() takes "nan" and "inf", which no time is
+        raise InvalidInput(f"time {text!r} is neither epoch seconds nor a duration like 30m, 6h, 2d")
+    return value
 
 
 @app.command()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +19,7 @@ from analyzer.telemetry import detect as detect_findings
 from analyzer.telemetry import load_thresholds
 from analyzer.waste import held_from_rollups, waste
 from store.errors import InvalidInput
-from ui.cli.app import app, console, open_store, settings
+from ui.cli.app import app, console, finite, open_store, settings
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
@@ -52,7 +54,11 @@ def findings(
     """List findings (trace and telemetry), the costliest first; costs and the total from the one waste function."""
     store = open_store()
     frame = findings_frame(store, workflow_id=workflow, rule=rule, team=team, include_resolved=include_resolved)
-    w = waste(frame, held_from_rollups(store))
+    # the GPU-hours held are those of the workflows listed (of the team, or the one workflow), as `rank` counts them
+    held = held_from_rollups(store, team=team)
+    if workflow is not None:
+        held = replace(held, workflows={wf: h for wf, h in held.workflows.items() if wf == workflow})
+    w = waste(frame, held)
     frame = costed(frame, w)
     if as_json:
         _echo_json(_records(frame))
@@ -90,6 +96,7 @@ def detect(
 ) -> None:
     """Run the telemetry detectors over the store's samples, and the serving rules over serving workflows'
     requests; record their findings."""
+    now, window_hours = finite("--now", now), finite("--window-hours", window_hours)
     if window_hours is not None and window_hours <= 0:
         raise InvalidInput(f"--window-hours must be positive, got {window_hours}")
     th = load_thresholds(thresholds)
@@ -139,9 +146,10 @@ def rollup_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Roll raw samples up into hourly rows per workflow and device, then drop raw samples past the retention."""
-    days = settings().retention_days if retention_days is None else retention_days
-    if not keep_raw and not days > 0:
-        raise InvalidInput(f"retention_days must be a positive number of days, got {days}")
+    since, now = finite("--since", since), finite("--now", now)
+    days = settings().retention_days if retention_days is None else finite("--retention-days", retention_days)
+    if not keep_raw and not 0 < days < math.inf:
+        raise InvalidInput(f"retention_days must be a positive, finite number of days, got {days}")
     store = open_store()
     result = rollup(store, now=now, since=since)
     out = {"hours": result.hours, "device_rows": result.device_rows, "workflow_rows": result.workflow_rows,
@@ -171,6 +179,7 @@ def rank(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Rank workflows (or teams) by recoverable GPU-hours per day, with the trend of their wasted GPU-hours."""
+    now, period_hours = finite("--now", now), finite("--period-hours", period_hours)
     store = open_store()
     period_s = period_hours * 3600
     ranked, w = rank_with_waste(store, now, period_s, team=None if teams else team)

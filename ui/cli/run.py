@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 
 import typer
@@ -68,6 +69,8 @@ def move(
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait at most."),
 ) -> None:
     """Move one managed job by checkpoint and relaunch (what an applied plan does for each of its moves)."""
+    if lane_mb is not None and not 0 < lane_mb < math.inf:
+        raise InvalidInput(f"--lane-mb must be a positive number of MB, not {lane_mb}")
     store = open_store()
     action_id = start_migration(store, workflow, to_device, to_lane_id=to_lane, settings=settings(),
                                 new_lane_size=None if lane_mb is None else int(lane_mb * 2**20))

@@ -37,6 +37,8 @@ def simulate_cmd(
     kind, sep, path = trace.partition(":")
     if not sep and kind.strip().lower() != "store":
         raise InvalidInput(f"--trace {trace!r}: expected KIND:PATH with KIND one of {', '.join(KINDS)}")
+    if not path.strip() and kind.strip().lower() != "store":  # only the store has a default (the configured one)
+        raise InvalidInput(f"--trace {trace!r}: give the {kind.strip()} file or folder after the colon, as KIND:PATH")
     if consolidate:
         _consolidate(kind.strip().lower(), Path(path), nodes, device_gib)
         return
