@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -286,9 +287,12 @@ def _gpus_of(wf: str, held: Held) -> int | None:
 
 
 def held_from_rollups(store: Store, now: float | None = None, period_s: float = DAY,
-                      team: str | None = None, rows: pd.DataFrame | None = None) -> Held:
+                      team: str | Collection[str] | None = None, rows: pd.DataFrame | None = None,
+                      workflow: str | None = None) -> Held:
     """GPU-hours per day each workflow and device held over [now - period_s, now), from the hourly rollups (and, for
     the hours not rolled up yet, the rollup of their raw samples: analyzer.period_rows), MIG slices at their share.
+    `team` (one, or several) and `workflow` keep only those workflows' held time: what a filtered list of findings
+    is measured against.
 
     Per day of the closed hours in the period: the hour still running has no rollup yet, so it neither counts
     as held time nor stretches the period.
@@ -297,6 +301,7 @@ def held_from_rollups(store: Store, now: float | None = None, period_s: float = 
     first, closed_end = math.ceil((now - period_s) / HOUR) * HOUR, math.floor(now / HOUR) * HOUR
     hours = (closed_end - first) / HOUR
     days = hours / HOURS_PER_DAY if hours >= 1 else period_s / DAY
+    teams = {team} if isinstance(team, str) else set(team or ())
     workflows: dict[str, float] = {}
     devices: dict[int, float] = {}
     # the hours not rolled up yet count as the rollup would count them (analyzer.period_rows): one basis either way
@@ -304,7 +309,7 @@ def held_from_rollups(store: Store, now: float | None = None, period_s: float = 
     for scope, subject, wf_team, hours in zip(rows["scope"], rows["subject"], rows["team"], rows["gpu_hours_held"],
                                               strict=True):
         if scope == "workflow":
-            if team is None or wf_team == team:
+            if (team is None or wf_team in teams) and (workflow is None or subject == workflow):
                 workflows[subject] = workflows.get(subject, 0.0) + float(hours) / days
         elif scope == "device":
             devices[int(subject)] = devices.get(int(subject), 0.0) + float(hours) / days

@@ -220,4 +220,11 @@ def test_cli_findings_filtered_counts_the_held_time_of_what_it_lists(fleet_home,
     assert _held_in_title(capsys.readouterr().out) == pytest.approx(fleet_held / 2, abs=0.1)
     assert run(["findings", "--workflow", "small"]) == 0
     assert _held_in_title(capsys.readouterr().out) == pytest.approx(fleet_held / 2, abs=0.1)
+    # the dashboard's Findings page counts them alike
+    from ui.dashboard.queries import findings_with_waste
+
+    assert findings_with_waste(store)[1].held_gpu_hours_per_day == pytest.approx(fleet_held, abs=0.1)
+    for filtered in ({"teams": ("vision",)}, {"workflow_id": "small"}):
+        held = findings_with_waste(store, **filtered)[1].held_gpu_hours_per_day
+        assert held == pytest.approx(fleet_held / 2, abs=0.1), filtered
     store.dispose()

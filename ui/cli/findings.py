@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -55,10 +54,7 @@ def findings(
     store = open_store()
     frame = findings_frame(store, workflow_id=workflow, rule=rule, team=team, include_resolved=include_resolved)
     # the GPU-hours held are those of the workflows listed (of the team, or the one workflow), as `rank` counts them
-    held = held_from_rollups(store, team=team)
-    if workflow is not None:
-        held = replace(held, workflows={wf: h for wf, h in held.workflows.items() if wf == workflow})
-    w = waste(frame, held)
+    w = waste(frame, held_from_rollups(store, team=team, workflow=workflow))
     frame = costed(frame, w)
     if as_json:
         _echo_json(_records(frame))

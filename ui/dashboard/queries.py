@@ -333,9 +333,10 @@ def findings(store: Store, **filters: Any) -> pd.DataFrame:
 
 
 def findings_with_waste(store: Store, **filters: Any) -> tuple[pd.DataFrame, Waste]:
-    """findings(), and analyzer.waste's result over them (the total the page shows), on the last day's held time."""
+    """findings(), and analyzer.waste's result over them (the total the page shows), on the last day's held time of
+    the workflows they are filtered to (their teams, or the one workflow), as `fleetlens findings` counts it."""
     df = _frame(store, _findings_stmt(**filters))
-    w = waste(df, held_from_rollups(store))
+    w = waste(df, held_from_rollups(store, team=filters.get("teams") or None, workflow=filters.get("workflow_id")))
     return costed(df, w), w
 
 
