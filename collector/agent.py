@@ -391,9 +391,8 @@ class Agent:
                     log.exception("recording host %s's processes failed", self.host_id)
             except DatabaseUnavailable as exc:
                 self._db_down(exc)
-                if payload is not None:
-                    self.spool.put(payload, batch.rows)
-                    self.stats.batches_spooled += 1
+                if payload is not None and self.spool.put(payload, batch.rows) is not None:
+                    self.stats.batches_spooled += 1  # (one the spool could not take, it counted as dropped)
                 # lost devices are marked at the next flush that reaches the database
                 with self._batch_lock:
                     self._batch.lost |= batch.lost
@@ -402,8 +401,7 @@ class Agent:
             except Exception:
                 # not an outage: keep the batch on disk (a batch that fails again is set aside by the
                 # spool's drain) rather than lose it, and let the loop log what went wrong
-                if payload is not None:
-                    self.spool.put(payload, batch.rows)
+                if payload is not None and self.spool.put(payload, batch.rows) is not None:
                     self.stats.batches_spooled += 1
                 raise
             self._db_back()

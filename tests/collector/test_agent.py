@@ -3,7 +3,9 @@ runs commands addressed to it, serves the SDK socket, and flushes on a clean sto
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from collector.agent import Agent
 from collector.socket_server import connect
 from store.commands import enqueue_command, get_command
 from store.db import Store
+from store.migrations import upgrade
 from store.models import Device, Host, Process, Workflow
 from store.settings import Settings
 from tests.collector.agent_helpers import StubSource, count_samples, wait_for
@@ -125,6 +128,36 @@ def test_lost_device_is_marked_and_the_agent_carries_on(sqlite_store, settings):
     wait_for(ok_state)
     agent.stop()
     assert count_samples(sqlite_store)[0] == agent.stats.device_rows  # device 0 kept being written throughout
+
+
+def test_a_device_lost_while_the_database_is_away_and_the_spool_disk_full_is_still_marked(tmp_path, settings,
+                                                                                           monkeypatch):
+    folder = tmp_path / "db"
+    folder.mkdir()
+    store = Store(f"sqlite:///{folder / 'fleetlens.db'}")
+    upgrade(store)
+    source = StubSource(n=2)
+    agent = make_agent(store, settings, source)
+    agent.sample_once()
+    assert agent.flush()
+    store.dispose()
+    folder.rename(tmp_path / "away")  # the database goes away...
+    source.lost.add(1)
+    agent.sample_once()
+
+    def disk_full(fd: int, data) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_full)  # ...and the spool's disk is full
+    assert agent.flush() is False  # the batch is dropped and counted, the flush goes on
+    monkeypatch.undo()
+    assert agent.spool.dropped_rows == 2 and agent.stats.batches_spooled == 0  # device 0's row and its process's
+    (tmp_path / "away").rename(folder)
+    agent.sample_once()
+    assert agent.flush()
+    with store.session() as s:
+        assert s.scalar(select(Device.state).where(Device.host_id == "host-a", Device.index == 1)) == "lost"
+    store.dispose()
 
 
 def test_vanished_processes_are_skipped(sqlite_store, settings):
