@@ -322,8 +322,11 @@ class Agent:
         return len(readings)
 
     def _proc(self, p: Any, now: float) -> KnownProcess | None:
-        """The workflow of the process on a device; cached per pid and re-checked for pid reuse now and then."""
+        """The workflow of the process on a device; cached per pid and re-checked for pid reuse now and then (at once
+        when the source gives the process's start time and it is not the cached one's)."""
         cached = self._procs.get(p.pid)
+        if cached is not None and p.workflow_id is None and p.start_time and cached.start_time != p.start_time:
+            cached = None  # another process under the same pid
         if cached is not None and (now - cached.checked_at < 30.0 or p.workflow_id is not None):
             return cached
         if p.workflow_id is not None:  # the source knows (replay): no /proc to read

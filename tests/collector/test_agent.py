@@ -3,6 +3,7 @@ runs commands addressed to it, serves the SDK socket, and flushes on a clean sto
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -12,12 +13,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+import collector.agent as agent_module
 from collector.agent import Agent
 from collector.socket_server import connect
+from collector.sources.base import ProcessReading
 from store.commands import enqueue_command, get_command
 from store.db import Store
 from store.migrations import upgrade
-from store.models import Device, Host, Process, Workflow
+from store.models import Device, Host, Process, ProcessSample, Workflow
 from store.settings import Settings
 from tests.collector.agent_helpers import StubSource, count_samples, wait_for
 
@@ -158,6 +161,44 @@ def test_a_device_lost_while_the_database_is_away_and_the_spool_disk_full_is_sti
     with store.session() as s:
         assert s.scalar(select(Device.state).where(Device.host_id == "host-a", Device.index == 1)) == "lost"
     store.dispose()
+
+
+def test_a_pid_taken_by_another_process_is_attributed_again_at_once(sqlite_store, settings, monkeypatch):
+    now = {"start": 1000.0, "workflow": "first"}  # the process under pid 4242 as /proc says it
+
+    class Proc:  # psutil.Process as the agent reads it
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+        def oneshot(self):
+            return contextlib.nullcontext()
+
+        def create_time(self) -> float:
+            return now["start"]
+
+        def cmdline(self) -> list[str]:
+            return [now["workflow"]]
+
+        def username(self) -> str:
+            return "someone"
+
+    class Source(StubSource):  # reports the start time of each process, as the cpu source does
+        def sample(self):
+            readings = super().sample()
+            for r in readings:
+                r.processes = [ProcessReading(pid=4242, cpu_util=0.5, start_time=now["start"])]
+            return readings
+
+    monkeypatch.setattr(agent_module.psutil, "Process", Proc)
+    agent = make_agent(sqlite_store, settings, Source(n=1), attribute=lambda pid: (now["workflow"], "env"))
+    agent.sample_once()
+    now.update(start=1001.0, workflow="second")  # the first ended; a new process got its pid within the second
+    agent.sample_once()
+    agent.flush()
+    with sqlite_store.session() as s:
+        samples = s.scalars(select(ProcessSample).order_by(ProcessSample.ts)).all()
+        assert [p.workflow_id for p in samples] == ["first", "second"]
+        assert sorted((p.pid, p.workflow_id) for p in s.scalars(select(Process))) == [(4242, "second")]
 
 
 def test_vanished_processes_are_skipped(sqlite_store, settings):
