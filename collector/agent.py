@@ -22,7 +22,7 @@ import psutil
 from collector import attribution
 from collector.agent_batch import AgentStats, Batch, KnownProcess, device_row, process_metrics, sample_rows
 from collector.agent_hooks import install_job_hooks, make_sdk_handlers
-from collector.agent_store import record_host, touch_new_workflows
+from collector.agent_store import record_host, register_new_devices, touch_new_workflows
 from collector.command_runner import CommandRunner, Outcome
 from collector.job_reaper import REAPER, ReaperHost
 from collector.metrics import serve_agent_metrics
@@ -377,6 +377,7 @@ class Agent:
             try:
                 if not self._try_register():
                     raise DatabaseUnavailable("not registered yet")
+                register_new_devices(self.store, self.host_id, self.source, batch.found, self._device_ids)
                 self.stats.batches_resent += self.spool.drain(self._send, on_poison=self._poisoned)
                 if payload is not None:
                     t0 = time.perf_counter()

@@ -201,6 +201,20 @@ def test_a_pid_taken_by_another_process_is_attributed_again_at_once(sqlite_store
         assert sorted((p.pid, p.workflow_id) for p in s.scalars(select(Process))) == [(4242, "second")]
 
 
+def test_a_device_the_source_opens_later_keeps_its_first_rows(sqlite_store, settings):
+    source = StubSource(n=1)
+    agent = make_agent(sqlite_store, settings, source)
+    agent.sample_once()
+    assert agent.flush()
+    source.n = 2  # a MIG instance made: the source lists a device the agent did not register at its start
+    agent.sample_once()
+    assert agent.flush()
+    assert agent.stats.rows_dropped == 0
+    assert count_samples(sqlite_store) == (agent.stats.device_rows, agent.stats.process_rows) == (3, 3)
+    with sqlite_store.session() as s:
+        assert sorted(d.index for d in s.scalars(select(Device).where(Device.host_id == "host-a"))) == [0, 1]
+
+
 def test_vanished_processes_are_skipped(sqlite_store, settings):
     source = StubSource(n=1, pids=[2**22 + 12345])  # above pid_max's default: no such process
     agent = make_agent(sqlite_store, settings, source, attribute=None)  # would need collector.attribution
