@@ -335,3 +335,15 @@ def test_a_step_summary_the_agent_answered_too_late_is_sent_again_and_taken_once
     assert answer({"op": p.STEPS, "v": p.VERSION, "workflow": "resent", "pid": j.pid, "batches": [batch]})["ok"]
     handlers.flush()
     assert [(r.first_step, r.last_step) for r in served.step_rows("resent")] == [(0, 4), (3, 7), (5, 9)]
+
+
+def test_a_step_summary_sent_after_the_loop_keeps_the_time_its_steps_ran(served: Served) -> None:
+    with job(workflow="evaluated", settings=served.settings) as j:
+        for _ in j.steps(range(5)):
+            pass
+        loop_ended = time.time()
+        time.sleep(0.3)  # an evaluation after training, inside the job: the summary goes at close, after it
+    served.handlers.flush()
+    rows = served.step_rows("evaluated")
+    assert [(r.first_step, r.last_step) for r in rows] == [(0, 4)]
+    assert rows[0].ts_start <= rows[0].ts_end <= loop_ended + 0.05  # not the time it was sent
