@@ -392,24 +392,30 @@ class Agent:
                     raise
                 except Exception:  # bookkeeping only: the samples are in; log it and reconcile next time
                     self._recorded = None
+                    self._carry_devices(batch)
                     log.exception("recording host %s's processes failed", self.host_id)
             except DatabaseUnavailable as exc:
                 self._db_down(exc)
                 if payload is not None and self.spool.put(payload, batch.rows) is not None:
                     self.stats.batches_spooled += 1  # (one the spool could not take, it counted as dropped)
-                # lost devices are marked at the next flush that reaches the database
-                with self._batch_lock:
-                    self._batch.lost |= batch.lost
-                    self._batch.found |= batch.found
+                self._carry_devices(batch)
                 return False
             except Exception:
                 # not an outage: keep the batch on disk (a batch that fails again is set aside by the
                 # spool's drain) rather than lose it, and let the loop log what went wrong
                 if payload is not None and self.spool.put(payload, batch.rows) is not None:
                     self.stats.batches_spooled += 1
+                self._carry_devices(batch)
                 raise
             self._db_back()
             return True
+
+    def _carry_devices(self, batch: Batch) -> None:
+        """The devices lost or back in a batch whose flush did not record them are marked at the next flush that
+        does (a device is reported lost once, so a mark dropped here would never be made)."""
+        with self._batch_lock:
+            self._batch.lost |= batch.lost
+            self._batch.found |= batch.found
 
     def _poisoned(self, batch: dict[str, Any], exc: BaseException) -> None:
         log.error("a spooled batch of host %s cannot be written and is set aside: %s", self.host_id, exc)

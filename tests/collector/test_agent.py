@@ -163,6 +163,32 @@ def test_a_device_lost_while_the_database_is_away_and_the_spool_disk_full_is_sti
     store.dispose()
 
 
+def test_a_device_lost_in_a_batch_the_database_refused_is_still_marked(sqlite_store, settings, monkeypatch):
+    source = StubSource(n=2)
+    agent = make_agent(sqlite_store, settings, source)
+    agent.sample_once()
+    assert agent.flush()
+    source.lost.add(1)
+    agent.sample_once()
+    written = agent_module.write_samples
+    refusals = []
+
+    def refuse_once(*args, **kwargs):
+        if not refusals:
+            refusals.append(1)
+            raise ValueError("a row the database refuses")  # not an outage: the batch goes to the spool
+        return written(*args, **kwargs)
+
+    monkeypatch.setattr(agent_module, "write_samples", refuse_once)
+    with pytest.raises(ValueError):
+        agent.flush()
+    agent.sample_once()
+    assert agent.flush()
+    with sqlite_store.session() as s:
+        assert s.scalar(select(Device.state).where(Device.host_id == "host-a", Device.index == 1)) == "lost"
+    assert count_samples(sqlite_store)[0] == agent.stats.device_rows  # the refused batch went at the next flush
+
+
 def test_a_pid_taken_by_another_process_is_attributed_again_at_once(sqlite_store, settings, monkeypatch):
     now = {"start": 1000.0, "workflow": "first"}  # the process under pid 4242 as /proc says it
 
