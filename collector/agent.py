@@ -22,7 +22,7 @@ import psutil
 from collector import attribution
 from collector.agent_batch import AgentStats, Batch, KnownProcess, device_row, process_metrics, sample_rows
 from collector.agent_hooks import install_job_hooks, make_sdk_handlers
-from collector.agent_store import record_host, touch_new_workflows
+from collector.agent_store import record_host, register_new_devices, touch_new_workflows
 from collector.command_runner import CommandRunner, Outcome
 from collector.job_reaper import REAPER, ReaperHost
 from collector.metrics import serve_agent_metrics
@@ -322,8 +322,11 @@ class Agent:
         return len(readings)
 
     def _proc(self, p: Any, now: float) -> KnownProcess | None:
-        """The workflow of the process on a device; cached per pid and re-checked for pid reuse now and then."""
+        """The workflow of the process on a device; cached per pid and re-checked for pid reuse now and then (at once
+        when the source gives the process's start time and it is not the cached one's)."""
         cached = self._procs.get(p.pid)
+        if cached is not None and p.workflow_id is None and p.start_time and cached.start_time != p.start_time:
+            cached = None  # another process under the same pid
         if cached is not None and (now - cached.checked_at < 30.0 or p.workflow_id is not None):
             return cached
         if p.workflow_id is not None:  # the source knows (replay): no /proc to read
@@ -374,6 +377,7 @@ class Agent:
             try:
                 if not self._try_register():
                     raise DatabaseUnavailable("not registered yet")
+                register_new_devices(self.store, self.host_id, self.source, batch.found, self._device_ids)
                 self.stats.batches_resent += self.spool.drain(self._send, on_poison=self._poisoned)
                 if payload is not None:
                     t0 = time.perf_counter()
@@ -388,26 +392,30 @@ class Agent:
                     raise
                 except Exception:  # bookkeeping only: the samples are in; log it and reconcile next time
                     self._recorded = None
+                    self._carry_devices(batch)
                     log.exception("recording host %s's processes failed", self.host_id)
             except DatabaseUnavailable as exc:
                 self._db_down(exc)
-                if payload is not None:
-                    self.spool.put(payload, batch.rows)
-                    self.stats.batches_spooled += 1
-                # lost devices are marked at the next flush that reaches the database
-                with self._batch_lock:
-                    self._batch.lost |= batch.lost
-                    self._batch.found |= batch.found
+                if payload is not None and self.spool.put(payload, batch.rows) is not None:
+                    self.stats.batches_spooled += 1  # (one the spool could not take, it counted as dropped)
+                self._carry_devices(batch)
                 return False
             except Exception:
                 # not an outage: keep the batch on disk (a batch that fails again is set aside by the
                 # spool's drain) rather than lose it, and let the loop log what went wrong
-                if payload is not None:
-                    self.spool.put(payload, batch.rows)
+                if payload is not None and self.spool.put(payload, batch.rows) is not None:
                     self.stats.batches_spooled += 1
+                self._carry_devices(batch)
                 raise
             self._db_back()
             return True
+
+    def _carry_devices(self, batch: Batch) -> None:
+        """The devices lost or back in a batch whose flush did not record them are marked at the next flush that
+        does (a device is reported lost once, so a mark dropped here would never be made)."""
+        with self._batch_lock:
+            self._batch.lost |= batch.lost
+            self._batch.found |= batch.found
 
     def _poisoned(self, batch: dict[str, Any], exc: BaseException) -> None:
         log.error("a spooled batch of host %s cannot be written and is set aside: %s", self.host_id, exc)

@@ -35,6 +35,21 @@ def touch_new_workflows(store: Store, workflows: dict[str, str], known: set[str]
     known.update(new)
 
 
+def specs_of(source: DeviceSource, indexes: set[int]) -> list[DeviceSpec]:
+    return [DeviceSpec(d.index, d.uuid, d.name, d.memory_total, d.cpu_cores)
+            for d in source.devices() if d.index in indexes]
+
+
+def register_new_devices(store: Store, host_id: str, source: DeviceSource, indexes: set[int],
+                         device_ids: dict[int, int]) -> None:
+    """Register the devices the source opened since the agent registered (a MIG instance made), adding them to
+    `device_ids`: before the batch holding their first rows is written, which would drop rows of unknown devices."""
+    new = {i for i in indexes if i not in device_ids}
+    if new:
+        with store.session() as session:
+            device_ids.update(register_devices(session, host_id, specs_of(source, new), source=source.name))
+
+
 def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, device_ids: dict[int, int],
                 recorded: frozenset[tuple[int, float]] | None) -> frozenset[tuple[int, float]] | None:
     """Heartbeat, lost and returned devices (found ones added to `device_ids`), and the processes seen in this batch.
@@ -46,9 +61,7 @@ def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, 
                 log.error("device %d of host %s was lost under running jobs: see their device_lost actions "
                           "(`fleetlens` dashboard, enforcement); nothing was stopped", index, host_id)
         if batch.found:
-            specs = [DeviceSpec(d.index, d.uuid, d.name, d.memory_total, d.cpu_cores)
-                     for d in source.devices() if d.index in batch.found]
-            device_ids.update(register_devices(session, host_id, specs, source=source.name))
+            device_ids.update(register_devices(session, host_id, specs_of(source, batch.found), source=source.name))
         if not (batch.seen or batch.rows):
             return recorded
         keys = frozenset((p.pid, p.start_time) for p in batch.seen.values())

@@ -140,6 +140,7 @@ class Job:
         self.traces: list[str] = []  # trace files this job wrote
         self._step = 0
         self._times: list[float] = []
+        self._last_step_end = 0.0  # perf_counter at the end of the newest step timed
         self._outbox: deque[dict[str, Any]] = deque(maxlen=MAX_OUTBOX)
         self._conn = p.AgentConnection(self.settings.socket_path, self.settings.sdk_timeout_s)
         self._next_connect = 0.0
@@ -295,6 +296,7 @@ class Job:
             times.append(now - last)
             last = now
             self._step += 1
+            self._last_step_end = now
             if cuda:
                 self._step_memory.end()
             if in_lane:
@@ -363,7 +365,9 @@ class Job:
         if times:
             n, ordered, total = len(times), sorted(times), math.fsum(times)
             persistent, peak, source = self._step_memory.summary()
-            wall = time.time()
+            # the wall time the newest step ended, not now: a summary sent later (at close, after an evaluation,
+            # in the next epoch's loop) keeps the time its steps ran
+            wall = time.time() - max(0.0, time.perf_counter() - self._last_step_end)
             self._outbox.append({
                 "first_step": self._step - n, "last_step": self._step - 1, "n_steps": n,
                 "ts_start": wall - total, "ts_end": wall, "mean_s": total / n,

@@ -167,13 +167,18 @@ class _Reaper:
         host = self.host
         if host is None or not pending:
             return
-        host.flush_sdk()  # a job's last steps reach the store before the job is marked ended
+        try:
+            host.flush_sdk()  # a job's last steps reach the store before the job is marked ended
+        except Exception:  # the steps wait in the SDK's queue; the ending must not be lost with them
+            log.exception("writing the job SDK's steps before recording how jobs ended failed")
         left = []
         for wf, pid, outcome, oom in pending:
             try:
                 end_placements(host.store, wf, pid, outcome, out_of_memory=oom)
             except DatabaseUnavailable:
                 left.append((wf, pid, outcome, oom))
+            except Exception:  # this ending cannot be recorded (and would fail again): the others still are
+                log.exception("the end of managed job %s (pid %d) could not be recorded", wf, pid)
         with self.lock:
             self.pending.extend(left)
 

@@ -8,7 +8,8 @@ and the job should send it again later.
 Requests and what their replies carry:
 
 - `hello`  {name, total_steps, start_step, lane, id_source}: the job started. Reply: like `poll`.
-- `steps`  {batches: [StepBatch...]}: step-time summaries; also a poll. Reply: like `poll`.
+- `steps`  {batches: [StepBatch...]}: step-time summaries; also a poll. Reply: like `poll`. A batch that ends at or
+  below a step the agent already took from the same process (a resend after a late reply) is not taken again.
 - `poll`   {}: anything for me? Reply: optional `profile` {request_id, steps, trace_dir} and optional
   `checkpoint` {request_id, directory}.
 - `profile_done`   {request_id, path, steps, size_bytes, first_step}: a trace was written.

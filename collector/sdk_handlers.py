@@ -103,6 +103,10 @@ class SdkHandlers:
         self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
         self._dropped_rows = 0
         self._outcomes: dict[tuple[str, int], str] = {}  # (wf, pid) -> what the job said in its goodbye
+        # (wf, pid) -> the last step of the step summaries taken from that process: a summary the job sends again
+        # (our reply came after its timeout, so it kept the summary) is taken once
+        self._taken_steps: dict[tuple[str, int], int] = {}
+        self.duplicate_batches = 0  # step summaries sent again and not taken a second time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.serving = ServingSink(settings)  # serving loops' request histograms (collector.serving)
@@ -332,6 +336,11 @@ class SdkHandlers:
 
     def _on_hello(self, msg: dict[str, Any]) -> dict[str, Any]:
         self._seen(msg, step=msg.get("start_step"))
+        start = as_int(msg.get("start_step"))
+        key = (msg["workflow"], int(msg["pid"]))
+        with self._lock:
+            if start is not None and start <= self._taken_steps.get(key, -1):
+                del self._taken_steps[key]  # a new process under an old one's pid, from an earlier step
         touch = touch_fields(msg)
         restart = int(msg.get("rank") or 0) == 0
 
@@ -351,6 +360,13 @@ class SdkHandlers:
         batches = msg["batches"]
         self._seen(msg, step=int(batches[-1]["last_step"]) + 1 if batches else None)
         wf, pid, rank = msg["workflow"], int(msg["pid"]), int(msg.get("rank") or 0)
+        with self._lock:
+            taken = self._taken_steps.get((wf, pid), -1)
+            fresh = [b for b in batches if int(b["last_step"]) > taken]
+            self.duplicate_batches += len(batches) - len(fresh)
+            if fresh:
+                self._taken_steps[(wf, pid)] = int(fresh[-1]["last_step"])
+        batches = fresh
         rows = []
         for b in batches:
             row = {f: b[f] for f in p.BATCH_FIELDS}
@@ -429,6 +445,7 @@ class SdkHandlers:
         wf, pid, outcome = msg["workflow"], int(msg["pid"]), msg["outcome"]
         with self._lock:
             self._jobs.pop((wf, pid), None)
+            self._taken_steps.pop((wf, pid), None)
             self._outcomes[(wf, pid)] = outcome
             self._context.forget(pid)
         if int(msg.get("rank") or 0) == 0 and outcome in ("finished", "failed"):
@@ -459,6 +476,7 @@ class SdkHandlers:
         for key in [k for k, job in self._jobs.items() if now - job["last_seen"] > JOB_FORGET_S]:
             del self._jobs[key]
             self._mem.pop(key, None)
+            self._taken_steps.pop(key, None)
 
     def _checkpoint_answer(self, msg: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
         with self._lock:

@@ -114,6 +114,9 @@ def _encode(reply: dict[str, Any]) -> bytes:
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = False
+    # socketserver listens with a backlog of 5, and a unix socket refuses a connect past it at once (EAGAIN), which
+    # the SDK takes for "no agent" until its next try: every job and rank starting together must find a place
+    request_queue_size = socket.SOMAXCONN
 
     def __init__(self, address: str, handler: MessageHandler) -> None:
         self.message_handler = handler

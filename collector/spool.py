@@ -77,9 +77,11 @@ class Spool:
             return sum(s.rows for s in self._segments)
 
     def put(self, batch: dict[str, Any], rows: int) -> int | None:
-        """Write `batch` durably; returns its sequence number (None if the batch alone exceeds the bound).
+        """Write `batch` durably; returns its sequence number (None if the batch alone exceeds the bound, or the
+        folder cannot take it: a full disk).
 
-        Past the bound the oldest batches are dropped, each drop counted and logged.
+        Past the bound the oldest batches are dropped, and a batch that cannot be written is dropped; each drop is
+        counted and logged.
         """
         data = zlib.compress(json.dumps(batch, separators=(",", ":"), allow_nan=False).encode(), 1)
         with self._lock:
@@ -96,16 +98,29 @@ class Spool:
             self._next_seq += 1
             path = self.directory / f"{seq:016d}-{rows}.seg"
             tmp = self.directory / f".{seq:016d}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            self._fsync_dir()
+                self._write(tmp, data)
+                os.replace(tmp, path)
+                self._fsync_dir()
+            except OSError as exc:  # a full disk, say: no half-written segment stays, and the loss is counted
+                tmp.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
+                self._count_drop(rows, f"the spool folder {self.directory} cannot take a batch "
+                                       f"({exc.strerror or exc})")
+                return None
             self._segments.append(Segment(seq, rows, path, len(data)))
             return seq
+
+    @staticmethod
+    def _write(tmp: Path, data: bytes) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:  # a write may take only part of the data (the disk filling up as it goes)
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _count_drop(self, rows: int, why: str) -> None:
         self.dropped_batches += 1

@@ -403,8 +403,10 @@ class StepRunner:
     def relaunched(self, wf: Workflow) -> None:
         command = self.commands("relaunch", "move")[-1]
         pid = int((command.result or {})["pid"])
-        first = self.session.scalar(select(StepStat).where(StepStat.workflow_id == wf.id, StepStat.pid == pid)
-                                    .order_by(StepStat.first_step).limit(1))
+        # the new process's steps: its pid on its host (the job ran as that pid on another host before, maybe)
+        first = self.session.scalar(select(StepStat).where(
+            StepStat.workflow_id == wf.id, StepStat.host_id == command.host_id, StepStat.pid == pid)
+            .order_by(StepStat.first_step).limit(1))
         expected = self.action.checkpoint_step
         if first is not None:
             if expected is not None and first.first_step < expected:

@@ -3,18 +3,24 @@ runs commands addressed to it, serves the SDK socket, and flushes on a clean sto
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
+import collector.agent as agent_module
 from collector.agent import Agent
 from collector.socket_server import connect
+from collector.sources.base import ProcessReading
 from store.commands import enqueue_command, get_command
 from store.db import Store
-from store.models import Device, Host, Process, Workflow
+from store.migrations import upgrade
+from store.models import Device, Host, Process, ProcessSample, Workflow
 from store.settings import Settings
 from tests.collector.agent_helpers import StubSource, count_samples, wait_for
 
@@ -125,6 +131,114 @@ def test_lost_device_is_marked_and_the_agent_carries_on(sqlite_store, settings):
     wait_for(ok_state)
     agent.stop()
     assert count_samples(sqlite_store)[0] == agent.stats.device_rows  # device 0 kept being written throughout
+
+
+def test_a_device_lost_while_the_database_is_away_and_the_spool_disk_full_is_still_marked(tmp_path, settings,
+                                                                                           monkeypatch):
+    folder = tmp_path / "db"
+    folder.mkdir()
+    store = Store(f"sqlite:///{folder / 'fleetlens.db'}")
+    upgrade(store)
+    source = StubSource(n=2)
+    agent = make_agent(store, settings, source)
+    agent.sample_once()
+    assert agent.flush()
+    store.dispose()
+    folder.rename(tmp_path / "away")  # the database goes away...
+    source.lost.add(1)
+    agent.sample_once()
+
+    def disk_full(fd: int, data) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_full)  # ...and the spool's disk is full
+    assert agent.flush() is False  # the batch is dropped and counted, the flush goes on
+    monkeypatch.undo()
+    assert agent.spool.dropped_rows == 2 and agent.stats.batches_spooled == 0  # device 0's row and its process's
+    (tmp_path / "away").rename(folder)
+    agent.sample_once()
+    assert agent.flush()
+    with store.session() as s:
+        assert s.scalar(select(Device.state).where(Device.host_id == "host-a", Device.index == 1)) == "lost"
+    store.dispose()
+
+
+def test_a_device_lost_in_a_batch_the_database_refused_is_still_marked(sqlite_store, settings, monkeypatch):
+    source = StubSource(n=2)
+    agent = make_agent(sqlite_store, settings, source)
+    agent.sample_once()
+    assert agent.flush()
+    source.lost.add(1)
+    agent.sample_once()
+    written = agent_module.write_samples
+    refusals = []
+
+    def refuse_once(*args, **kwargs):
+        if not refusals:
+            refusals.append(1)
+            raise ValueError("a row the database refuses")  # not an outage: the batch goes to the spool
+        return written(*args, **kwargs)
+
+    monkeypatch.setattr(agent_module, "write_samples", refuse_once)
+    with pytest.raises(ValueError):
+        agent.flush()
+    agent.sample_once()
+    assert agent.flush()
+    with sqlite_store.session() as s:
+        assert s.scalar(select(Device.state).where(Device.host_id == "host-a", Device.index == 1)) == "lost"
+    assert count_samples(sqlite_store)[0] == agent.stats.device_rows  # the refused batch went at the next flush
+
+
+def test_a_pid_taken_by_another_process_is_attributed_again_at_once(sqlite_store, settings, monkeypatch):
+    now = {"start": 1000.0, "workflow": "first"}  # the process under pid 4242 as /proc says it
+
+    class Proc:  # psutil.Process as the agent reads it
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+        def oneshot(self):
+            return contextlib.nullcontext()
+
+        def create_time(self) -> float:
+            return now["start"]
+
+        def cmdline(self) -> list[str]:
+            return [now["workflow"]]
+
+        def username(self) -> str:
+            return "someone"
+
+    class Source(StubSource):  # reports the start time of each process, as the cpu source does
+        def sample(self):
+            readings = super().sample()
+            for r in readings:
+                r.processes = [ProcessReading(pid=4242, cpu_util=0.5, start_time=now["start"])]
+            return readings
+
+    monkeypatch.setattr(agent_module.psutil, "Process", Proc)
+    agent = make_agent(sqlite_store, settings, Source(n=1), attribute=lambda pid: (now["workflow"], "env"))
+    agent.sample_once()
+    now.update(start=1001.0, workflow="second")  # the first ended; a new process got its pid within the second
+    agent.sample_once()
+    agent.flush()
+    with sqlite_store.session() as s:
+        samples = s.scalars(select(ProcessSample).order_by(ProcessSample.ts)).all()
+        assert [p.workflow_id for p in samples] == ["first", "second"]
+        assert sorted((p.pid, p.workflow_id) for p in s.scalars(select(Process))) == [(4242, "second")]
+
+
+def test_a_device_the_source_opens_later_keeps_its_first_rows(sqlite_store, settings):
+    source = StubSource(n=1)
+    agent = make_agent(sqlite_store, settings, source)
+    agent.sample_once()
+    assert agent.flush()
+    source.n = 2  # a MIG instance made: the source lists a device the agent did not register at its start
+    agent.sample_once()
+    assert agent.flush()
+    assert agent.stats.rows_dropped == 0
+    assert count_samples(sqlite_store) == (agent.stats.device_rows, agent.stats.process_rows) == (3, 3)
+    with sqlite_store.session() as s:
+        assert sorted(d.index for d in s.scalars(select(Device).where(Device.host_id == "host-a"))) == [0, 1]
 
 
 def test_vanished_processes_are_skipped(sqlite_store, settings):

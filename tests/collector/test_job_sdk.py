@@ -304,3 +304,46 @@ def test_the_steps_a_jobs_memory_was_seen_for_survive_a_restart(served: Served) 
                          "batches": [{**batch, "n_steps": n, "last_step": n - 1}]})
         handlers.flush()
     assert served.workflow("restarted").labels["mem_steps"] == 10  # never fewer than were seen before
+
+
+def test_a_step_summary_the_agent_answered_too_late_is_sent_again_and_taken_once(served: Served) -> None:
+    settings = served.settings.model_copy(update={
+        "sdk_timeout_s": 0.3, "sdk_retry_s": 0.001, "sdk_flush_interval_s": 3600.0, "sdk_flush_steps": 5})
+    handlers = served.handlers
+    answer, late = handlers.handle, []
+
+    def slow_first_steps(msg: dict[str, Any]) -> dict[str, Any] | None:
+        reply = answer(msg)  # taken...
+        if msg.get("op") == p.STEPS and not late:
+            late.append(msg)
+            time.sleep(1.0)  # ...but answered after the job's timeout: the job keeps the summary and sends it again
+        return reply
+
+    handlers.handle = slow_first_steps  # what the socket server calls
+    with job(workflow="resent", settings=settings) as j:
+        for _ in j.steps(range(10)):
+            time.sleep(0.01)
+    assert late
+    handlers.flush()
+    rows = served.step_rows("resent")
+    assert [(r.first_step, r.last_step) for r in rows] == [(0, 4), (5, 9)]  # each step once
+    assert handlers.duplicate_batches == 1
+    # a new process under the same pid, resuming from an earlier step, is a new count
+    hello = {"op": p.HELLO, "v": p.VERSION, "workflow": "resent", "pid": j.pid, "start_step": 3}
+    batch = {**{f: 0.1 for f in p.BATCH_FIELDS}, "first_step": 3, "last_step": 7, "n_steps": 5}
+    assert answer(hello)["ok"]
+    assert answer({"op": p.STEPS, "v": p.VERSION, "workflow": "resent", "pid": j.pid, "batches": [batch]})["ok"]
+    handlers.flush()
+    assert [(r.first_step, r.last_step) for r in served.step_rows("resent")] == [(0, 4), (3, 7), (5, 9)]
+
+
+def test_a_step_summary_sent_after_the_loop_keeps_the_time_its_steps_ran(served: Served) -> None:
+    with job(workflow="evaluated", settings=served.settings) as j:
+        for _ in j.steps(range(5)):
+            pass
+        loop_ended = time.time()
+        time.sleep(0.3)  # an evaluation after training, inside the job: the summary goes at close, after it
+    served.handlers.flush()
+    rows = served.step_rows("evaluated")
+    assert [(r.first_step, r.last_step) for r in rows] == [(0, 4)]
+    assert rows[0].ts_start <= rows[0].ts_end <= loop_ended + 0.05  # not the time it was sent

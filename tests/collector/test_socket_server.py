@@ -77,6 +77,25 @@ def test_many_clients_at_once(server):
     assert errors == [] and len(handler.seen) == 400
 
 
+def test_jobs_connecting_together_wait_their_turn_rather_than_being_refused(tmp_path: Path):
+    handler = Echo()
+    srv = SocketServer(tmp_path / "agent.sock", handler).start()
+    srv._server.shutdown()  # the accept loop is held up: every connection waits in the listen queue
+    socks = []
+    try:
+        for _ in range(32):  # a host's jobs and their ranks starting at once
+            socks.append(connect(srv.path, timeout=5))  # not refused: the SDK would take that for "no agent"
+        served = threading.Thread(target=srv._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        served.start()
+        for k, sock in enumerate(socks):
+            assert ask(sock, [json.dumps({"k": k}).encode() + b"\n"])[0]["echo"] == {"k": k}
+    finally:
+        for sock in socks:
+            sock.close()
+        srv.stop()
+    assert len(handler.seen) == 32
+
+
 def test_stale_socket_is_replaced_and_a_live_one_is_refused(tmp_path: Path):
     path = tmp_path / "agent.sock"
     first = SocketServer(path, Echo()).start()

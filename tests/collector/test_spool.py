@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,30 @@ def test_a_batch_bigger_than_the_spool_is_dropped_and_counted(tmp_path: Path):
     spool = Spool(tmp_path, 64)
     assert spool.put(batch(0, 1000), rows=1000) is None
     assert spool.dropped_rows == 1000 and len(spool) == 0
+
+
+def test_a_full_disk_drops_the_batch_counted_and_leaves_no_half_written_file(tmp_path: Path, monkeypatch):
+    spool = Spool(tmp_path, 10_000_000)
+    spool.put(batch(0), rows=10)
+    real_write = os.write
+    room = [100]  # bytes the disk still has: the first write takes part of the batch, the next finds it full
+
+    def filling_write(fd: int, data) -> int:
+        if room[0] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        taken = real_write(fd, bytes(data[: room[0]]))
+        room[0] -= taken
+        return taken
+
+    monkeypatch.setattr(os, "write", filling_write)
+    assert spool.put(batch(1, 500), rows=500) is None  # said, not raised into the agent's flush
+    monkeypatch.setattr(os, "write", real_write)
+    assert spool.dropped_batches == 1 and spool.dropped_rows == 500
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0000000000000001-10.seg"]  # no .tmp, no torn segment
+    spool.put(batch(2), rows=10)  # room again: the spool goes on
+    sent = []
+    assert Spool(tmp_path, 10_000_000).drain(lambda b: sent.append(b["i"])) == 2
+    assert sent == [0, 2]
 
 
 def test_unreadable_and_interrupted_segments(tmp_path: Path):
