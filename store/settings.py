@@ -172,7 +172,7 @@ class Settings(BaseSettings):
     slurm_max_attempts: int = Field(2, ge=1)  # checkpoint signals per move
 
     # ui
-    ui_port: int = 8501
+    ui_port: int = Field(8501, ge=1, le=65535)  # the dashboard (`fleetlens ui`, serve, the demo)
     ui_operators: str = ""  # "name:pbkdf2_sha256$iterations$salt$hash,..."
     # `fleetlens metrics-serve`: the fleet's findings and plans as Prometheus metrics
     metrics_serve_port: int = Field(9108, ge=0, le=65535)
