@@ -74,8 +74,14 @@ def analyze_trace_batch(store: Store, settings: Settings, trace_ids: list[int]) 
                          host_id=settings.host_id, bounds=TraceBounds.from_settings(settings))
 
 
+def slurm_gpus_without_process(store: Store, settings: Settings, *, now: float | None = None) -> int:
+    """Record a finding per running Slurm job holding GPUs on a watched node where none of its processes runs;
+    returns how many (analyzer.slurm_holders)."""
+    return find_slurm_holders_without_processes(store, now=now)
+
+
 def analyze(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
     """Telemetry detectors, then pending traces (the embedded scheduler's job; the DAG runs them as two tasks), and
     the Slurm jobs holding GPUs that no process uses."""
     return {"telemetry": detect_telemetry(store, settings, now=now), "traces": analyze_traces(store, settings),
-            "slurm_without_process": find_slurm_holders_without_processes(store, now=now)}
+            "slurm_without_process": slurm_gpus_without_process(store, settings, now=now)}

@@ -1,5 +1,6 @@
-"""fleetlens_analyze (every 15 minutes): the telemetry detectors, and the analysis of traces not analysed yet, fanned
-out over the workers as one mapped task per batch of `FLEETLENS_ANALYZE_BATCH_SIZE` traces."""
+"""fleetlens_analyze (every 15 minutes): the telemetry detectors, the analysis of traces not analysed yet, fanned
+out over the workers as one mapped task per batch of `FLEETLENS_ANALYZE_BATCH_SIZE` traces, and the Slurm jobs holding
+GPUs that none of their processes uses (as `fleetlens serve`'s analyze job)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,13 @@ def fleetlens_analyze() -> None:
     def analyze_traces(trace_ids: list[int]) -> dict:
         return run(periodic.analyze_trace_batch, trace_ids)
 
+    @task
+    def slurm_gpus_without_process() -> int:
+        return run(periodic.slurm_gpus_without_process)
+
     detect_telemetry()
     analyze_traces.expand(trace_ids=trace_batches())
+    slurm_gpus_without_process()
 
 
 fleetlens_analyze()

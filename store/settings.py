@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from store.errors import ConfigError
 
@@ -171,7 +172,7 @@ class Settings(BaseSettings):
     slurm_max_attempts: int = Field(2, ge=1)  # checkpoint signals per move
 
     # ui
-    ui_port: int = 8501
+    ui_port: int = Field(8501, ge=1, le=65535)  # the dashboard (`fleetlens ui`, serve, the demo)
     ui_operators: str = ""  # "name:pbkdf2_sha256$iterations$salt$hash,..."
     # `fleetlens metrics-serve`: the fleet's findings and plans as Prometheus metrics
     metrics_serve_port: int = Field(9108, ge=0, le=65535)
@@ -249,7 +250,31 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def _cached() -> Settings:
-    return Settings()
+    try:
+        return Settings()
+    except ValidationError as exc:  # a value of the wrong kind or out of range: say which variable, not a traceback
+        raise ConfigError("bad setting: " + "; ".join(
+            f"{_variable(str(err['loc'][0]) if err['loc'] else '?')} is {_shown(err.get('input'))}: "
+            f"{err['msg'].lower()}" for err in exc.errors())) from None
+    except SettingsError as exc:  # a JSON setting (a list, a renaming) that is not JSON
+        field = re.search(r'field "([^"]+)"', str(exc))
+        name = _variable(field.group(1)) if field else "a FLEETLENS_ variable"
+        raise ConfigError(f"bad setting: {name} must be JSON ({exc.__cause__ or exc})") from None
+
+
+def _variable(key: str) -> str:
+    """The environment variable(s) of a settings field or alias, as the user sets them."""
+    prefix = Settings.model_config.get("env_prefix", "")
+    for name, info in Settings.model_fields.items():
+        choices = info.validation_alias.choices if isinstance(info.validation_alias, AliasChoices) else []
+        if key == name or key in choices:
+            return " or ".join(str(c) for c in choices) if choices else f"{prefix}{name.upper()}"
+    return key
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def get_settings(fresh: bool = False) -> Settings:

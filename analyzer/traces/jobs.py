@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from analyzer.rules import load_thresholds, run_set_rules
 from analyzer.traces.cache import TraceBounds
@@ -105,7 +105,8 @@ def _set_rules(session, trace: Trace, th: dict, gpus: int) -> list:
 
 def analyze_pending(store: Store, *, cache_dir: Path, host_id: str | None = None, limit: int | None = None,
                     thresholds: dict | None = None, bounds: TraceBounds = TraceBounds()) -> dict[str, int]:
-    """Analyse every trace still 'registered' (oldest first); returns {"analyzed": n, "failed": m}."""
+    """Analyse every trace still 'registered' (oldest first); returns {"analyzed": n, "failed": m}. Each trace is
+    claimed before its analysis, so two runs at once (serve's analyze and trace jobs) never analyse one twice."""
     with store.session() as session:
         query = select(Trace.id).where(Trace.status == "registered").order_by(Trace.created_at, Trace.id)
         if limit:
@@ -114,9 +115,18 @@ def analyze_pending(store: Store, *, cache_dir: Path, host_id: str | None = None
     counts = {"analyzed": 0, "failed": 0}
     th = thresholds or load_thresholds()
     for trace_id in ids:
+        if not _claim(store, trace_id):  # another run took it since the list was read (serve's two trace jobs)
+            continue
         res = analyze_trace(store, trace_id, thresholds=th, cache_dir=cache_dir, host_id=host_id, bounds=bounds)
         counts[res["status"]] += 1
     return counts
+
+
+def _claim(store: Store, trace_id: int) -> bool:
+    """Mark a 'registered' trace 'analyzing' in one statement; False when it is no longer 'registered'."""
+    with store.session() as session:
+        return session.execute(update(Trace).where(Trace.id == trace_id, Trace.status == "registered")
+                               .values(status="analyzing", error=None)).rowcount == 1
 
 
 def pending_batches(store: Store, batch_size: int) -> list[list[int]]:

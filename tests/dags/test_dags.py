@@ -3,18 +3,23 @@ the DagBag loads, and each run changes the store as it should (rollups, findings
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
 from analyzer import periodic
+from analyzer.slurm_holders import RULE as SLURM_RULE
 from analyzer.traces import register_trace
+from collector.importers.slurm import import_slurm
 from store.models import Action, DeviceSample, Finding, Plan, ProcessSample, ProfileRequest, Rollup, Trace
+from store.registry import register_host
 from store.settings import get_settings
 from tests.conftest import TRACES
 from tests.dags.conftest import DAGS, FleetStore
 from tests.dags.seed import flag_idle
+from tests.fakes.fake_slurm import SlurmAnswers
 
 DAG_IDS = {"fleetlens_rollup", "fleetlens_analyze", "fleetlens_enforce", "fleetlens_periodic_profile",
            "fleetlens_profile_on_demand", "fleetlens_import_prometheus", "fleetlens_import_slurm"}
@@ -91,15 +96,27 @@ def test_analyze_dag_records_telemetry_findings_and_analyses_pending_traces(dag_
     store = dag_store.store
     trace_file = TRACES / "a100_alexnet_microbench.json.gz"  # a real Kineto trace, small
     trace_id = register_trace(store, trace_file, workflow_id="busy-c")
+    # a Slurm job running for an hour on n1, whose agent sees no process of it there
+    now, slurm = time.time(), SlurmAnswers()
+    slurm.jobs = [{"job_id": 42, "job_state": "RUNNING", "submit_time": now - 7200, "start_time": int(now - 3600),
+                   "tres_per_node": "gres:gpu:1", "requeue": True, "user_name": "u", "name": "train", "nodes": "n1",
+                   "batch_host": "n1", "gres_detail": ["gpu:1(IDX:0)"]}]
+    import_slurm(store, get_settings(fresh=True), cli=slurm, now=now)
+    with store.session() as s:
+        register_host(s, "n1", hostname="n1", source="nvml", now=now)
     outcome = dag_run("fleetlens_analyze")
     assert outcome["state"] == "success", outcome
     with store.session() as s:
-        telemetry = {(f.workflow_id, f.rule) for f in s.scalars(select(Finding).where(Finding.source == "telemetry"))}
+        telemetry = {(f.workflow_id, f.rule) for f in s.scalars(select(Finding).where(
+            Finding.source == "telemetry", Finding.rule != SLURM_RULE))}
         trace = s.get(Trace, trace_id)
     assert ("idle-a", "idle_holder") in telemetry
     assert ("idle-b", "low_utilization") in telemetry
     assert not any(wf == "busy-c" for wf, _ in telemetry)  # 90 % busy: nothing to say
     assert trace.status == "analyzed" and trace.summary["n_steps"] > 0
+    assert outcome["tasks"]["slurm_gpus_without_process"]["result"] == 1
+    with store.session() as s:
+        assert s.scalars(select(Finding.workflow_id).where(Finding.rule == SLURM_RULE)).all() == ["slurm-42"]
     assert outcome["tasks"]["trace_batches"]["result"] == [[trace_id]]
     mapped = outcome["tasks"]["analyze_traces"]["mapped"]
     assert [m["result"] for m in mapped] == [{"analyzed": [trace_id], "failed": [], "skipped": []}]

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import psutil
+import pytest
 
 from tests.procs import processes_under
 from ui.serve.processes import processes_of, stop_processes_of
@@ -129,3 +130,24 @@ def test_leftovers_are_found_by_environment_not_command_line(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("nohup", [False, True])
+def test_a_hangup_stops_like_sigterm_unless_the_command_was_started_under_nohup(nohup: bool):
+    code = textwrap.dedent("""
+        import os, signal, time
+        from ui.serve.processes import Stopped, stop_on_signals
+        with stop_on_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGHUP)  # the terminal went away
+                time.sleep(0.5)
+                print("still running")
+            except Stopped as stop:
+                print(stop.exit_code, stop)
+    """)
+    disposition = signal.SIG_IGN if nohup else signal.SIG_DFL
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, disposition),
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("still running" if nohup else "129 SIGHUP")

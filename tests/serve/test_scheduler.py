@@ -144,3 +144,31 @@ def test_periodic_jobs_do_the_dags_work_on_a_real_store(fleet_home: Path, monkey
     assert requests == len(states["fleetlens_periodic_profile"].last_result["requested"])
     assert states[TRACES_JOB].runs == 0
     store.dispose()
+
+
+def test_the_analyze_job_and_the_trace_job_at_once_analyse_each_trace_once(
+        fleet_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import analyzer.traces.jobs as trace_jobs
+    from analyzer.traces import register_trace
+
+    store = Store(f"sqlite:///{tmp_path / 'fleetlens.db'}")
+    upgrade(store)
+    paths = [tmp_path / f"rank{i}.json" for i in range(3)]
+    for path in paths:
+        path.write_text("{}")
+        register_trace(store, path, workflow_id="wf")
+    s = Scheduler(periodic_jobs(store, get_settings(fresh=True)))
+    analysed: list[str] = []
+
+    def analyze_one(path: str, **_: object) -> tuple[dict, list]:
+        analysed.append(Path(path).name)
+        if len(analysed) == 1:  # the trace job runs while fleetlens_analyze is in its first trace
+            s.run_now(TRACES_JOB)
+        return {"n_steps": 1, "rank": 0}, []
+
+    monkeypatch.setattr(trace_jobs, "analyze_one", analyze_one)
+    s.run_now("fleetlens_analyze")
+    assert sorted(analysed) == sorted(p.name for p in paths)  # each once
+    assert s.state("fleetlens_analyze").last_result["traces"]["analyzed"] == 1
+    assert s.state(TRACES_JOB).last_result == {"analyzed": 2, "failed": 0}
+    store.dispose()

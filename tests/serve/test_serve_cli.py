@@ -82,3 +82,15 @@ def _wait(predicate, serve: subprocess.Popen, log: Path, timeout: float = 60.0):
 def _samples(store: Store, after: float = 0.0) -> int:
     with store.session() as s:
         return s.scalar(select(func.count()).select_from(DeviceSample).where(DeviceSample.ts > after))
+
+
+def test_serve_refuses_a_dashboard_port_that_is_no_port_instead_of_restarting_the_dashboard(tmp_path):
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    env.update({"FLEETLENS_HOME": str(home), "FLEETLENS_SECRET": "serve-test", "FLEETLENS_UI_PORT": "70000"})
+    result = subprocess.run([FLEETLENS, "serve", "--no-agent", "--no-metrics", "--duration", "5"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "FLEETLENS_UI_PORT is '70000'" in result.stderr and "Traceback" not in result.stderr
+    assert not (home / "dashboard.log").exists()  # no dashboard was started (and none again and again)
+    assert list(processes_of(home)) == []

@@ -19,6 +19,8 @@ FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     full = {"PATH": os.environ["PATH"], "HOME": env.get("HOME", "/tmp"), **env}
+    if "PYTHONPATH" in os.environ:  # the code under test (a checkout run from its own folder), not the installed one
+        full["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return subprocess.run([FLEETLENS, *args], env=full, capture_output=True, text=True, timeout=120)
 
 
@@ -53,6 +55,10 @@ def test_status_masks_the_password(pg_url, capsys, fleet_home, monkeypatch):
         ({"FLEETLENS_DB_URL": "mysql://root@127.0.0.1/x"}, "fleetlens runs on sqlite or postgresql"),
         ({"FLEETLENS_DB_URL": "postgresql://u:secretpw@127.0.0.1:1/x"}, "cannot reach the database"),
         ({"FLEETLENS_HOME": "/proc/fleetlens-cannot-write"}, "cannot be written"),
+        ({"FLEETLENS_UI_PORT": "abc"}, "FLEETLENS_UI_PORT is 'abc'"),
+        ({"FLEETLENS_DB_POOL_SIZE": "-1"}, "FLEETLENS_DB_POOL_SIZE is '-1'"),
+        ({"RANK": "first"}, "FLEETLENS_RANK or RANK is 'first'"),
+        ({"FLEETLENS_PROMETHEUS_TEAMS": "ml=search"}, "FLEETLENS_PROMETHEUS_TEAMS must be JSON"),
     ],
 )
 def test_bad_settings_give_one_line_and_exit_2(tmp_path, env, expected):

@@ -18,7 +18,7 @@ from store.db import Store
 from store.headroom import charged
 from store.ingest import write_samples
 from store.migrations import PROJECT_ROOT, current_revision, downgrade, head_revision, upgrade
-from store.models import Base, Placement, Workflow
+from store.models import Action, ActionEvent, Base, Finding, Placement, Workflow
 from store.models_base import Json
 from store.models_slurm import SlurmJob
 from store.partitions import DAY, SAMPLE_TABLES, adopt_early_rows, day_of, is_partition, partition_name, partitions
@@ -338,3 +338,43 @@ def test_0013_slurm_jobs_keep_every_node_s_gpus_on_postgresql(pg_url):
         _slurm_gpus_by_node(store)
     finally:
         store.dispose()
+
+
+def _downgrades_keep_the_rows_that_reference_a_rebuilt_table(store: Store) -> None:
+    """SQLite rebuilds a table to drop a column (0008's actions.detail, 0003's workflows.checkpoint_url): the rows
+    of other tables that reference it (ON DELETE CASCADE) stay, as on PostgreSQL, which alters in place."""
+    upgrade(store)
+    now = time.time()
+    with store.session() as s:
+        upsert_workflow(s, "wf")
+        s.flush()
+        action = Action(workflow_id="wf", state="resumed", created_at=now, updated_at=now)
+        s.add(action)
+        s.flush()
+        s.add(ActionEvent(action_id=action.id, ts=now, from_state="planned", to_state="resumed", message="moved"))
+        s.add(Finding(fingerprint="fp", workflow_id="wf", rule="idle_holder", source="telemetry", severity="high",
+                      title="idle", fix="release it", created_at=now, updated_at=now))
+    tables = ("workflows", "actions", "action_events", "findings")
+
+    def counts() -> dict[str, int]:
+        with store.engine.connect() as conn:
+            return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar() for t in tables}
+
+    assert counts() == dict.fromkeys(tables, 1)
+    for revision in ("0007", "0002"):
+        downgrade(store, revision)
+        assert counts() == dict.fromkeys(tables, 1), revision
+    if not store.is_postgres:  # and the connections check foreign keys again
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+            assert conn.exec_driver_sql("PRAGMA foreign_key_check").all() == []
+    store.dispose()
+
+
+def test_downgrades_keep_the_rows_that_reference_a_rebuilt_table_on_sqlite(tmp_path):
+    _downgrades_keep_the_rows_that_reference_a_rebuilt_table(Store(f"sqlite:///{tmp_path / 'fk.db'}"))
+
+
+@pytest.mark.pg
+def test_downgrades_keep_the_rows_that_reference_a_rebuilt_table_on_postgresql(pg_url):
+    _downgrades_keep_the_rows_that_reference_a_rebuilt_table(Store(pg_url))

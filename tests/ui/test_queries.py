@@ -7,7 +7,7 @@ import math
 import pytest
 from sqlalchemy import func, select
 
-from analyzer.rollups import device_rollups, rollup
+from analyzer.rollups import apply_retention, device_rollups, rollup
 from analyzer.telemetry.frame import load_window
 from analyzer.telemetry.thresholds import load_thresholds
 from store.models import Rollup
@@ -74,3 +74,17 @@ def test_a_day_window_adds_the_unfinished_hour_to_the_rolled_up_ones(sqlite_stor
     assert list(series["source"]) == ["rollup", "rollup", "raw"]
     assert list(series["t"]) == [T0, T0 + HOUR, T0 + 2 * HOUR]
     assert series["util"].tolist() == pytest.approx([0.3, 0.3, 0.9]) and series["mem_used"].iloc[-1] == 20 * GIB
+
+
+def test_a_week_window_shows_a_short_job_whose_raw_samples_retention_dropped(sqlite_store):
+    fleet = Fleet(sqlite_store)
+    d = fleet.device()
+    fleet.workflow("brief")
+    fleet.run(d, "brief", 0, 60, util=0.4, mem_gib=8)  # one hour, rolled up; its raw samples then go
+    fleet.flush()
+    now = T0 + 30 * HOUR
+    rollup(sqlite_store, now=now)
+    assert apply_retention(sqlite_store, 1.0, now=now).process_samples_deleted > 0
+    series = workflow_queries.workflow_series(sqlite_store, "brief", Window.last(7 * 86400, now=now))
+    assert list(series["source"]) == ["rollup"] and list(series["t"]) == [T0]
+    assert series["util"].tolist() == pytest.approx([0.4]) and series["mem_used"].iloc[0] == 8 * GIB

@@ -30,8 +30,8 @@ def serve(
 
     The scheduler calls the same functions as the Airflow DAGs, on the same cadences; enforcement stays a dry
     run unless FLEETLENS_ENFORCE=true. SIGINT or SIGTERM stops the scheduler, the agent, the exporter and the
-    dashboard (exit 130 or 143); jobs the agent launched keep running, and the next agent on this host takes them
-    up.
+    dashboard (exit 130 or 143), and so does the terminal hanging up (SIGHUP, 129; not under nohup); jobs the agent
+    launched keep running, and the next agent on this host takes them up.
     """
     s = settings()
     s.ensure_home()

@@ -89,8 +89,8 @@ def workflow_series(store: Store, workflow_id: str, window: Window) -> pd.DataFr
     if raw_start >= window.end:
         return rolled
     raw = _raw_series(store, workflow_id, raw_start, window.end, int(HOUR))
-    if rolled.empty:
-        return raw
+    if rolled.empty or raw.empty:
+        return raw if rolled.empty else rolled
     return pd.concat([rolled, raw], ignore_index=True).sort_values("t").reset_index(drop=True)
 
 
@@ -98,7 +98,8 @@ SHORT_SPAN_BUCKETS = 2  # a workflow seen for less than two chart buckets is dra
 
 
 def _sample_span(store: Store, workflow_id: str, window: Window) -> tuple[float, float] | None:
-    """(first, last) time its processes were sampled in the window (its rolled-up hours included), or None."""
+    """(first, last) time its processes were sampled in the window (its rolled-up hours included), or None: never
+    sampled, or its first rolled-up hour's raw samples are gone (retention), so only the rollups can show it."""
     ps = ProcessSample
     with store.session() as session:
         first, last = session.execute(select(func.min(ps.ts), func.max(ps.ts)).where(
@@ -107,8 +108,10 @@ def _sample_span(store: Store, workflow_id: str, window: Window) -> tuple[float,
             Rollup.scope == "workflow", Rollup.subject == workflow_id, Rollup.hour >= window.start,
             Rollup.hour < window.end))
     if hour is not None:
-        first = min(float(hour), float(first)) if first is not None else float(hour)
-        last = max(float(last), float(hour) + HOUR) if last is not None else float(hour) + HOUR
+        if first is None or float(first) >= float(hour) + HOUR:
+            return None
+        first = min(float(hour), float(first))
+        last = max(float(last), float(hour) + HOUR)
     return None if first is None else (float(first), float(last))
 
 

@@ -15,13 +15,16 @@ from pathlib import Path
 import psutil
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# the terminal went away (ssh dropped, window closed): a stop as well, unless the command was started to outlive it
+# (nohup, which leaves SIGHUP ignored); without a handler the command died there and left its children running
+HANGUP = signal.SIGHUP
 STOP_BUDGET_S = 15.0  # everything a command started is gone this long after SIGINT/SIGTERM
 TERM_GRACE_S = STOP_BUDGET_S - 4.0  # between SIGTERM and SIGKILL (a job writing its checkpoint); then reaping
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 
 
 class Stopped(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived; `exit_code` is the shell's 128 + signal number (130, 143)."""
+    """SIGINT, SIGTERM or SIGHUP arrived; `exit_code` is the shell's 128 + signal number (130, 143, 129)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -68,12 +71,14 @@ class Signals:
 
 @contextmanager
 def stop_on_signals() -> Iterator[Signals]:
-    """In the block, the first SIGINT or SIGTERM raises `Stopped` in the main thread; later ones (and any inside
-    `Signals.shielded`) are only noted. The handlers replace an inherited SIG_IGN (a command started in the
-    background by a script ignores SIGINT), and children started in the block get the default disposition back
-    at exec."""
+    """In the block, the first SIGINT or SIGTERM (or SIGHUP) raises `Stopped` in the main thread; later ones (and any
+    inside `Signals.shielded`) are only noted. The handlers replace an inherited SIG_IGN (a command started in the
+    background by a script ignores SIGINT), but for SIGHUP (nohup ignores it on purpose), and children started in
+    the block get the default disposition back at exec."""
     signals = Signals()
     previous = {sig: signal.signal(sig, signals.handler) for sig in STOP_SIGNALS}
+    if signal.getsignal(HANGUP) is not signal.SIG_IGN:
+        previous[HANGUP] = signal.signal(HANGUP, signals.handler)
     try:
         yield signals
     finally:
