@@ -101,7 +101,9 @@ def detect(
     of the fleet can be judged on other thresholds (the demo judges its minutes-old jobs on demo time).
 
     Idempotent: a finding found again updates its row (one per rule, workflow and device); a telemetry
-    finding of these rules that is no longer found is resolved. Returns the findings found this run.
+    finding of these rules that is no longer found is resolved, unless the window holds no sample at all (the
+    agents down, or a window before any data): what was not measured is not judged, so a finding, and whoever
+    acknowledged it, outlasts an outage. Returns the findings found this run.
     `chunk_devices` bounds memory: a fleet of more devices is read from its samples in groups of at most that many
     (a workflow's devices always together); 0 reads the whole fleet at once.
     """
@@ -127,6 +129,9 @@ def detect(
             # findings reference workflows; samples of a workflow never registered cannot carry one
             log.warning("skipping findings of %d workflows not in the store: %s", len(unknown), unknown[:5])
         found = upsert_findings(session, [s for s in specs if s.workflow_id in known], now)
+        if window.span_s <= 0:  # no sample in the window: nothing was measured, so nothing is resolved
+            log.warning("no telemetry in [%.0f, %.0f): open findings are left as they are", start, now)
+            return found
         current = {f.fingerprint for f in found}
         query = select(Finding).where(
             Finding.source == "telemetry", Finding.rule.in_(RULES), Finding.status != "resolved"

@@ -186,6 +186,20 @@ def test_detect_is_idempotent_and_resolves_what_is_no_longer_true(any_store):
     assert set(statuses) == {f.rule for f in first} and set(statuses.values()) == {"resolved"}
 
 
+def test_a_window_without_any_sample_resolves_nothing(sqlite_store):
+    fleet = Fleet(sqlite_store)
+    dev = fleet.device()
+    fleet.workflow("idle")
+    fleet.run(dev, "idle", 0, 180, util=0.0, mem_gib=70)
+    fleet.flush()
+    first = detect(sqlite_store, now=NOW, window_s=WINDOW)
+    assert first
+    # the agents are down for the next three hours: nothing was measured, so nothing is judged resolved
+    assert detect(sqlite_store, now=T0 + 360 * 60, window_s=WINDOW) == []
+    with sqlite_store.session() as s:
+        assert set(s.scalars(select(Finding.status))) == {"open"}
+
+
 def test_window_bounds_what_is_read(sqlite_store):
     fleet = Fleet(sqlite_store)
     dev = fleet.device()
