@@ -19,8 +19,8 @@ it once. Without an agent the sums wait (merged by minute, so they stay small) a
 MAX_PENDING_MINUTES app-minutes the oldest are given up and counted in `lost`, as are the requests of a message the
 agent refuses (logged with its reason; never sent again) and what no agent took by close().
 
-Bad input raises InvalidInput before anything of the call is counted: a request with no application (or a name over
-APP_MAX_CHARS characters, the store's limit), a time that is not a finite number, a start before the arrival, an end
+Bad input raises InvalidInput before anything of the call is counted: a request with no application (or a name the
+store would refuse: store.serving.check_app), a time that is not a finite number, a start before the arrival, an end
 before the start, an execution time <= 0 or longer than start to end (beyond the wall clock's resolution), a batch
 size that is not a whole number >= 1. A request's latency is at least its wait plus its execution time, so a wall
 clock too coarse to tick during a batch still gives a positive latency. A wall clock that steps back (a request ending
@@ -52,6 +52,7 @@ from collector import protocol as p
 from collector.sdk_settings import job_settings
 from store import latency_sketch as ls
 from store.errors import InvalidInput
+from store.serving import check_app, check_slo
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,6 @@ RAW_PER_MESSAGE = 5_000  # raw requests per message: ~100-400 bytes each, well u
 # minutes per message: a minute's two histograms hold at most ~1,750 buckets each (1 ns to ten days, 2 % wide), ~45 KB
 # with its application's name, so a message stays well under protocol.MAX_LINE (4 MiB)
 MINUTES_PER_MESSAGE = 50
-APP_MAX_CHARS = 255  # the store's column
 # Requests are recorded when their batch ends, so ends come nearly in order; arrivals do not (a long queue wait).
 # An end this far before the latest one is the wall clock set back, not requests recorded out of order.
 STEP_BACK_TOLERANCE_S = 60.0
@@ -111,15 +111,6 @@ class _Message(NamedTuple):
     requests: int  # served + dropped
     raw: int  # raw request rows
     raw_over: int  # raw requests counted over the cap
-
-
-def _app(app: Any, what: str = "request") -> str:
-    if not isinstance(app, str) or not app:
-        raise InvalidInput(f"serving: a {what} with no application")
-    if len(app) > APP_MAX_CHARS:
-        raise InvalidInput(f"serving: application {app[:40]!r}... is {len(app)} characters long, over "
-                           f"{APP_MAX_CHARS}")
-    return app
 
 
 def _time(x: Any, app: str, what: str) -> float:
@@ -200,11 +191,8 @@ class ServingRecorder:
             self._give_up_unsent()
 
     def set_slo(self, app: str, slo_s: float) -> None:
-        if not isinstance(app, str) or not app:
-            raise InvalidInput("SLO: name the application")
-        if isinstance(slo_s, bool) or not (isinstance(slo_s, numbers.Real) and slo_s > 0 and math.isfinite(slo_s)):
-            raise InvalidInput(f"SLO for {app!r}: {slo_s!r} is not a positive number of seconds")
-        self.slos[app] = float(slo_s)
+        app, slo_s = check_slo(app, slo_s)  # the store's rule, so the agent never refuses what the SDK took
+        self.slos[app] = slo_s
 
     # ---- recording
     def record(self, app: str, *, arrival: float, start: float, end: float, batch_size: int = 1,
@@ -217,7 +205,7 @@ class ServingRecorder:
 
     def shed(self, app: str, arrivals: Sequence[float]) -> None:
         """Requests the scheduler dropped (overload, hopeless deadline): counted per minute, never served."""
-        app = _app(app, "dropped request")
+        app = check_app(app, "serving: a dropped request")
         times = [_time(a, app, "a dropped request's arrival") for a in arrivals]  # all checked before any counts
         self._add_shed([app] * len(times), times)
         self._maybe_flush()
@@ -252,7 +240,7 @@ class ServingRecorder:
             raise InvalidInput(f"serving {app!r}: a batch holds at least one request")
         if len(apps) != len(arrivals):
             raise InvalidInput(f"serving: {len(apps)} applications for {len(arrivals)} requests in one batch")
-        apps = [_app(a) for a in apps]
+        apps = [check_app(a, "serving: a request") for a in apps]
         times = [_time(a, name, "arrival") for name, a in zip(apps, arrivals, strict=True)]
         torch = self._cuda_torch()
         start_wall = time.time()
@@ -293,7 +281,7 @@ class ServingRecorder:
 
     def _check(self, app: Any, arrival: Any, start: Any, end: Any, batch_size: Any, exec_s: Any) -> _Request:
         """One served request checked and its derived values computed; InvalidInput says what is wrong."""
-        app = _app(app)
+        app = check_app(app, "serving: a request")
         arrival, start, end = _time(arrival, app, "arrival"), _time(start, app, "start"), _time(end, app, "end")
         if start < arrival:
             raise InvalidInput(f"serving {app!r}: started {arrival - start:.6f} s before it arrived (clock went "

@@ -12,6 +12,7 @@ minutes (`check_app`).
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,14 +39,14 @@ def check_app(app: Any, what: str) -> str:
         raise InvalidInput(f"{what}: no application (an application is a non-empty string)")
     if len(app) > MAX_APP:
         raise InvalidInput(f"{what}: application {app[:40]!r}... is {len(app)} characters long, more than "
-                           f"{MAX_APP}")
+                           f"{MAX_APP} (a name over {MAX_APP} characters is refused, never cut)")
     return app
 
 
 def check_slo(app: Any, slo_s: Any) -> tuple[str, float]:
     """An SLO as the store takes it (the application's name, positive finite seconds); InvalidInput says why not."""
     app = check_app(app, "SLO")
-    if isinstance(slo_s, bool) or not isinstance(slo_s, int | float) or not (slo_s > 0 and math.isfinite(slo_s)):
+    if isinstance(slo_s, bool) or not isinstance(slo_s, numbers.Real) or not (slo_s > 0 and math.isfinite(slo_s)):
         raise InvalidInput(f"SLO for {app!r}: {slo_s!r} is not a positive number of seconds")
     return app, float(slo_s)
 
