@@ -17,6 +17,7 @@ import pandas as pd
 from sqlalchemy import select
 
 from analyzer.rollups import HOUR, device_rollups, workflow_rollups
+from analyzer.stale_rollups import hour_runs
 from analyzer.telemetry.frame import load_window
 from analyzer.telemetry.thresholds import load_thresholds
 from store.db import Store
@@ -45,7 +46,7 @@ def period_rows(store: Store, start: float, end: float) -> pd.DataFrame:
     missing = [float(h) for h in np.arange(first, last, HOUR) if float(h) not in rolled]
     computed: list[dict] = []
     common = load_thresholds().common if missing else None
-    for seg_start, seg_end in _runs(missing):
+    for seg_start, seg_end in hour_runs(missing):
         window = load_window(store, seg_start, seg_end, common)
         computed += device_rollups(window, time.time()) + workflow_rollups(window, time.time())
     if not computed:
@@ -53,13 +54,3 @@ def period_rows(store: Store, start: float, end: float) -> pd.DataFrame:
     raw = pd.DataFrame(computed).reindex(columns=COLUMNS)
     return raw if stored.empty else pd.concat([stored, raw], ignore_index=True)
 
-
-def _runs(hours: list[float]) -> list[tuple[float, float]]:
-    """Contiguous [start, end) runs of these hour starts (sorted)."""
-    runs: list[tuple[float, float]] = []
-    for h in hours:
-        if runs and runs[-1][1] == h:
-            runs[-1] = (runs[-1][0], h + HOUR)
-        else:
-            runs.append((h, h + HOUR))
-    return runs

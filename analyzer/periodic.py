@@ -20,13 +20,16 @@ from store.settings import Settings
 
 
 def rollup_hours(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
-    """Roll up every closed hour not rolled up yet (the last one again, for late samples)."""
+    """Roll up every closed hour not rolled up yet, and again every hour of the retention's days that samples reached
+    after it was rolled up (an agent's spool, an import of the past)."""
     # the coming days' sample partitions exist before their first rows arrive, and rows that came early (an
     # agent's clock ahead) move into their day's partition (PostgreSQL; nothing on SQLite)
     created = ensure_partitions(store, now, now) + adopt_early_rows(store)
-    result = rollup(store, now)
+    # the look-back is the retention's: it deletes no sample younger, so every hour in it is whole to roll up again
+    result = rollup(store, now, recheck_days=settings.retention_days)
     return {"hours": result.hours, "device_rows": result.device_rows, "workflow_rows": result.workflow_rows,
-            "first_hour": result.first_hour, "last_hour": result.last_hour, "partitions_created": created}
+            "first_hour": result.first_hour, "last_hour": result.last_hour,
+            "rerolled_hours": list(result.rerolled_hours), "partitions_created": created}
 
 
 def retain(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:

@@ -21,6 +21,12 @@ Definitions (a sample stands for `dt` seconds, see analyzer.telemetry.frame):
 Only closed hours (ending at or before `now`) are rolled up. Re-running upserts on
 (scope, subject, hour), so it is idempotent. Each rolled-up hour also keeps the telemetry detectors' summary of it
 (analyzer.telemetry.hour_summaries), replaced when the hour is rolled up again.
+
+Late samples: an hour that raw samples reach after it was rolled up (an agent's spool sent when the database came
+back, an import of the past) is rolled up again by the next rollup, its summary with it, if it lies within the
+rollup's look-back (`recheck_days`, the retention's days where the periodic jobs call it): each run counts the raw rows
+per hour of the look-back and compares them with the rollups' `samples` (analyzer.stale_rollups), so it reads the
+samples of the hours that changed only.
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ from functools import partial
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Integer, cast, delete, func, select, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from analyzer.device_share import share_of
+from analyzer.stale_rollups import hour_expr, hour_runs, stale_hours
 from analyzer.telemetry.chunks import device_groups
 from analyzer.telemetry.frame import ReadPlan, TelemetryWindow, load_window, read_plan, read_registry, read_rows
 from analyzer.telemetry.hour_summaries import keep_hours
@@ -49,6 +56,10 @@ from store.partitions import SAMPLE_TABLES, Partition, drop_days_before
 from store.serving_raw import delete_raw_before
 
 HOUR = 3600.0
+DAY = 86400.0
+# how far back a rollup looks for hours that samples reached after they were rolled up: the default retention
+# (FLEETLENS_RETENTION_DAYS), beyond which raw samples are gone; the periodic jobs pass the store's own
+RECHECK_DAYS = 7.0
 CHUNK_HOURS = 6  # hours read per query: bounded memory on a large fleet
 # a fleet larger than this is rolled up in groups of devices (a workflow's devices together, as the detectors read
 # it), GROUP_THREADS at once: memory stays bounded, and the database's reading of one group overlaps the other's
@@ -60,11 +71,12 @@ _UPDATED = ("team", "samples", "gpu_hours_held", "gpu_hours_active", "util_mean"
 
 @dataclass(frozen=True)
 class RollupResult:
-    hours: int  # closed hours processed
-    device_rows: int
+    hours: int  # closed hours processed from `since` on
+    device_rows: int  # rows written, of those hours and of the re-rolled ones
     workflow_rows: int
-    first_hour: float | None
+    first_hour: float | None  # the first and last of the `hours`
     last_hour: float | None
+    rerolled_hours: tuple[float, ...] = ()  # earlier hours rolled up again: their raw samples outnumbered their rollups
 
 
 @dataclass(frozen=True)
@@ -82,19 +94,13 @@ def hour_of(ts: float) -> float:
     return math.floor(ts / HOUR) * HOUR
 
 
-def _hour_expr(store: Store, column):
-    """The SQL start of the hour of an epoch-seconds column (floor; SQLite has no floor() everywhere)."""
-    if store.is_postgres:
-        return func.floor(column / HOUR) * HOUR
-    return cast(column / HOUR, Integer) * HOUR  # timestamps are positive, so truncation is floor
-
-
 def _default_since(store: Store) -> float | None:
-    """Re-roll the last rolled hour (late samples) onward; with no rollups, start at the oldest sample."""
+    """The hour after the last rolled one (late samples of that one or earlier ones are found by counting, see
+    stale_rollups); with no rollups, the oldest sample's hour."""
     with store.session() as session:
         last = session.scalar(select(func.max(Rollup.hour)))
         if last is not None:
-            return float(last)
+            return float(last) + HOUR
         first = session.scalar(select(func.min(DeviceSample.ts)))
         first_p = session.scalar(select(func.min(ProcessSample.ts)))
     starts = [x for x in (first, first_p) if x is not None]
@@ -142,46 +148,71 @@ def rollup(
     since: float | None = None,
     *,
     thresholds: Thresholds | None = None,
+    recheck_days: float = RECHECK_DAYS,
 ) -> RollupResult:
-    """Roll up every closed hour from `since` (default: the last rolled hour, else the oldest sample) to `now`."""
+    """Roll up every closed hour from `since` (default: the hour after the last rolled one, else the oldest sample's)
+    to `now`, and again every earlier hour of the last `recheck_days` days (0: none) whose raw samples outnumber what
+    its rollups counted (samples that came after it was rolled up)."""
+    if recheck_days is None or not 0 <= recheck_days < math.inf:
+        raise InvalidInput(f"recheck_days must be a finite number of days, 0 or more, got {recheck_days!r}")
     th = thresholds or load_thresholds()
     now = time.time() if now is None else float(now)
     end = hour_of(now)
     since = _default_since(store) if since is None else hour_of(float(since))
-    if since is None or since >= end:
+    if since is None:
+        return RollupResult(0, 0, 0, None, None)
+    since = min(since, end)
+    # the hours before `since` still within the look-back (the retention deletes no sample younger): whole hours, as
+    # the retention's cutoff
+    stale = stale_hours(store, hour_of(now - recheck_days * DAY), since) if recheck_days > 0 else []
+    ranges = [*hour_runs(stale), *([(since, end)] if since < end else [])]
+    if not ranges:
         return RollupResult(0, 0, 0, None, None)
     n_dev = n_wf = 0
     computed_at = time.time()
     registry = read_registry(store)  # devices and workflows, read once for every chunk and group
-    chunk_start = since
     # PostgreSQL serves several connections at once; SQLite (one host, one writer) does everything in this thread
     with (ThreadPoolExecutor(max_workers=GROUP_THREADS, thread_name_prefix="fleetlens-rollup") if store.is_postgres
           else _InThisThread()) as pool:
-        while chunk_start < end:
-            chunk_end = min(chunk_start + CHUNK_HOURS * HOUR, end)
-            # how to read the chunk and how to split it are asked of the database at once
-            planned = pool.submit(read_plan, store, chunk_start, chunk_end, th.common)
-            groups = device_groups(store, chunk_start, chunk_end, GROUP_DEVICES)
-            plan = planned.result()
-            done = list(pool.map(partial(_roll_group, store, chunk_start, chunk_end, th, plan,
-                                         computed_at=computed_at, registry=registry), groups))
-            done = [d for d in done if d is not None]
-            if not done:
-                # a hole in the data (or a store idle for months): jump to the hour of the next sample
-                nxt = _next_sample_ts(store, chunk_end)
-                chunk_start = end if nxt is None else max(chunk_end, hour_of(nxt))
-                continue
-            dev_rows = [row for rows, _, _ in done for row in rows]
-            wf_rows = [row for _, rows, _ in done for row in rows]
-            # the rollups, and the detectors' summary of each hour (judging a day reads 24 of these instead of its
-            # samples), written at once on two connections (PostgreSQL)
-            kept = pool.submit(keep_hours, store, [merged(list(same_hour)) for same_hour in
-                                                   zip(*(pieces for _, _, pieces in done), strict=True)], th)
-            _upsert(store, dev_rows + wf_rows)
-            kept.result()
-            n_dev, n_wf = n_dev + len(dev_rows), n_wf + len(wf_rows)
-            chunk_start = chunk_end
-    return RollupResult(int((end - since) // HOUR), n_dev, n_wf, since, end - HOUR)
+        for lo, hi in ranges:
+            dev, wf = _roll_range(store, pool, lo, hi, th, computed_at, registry)
+            n_dev, n_wf = n_dev + dev, n_wf + wf
+    if since < end:
+        return RollupResult(int((end - since) // HOUR), n_dev, n_wf, since, end - HOUR, tuple(stale))
+    return RollupResult(0, n_dev, n_wf, None, None, tuple(stale))
+
+
+def _roll_range(store: Store, pool: Executor, start: float, end: float, th: Thresholds, computed_at: float,
+                registry: tuple[pd.DataFrame, pd.DataFrame]) -> tuple[int, int]:
+    """Roll up the hours of [start, end) (whole hours), CHUNK_HOURS at a time; returns (device rows, workflow
+    rows) written."""
+    n_dev = n_wf = 0
+    chunk_start = start
+    while chunk_start < end:
+        chunk_end = min(chunk_start + CHUNK_HOURS * HOUR, end)
+        # how to read the chunk and how to split it are asked of the database at once
+        planned = pool.submit(read_plan, store, chunk_start, chunk_end, th.common)
+        groups = device_groups(store, chunk_start, chunk_end, GROUP_DEVICES)
+        plan = planned.result()
+        done = list(pool.map(partial(_roll_group, store, chunk_start, chunk_end, th, plan,
+                                     computed_at=computed_at, registry=registry), groups))
+        done = [d for d in done if d is not None]
+        if not done:
+            # a hole in the data (or a store idle for months): jump to the hour of the next sample
+            nxt = _next_sample_ts(store, chunk_end)
+            chunk_start = end if nxt is None else max(chunk_end, hour_of(nxt))
+            continue
+        dev_rows = [row for rows, _, _ in done for row in rows]
+        wf_rows = [row for _, rows, _ in done for row in rows]
+        # the rollups, and the detectors' summary of each hour (judging a day reads 24 of these instead of its
+        # samples), written at once on two connections (PostgreSQL)
+        kept = pool.submit(keep_hours, store, [merged(list(same_hour)) for same_hour in
+                                               zip(*(pieces for _, _, pieces in done), strict=True)], th)
+        _upsert(store, dev_rows + wf_rows)
+        kept.result()
+        n_dev, n_wf = n_dev + len(dev_rows), n_wf + len(wf_rows)
+        chunk_start = chunk_end
+    return n_dev, n_wf
 
 
 def _none(x) -> float | None:
@@ -342,7 +373,7 @@ def _rolled_up_rows(conn, part: Partition) -> int | None:
 
 
 def _retain(store: Store, model, subject_col, scope: str, cutoff: float, to_subject) -> tuple[int, int]:
-    hour = _hour_expr(store, model.ts).label("hour")
+    hour = hour_expr(store, model.ts).label("hour")
     with store.session() as session:
         raw = session.execute(
             select(hour, subject_col, func.count()).where(model.ts < cutoff).group_by(hour, subject_col)

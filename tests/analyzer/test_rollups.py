@@ -8,6 +8,8 @@ import pytest
 from sqlalchemy import func, select
 
 from analyzer.rollups import apply_retention, rollup
+from analyzer.telemetry.hour_summaries import kept_hours
+from analyzer.telemetry.thresholds import load_thresholds
 from store.db import Store
 from store.errors import InvalidInput
 from store.migrations import upgrade
@@ -76,8 +78,9 @@ def test_rollup_twice_gives_the_same_rows(any_store):
     rollup(any_store, now=T0 + 3 * HOUR, since=T0)
     before = _rows(any_store)
     rollup(any_store, now=T0 + 3 * HOUR, since=T0)
-    rollup(any_store, now=T0 + 3 * HOUR)  # default: from the last rolled hour
+    again = rollup(any_store, now=T0 + 3 * HOUR)  # default: from the hour after the last rolled one
     after = _rows(any_store)
+    assert (again.hours, again.device_rows, again.workflow_rows, again.rerolled_hours) == (0, 0, 0, ())
     assert len(before) == 15
     pd.testing.assert_frame_equal(before, after)
 
@@ -85,7 +88,7 @@ def test_rollup_twice_gives_the_same_rows(any_store):
 def test_late_samples_update_the_hour(any_store):
     fleet, busy, _ = _three_hours(any_store)
     rollup(any_store, now=T0 + 3 * HOUR)
-    # a late batch for the last hour: re-rolling from the default (the last rolled hour) picks it up
+    # a late batch for the last hour: the next rollup finds the hour outgrown by its samples and rolls it up again
     fleet.run(busy, "busy", 179, 180, util=1.0, mem_gib=79)
     fleet.flush()
     rollup(any_store, now=T0 + 3 * HOUR)
@@ -122,10 +125,96 @@ def test_retention_deletes_only_rolled_up_hours(any_store):
         assert s.scalar(select(func.min(DeviceSample.ts))) == T0 + 2 * HOUR
         assert s.scalar(select(func.min(ProcessSample.ts))) == T0 + 2 * HOUR
     assert len(_rows(any_store)) == 10  # rollups themselves are never deleted
-    # the detectors' kept hours go with their samples: none is kept from before the cutoff (T0 + 2 h)
-    assert (result.summaries_deleted, stale.summaries_deleted, done.summaries_deleted) == (1, 2, 1)
+    # the detectors' kept hours go with their samples: none is kept from before the cutoff (T0 + 2 h); the first
+    # hour, its samples deleted, is not rolled up (nor summarised) again
+    assert (result.summaries_deleted, stale.summaries_deleted, done.summaries_deleted) == (1, 1, 1)
     with any_store.session() as s:
         assert s.scalar(select(func.count()).select_from(TelemetryHour)) == 0
+
+
+def _rollup_of(store, scope: str, subject, hour: float):
+    rows = _rows(store).set_index(["scope", "subject", "hour"])
+    key = (scope, str(subject), hour)
+    return rows.loc[key] if key in rows.index else None
+
+
+def test_samples_that_come_late_for_an_older_rolled_hour_are_rolled_up_again(any_store):
+    """An agent cut off from the database spools its samples and sends them hours later; a rollup that started from
+    the last rolled hour never read them, and the waste and rank, which read rollups, undercounted the hour."""
+    fleet = Fleet(any_store)
+    live, cut_off = fleet.device("h1"), fleet.device("h2")
+    fleet.workflow("train")
+    fleet.workflow("resumed")
+    fleet.workflow("side")
+    fleet.run(live, "train", 0, 180, util=0.8, mem_gib=70)
+    fleet.run(cut_off, "resumed", 120, 180, util=0.9, mem_gib=60, pid=7)  # h2 writes again in the third hour
+    fleet.flush()
+    first = rollup(any_store, now=T0 + 3 * HOUR)
+    assert first.hours == 3
+    with any_store.session() as s:
+        kept_before = s.scalar(select(TelemetryHour.computed_at).where(TelemetryHour.hour == T0))
+
+    # h2's spool arrives: device and process samples of the first hour; and, of the second hour, process samples of
+    # a workflow on h1 whose device samples were written in time
+    fleet.run(cut_off, "resumed", 0, 60, util=0.9, mem_gib=60, pid=7)
+    fleet.run(live, "side", 60, 120, util=0.8, mem_gib=70, wf_mem_gib=5, pid=8, device_rows=False)
+    fleet.flush()
+    again = rollup(any_store, now=T0 + 3 * HOUR)
+    late_device = _rollup_of(any_store, "device", cut_off, T0)
+    assert late_device is not None, "the late samples of the first hour were never rolled up"
+    assert late_device.samples == 60 and late_device.gpu_hours_held == pytest.approx(1.0)
+    late_workflow = _rollup_of(any_store, "workflow", "resumed", T0)
+    assert late_workflow is not None and late_workflow.samples == 60
+    assert late_workflow.gpu_hours_held == pytest.approx(1.0)
+    side = _rollup_of(any_store, "workflow", "side", T0 + HOUR)
+    assert side is not None and side.samples == 60
+    assert side.gpu_hours_held == pytest.approx(0.5)  # shares h1 with train
+    assert again.hours == 0 and again.rerolled_hours == (T0, T0 + HOUR)
+    assert _rollup_of(any_store, "workflow", "train", T0 + HOUR).gpu_hours_held == pytest.approx(0.5)
+    assert _rollup_of(any_store, "workflow", "train", T0).gpu_hours_held == pytest.approx(1.0)
+    # the detectors' summary of the hour is replaced too: it now holds h2's hour
+    th = load_thresholds()
+    (piece,) = kept_hours(any_store, T0, T0 + HOUR, th)
+    assert set(piece.pairs["device_id"].astype(int)) == {live, cut_off}
+    with any_store.session() as s:
+        assert s.scalar(select(TelemetryHour.computed_at).where(TelemetryHour.hour == T0)) > kept_before
+
+    # nothing came since: nothing is rolled up again
+    idle = rollup(any_store, now=T0 + 3 * HOUR)
+    assert (idle.hours, idle.device_rows, idle.workflow_rows, idle.rerolled_hours) == (0, 0, 0, ())
+
+    # the re-rolled hours match their samples again: the retention deletes them whole
+    kept = apply_retention(any_store, 1 / 24, now=T0 + 3 * HOUR)  # cutoff: T0 + 2 h
+    assert (kept.device_samples_deleted, kept.process_samples_deleted, kept.hours_kept) == (180, 240, 0)
+    # an hour the retention has deleted holds fewer samples than its rollups counted: it is not rolled up again
+    before = _rows(any_store)
+    after_retention = rollup(any_store, now=T0 + 3 * HOUR)
+    assert after_retention.rerolled_hours == () and after_retention.device_rows == 0
+    pd.testing.assert_frame_equal(before, _rows(any_store))
+
+
+def test_the_look_back_bounds_which_hours_are_checked(sqlite_store):
+    fleet = Fleet(sqlite_store)
+    dev = fleet.device()
+    fleet.workflow("w")
+    fleet.run(dev, "w", 0, 180, util=0.5, mem_gib=40)
+    fleet.flush()
+    rollup(sqlite_store, now=T0 + 3 * HOUR)
+    fleet.run(dev, "w", 0, 1, util=0.5, mem_gib=40, pid=2)  # a second process's late sample of the first hour
+    fleet.flush()
+    # the last hour only: the first hour is not counted, so not rolled up again
+    short = rollup(sqlite_store, now=T0 + 3 * HOUR, recheck_days=1 / 24)
+    none = rollup(sqlite_store, now=T0 + 3 * HOUR, recheck_days=0)
+    assert (short.rerolled_hours, short.workflow_rows, none.rerolled_hours) == ((), 0, ())
+    assert _rollup_of(sqlite_store, "workflow", "w", T0).samples == 60
+    assert rollup(sqlite_store, now=T0 + 3 * HOUR, recheck_days=3 / 24).rerolled_hours == (T0,)
+    assert _rollup_of(sqlite_store, "workflow", "w", T0).samples == 61
+
+
+def test_recheck_days_must_be_a_number_of_days(sqlite_store):
+    for bad in (-1, None, float("nan"), float("inf")):
+        with pytest.raises(InvalidInput, match="recheck_days"):
+            rollup(sqlite_store, now=T0, recheck_days=bad)
 
 
 def test_retention_rejects_a_bad_number(sqlite_store):

@@ -15,9 +15,12 @@ from store import profiling
 from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.migrations import upgrade
-from store.models import Action, Placement, Plan, ProfileRequest
+from store.models import Action, Placement, Plan, ProfileRequest, Rollup
 from store.settings import Settings
+from tests.analyzer.telemetry_fleet import T0, Fleet
 from tests.dags.seed import Seeded, flag_idle, seed
+
+HOUR = 3600.0
 
 
 @pytest.fixture
@@ -118,3 +121,33 @@ def test_a_plan_that_cannot_be_applied_is_recorded_with_the_reason(seeded, monke
         outcome = plan.summary["outcome"]
         assert outcome["mode"] == "enforce" and "no longer on device" in outcome["error"]
         assert s.scalar(select(Action)) is None  # all or nothing
+
+
+def test_the_hourly_rollup_rolls_up_again_the_hours_of_the_retention_that_late_samples_reached(tmp_path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'late.db'}")
+    upgrade(store)
+    try:
+        settings = Settings(home=tmp_path / "home", retention_days=3 / 24)
+        fleet = Fleet(store)
+        live, cut_off = fleet.device("h1"), fleet.device("h2")
+        fleet.workflow("w")
+        fleet.workflow("spooled")
+        fleet.run(live, "w", 0, 240, util=0.5, mem_gib=40)
+        fleet.flush()
+        now = T0 + 4 * HOUR
+        first = periodic.rollup_and_retain(store, settings, now=now)  # cutoff: T0 + 1 h
+        assert first["rollup"]["hours"] == 4 and first["retention"]["device_samples_deleted"] == 60
+        # h2's spool: samples of the third hour (within the retention) and of the first (its samples deleted)
+        fleet.run(cut_off, "spooled", 120, 180, util=0.9, mem_gib=60, pid=7)
+        fleet.run(cut_off, "spooled", 0, 60, util=0.9, mem_gib=60, pid=7)
+        fleet.flush()
+        second = periodic.rollup_and_retain(store, settings, now=now)
+        with store.session() as s:
+            held = s.scalar(select(Rollup.gpu_hours_held).where(
+                Rollup.scope == "workflow", Rollup.subject == "spooled", Rollup.hour == T0 + 2 * HOUR))
+        assert held == pytest.approx(1.0)
+        assert second["rollup"]["rerolled_hours"] == [T0 + 2 * HOUR] and second["rollup"]["hours"] == 0
+        # the first hour is past the look-back: not rolled up again, and its late samples are kept, not deleted
+        assert second["retention"]["device_samples_deleted"] == 0 and second["retention"]["hours_kept"] == 2
+    finally:
+        store.dispose()

@@ -133,8 +133,9 @@ def detect(
 
 @app.command("rollup")
 def rollup_cmd(
-    since: float | None = typer.Option(None, "--since", help="Roll up from this epoch second "
-                                       "(default: the last rolled-up hour)."),
+    since: float | None = typer.Option(None, "--since", help="Roll up from this epoch second (default: the hour "
+                                       "after the last rolled-up one; earlier hours of the retention's days that "
+                                       "samples reached since they were rolled up are rolled up again)."),
     now: float | None = typer.Option(None, "--now", help="Roll up hours closed by then (default: now)."),
     retention_days: float | None = typer.Option(None, "--retention-days", help="Delete raw samples older "
                                                 "than this once rolled up (default: FLEETLENS_RETENTION_DAYS)."),
@@ -147,9 +148,11 @@ def rollup_cmd(
     if not keep_raw and not 0 < days < math.inf:
         raise InvalidInput(f"retention_days must be a positive, finite number of days, got {days}")
     store = open_store()
-    result = rollup(store, now=now, since=since)
+    # late samples are looked for over the retention's days (the store's own with --keep-raw)
+    result = rollup(store, now=now, since=since, recheck_days=settings().retention_days if keep_raw else days)
     out = {"hours": result.hours, "device_rows": result.device_rows, "workflow_rows": result.workflow_rows,
-           "first_hour": result.first_hour, "last_hour": result.last_hour}
+           "first_hour": result.first_hour, "last_hour": result.last_hour,
+           "rerolled_hours": list(result.rerolled_hours)}
     if not keep_raw:
         kept = apply_retention(store, days, now=now)
         out.update(retention_days=days, cutoff=kept.cutoff, device_samples_deleted=kept.device_samples_deleted,
