@@ -7,19 +7,18 @@ killed outright (the OOM killer, SIGKILL, its host going down) renews nothing mo
 whole lease without renewal the next run retakes the trace; a live run's claim is never taken. After
 FLEETLENS_TRACE_MAX_ATTEMPTS claims that ended that way the trace is marked failed instead: it kills its analyser.
 
-The claim lives in the trace's own columns, which mean nothing else while a trace is 'analyzing': `analyzed_at` is
-when the claim was last renewed, and `error` names it ("analysing: attempt 2 of 3, host h, pid 42, claim 1f0c...").
-That text is the claim's token: a renewal and the final write only touch the row while it still holds it, so a run
-whose claim was retaken (it went a whole lease without renewing) writes nothing. A claim without that text (left by
-an older fleetlens) counts as one attempt, not renewed since. A claim's time is its renewer's clock and is judged
-by the next run's: the hosts' clocks must agree to well within the lease (NTP does).
+The claim lives in the trace's columns `claim_token` (the run's random token), `claimed_at` (when it last renewed
+the claim) and `attempts` (how many claims the trace has had). A renewal and the final write only touch the row while
+it still holds the run's token, so a run whose claim was retaken (it went a whole lease without renewing) writes
+nothing. A claim without a time (left by a fleetlens before these columns) is retaken at once, as one attempt. A
+claim's time is its renewer's clock and is judged by the next run's: the hosts' clocks must agree to well within the
+lease (NTP does).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -39,7 +38,6 @@ from store.settings import Settings
 log = logging.getLogger(__name__)
 
 ANALYZING = "analyzing"
-_ATTEMPT = re.compile(r"^analysing: attempt (\d+) of ")
 
 # what `claim` says when it did not take the trace: another live run holds it; it is analysed, failed or otherwise
 # not among the statuses asked for; it was given up (marked failed: too many attempts); no such trace
@@ -71,13 +69,7 @@ def takeable(statuses: Iterable[str], policy: ClaimPolicy, now: float | None = N
     """A WHERE clause for traces `claim` would take: in one of `statuses`, or 'analyzing' under a lapsed claim."""
     before = policy.lapsed_before(time.time() if now is None else now)
     return or_(Trace.status.in_(list(statuses)),
-               and_(Trace.status == ANALYZING, or_(Trace.analyzed_at.is_(None), Trace.analyzed_at < before)))
-
-
-def attempts_of(claim_text: str | None) -> int:
-    """The attempt a claim's text names; one for a claim an older fleetlens made (it has none)."""
-    match = _ATTEMPT.match(claim_text or "")
-    return int(match.group(1)) if match else 1
+               and_(Trace.status == ANALYZING, or_(Trace.claimed_at.is_(None), Trace.claimed_at < before)))
 
 
 @dataclass
@@ -96,7 +88,7 @@ class Claim:
     def renew(self, now: float | None = None) -> bool:
         """Push the claim's time forward; False (and `lost` set) once another run has retaken the trace."""
         with self.store.session() as session:
-            held = session.execute(self._mine().values(analyzed_at=time.time() if now is None else now)).rowcount == 1
+            held = session.execute(self._mine().values(claimed_at=time.time() if now is None else now)).rowcount == 1
         if not held:
             self.lost.set()
         return held
@@ -128,13 +120,14 @@ class Claim:
     def finish(self, session: Session, **values) -> bool:
         """Write the analysis's outcome in `session` if this run still holds the claim; False when it does not (a
         run that went a whole lease without renewing lost the trace to another: its result is dropped)."""
-        held = session.execute(self._mine().values(**values)).rowcount == 1
+        held = session.execute(self._mine().values(**values, claim_token=None, claimed_at=None)).rowcount == 1
         if not held:
             self.lost.set()
         return held
 
     def _mine(self):
-        return update(Trace).where(Trace.id == self.trace_id, Trace.status == ANALYZING, Trace.error == self.token)
+        return update(Trace).where(Trace.id == self.trace_id, Trace.status == ANALYZING,
+                                   Trace.claim_token == self.token)
 
 
 def claim(store: Store, trace_id: int, policy: ClaimPolicy, *, statuses: Iterable[str] = ("registered",),
@@ -144,37 +137,40 @@ def claim(store: Store, trace_id: int, policy: ClaimPolicy, *, statuses: Iterabl
     statuses = tuple(statuses)
     for _ in range(3):  # the row changed between the read and the update: judge it again as it is now
         with store.session() as session:
-            row = session.execute(select(Trace.status, Trace.error, Trace.analyzed_at, Trace.path, Trace.host_id)
-                                  .where(Trace.id == trace_id)).one_or_none()
+            row = session.execute(select(Trace.status, Trace.claim_token, Trace.claimed_at, Trace.attempts,
+                                         Trace.path, Trace.host_id).where(Trace.id == trace_id)).one_or_none()
         if row is None:
             return "missing"
         at = time.time() if now is None else now
         if row.status == ANALYZING:
-            if row.analyzed_at is not None and row.analyzed_at >= policy.lapsed_before(at):
+            if row.claimed_at is not None and row.claimed_at >= policy.lapsed_before(at):
                 return "held"
-            attempt = attempts_of(row.error) + 1
+            attempt = max(row.attempts, 1) + 1  # a claim an older fleetlens made counts as one
         elif row.status in statuses:
             attempt = 1
         else:
             return "finished"
+        token = uuid.uuid4().hex
         if attempt > policy.max_attempts:
-            values = {"status": "failed", "analyzed_at": at, "error": _given_up(row.path, attempt - 1, policy)}
+            values = {"status": "failed", "analyzed_at": at, "error": _given_up(row.path, attempt - 1, policy),
+                      "claim_token": None, "claimed_at": None}
         else:
-            values = {"status": ANALYZING, "analyzed_at": at,
-                      "error": (f"analysing: attempt {attempt} of {policy.max_attempts}, host "
-                                f"{host_id or socket.gethostname()}, pid {os.getpid()}, claim {uuid.uuid4().hex}")}
+            values = {"status": ANALYZING, "error": None, "claim_token": token, "claimed_at": at,
+                      "attempts": attempt}
         with store.session() as session:
             taken = session.execute(
                 update(Trace).where(Trace.id == trace_id, Trace.status == row.status,
-                                    Trace.error.is_not_distinct_from(row.error),
-                                    Trace.analyzed_at.is_not_distinct_from(row.analyzed_at))
+                                    Trace.claim_token.is_not_distinct_from(row.claim_token),
+                                    Trace.claimed_at.is_not_distinct_from(row.claimed_at))
                 .values(**values)).rowcount == 1
         if not taken:
             continue
         if values["status"] == "failed":
             log.error("trace %s (%s): %s", trace_id, row.path, values["error"])
             return "gave_up"
-        return Claim(store, trace_id, values["error"], attempt, policy, row.path, row.host_id)
+        log.info("trace %s: claimed for analysis (attempt %d of %d, host %s, pid %d)", trace_id, attempt,
+                 policy.max_attempts, host_id or socket.gethostname(), os.getpid())
+        return Claim(store, trace_id, token, attempt, policy, row.path, row.host_id)
     return "held"
 
 
@@ -201,7 +197,7 @@ def claim_when_lapsed(store: Store, trace_id: int, policy: ClaimPolicy, *, statu
 
 def _claim_state(store: Store, trace_id: int) -> tuple:
     with store.session() as session:
-        row = session.execute(select(Trace.status, Trace.error, Trace.analyzed_at)
+        row = session.execute(select(Trace.status, Trace.claim_token, Trace.claimed_at)
                               .where(Trace.id == trace_id)).one_or_none()
     return tuple(row) if row is not None else ("missing", None, None)
 

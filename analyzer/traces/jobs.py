@@ -64,10 +64,12 @@ def analyze_trace(store: Store, trace_id: int, *, cache_dir: Path, host_id: str 
 def _not_analysed(store: Store, trace_id: int, refusal: Refusal) -> dict[str, Any]:
     """The result for a trace this run did not take: failed if it was given up, else skipped (another run has it)."""
     with store.session() as session:
-        status, error = session.execute(select(Trace.status, Trace.error).where(Trace.id == trace_id)).one()
+        status, error, attempts, claimed_at = session.execute(
+            select(Trace.status, Trace.error, Trace.attempts, Trace.claimed_at).where(Trace.id == trace_id)).one()
     if refusal == "gave_up":
         return {"status": "failed", "error": error, "findings": [], "summary": None}
-    why = f"is being analysed by another run ({error})" if status == "analyzing" else f"is {status}"
+    why = (f"is being analysed by another run (attempt {attempts}, its claim renewed {time.time() - claimed_at:.0f} s "
+           "ago)" if status == "analyzing" and claimed_at is not None else f"is {status}")
     return {"status": "skipped", "error": f"trace {trace_id} {why}", "findings": [], "summary": None}
 
 
