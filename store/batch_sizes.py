@@ -12,7 +12,7 @@ largest, TOP_CLASS, holds every size above half of it too. So a minute holds at 
 whatever the sizes. JSON form: {"<class>": {"n": int, "batch_sum": int, "hist": {bucket: count}}}.
 
 A minute has them only when every part of it had them (like `met`): a part recorded without (rows stored before
-revision 0015, an SDK from before it) makes the merged minute's None, and readers fall back to the histogram over
+revision 0016, an SDK from before it) makes the merged minute's None, and readers fall back to the histogram over
 all sizes for it.
 """
 

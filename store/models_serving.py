@@ -33,8 +33,8 @@ class ServingMinute(Base):
     devices: Mapped[int] = mapped_column(Integer, default=1)  # devices the service held that minute (largest reported)
     exec_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
     latency_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    # {batch-size class: {n, batch_sum, hist}} (store.batch_sizes, revision 0015); None: a part of the minute was
-    # recorded without them (stored before 0015, or by an SDK from before it)
+    # {batch-size class: {n, batch_sum, hist}} (store.batch_sizes, revision 0016); None: a part of the minute was
+    # recorded without them (stored before 0016, or by an SDK from before it)
     exec_by_batch: Mapped[dict[str, Any] | None]
 
 

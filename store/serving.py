@@ -126,7 +126,7 @@ def merge_minutes(session: Session, workflow_id: str, records: Iterable[Mapping[
                          batch_sum=0, devices=r["devices"], exec_hist={}, latency_hist={}, exec_by_batch={})
         row.met = merge_met(row.met, row.n, r["met"], r["n"])
         by_batch = bs.merge_parts(bs.from_json(row.exec_by_batch), row.n, r.get("exec_by_batch"), r["n"])
-        if by_batch is None:  # SQL NULL, as the rows from before revision 0015 have, not a JSON null
+        if by_batch is None:  # SQL NULL, as the rows from before revision 0016 have, not a JSON null
             row.exec_by_batch = null()
             session.flush()  # read back as None should the same minute come again in this call
         else:
@@ -183,7 +183,7 @@ def declare_slo(session: Session, workflow_id: str, app: str, slo_s: float, *, n
 class AppWindow:
     """One application of one serving workflow over a window: counts exact, quantiles to 1 %. `exec_by_batch` sums
     the batch-size classes of the minutes that have them (`batch_sized` of the `n` requests: minutes stored before
-    revision 0015 have none)."""
+    revision 0016 have none)."""
 
     workflow_id: str
     app: str

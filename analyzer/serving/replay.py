@@ -4,7 +4,7 @@ Arrivals: each minute's measured requests (served and shed) spread at seeded ran
 Work: requests of one application are served first-come first-served in batches of up to its measured mean batch
 size, a batch of b requests taking one execution time drawn from the times measured for batches of b's size class
 (store.batch_sizes; the times the SDK measures are batch times, longer for larger batches), or, when that class
-was not recorded, from the nearest larger class recorded, else (minutes stored before revision 0015) from the
+was not recorded, from the nearest larger class recorded, else (minutes stored before revision 0016) from the
 histogram over all sizes. No request is ever dropped and nothing is reordered by deadline, so a
 smarter scheduler (enforcer.serving's) can only do better: if this replay meets the SLO on fewer devices, the
 service holds more than it needs.

@@ -9,7 +9,7 @@
   over all sizes; the CV judged is the request-weighted mean of the CVs of the batch-size classes
   (store.batch_sizes) with at least `min_class_requests` requests. Each CV is estimated from the quartiles (equal
   to the CV for a normal distribution; a few stalls of a shared host do not inflate it as they do the moment CV).
-  The evidence also gives the CV over all sizes and the moment CV. Minutes stored before revision 0015 keep no
+  The evidence also gives the CV over all sizes and the moment CV. Minutes stored before revision 0016 keep no
   batch sizes: when the window's classes hold too few requests to judge and some of its minutes have none, the
   rule judges the CV over all sizes, as before, and its evidence says so.
 - serving.over_provisioned: replaying the workflow's measured arrivals and execution times on fewer devices
@@ -99,9 +99,9 @@ def dynamic_runtime(w: AppWindow, th: ServingThresholds) -> FindingSpec | None:
     if covered >= th.min_requests:
         basis = "within batch sizes"
         what = f"within one batch size (CV {cv:.2f})"
-    elif w.batch_sized < w.n:  # minutes stored before revision 0015: today's CV over all batch sizes
+    elif w.batch_sized < w.n:  # minutes stored before revision 0016: today's CV over all batch sizes
         cv, covered = cv_all, w.n
-        basis = ("all batch sizes: minutes stored before revision 0015 keep no batch sizes, so batching may account "
+        basis = ("all batch sizes: minutes stored before revision 0016 keep no batch sizes, so batching may account "
                  "for part of this spread")
         what = f"(CV {cv:.2f} over all batch sizes)"
     else:

@@ -111,7 +111,7 @@ def test_minutes_stored_without_batch_sizes_are_judged_over_all_sizes_and_say_so
     spread = [float(x) for x in rng.lognormal(np.log(0.1), 0.6, 200)]
     old = _window(None, 200, spread)
     spec = dynamic_runtime(old, ServingThresholds())
-    assert spec is not None and "revision 0015" in spec.evidence["cv_basis"]
+    assert spec is not None and "revision 0016" in spec.evidence["cv_basis"]
     assert "over all batch sizes" in spec.title and spec.evidence["exec_cv"] == pytest.approx(old.exec_cv_quartiles)
     # with classes, but too few requests at any one size to tell the model from batching: quiet
     thin = _window({c: _class(c, spread[i:i + 2]) for i, c in enumerate((1, 2, 3, 4, 5, 6, 7, 8))})
@@ -187,7 +187,7 @@ def test_rightsize_says_when_an_application_has_no_batch_sizes(sqlite_store: Sto
     prep, _, _ = prepare_workflow(sqlite_store, "svc", now=now)
     assert "100 of its 200 requests" in prep.time_basis["a"]
     prep, _, _ = prepare_workflow(sqlite_store, "svc", now=now - 60.0, window_s=60.0)
-    assert "stored before revision 0015" in prep.time_basis["a"] and "overstated" in prep.time_basis["a"]
+    assert "stored before revision 0016" in prep.time_basis["a"] and "overstated" in prep.time_basis["a"]
 
 
 def _rec(n_by_class: dict[int, list[float]]) -> dict:

@@ -66,7 +66,7 @@ def show_cmd(window: float = typer.Option(3600.0, "--window", help="seconds back
                   "one batch size is the model's own variation (serving.dynamic_runtime judges it); '-': no batch "
                   f"size with {min_class} requests")
     if unsized:
-        console.print(f"{', '.join(sorted(set(unsized)))}: some minutes were stored before revision 0015, without "
+        console.print(f"{', '.join(sorted(set(unsized)))}: some minutes were stored before revision 0016, without "
                       "batch sizes: their requests are in the CV over all sizes only")
     if raw:
         kept = Table(title="raw requests kept (FLEETLENS_SERVING_RAW_REQUESTS; the rest are in the histograms)")

@@ -6,7 +6,7 @@ Two sources: a serving workflow in the store (its per-minute histograms: each mi
 times within it, one batching group per application, and per-request times drawn from the distribution recovered
 from its batch times per batch-size class (enforcer.serving.alone_times, with the same g as the simulator): the SDK
 measures batch times, and the simulator applies g(|B|) to the batches it forms; an application whose minutes in the
-window were all stored before revision 0015 keeps no batch sizes, so its batch times over all sizes are used, which
+window were all stored before revision 0016 keeps no batch sizes, so its batch times over all sizes are used, which
 overstates the devices needed, and `Prepared.time_basis` says so), and a request
 trace (Alibaba's, with real arrivals and times: distributions fit on the first half, the second half replayed at
 its real pace). A target no number of devices can meet (requests that run longer than their SLO even alone) is
@@ -155,11 +155,11 @@ def prepare_workflow(store: Store, workflow_id: str, *, now: float | None = None
             samples.append(alone_samples(w.exec_by_batch, alpha))
             if w.batch_sized < w.n:
                 basis[w.app] = (f"per-request times recovered from the batch sizes of {w.batch_sized} of its {w.n} "
-                                "requests (the others' minutes were stored before revision 0015, without them)")
+                                "requests (the others' minutes were stored before revision 0016, without them)")
         else:
             samples.append(ls.samples(w.exec_hist))
             basis[w.app] = ("batch times over all batch sizes, taken as per-request times: its minutes were stored "
-                            "before revision 0015, without batch sizes, so the devices needed may be overstated")
+                            "before revision 0016, without batch sizes, so the devices needed may be overstated")
     grid = TimeGrid.covering(max(float(x.max()) for x in samples) * 1.01)
     names = [w.app for w in apps]
     dists = Distributions(grid, names, samples)

@@ -65,7 +65,7 @@ st.caption("Execution times are batch times, which grow with the batch's size: t
            f"Empty: no batch size with {ServingThresholds().min_class_requests} requests.")
 unsized = [w.app for w in mine if w.batch_sized < w.n]
 if unsized:
-    st.caption(f"{', '.join(unsized)}: minutes stored before revision 0015 keep no batch sizes; their requests are in "
+    st.caption(f"{', '.join(unsized)}: minutes stored before revision 0016 keep no batch sizes; their requests are in "
                "the CV over all sizes only.")
 
 st.subheader("Attainment over time")

@@ -1,8 +1,8 @@
 """serving_minutes.exec_by_batch: a minute's execution times per batch-size class, so batching is not taken for a
 model's own variation
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0016
+Revises: 0015
 Create Date: 2026-11-27 14:00:00
 
 A request's execution time is its batch's, which grows with the batch's size, so the one execution-time histogram of
@@ -19,8 +19,8 @@ from sqlalchemy.dialects import postgresql
 
 from alembic import op
 
-revision: str = '0015'
-down_revision: str | None = '0014'
+revision: str = '0016'
+down_revision: str | None = '0015'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
