@@ -14,6 +14,7 @@ from analyzer.slurm_holders import find_slurm_holders_without_processes
 from analyzer.telemetry import detect
 from analyzer.traces import analyze_batch, analyze_pending, pending_batches
 from analyzer.traces.cache import TraceBounds
+from analyzer.traces.claims import ClaimPolicy
 from store.db import Store
 from store.partitions import adopt_early_rows, ensure_partitions
 from store.settings import Settings
@@ -61,20 +62,22 @@ def detect_telemetry(store: Store, settings: Settings, *, now: float | None = No
 
 
 def analyze_traces(store: Store, settings: Settings, *, limit: int | None = None) -> dict[str, int]:
-    """Analyse every registered trace not analysed yet; returns {"analyzed": n, "failed": m}."""
+    """Analyse every registered trace not analysed yet, and every one a dead run left half-way; returns
+    {"analyzed": n, "failed": m}."""
     return analyze_pending(store, limit=limit, cache_dir=settings.home / "cache" / "traces", host_id=settings.host_id,
-                           bounds=TraceBounds.from_settings(settings))
+                           bounds=TraceBounds.from_settings(settings), claims=ClaimPolicy.from_settings(settings))
 
 
 def trace_batches(store: Store, settings: Settings) -> list[list[int]]:
     """The traces not analysed yet, in batches of `settings.analyze_batch_size` (one mapped Airflow task each)."""
-    return pending_batches(store, settings.analyze_batch_size)
+    return pending_batches(store, settings.analyze_batch_size, ClaimPolicy.from_settings(settings))
 
 
 def analyze_trace_batch(store: Store, settings: Settings, trace_ids: list[int]) -> dict[str, list[int]]:
     """Analyse one batch of traces; returns their ids by outcome ({"analyzed", "failed", "skipped"})."""
     return analyze_batch(store, [int(i) for i in trace_ids], cache_dir=settings.home / "cache" / "traces",
-                         host_id=settings.host_id, bounds=TraceBounds.from_settings(settings))
+                         host_id=settings.host_id, bounds=TraceBounds.from_settings(settings),
+                         claims=ClaimPolicy.from_settings(settings))
 
 
 def slurm_gpus_without_process(store: Store, settings: Settings, *, now: float | None = None) -> int:

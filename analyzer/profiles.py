@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from analyzer.ranking import rank_workflows
 from analyzer.traces import analyze_trace
+from analyzer.traces.claims import ClaimPolicy
 from store import profiling
 from store.db import Store
 from store.errors import FleetlensError, InvalidInput
@@ -113,7 +114,8 @@ def analyze_request(store: Store, settings: Settings, request_id: int) -> dict[s
         workflow_id = request.workflow_id
         pending = [t.id for t in profiling.traces_for_request(session, request_id) if t.status == "registered"]
     for trace_id in pending:
-        analyze_trace(store, trace_id, cache_dir=settings.home / "cache" / "traces", host_id=settings.host_id)
+        analyze_trace(store, trace_id, cache_dir=settings.home / "cache" / "traces", host_id=settings.host_id,
+                      claims=ClaimPolicy.from_settings(settings))
     with store.session() as session:
         traces = profiling.traces_for_request(session, request_id)
         ids = [t.id for t in traces]

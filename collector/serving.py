@@ -11,13 +11,17 @@ execution time), and the SDK sends per-application per-minute histograms to the 
             for r in queue.dropped():                      # requests the scheduler dropped or gave up
                 rec.shed(r.app, [r.arrival])               # counted, not lost
 
-Per request the SDK only adds to in-memory sums and two log-bucket histograms (store.latency_sketch: quantiles to
-1 %), so recording costs a few microseconds; about once a second (settings.sdk_flush_interval_s) what accumulated goes
-to the agent in `serving` messages (MINUTES_PER_MESSAGE minutes each), each with the recorder's `sender` token and a
-`seq`: a message the agent did not answer in time is sent again unchanged, before anything newer, and the agent merges
-it once. Without an agent the sums wait (merged by minute, so they stay small) and are sent when one answers; past
-MAX_PENDING_MINUTES app-minutes the oldest are given up and counted in `lost`, as are the requests of a message the
-agent refuses (logged with its reason; never sent again) and what no agent took by close().
+Per request the SDK only adds to in-memory sums and log-bucket histograms (store.latency_sketch: quantiles to 1 %):
+latency, execution time, and execution time in the request's batch-size class (store.batch_sizes: a batch's time
+grows with its size, so only within one size does it show the model's own variation). Recording costs a few
+microseconds; about once a second (settings.sdk_flush_interval_s) what accumulated goes to the agent in `serving`
+messages (at most MINUTES_PER_MESSAGE minutes and MESSAGE_BYTES of them each; a minute larger than that on its own,
+which only times spread over many orders of magnitude in many batch-size classes make, goes without its batch-size
+classes, so no message reaches protocol.MAX_LINE), each with the recorder's `sender` token and a `seq`: a message the
+agent did not answer in time is sent again unchanged, before anything newer, and the agent merges it once. Without
+an agent the sums wait (merged by minute, so they stay small) and are sent when one answers; past MAX_PENDING_MINUTES
+app-minutes the oldest are given up and counted in `lost`, as are the requests of a message the agent refuses (logged
+with its reason; never sent again) and what no agent took by close().
 
 Bad input raises InvalidInput before anything of the call is counted: a request with no application (or a name the
 store would refuse: store.serving.check_app), a time that is not a finite number, a start before the arrival, an end
@@ -36,7 +40,7 @@ same cap: store.serving_raw).
 
 from __future__ import annotations
 
-import itertools
+import json
 import logging
 import math
 import numbers
@@ -50,6 +54,7 @@ from typing import Any, NamedTuple
 
 from collector import protocol as p
 from collector.sdk_settings import job_settings
+from store import batch_sizes as bs
 from store import latency_sketch as ls
 from store.errors import InvalidInput
 from store.serving import check_app, check_slo
@@ -59,9 +64,14 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING_MINUTES = 100_000
 RAW_PER_MESSAGE = 5_000  # raw requests per message: ~100-400 bytes each, well under protocol.MAX_LINE
-# minutes per message: a minute's two histograms hold at most ~1,750 buckets each (1 ns to ten days, 2 % wide), ~45 KB
-# with its application's name, so a message stays well under protocol.MAX_LINE (4 MiB)
+# Minutes per message: at most MINUTES_PER_MESSAGE (a refused message gives up no more) and MESSAGE_BYTES of them. A
+# histogram holds at most ~1,750 buckets for times from 1 ns to ten days (2 % wide), ~22 KB; a minute has two plus up
+# to len(bs.CLASSES) = 21 batch-size classes, so one minute may be ~0.5 MB and fifty no longer fit protocol.MAX_LINE
+# (4 MiB): messages are sized by what their minutes hold. A minute over MESSAGE_BYTES on its own (times over many more
+# orders of magnitude) goes without its classes: its two histograms alone stay under MAX_LINE (~73,000 buckets each at
+# most, every positive double).
 MINUTES_PER_MESSAGE = 50
+MESSAGE_BYTES = p.MAX_LINE // 4
 # Requests are recorded when their batch ends, so ends come nearly in order; arrivals do not (a long queue wait).
 # An end this far before the latest one is the wall clock set back, not requests recorded out of order.
 STEP_BACK_TOLERANCE_S = 60.0
@@ -74,7 +84,7 @@ _CLOCK_RATE_SLACK = 1e-3
 
 class _Minute:
     __slots__ = ("n", "dropped", "met", "unjudged", "exec_sum", "exec_sumsq", "wait_sum", "latency_sum",
-                 "batch_sum", "exec_hist", "latency_hist")
+                 "batch_sum", "exec_hist", "latency_hist", "by_batch")
 
     def __init__(self) -> None:
         self.n = self.dropped = self.batch_sum = 0
@@ -83,12 +93,15 @@ class _Minute:
         self.exec_sum = self.exec_sumsq = self.wait_sum = self.latency_sum = 0.0
         self.exec_hist: dict[int, int] = {}
         self.latency_hist: dict[int, int] = {}
+        self.by_batch: dict[int, list] = {}  # batch-size class -> [requests, their batch sizes' sum, exec histogram]
 
     def record(self, app: str, minute: float) -> dict[str, Any]:
         return {"app": app, "minute": minute, "n": self.n, "dropped": self.dropped, "met": self.met,
                 "exec_sum": self.exec_sum, "exec_sumsq": self.exec_sumsq, "wait_sum": self.wait_sum,
                 "latency_sum": self.latency_sum, "batch_sum": self.batch_sum,
-                "exec_hist": ls.to_json(self.exec_hist), "latency_hist": ls.to_json(self.latency_hist)}
+                "exec_hist": ls.to_json(self.exec_hist), "latency_hist": ls.to_json(self.latency_hist),
+                "exec_by_batch": {str(c): {"n": k, "batch_sum": b, "hist": ls.to_json(h)}
+                                  for c, (k, b, h) in sorted(self.by_batch.items())}}
 
 
 class _Request(NamedTuple):
@@ -100,6 +113,7 @@ class _Request(NamedTuple):
     exec_s: float
     latency: float
     batch_size: int
+    size_class: int
     exec_bucket: int
     latency_bucket: int
 
@@ -300,7 +314,8 @@ class ServingRecorder:
         latency = max(end - arrival, wait + exec_s)  # >= each: a wall clock that did not tick still gives latency
         if not (math.isfinite(latency) and math.isfinite(exec_s * exec_s)):
             raise InvalidInput(f"serving {app!r}: times too far apart (latency {latency!r} s, execution {exec_s!r} s)")
-        return _Request(app, arrival, end, wait, exec_s, latency, batch_size, ls.bucket(exec_s), ls.bucket(latency))
+        return _Request(app, arrival, end, wait, exec_s, latency, batch_size, bs.size_class(batch_size),
+                        ls.bucket(exec_s), ls.bucket(latency))
 
     def _corrected(self, end: float) -> float:
         """The shift to add to a request ending at `end` (wall clock): a step back is counted once, and the running
@@ -336,6 +351,12 @@ class ServingRecorder:
             m.latency_sum += r.latency
             m.batch_sum += r.batch_size
             m.exec_hist[r.exec_bucket] = m.exec_hist.get(r.exec_bucket, 0) + 1
+            c = m.by_batch.get(r.size_class)
+            if c is None:
+                c = m.by_batch[r.size_class] = [0, 0, {}]
+            c[0] += 1
+            c[1] += r.batch_size
+            c[2][r.exec_bucket] = c[2].get(r.exec_bucket, 0) + 1
             m.latency_hist[r.latency_bucket] = m.latency_hist.get(r.latency_bucket, 0) + 1
             if self._raw_on:
                 if len(self._raw) == self._raw.maxlen:
@@ -372,11 +393,12 @@ class ServingRecorder:
 
     def flush(self, *, force: bool = False) -> bool:
         """Send every pending minute (and raw request) to the agent; True when the agent took them or refused them
-        (or there was nothing), False when it is away (what it did not take waits). Minutes go MINUTES_PER_MESSAGE
-        and raw requests RAW_PER_MESSAGE at a time, in messages of their own, so no message passes the protocol's
-        line limit and a refused message gives up no more than itself. A message leaves the pending minutes when it
-        is first sent: one the agent did not answer (away, or too slow to reply) is sent again as it was, under its
-        `seq`, before anything newer, and requests recorded meanwhile go in new messages."""
+        (or there was nothing), False when it is away (what it did not take waits). Minutes go up to
+        MINUTES_PER_MESSAGE and MESSAGE_BYTES at a time, raw requests RAW_PER_MESSAGE at a time, in messages of their
+        own, so no message passes the protocol's line limit and a refused message gives up no more than itself. A
+        message leaves the pending minutes when it is first sent: one the agent did not answer (away, or too slow to
+        reply) is sent again as it was, under its `seq`, before anything newer, and requests recorded meanwhile go in
+        new messages."""
         self._next_flush = time.monotonic() + self.settings.sdk_flush_interval_s
         if self._in_flight is None and not self._pending and not self._raw and not self.raw_over_cap:
             return True
@@ -394,12 +416,25 @@ class ServingRecorder:
     def _next_message(self) -> _Message | None:
         """The next message, taken off the pending minutes (or raw requests): None when nothing waits."""
         if self._pending:
-            items = list(itertools.islice(self._pending.items(), MINUTES_PER_MESSAGE))
-            for key, _ in items:
-                del self._pending[key]
-            minutes = [m.record(app, minute) for (app, minute), m in items]
+            minutes: list[dict[str, Any]] = []
+            size = requests = 0
+            for (app, minute), m in self._pending.items():
+                rec = m.record(app, minute)
+                rec_size = _json_size(rec)
+                if rec_size > MESSAGE_BYTES:  # times over many orders of magnitude in many classes: sent without
+                    log.warning("serving: %s's minute %s holds %d bytes of histograms; sent without its batch-size "
+                                "classes", app, minute, rec_size)
+                    rec["exec_by_batch"] = None
+                    rec_size = _json_size(rec)
+                if minutes and (len(minutes) == MINUTES_PER_MESSAGE or size + rec_size > MESSAGE_BYTES):
+                    break
+                minutes.append(rec)
+                size += rec_size
+                requests += m.n + m.dropped
+            for rec in minutes:
+                del self._pending[(rec["app"], rec["minute"])]
             self._seq += 1
-            return _Message(self._message(minutes, [], 0), sum(m.n + m.dropped for _, m in items), 0, 0)
+            return _Message(self._message(minutes, [], 0), requests, 0, 0)
         if self._raw or self.raw_over_cap:
             raw = [self._raw.popleft() for _ in range(min(RAW_PER_MESSAGE, len(self._raw)))]
             raw_over, self.raw_over_cap = self.raw_over_cap, 0
@@ -486,6 +521,11 @@ class ServingRecorder:
 def serving(workflow: str | None = None, **kw: Any) -> ServingRecorder:
     """A `ServingRecorder` to use as a context manager around a serving loop."""
     return ServingRecorder(workflow, **kw)
+
+
+def _json_size(rec: dict[str, Any]) -> int:
+    """Bytes a record takes in a message (protocol.encode's compact JSON)."""
+    return len(json.dumps(rec, separators=(",", ":")))
 
 
 def _pid() -> int:

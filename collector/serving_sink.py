@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from store import batch_sizes as bs
 from store import latency_sketch as ls
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput
@@ -46,6 +47,8 @@ def _add(into: dict[str, Any], rec: dict[str, Any]) -> None:
     else:
         into["met"] = merge_met(into["met"], into["n"], rec["met"], rec["n"])
         into["slo"] = into["slo"] if into["n"] else rec["slo"]
+    # computed on the counts before this record's: a part with requests but no batch-size classes clears them
+    into["exec_by_batch"] = bs.merge_parts(into["exec_by_batch"], into["n"], rec["exec_by_batch"], rec["n"])
     for f in COUNT_FIELDS + SUM_FIELDS:
         into[f] += rec[f]
     into["devices"] = max(into["devices"], rec["devices"])

@@ -128,3 +128,10 @@ def samples(hist: Mapping[int, int]) -> np.ndarray:
         return np.zeros(0)
     keys = sorted(hist)
     return np.repeat([value(k) for k in keys], [hist[k] for k in keys])
+
+
+def quartile_cv(hist: Mapping[int, int]) -> float:
+    """The CV estimated from the quartiles, (q75 - q25) / (1.349 q50): the CV itself for a normal distribution, but
+    not inflated by a few stalls (a shared host's other processes holding the core); NaN when empty."""
+    q25, q50, q75 = quantiles(hist, (0.25, 0.5, 0.75))
+    return (q75 - q25) / (1.349 * q50) if q50 and q50 > 0 else math.nan

@@ -244,6 +244,11 @@ class Trace(Base):
     error: Mapped[str | None] = mapped_column(Text)
     analyzed_at: Mapped[float | None]
     summary: Mapped[dict[str, Any] | None]  # per-rank breakdown numbers for reports and charts
+    # the run analysing it (analyzer.traces.claims): its random token, when it last renewed its claim, and how many
+    # claims the trace has had (a run killed outright stops renewing; past a limit the trace is failed)
+    claim_token: Mapped[str | None] = mapped_column(String(64))
+    claimed_at: Mapped[float | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Finding(Base):

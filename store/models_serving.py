@@ -13,8 +13,8 @@ from store.models_base import Base, BigId
 
 class ServingMinute(Base):
     """One serving application's requests in one minute (by arrival), as the job SDK's serving mode measured them:
-    exact counts and sums, and execution-time and latency histograms (store.latency_sketch: quantiles to 1 %).
-    Several hosts or flushes add into the same row."""
+    exact counts and sums, and execution-time and latency histograms (store.latency_sketch: quantiles to 1 %), the
+    execution times also per batch-size class (store.batch_sizes). Several hosts or flushes add into the same row."""
 
     __tablename__ = "serving_minutes"
     __table_args__ = (Index("ix_serving_minutes_minute", "minute"),)
@@ -33,6 +33,9 @@ class ServingMinute(Base):
     devices: Mapped[int] = mapped_column(Integer, default=1)  # devices the service held that minute (largest reported)
     exec_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
     latency_hist: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # {batch-size class: {n, batch_sum, hist}} (store.batch_sizes, revision 0016); None: a part of the minute was
+    # recorded without them (stored before 0016, or by an SDK from before it)
+    exec_by_batch: Mapped[dict[str, Any] | None]
 
 
 class ServingApp(Base):

@@ -2,7 +2,10 @@
 SLOs per application, and the reads the findings, right-sizing and the dashboard share.
 
 A minute record (what the SDK sends through the agent) is a dict with app, minute, n, dropped, met (or None),
-exec_sum, exec_sumsq, wait_sum, latency_sum, batch_sum, exec_hist, latency_hist (store.latency_sketch dicts).
+exec_sum, exec_sumsq, wait_sum, latency_sum, batch_sum, exec_hist, latency_hist (store.latency_sketch dicts), and
+exec_by_batch: the execution times per batch-size class (store.batch_sizes), or None (absent) when the minute was
+recorded without them. A request's execution time is its batch's: only within one batch size does its spread say
+how much the model's own time varies.
 
 An application's name is a non-empty string of at most MAX_APP characters, everywhere (minutes, SLOs, raw
 requests): a longer one is refused, never cut, so two applications never share a row and an SLO always finds its
@@ -18,9 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, null, select, update
 from sqlalchemy.orm import Session
 
+from store import batch_sizes as bs
 from store import latency_sketch as ls
 from store.errors import InvalidInput
 from store.models_serving import ServingApp, ServingMinute
@@ -61,7 +65,8 @@ def merge_met(met: int | None, n: int, other_met: int | None, other_n: int) -> i
 
 def check_minute(rec: Mapping[str, Any]) -> dict[str, Any]:
     """A minute record made safe to store: InvalidInput names what is wrong (no application, a negative count,
-    histogram counts that do not add up to n)."""
+    histogram counts that do not add up to n, batch-size classes whose counts do not add up to n or whose batch
+    sizes do not add up to batch_sum)."""
     if not isinstance(rec, Mapping):
         raise InvalidInput("serving minute: a record must be an object")
     app = check_app(rec.get("app"), "serving minute")
@@ -88,7 +93,20 @@ def check_minute(rec: Mapping[str, Any]) -> dict[str, Any]:
         if ls.total(hist) != out["n"]:
             raise InvalidInput(f"serving minute for {app!r}: {f} counts {ls.total(hist)} requests, n says {out['n']}")
         out[f] = hist
+    what = f"serving minute for {app!r}"
+    by_batch = bs.from_json(rec.get("exec_by_batch"), f"{what}: exec_by_batch")
+    bs.check_totals(by_batch, out["n"], out["batch_sum"], what)
+    out["exec_by_batch"] = by_batch
     return out
+
+
+def _checked(rec: Mapping[str, Any]) -> bool:
+    """Whether a record is check_minute's (the agent's sink checks each once): histograms with whole-number keys,
+    batch-size classes as SizeClass."""
+    by_batch = rec.get("exec_by_batch")
+    return (isinstance(rec.get("exec_hist"), dict) and all(isinstance(k, int) for k in rec["exec_hist"])
+            and "exec_by_batch" in rec
+            and (by_batch is None or all(isinstance(v, bs.SizeClass) for v in by_batch.values())))
 
 
 def merge_minutes(session: Session, workflow_id: str, records: Iterable[Mapping[str, Any]], *,
@@ -99,14 +117,20 @@ def merge_minutes(session: Session, workflow_id: str, records: Iterable[Mapping[
 
     A record's `devices` (else `devices`) is what the service reported holding in that minute: the row keeps the
     largest any writer reported for it (each replica of a service reports the devices of the whole service)."""
-    checked = [{**(rec if isinstance(rec.get("exec_hist"), dict) and all(isinstance(k, int) for k in rec["exec_hist"])
-                   else check_minute(rec)), "devices": int(rec.get("devices") or devices)} for rec in records]
+    checked = [{**(rec if _checked(rec) else check_minute(rec)), "devices": int(rec.get("devices") or devices)}
+               for rec in records]
     added = 0
     for r in sorted(checked, key=lambda r: (r["app"], r["minute"])):
         row = locked_row(session, ServingMinute, {"workflow_id": workflow_id, "app": r["app"], "minute": r["minute"]},
                          n=0, dropped=0, met=None, exec_sum=0.0, exec_sumsq=0.0, wait_sum=0.0, latency_sum=0.0,
-                         batch_sum=0, devices=r["devices"], exec_hist={}, latency_hist={})
+                         batch_sum=0, devices=r["devices"], exec_hist={}, latency_hist={}, exec_by_batch={})
         row.met = merge_met(row.met, row.n, r["met"], r["n"])
+        by_batch = bs.merge_parts(bs.from_json(row.exec_by_batch), row.n, r.get("exec_by_batch"), r["n"])
+        if by_batch is None:  # SQL NULL, as the rows from before revision 0016 have, not a JSON null
+            row.exec_by_batch = null()
+            session.flush()  # read back as None should the same minute come again in this call
+        else:
+            row.exec_by_batch = bs.to_json(by_batch)
         for f in COUNT_FIELDS + SUM_FIELDS:
             setattr(row, f, getattr(row, f) + r[f])
         row.devices = max(row.devices or 1, r["devices"])
@@ -157,7 +181,9 @@ def declare_slo(session: Session, workflow_id: str, app: str, slo_s: float, *, n
 
 @dataclass
 class AppWindow:
-    """One application of one serving workflow over a window: counts exact, quantiles to 1 %."""
+    """One application of one serving workflow over a window: counts exact, quantiles to 1 %. `exec_by_batch` sums
+    the batch-size classes of the minutes that have them (`batch_sized` of the `n` requests: minutes stored before
+    revision 0016 have none)."""
 
     workflow_id: str
     app: str
@@ -174,6 +200,8 @@ class AppWindow:
     target: float = 0.99
     exec_hist: dict[int, int] = field(default_factory=dict)
     latency_hist: dict[int, int] = field(default_factory=dict)
+    exec_by_batch: bs.ByBatch = field(default_factory=dict)
+    batch_sized: int = 0  # requests of the minutes with batch-size classes
     minutes: list[tuple[float, int, int, int | None]] = field(default_factory=list)  # (minute, n, dropped, met)
     first: float = math.inf
     last: float = -math.inf
@@ -192,10 +220,21 @@ class AppWindow:
 
     @property
     def exec_cv_quartiles(self) -> float:
-        """The CV estimated from the quartiles, (q75 - q25) / (1.349 q50): the CV itself for a normal distribution,
-        but not inflated by a few stalls (a shared host's other processes holding the core)."""
-        q25, q50, q75 = ls.quantiles(self.exec_hist, (0.25, 0.5, 0.75))
-        return (q75 - q25) / (1.349 * q50) if q50 and q50 > 0 else math.nan
+        """The CV of execution times over all batch sizes, from the quartiles (ls.quartile_cv): it mixes what
+        batching does to a batch's time with the model's own variation (see exec_cv_within_batch)."""
+        return ls.quartile_cv(self.exec_hist)
+
+    def exec_cv_by_batch(self, min_requests: int = 1) -> dict[int, tuple[int, float]]:
+        """Each batch-size class with at least `min_requests` requests: (requests, quartile CV of its times)."""
+        return {c: (sc.n, ls.quartile_cv(sc.hist)) for c, sc in sorted(self.exec_by_batch.items())
+                if sc.n >= max(1, min_requests)}
+
+    def exec_cv_within_batch(self, min_requests: int = 1) -> tuple[float, int]:
+        """The execution-time CV within batch sizes: the request-weighted mean of the quartile CVs of the classes
+        with at least `min_requests` requests, and the requests those hold (NaN, 0 when none has)."""
+        judged = [(n, cv) for n, cv in self.exec_cv_by_batch(min_requests).values() if not math.isnan(cv)]
+        covered = sum(n for n, _ in judged)
+        return (sum(n * cv for n, cv in judged) / covered if covered else math.nan), covered
 
     def met(self) -> int | None:
         """Requests served within the SLO: the SDK's exact count when it knew the SLO for every minute, else from
@@ -235,6 +274,10 @@ def app_windows(session: Session, since: float, until: float,
         w.devices = row.devices or 1  # what the service holds now: its newest minute's (rows come oldest first)
         ls.merge(w.exec_hist, row.exec_hist or {})
         ls.merge(w.latency_hist, row.latency_hist or {})
+        by_batch = bs.from_json(row.exec_by_batch) if row.n else None
+        if by_batch is not None:
+            bs.add(w.exec_by_batch, by_batch)
+            w.batch_sized += row.n
         w.minutes.append((row.minute, row.n, row.dropped, row.met))
         w.first, w.last = min(w.first, row.minute), max(w.last, row.minute + 60.0)
     if out:

@@ -111,6 +111,10 @@ class Settings(BaseSettings):
     profile_top_n: int = Field(5, ge=0)  # the periodic profile traces this many workflows, most GPU-hours first
     profile_steps: int = Field(20, ge=1)  # steps each periodic profile captures
     analyze_batch_size: int = Field(4, ge=1)  # traces one mapped task of the analyze DAG analyses
+    # a run analysing a trace renews its claim every quarter of this; a claim not renewed for this long is a dead
+    # run's (killed: OOM, SIGKILL, its host down) and the next run retakes the trace, at most this many claims in all
+    trace_claim_timeout_s: float = Field(120.0, gt=0)
+    trace_max_attempts: int = Field(3, ge=1)
     # streaming trace reader: JSON text decoded per block, and the most memory one trace's kept columns may take
     # (the device's events and the CPU calls the questions name, ~96 bytes each); several ranks are read one after
     # another, so a job's ranks share the same bound

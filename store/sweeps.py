@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 
 from store.db import Store
 from store.errors import InvalidInput, NotFound
@@ -45,17 +45,23 @@ def record_sweep(store: Store, sweep_id: str, gpus: int, settings: dict[str, Any
 
 def record_event(store: Store, sweep_id: str, trial_id: str, kind: str, old_width: float, new_width: float, *,
                  reason: str = "", steps_left: float | None = None, now: float | None = None) -> int:
-    """Append one event of a trial; returns its sequence number in the sweep."""
+    """Append one event of a trial; returns its sequence number in the sweep.
+
+    Several writers may append to one sweep at once (two drivers, or two Ray Tune experiments sharing a sweep id).
+    Each takes the next number after every event committed before it, so a sweep's events are numbered 0, 1, 2, ...
+    in the order they were committed, each number once. On PostgreSQL the sweep's row is locked first
+    (SELECT ... FOR UPDATE): a second writer waits for the first one's commit, and its INSERT then sees that event.
+    On SQLite the number is read in the INSERT itself, which holds the database's one write lock from its start."""
     if kind not in KINDS:
         raise InvalidInput(f"unknown sweep event {kind!r}; known: {', '.join(KINDS)}")
     with store.session() as session:
-        if session.get(Sweep, sweep_id) is None:
+        if session.scalar(select(Sweep.id).where(Sweep.id == sweep_id).with_for_update()) is None:
             raise NotFound(f"sweep {sweep_id!r} is not recorded; record_sweep first")
-        seq = session.scalar(select(func.coalesce(func.max(SweepEvent.seq), -1) + 1)
-                             .where(SweepEvent.sweep_id == sweep_id))
-        session.add(SweepEvent(sweep_id=sweep_id, seq=seq, ts=time.time() if now is None else now,
-                               trial_id=trial_id, kind=kind, old_width=old_width, new_width=new_width,
-                               steps_left=steps_left, reason=reason))
+        next_seq = (select(func.coalesce(func.max(SweepEvent.seq), -1) + 1)
+                    .where(SweepEvent.sweep_id == sweep_id).scalar_subquery())
+        seq = session.scalar(insert(SweepEvent).values(
+            sweep_id=sweep_id, seq=next_seq, ts=time.time() if now is None else now, trial_id=trial_id, kind=kind,
+            old_width=old_width, new_width=new_width, steps_left=steps_left, reason=reason).returning(SweepEvent.seq))
     return int(seq)
 
 
@@ -80,8 +86,9 @@ def labelled_trials(store: Store) -> list[dict[str, Any]]:
 
 def events(store: Store, sweep_id: str) -> list[EventRow]:
     with store.session() as session:
+        # by id within a number: events that concurrent writers recorded before numbering was serialised may share one
         rows = session.scalars(select(SweepEvent).where(SweepEvent.sweep_id == sweep_id)
-                               .order_by(SweepEvent.seq)).all()
+                               .order_by(SweepEvent.seq, SweepEvent.id)).all()
         return [EventRow(r.seq, r.ts, r.trial_id, r.kind, r.old_width, r.new_width, r.steps_left, r.reason)
                 for r in rows]
 

@@ -2,8 +2,10 @@
 
 Arrivals: each minute's measured requests (served and shed) spread at seeded random times within the minute.
 Work: requests of one application are served first-come first-served in batches of up to its measured mean batch
-size, a batch taking one execution time drawn from the application's measured execution-time histogram (the
-times the SDK measured are batch times). No request is ever dropped and nothing is reordered by deadline, so a
+size, a batch of b requests taking one execution time drawn from the times measured for batches of b's size class
+(store.batch_sizes; the times the SDK measures are batch times, longer for larger batches), or, when that class
+was not recorded, from the nearest larger class recorded, else (minutes stored before revision 0016) from the
+histogram over all sizes. No request is ever dropped and nothing is reordered by deadline, so a
 smarter scheduler (enforcer.serving's) can only do better: if this replay meets the SLO on fewer devices, the
 service holds more than it needs.
 """
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from store import batch_sizes as bs
 from store import latency_sketch as ls
 from store.serving import AppWindow
 
@@ -25,7 +28,7 @@ def attainment_on(apps: Sequence[AppWindow], n_devices: int, *, seed: int = 0) -
     rng = np.random.default_rng(seed)
     arr_t: list[np.ndarray] = []
     arr_a: list[np.ndarray] = []
-    draws: list[np.ndarray] = []
+    draws: list[_BatchTimes] = []  # per application: batch size -> the batch times it draws from
     sizes: list[int] = []
     for k, w in enumerate(apps):
         for minute, n, dropped, _met in w.minutes:
@@ -33,8 +36,8 @@ def attainment_on(apps: Sequence[AppWindow], n_devices: int, *, seed: int = 0) -
             if m:
                 arr_t.append(minute + rng.random(m) * 60.0)
                 arr_a.append(np.full(m, k))
-        draws.append(ls.samples(w.exec_hist))
         sizes.append(max(1, round(w.batch_sum / w.n)) if w.n else 1)
+        draws.append(_BatchTimes(w))
     if not arr_t:
         return {}
     t = np.concatenate(arr_t)
@@ -59,7 +62,7 @@ def attainment_on(apps: Sequence[AppWindow], n_devices: int, *, seed: int = 0) -
             continue
         k = min((q[0], k) for k, q in enumerate(queues) if q)[1]
         batch = [queues[k].popleft() for _ in range(min(sizes[k], len(queues[k])))]
-        d = draws[k]
+        d = draws[k][len(batch)]
         run = float(d[rng.integers(len(d))]) if len(d) else 0.0
         end = dev_free + run
         for arrival in batch:
@@ -67,6 +70,24 @@ def attainment_on(apps: Sequence[AppWindow], n_devices: int, *, seed: int = 0) -
                 met[k] += 1
         heapq.heappush(free_at, end)
     return {w.app: (met[k] / total[k] if total[k] else 1.0) for k, w in enumerate(apps) if w.slo_s is not None}
+
+
+class _BatchTimes:
+    """The measured batch times a batch of b requests draws from: its size class's, else the nearest larger
+    recorded class's (a larger batch runs no shorter), else those over all sizes."""
+
+    def __init__(self, w: AppWindow) -> None:
+        self.classes = {c: ls.samples(sc.hist) for c, sc in w.exec_by_batch.items() if sc.n}
+        self.every = ls.samples(w.exec_hist)
+        self.by_size: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, b: int) -> np.ndarray:
+        got = self.by_size.get(b)
+        if got is None:
+            c = bs.size_class(b)
+            at_least = [k for k in self.classes if k >= c]
+            got = self.by_size[b] = self.classes[min(at_least)] if at_least else self.every
+        return got
 
 
 def fewest_devices(apps: Sequence[AppWindow], held: int, *, seed: int = 0) -> tuple[int, dict[str, float]]:

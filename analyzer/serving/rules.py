@@ -2,11 +2,16 @@
 
 - serving.slo_misses: an application with an SLO meets it for less than its target share of requests (shed
   requests count as misses). Evidence says whether queueing or execution is to blame.
-- serving.dynamic_runtime: an application's execution-time CV is at least `cv_threshold` (0.3): a scheduler that
-  plans with a point estimate batches the wrong requests together; use the distribution-aware one
-  (enforcer.serving, our reconstruction of Orloj's). The CV is estimated from the quartiles (equal to the CV for a
-  normal distribution; a few stalls of a shared host do not inflate it as they do the moment CV, which the
-  evidence also gives).
+- serving.dynamic_runtime: an application's execution-time CV within one batch size is at least `cv_threshold`
+  (0.3): a scheduler that plans with a point estimate batches the wrong requests together; use the
+  distribution-aware one (enforcer.serving, our reconstruction of Orloj's). A request's execution time is its
+  batch's, which grows with the batch's size, so a model with fixed times served at varied batch sizes spreads
+  over all sizes; the CV judged is the request-weighted mean of the CVs of the batch-size classes
+  (store.batch_sizes) with at least `min_class_requests` requests. Each CV is estimated from the quartiles (equal
+  to the CV for a normal distribution; a few stalls of a shared host do not inflate it as they do the moment CV).
+  The evidence also gives the CV over all sizes and the moment CV. Minutes stored before revision 0016 keep no
+  batch sizes: when the window's classes hold too few requests to judge and some of its minutes have none, the
+  rule judges the CV over all sizes, as before, and its evidence says so.
 - serving.over_provisioned: replaying the workflow's measured arrivals and execution times on fewer devices
   (analyzer.serving.replay, a conservative FIFO replay) still meets every SLO. The freed devices' share of what
   the workflow holds is its cost: evidence `cost_fraction` and `gpus`, so the one waste function (analyzer.waste)
@@ -20,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from analyzer.serving.replay import fewest_devices
+from store import batch_sizes as bs
 from store import latency_sketch as ls
 from store.db import Store
 from store.findings import FindingSpec, upsert_findings
@@ -37,12 +43,18 @@ class ServingThresholds:
     window_s: float = 3600.0
     min_requests: int = 50  # fewer requests in the window say nothing either way
     cv_threshold: float = 0.3
+    min_class_requests: int = 20  # a batch-size class with fewer requests has no quartiles worth judging
 
 
-def _latency_quantiles(w: AppWindow) -> dict[str, float]:
+def _latency_quantiles(w: AppWindow) -> dict[str, object]:
+    """Latency quantiles, and execution-time ones: the execution time is the request's batch's, so over all batch
+    sizes (`exec_p50_s`, `exec_p99_s`) and per batch-size class (`exec_p50_by_batch_s`, when recorded)."""
     p50, p95, p99 = ls.quantiles(w.latency_hist, (0.5, 0.95, 0.99))
     e50, e99 = ls.quantiles(w.exec_hist, (0.5, 0.99))
-    return {"latency_p50_s": p50, "latency_p95_s": p95, "latency_p99_s": p99, "exec_p50_s": e50, "exec_p99_s": e99}
+    by_batch = {bs.class_label(c): ls.quantiles(sc.hist, (0.5,))[0] for c, sc in sorted(w.exec_by_batch.items())
+                if sc.n}
+    return {"latency_p50_s": p50, "latency_p95_s": p95, "latency_p99_s": p99, "exec_p50_s": e50, "exec_p99_s": e99,
+            "exec_p50_by_batch_s": by_batch or None}
 
 
 def slo_misses(w: AppWindow, th: ServingThresholds) -> FindingSpec | None:
@@ -54,8 +66,17 @@ def slo_misses(w: AppWindow, th: ServingThresholds) -> FindingSpec | None:
     miss = 1.0 - att
     severity = "high" if miss >= 0.1 else "medium" if miss >= 0.03 else "low"
     if exec_over > 0.5 * (w.n + w.dropped) * miss:
-        why = (f"{exec_over} requests ran longer than the SLO on their own: no queue can save them; the SLO or "
-               "the model (fewer steps, early exit) must change")
+        # a request's execution time is its batch's: alone only in batches of one
+        alone = w.exec_by_batch.get(1)
+        alone_over = alone.n - ls.count_at_most(alone.hist, w.slo_s) if alone is not None and w.slo_s else 0
+        if w.batch_sized == w.n and alone_over == exec_over:
+            why = (f"{exec_over} requests ran longer than the SLO alone (in batches of one): no queue can save "
+                   "them; the SLO or the model (fewer steps, early exit) must change")
+        else:
+            alone_part = f" ({alone_over} of them in batches of one)" if w.batch_sized else ""
+            why = (f"{exec_over} requests' batches ran longer than the SLO{alone_part}: no queue can save them at the "
+                   "batch sizes they ran in; smaller batches, or the SLO or the model (fewer steps, early exit), "
+                   "must change")
     else:
         why = (f"queueing is {wait_share:.0%} of latency: more capacity at peaks, or the distribution-aware "
                "scheduler (drops hopeless requests, batches by deadline)")
@@ -71,19 +92,35 @@ def slo_misses(w: AppWindow, th: ServingThresholds) -> FindingSpec | None:
 
 
 def dynamic_runtime(w: AppWindow, th: ServingThresholds) -> FindingSpec | None:
-    cv = w.exec_cv_quartiles
-    if w.n < th.min_requests or math.isnan(cv) or cv < th.cv_threshold:
+    if w.n < th.min_requests:
+        return None
+    cv_all = w.exec_cv_quartiles
+    cv, covered = w.exec_cv_within_batch(th.min_class_requests)
+    if covered >= th.min_requests:
+        basis = "within batch sizes"
+        what = f"within one batch size (CV {cv:.2f})"
+    elif w.batch_sized < w.n:  # minutes stored before revision 0016: today's CV over all batch sizes
+        cv, covered = cv_all, w.n
+        basis = ("all batch sizes: minutes stored before revision 0016 keep no batch sizes, so batching may account "
+                 "for part of this spread")
+        what = f"(CV {cv:.2f} over all batch sizes)"
+    else:
+        return None  # batch sizes recorded, but too few requests at any one size to tell the model from batching
+    if math.isnan(cv) or cv < th.cv_threshold:
         return None
     return FindingSpec(
         rule=DYNAMIC_RUNTIME, workflow_id=w.workflow_id, source=SOURCE, severity="medium" if cv >= 0.6 else "low",
         subject=w.app,
-        title=f"{w.app}: execution time varies (CV {cv:.2f}): a point-estimate batch scheduler will miss deadlines",
+        title=f"{w.app}: execution time varies {what}: a point-estimate batch scheduler will miss deadlines",
         fix=("schedule with the application's execution-time distribution (enforcer.serving.live.RequestQueue, "
              "our reconstruction of Orloj): it scores batches by their expected on-time requests and drops "
              "requests that can no longer make it"),
-        evidence={"app": w.app, "exec_cv": cv, "exec_cv_moments": w.exec_cv, "cv_threshold": th.cv_threshold,
-                  "requests": w.n,
-                  "exec_mean_s": w.exec_mean, **_latency_quantiles(w)},
+        evidence={"app": w.app, "exec_cv": cv, "cv_basis": basis, "cv_requests": covered,
+                  "exec_cv_all_sizes": cv_all, "exec_cv_moments": w.exec_cv,
+                  "exec_cv_by_batch": {bs.class_label(c): {"requests": n, "cv": c_cv} for c, (n, c_cv)
+                                       in w.exec_cv_by_batch(th.min_class_requests).items()} or None,
+                  "cv_threshold": th.cv_threshold, "requests": w.n,
+                  "mean_batch_size": w.batch_sum / w.n, "exec_mean_s": w.exec_mean, **_latency_quantiles(w)},
         location=f"{w.app} {w.first:.0f}-{w.last:.0f}",
     )
 
@@ -110,7 +147,8 @@ def over_provisioned(apps: list[AppWindow], th: ServingThresholds) -> FindingSpe
              "distribution-aware scheduler and the baselines and says which needs fewest"),
         evidence={"held_devices": held, "needed_devices": need, "cost_fraction": share, "gpus": held,
                   "subject": "serving", "attainment_on_needed": att, "window_hours": window_h,
-                  "replay": "FIFO per application in measured mean batch sizes, no drops (conservative)"},
+                  "replay": ("FIFO per application in measured mean batch sizes, each batch's time drawn from its "
+                             "size's measured times where recorded, no drops (conservative)")},
         gpu_hours_per_day=(held - need) * 24.0,
     )
 

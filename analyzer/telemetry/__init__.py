@@ -8,7 +8,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
-from sqlalchemy import select
 
 from analyzer.telemetry import (
     idle_holder,
@@ -20,6 +19,7 @@ from analyzer.telemetry import (
 from analyzer.telemetry.chunks import device_groups
 from analyzer.telemetry.frame import TelemetryWindow, load_window, read_plan, read_registry, read_rows
 from analyzer.telemetry.hour_summaries import kept_hours, uncovered
+from analyzer.telemetry.resolution import resolve_gone
 from analyzer.telemetry.summary import Piece, WindowSummary, combine, summarise
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds
 from store.db import Store
@@ -101,9 +101,10 @@ def detect(
     of the fleet can be judged on other thresholds (the demo judges its minutes-old jobs on demo time).
 
     Idempotent: a finding found again updates its row (one per rule, workflow and device); a telemetry
-    finding of these rules that is no longer found is resolved, unless the window holds no sample at all (the
-    agents down, or a window before any data): what was not measured is not judged, so a finding, and whoever
-    acknowledged it, outlasts an outage. Returns the findings found this run.
+    finding of these rules that is no longer found is resolved only on evidence that it is gone: its device
+    reported in the window without the pattern, or its workflow ended there (analyzer.telemetry.resolution). A
+    device that did not report (its host's agent down or cut off, or every agent down) is not judged: its findings,
+    and whoever acknowledged them, outlast the outage. Returns the findings found this run.
     `chunk_devices` bounds memory: a fleet of more devices is read from its samples in groups of at most that many
     (a workflow's devices always together); 0 reads the whole fleet at once.
     """
@@ -129,17 +130,7 @@ def detect(
             # findings reference workflows; samples of a workflow never registered cannot carry one
             log.warning("skipping findings of %d workflows not in the store: %s", len(unknown), unknown[:5])
         found = upsert_findings(session, [s for s in specs if s.workflow_id in known], now)
-        if window.span_s <= 0:  # no sample in the window: nothing was measured, so nothing is resolved
-            log.warning("no telemetry in [%.0f, %.0f): open findings are left as they are", start, now)
-            return found
-        current = {f.fingerprint for f in found}
-        query = select(Finding).where(
-            Finding.source == "telemetry", Finding.rule.in_(RULES), Finding.status != "resolved"
-        )
-        if workflows is not None:
-            query = query.where(Finding.workflow_id.in_(workflows))
-        stale = session.scalars(query)
-        for finding in stale:
-            if finding.fingerprint not in current:
-                finding.status, finding.updated_at = "resolved", now
+        seen = set(window.seen["device_id"].astype("int64")) | set(window.orphan_runs["device_id"].astype("int64"))
+        resolve_gone(session, {f.fingerprint for f in found}, start, now, rules=RULES, workflows=workflows,
+                     seen_devices=seen)
     return found

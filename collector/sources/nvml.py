@@ -342,7 +342,7 @@ class NvmlSource:
         r.ecc_errors = None if ecc is None else int(ecc)
         r.xid_errors = dev.xids
         self._read_gpm(dev, r)
-        r.processes = self._read_processes(dev)
+        r.processes = self._read_processes(dev, r.gpu_util)
 
     def _read_gpm(self, dev: NvmlDevice, r: DeviceReading) -> None:
         state = dev.gpm
@@ -403,7 +403,13 @@ class NvmlSource:
                 return None  # a passing failure of a call that exists: no list this time
         return None
 
-    def _read_processes(self, dev: NvmlDevice) -> list[ProcessReading]:
+    def _read_processes(self, dev: NvmlDevice, gpu_util: float | None) -> list[ProcessReading]:
+        """The device's running processes with their memory and SM utilisation. NVML returns one utilisation sample
+        per process that ran kernels in its newest sample period (1/6 s to 1 s, by product) newer than the
+        timestamp asked for, and NOT_FOUND when it has none: either no process ran a kernel, or no sample period
+        ended since the last read (a poll as frequent as the driver's sampling). The device's own utilisation
+        (`gpu_util`, read just before) tells the two apart: idle, each process is at 0; busy or unknown, each
+        process's share is unknown this time (None, not 0), and readers fall back to the device's utilisation."""
         procs: dict[int, ProcessReading] = {}
         for p in self._running(dev) or ():
             pid, used = int(p.pid), getattr(p, "usedGpuMemory", None)
@@ -416,11 +422,16 @@ class NvmlSource:
         except nv.NVMLError_GpuIsLost:
             raise Lost from None
         except nv.NVMLError_NotFound:
-            samples = []  # no process ran a kernel since the last call: a normal answer
+            samples = []  # no sample newer than the last read: no kernel ran, or no sample period ended yet
         except nv.NVMLError as exc:
             if type(exc).__name__ in PERMANENT:
                 dev.unsupported.add("nvmlDeviceGetProcessUtilization")
             return list(procs.values())  # SM utilisation unknown this time: missing, not 0
+        if not samples:
+            if gpu_util == 0.0:  # the device ran no kernel: neither did its processes
+                for reading in procs.values():
+                    reading.sm_util = 0.0
+            return list(procs.values())
         # each field read once: pynvml structures make every attribute access a Python call
         latest: dict[int, tuple[int, int]] = {}
         newest = dev.proc_ts
@@ -434,7 +445,7 @@ class NvmlSource:
         dev.proc_ts = newest
         for reading in procs.values():
             seen = latest.get(reading.pid)
-            # NVML answered for the interval: a process without a sample in it ran no kernel
+            # NVML answered for a new sample period: a process without a sample in it ran no kernel
             reading.sm_util = 0.0 if seen is None else as_fraction(seen[1])
         return list(procs.values())
 

@@ -27,11 +27,15 @@ trial), and another trial that would take the GPUs it was promised is answered N
 again) or given up, unless nothing runs. Every reallocation is kept in `log` in order; every event (start, resize,
 keep with its reason, wait (a pause too), finish, died) is handed to `on_event` (`StoreRecorder` writes them to the
 store). Ray stops the trials of an experiment stopped as a whole (a Stopper's stop_all, time_budget_s, fail_fast)
-without telling the scheduler: the run's callback `ending()` ends them with the experiment.
+without telling the scheduler: the run's callback `ending()` ends them with the experiment. The scheduler adds that
+callback to the run itself when its first trial is added, unless the run already has it, so a run configured without
+it still ends its records; where Ray's controller does not let it (another Ray release), it logs that the run needs
+`callbacks=[scheduler.ending()]`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +56,8 @@ from enforcer.sweeps.fluid import FluidConfig
 from store.db import Store
 from store.errors import InvalidInput
 from store.sweeps import record_event, record_sweep
+
+log = logging.getLogger(__name__)
 
 STEP_S = "fleetlens_step_s"
 STEPS_LEFT = "fleetlens_steps_left"
@@ -143,6 +149,7 @@ class FluidScheduler(ResourceChangingScheduler):
         return bundle(1.0, self.cpu_per_trial)
 
     def on_trial_add(self, tune_controller: Any, trial: Any, **kwargs: Any) -> None:
+        self._ensure_ending(tune_controller)
         group = sweep_of(trial)
         if trial.trial_id in self._died:
             # Ray retries it (TuneController._requeue_trial: on_trial_error, then on_trial_add) with the placement
@@ -231,6 +238,20 @@ class FluidScheduler(ResourceChangingScheduler):
         """The Tune callback that ends the sweep's records with the experiment: pass it to the run
         (`tune.RunConfig(callbacks=[scheduler.ending()])`)."""
         return SweepEnd(self)
+
+    def _ensure_ending(self, tune_controller: Any) -> None:
+        """Adds `ending()` to the run's callbacks unless one is there already. Ray keeps a run's callbacks in
+        TuneController._callbacks (a CallbackList over a plain list) and calls each at the experiment's end, so a
+        callback added before then is called like one passed in the RunConfig."""
+        callbacks = getattr(getattr(tune_controller, "_callbacks", None), "_callbacks", None)
+        if not isinstance(callbacks, list):
+            if not getattr(self, "_warned_ending", False):
+                self._warned_ending = True
+                log.warning("this Ray Tune release keeps its callbacks elsewhere: pass callbacks=[scheduler.ending()] "
+                            "in the RunConfig, or trials of an experiment stopped as a whole stay counted")
+            return
+        if not any(isinstance(c, SweepEnd) and c.scheduler is self for c in callbacks):
+            callbacks.append(SweepEnd(self))
 
     def experiment_ended(self) -> None:
         """The experiment ended: every trial still counted ends here. Ray stops the trials of an experiment stopped as

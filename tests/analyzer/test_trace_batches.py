@@ -6,6 +6,7 @@ import pytest
 from sqlalchemy import func, select
 
 from analyzer.traces import analyze_batch, pending_batches, register_trace
+from analyzer.traces.claims import Claim, ClaimPolicy, claim
 from store.errors import InvalidInput
 from store.models import Finding, Trace
 from tests.conftest import TRACES
@@ -29,10 +30,11 @@ def test_a_retried_batch_redoes_the_trace_a_dead_worker_left_and_skips_the_finis
     assert first == {"analyzed": ids[:1], "failed": [], "skipped": []}
     with any_store.session() as s:
         findings_before = s.scalar(select(func.count()).select_from(Finding))
-        # what a worker killed in the middle of the second trace leaves behind
-        s.get(Trace, ids[1]).status = "analyzing"
-    assert pending_batches(any_store, 4) == [ids[2:]]  # an 'analyzing' trace is its own batch's to finish
-    retried = analyze_batch(any_store, [*ids, 999_999], cache_dir=tmp_path)
+    # what a worker killed in the middle of the second trace leaves behind: its claim, renewed no more
+    assert isinstance(claim(any_store, ids[1], ClaimPolicy(), host_id="worker-1"), Claim)
+    assert pending_batches(any_store, 4) == [ids[2:]]  # a claim within its lease is its run's to finish
+    # the retry watches the claim until it lapses (a lease without renewal), then retakes the trace
+    retried = analyze_batch(any_store, [*ids, 999_999], cache_dir=tmp_path, claims=ClaimPolicy(lease_s=0.4))
     assert retried == {"analyzed": ids[1:], "failed": [], "skipped": [ids[0], 999_999]}
     with any_store.session() as s:
         assert {t.status for t in s.scalars(select(Trace))} == {"analyzed"}

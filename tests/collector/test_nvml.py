@@ -165,3 +165,20 @@ def test_benchmark_fleet_eight_gpus_thirty_two_processes(monkeypatch) -> None:
     readings = src.sample()
     assert len(readings) == 8 and all(len(r.processes) == 32 for r in readings)
     assert all(r.sm_active == 0.45 and r.tensor_active == 0.125 for r in readings)
+
+
+def test_a_read_before_the_driver_s_next_sample_period_leaves_a_busy_process_unknown_not_idle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the driver ends a sample period every second read: every other read, NVML has nothing newer (NOT_FOUND)
+    busy = FakeGPU(gpu_util=90, util_period_reads=2, processes=[FakeProcess(pid=10, sm_util=85)])
+    idle = FakeGPU(gpu_util=0, util_period_reads=2, processes=[FakeProcess(pid=20, sm_util=None)])
+    fake = FakeNVML([busy, idle])
+    monkeypatch.setattr(nvml_mod, "pynvml", fake)
+    src = NvmlSource()
+    seen = [[(p.pid, p.sm_util) for r in src.sample() for p in r.processes] for _ in range(4)]
+    src.close()
+    assert fake.calls["nvmlDeviceGetProcessUtilization"] >= 8
+    # reads 1, 2 and 4 see a new period; read 3 none: the busy GPU's process is unknown then, never 0
+    assert [s[0] for s in seen] == [(10, 0.85), (10, 0.85), (10, None), (10, 0.85)]
+    # on an idle device, nothing newer means its processes ran no kernel
+    assert [s[1] for s in seen] == [(20, 0.0)] * 4

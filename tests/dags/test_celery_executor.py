@@ -37,7 +37,10 @@ def make_cluster(tmp_path: Path, pg_url: str) -> Iterator[Callable[[int], Celery
     made: list[CeleryCluster] = []
 
     def make(batch_size: int) -> CeleryCluster:
-        c = CeleryCluster(tmp_path, pg_base_url(), pg_url, {"FLEETLENS_ANALYZE_BATCH_SIZE": str(batch_size)})
+        # a killed worker's claim on its trace lapses 20 s after its last renewal (120 s by default): its retry
+        # retakes the trace soon after the scheduler has found the worker gone
+        c = CeleryCluster(tmp_path, pg_base_url(), pg_url, {"FLEETLENS_ANALYZE_BATCH_SIZE": str(batch_size),
+                                                             "FLEETLENS_TRACE_CLAIM_TIMEOUT_S": "20"})
         made.append(c)
         c.create()
         c.start("api-server", "api-server", "--port", str(c.port), "--workers", "1")

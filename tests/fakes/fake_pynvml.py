@@ -67,7 +67,9 @@ class FakeGPU:
     denied: set[str] = field(default_factory=set)
     lost: bool = False
     xid_events: list[int] = field(default_factory=list)  # XID codes waiting in the event set
-    util_timestamp: int = 1_000_000  # µs; process utilisation samples carry it, bumped on each read
+    util_timestamp: int = 1_000_000  # µs; process utilisation samples carry it, bumped by each sample period
+    util_period_reads: int = 1  # the driver's sample period ends once every this many reads (1: every read)
+    util_reads: int = 0
     memory_reserved: int = 0  # driver/firmware reservation: in v1's `used`, apart in v2
     handle_error: int | None = None  # nvmlDeviceGetHandleByIndex raises NVMLError(this code)
     mig: list[FakeGPU] | None = None  # MIG mode on, with these MIG devices
@@ -361,7 +363,9 @@ class FakeNVML:
 
     def nvmlDeviceGetProcessUtilization(self, handle: _Handle, timestamp: int) -> list[Any]:
         gpu = self._gpu("nvmlDeviceGetProcessUtilization", handle)
-        gpu.util_timestamp += 1_000_000
+        gpu.util_reads += 1
+        if gpu.util_reads % gpu.util_period_reads == 0:  # a sample period ended since the last read
+            gpu.util_timestamp += 1_000_000
         samples = []
         for p in gpu.processes:
             if p.sm_util is None:

@@ -1,6 +1,7 @@
 """`alembic upgrade head` builds exactly the models' schema on SQLite and PostgreSQL; `downgrade base` empties it;
 0006 takes the sample tables' ids away and its downgrade gives them back, every row kept both ways; 0012 turns the
-placements' P' into the measured P and back; 0013 gives slurm_jobs every node's GPUs, filled for the rows before it."""
+placements' P' into the measured P and back; 0013 gives slurm_jobs every node's GPUs, filled for the rows before it;
+0016 gives serving minutes their batch-size classes, none for the rows before it."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from store.models_slurm import SlurmJob
 from store.partitions import DAY, SAMPLE_TABLES, adopt_early_rows, day_of, is_partition, partition_name, partitions
 from store.registry import DeviceSpec, register_devices, register_host
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
-from store.serving import set_slo
+from store.serving import app_windows, merge_minutes, set_slo
 from store.workflows import upsert_workflow
 
 
@@ -378,3 +379,54 @@ def test_downgrades_keep_the_rows_that_reference_a_rebuilt_table_on_sqlite(tmp_p
 @pytest.mark.pg
 def test_downgrades_keep_the_rows_that_reference_a_rebuilt_table_on_postgresql(pg_url):
     _downgrades_keep_the_rows_that_reference_a_rebuilt_table(Store(pg_url))
+
+
+def _serving_batch_sizes(store: Store) -> None:
+    """0015 -> 0016 -> 0015 on serving minutes written before 0016: they keep every count and have no batch-size
+    classes (read as such: `batch_sized` 0), a part added to such a minute leaves it without; a new minute has
+    them; the downgrade drops the column and keeps the rows."""
+    assert upgrade(store, "0015") == "0015"
+    with store.session() as session:
+        upsert_workflow(session, "svc", id_source="env")
+    with store.engine.begin() as conn:  # what the agent wrote before 0016
+        conn.execute(text("INSERT INTO serving_minutes (workflow_id, app, minute, n, dropped, met, exec_sum, "
+                          "exec_sumsq, wait_sum, latency_sum, batch_sum, devices, exec_hist, latency_hist) VALUES "
+                          "('svc', 'a', 60.0, 2, 0, 2, 0.2, 0.02, 0.0, 0.2, 8, 1, '{\"-116\": 2}', "
+                          "'{\"-116\": 2}')"))
+    assert upgrade(store) == head_revision()
+    assert _diff(store) == []
+    new = {"app": "a", "n": 1, "dropped": 0, "met": None, "exec_sum": 0.1, "exec_sumsq": 0.01, "wait_sum": 0.0,
+           "latency_sum": 0.1, "batch_sum": 4, "exec_hist": {"-116": 1}, "latency_hist": {"-116": 1},
+           "exec_by_batch": {"4": {"n": 1, "batch_sum": 4, "hist": {"-116": 1}}}}
+    with store.session() as session:
+        (old,) = app_windows(session, 0.0, 120.0)
+        assert (old.n, old.batch_sum, old.batch_sized, old.exec_by_batch) == (2, 8, 0, {})
+        merge_minutes(session, "svc", [{**new, "minute": 60.0}, {**new, "minute": 120.0}])
+    with store.engine.connect() as conn:
+        kept = dict(conn.execute(text("SELECT minute, exec_by_batch FROM serving_minutes ORDER BY minute")).all())
+    assert kept[60.0] is None  # part of it has no batch sizes: none (SQL NULL, as before 0016)
+    with store.session() as session:
+        (w,) = app_windows(session, 0.0, 1000.0)
+    assert (w.n, w.batch_sized, {c: sc.n for c, sc in w.exec_by_batch.items()}) == (4, 1, {4: 1})
+    downgrade(store, "0015")
+    with store.engine.connect() as conn:
+        assert "exec_by_batch" not in {c["name"] for c in inspect(conn).get_columns("serving_minutes")}
+        assert conn.execute(text("SELECT sum(n) FROM serving_minutes")).scalar() == 4
+    assert upgrade(store) == head_revision()
+
+
+def test_0016_serving_minutes_batch_sizes_on_sqlite(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'b.db'}")
+    try:
+        _serving_batch_sizes(store)
+    finally:
+        store.dispose()
+
+
+@pytest.mark.pg
+def test_0016_serving_minutes_batch_sizes_on_postgresql(pg_url):
+    store = Store(pg_url)
+    try:
+        _serving_batch_sizes(store)
+    finally:
+        store.dispose()

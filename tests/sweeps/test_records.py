@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from enforcer.sim.sweeps.tune_model import run_tune_model
 from enforcer.sweeps.fluid import FluidConfig
 from enforcer.sweeps.speed import SpeedModel
+from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.sweeps import events, gpu_use, record_event, record_sweep, sweeps
 
@@ -56,3 +59,39 @@ def test_a_trial_paused_at_its_rung_holds_no_gpus_until_it_starts_again(sqlite_s
     use = gpu_use(events(sqlite_store, "s"), 2)
     assert [(held, one) for _, held, one in use] == [(1.0, 1.0), (2.0, 2.0), (1.0, 1.0), (2.0, 1.0), (0.0, 0.0),
                                                      (1.0, 1.0)]
+
+
+def test_writers_appending_to_one_sweep_at_once_number_every_event_once_in_their_order(any_store: Store) -> None:
+    """Two drivers (or a driver and the CLI) record into one sweep in the same instant, each with its own Store: every
+    event is stored once, the sweep's numbers are 0..N*M-1 each once, and each writer's events keep its order."""
+    writers, each = 4, 15
+    record_sweep(any_store, "shared", 4, {})
+    barrier = threading.Barrier(writers)
+    failed: list[BaseException] = []
+    returned: list[int] = []
+
+    def write(k: int) -> None:
+        store = Store(any_store.url)
+        try:
+            for i in range(each):
+                barrier.wait(timeout=60)  # every writer reads the sweep's last number in the same instant
+                returned.append(record_event(store, "shared", f"t{k}", "start", 0.0, 1.0, reason=f"{k}:{i}"))
+        except BaseException as exc:
+            failed.append(exc)
+            barrier.abort()
+        finally:
+            store.dispose()
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert failed == []
+    rows = events(any_store, "shared")
+    assert sorted(r.reason for r in rows) == sorted(f"{k}:{i}" for k in range(writers) for i in range(each))
+    assert [r.seq for r in rows] == list(range(writers * each))
+    assert sorted(returned) == list(range(writers * each))
+    for k in range(writers):
+        assert [r.reason for r in rows if r.trial_id == f"t{k}"] == [f"{k}:{i}" for i in range(each)]

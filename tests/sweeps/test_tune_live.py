@@ -60,11 +60,10 @@ def ray_cluster(fleet_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert not left, f"Ray left processes running: {[p.pid for p in left]}"
 
 
-def _fluid_sweep(tmp_path: Path, store: Store, name: str, *, callbacks: tuple = (), ending: bool = False,
+def _fluid_sweep(tmp_path: Path, store: Store, name: str, *, callbacks: tuple = (),
                  **run: object) -> tuple[object, object]:
     """TRIALS under a dynamic Fluid scheduler on an ASHA base recording into `store` as sweep `name`: the scheduler
-    and the Tuner, with `callbacks` (and the scheduler's end-of-experiment callback when `ending`) and the rest of
-    `run` (e.g. stop) in its RunConfig."""
+    and the Tuner, with `callbacks` and the rest of `run` (e.g. stop) in its RunConfig."""
     from ray import tune
 
     from collector.tune.scheduler import FluidScheduler, StoreRecorder, base_scheduler
@@ -83,7 +82,7 @@ def _fluid_sweep(tmp_path: Path, store: Store, name: str, *, callbacks: tuple = 
         param_space=space,
         tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=False),
         run_config=tune.RunConfig(storage_path=str(tmp_path / "ray_results"), name=name, verbose=0,
-                                  callbacks=[*callbacks, *([scheduler.ending()] if ending else [])], **run),
+                                  callbacks=list(callbacks), **run),
     )
     return scheduler, tuner
 
@@ -146,7 +145,8 @@ def test_a_sweep_stopped_as_a_whole_ends_every_trial_in_the_records(ray_cluster:
         def stop_all(self) -> bool:
             return self.seen
 
-    scheduler, tuner = _fluid_sweep(tmp_path, sqlite_store, "fluid-stop", ending=True, stop=StopAll())
+    # no `ending()` in the run's callbacks: the scheduler adds it itself
+    scheduler, tuner = _fluid_sweep(tmp_path, sqlite_store, "fluid-stop", stop=StopAll())
     tuner.fit()
     rows = events(sqlite_store, "fluid-stop")
     started = {r.trial_id for r in rows if r.kind == "start"}

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Ta
 from analyzer.report import print_report
 from analyzer.report_html import render_html
 from analyzer.traces.cache import TraceBounds
+from analyzer.traces.claims import ClaimPolicy
 from analyzer.traces.jobs import analyze_trace, register_trace
 from analyzer.traces.run import AnalysisResult, analyze_paths, expand_paths
 from store.errors import InvalidInput
@@ -86,7 +87,7 @@ def _analyze_into_store(paths: list[str], workflow: str | None, as_json: bool, c
     for f in files:
         trace_id = register_trace(st, f, workflow_id=workflow)
         res = analyze_trace(st, trace_id, cache_dir=cache_dir or s.home / "cache" / "traces", host_id=s.host_id,
-                            bounds=TraceBounds.from_settings(s))
+                            bounds=TraceBounds.from_settings(s), claims=ClaimPolicy.from_settings(s))
         failed |= res["status"] == "failed"
         out.append({"trace_id": trace_id, "path": str(f), "status": res["status"], "error": res["error"],
                     "findings": res["findings"]})

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from analyzer.serving.rules import ServingThresholds
 from enforcer.sim.readers.alibaba import read_alibaba
 from enforcer.sim.serving.experiment import prepare
 from enforcer.sim.serving.rightsize import SCHEDULERS, RightSize, prepare_workflow, rightsize
@@ -36,22 +37,37 @@ def slo_cmd(workflow: str, application: str, seconds: float,
 
 @serving_app.command("show")
 def show_cmd(window: float = typer.Option(3600.0, "--window", help="seconds back from now")) -> None:
-    """Each serving application's requests, latency quantiles (to 1 %) and SLO attainment over the window."""
+    """Each serving application's requests, latency quantiles (to 1 %), execution-time CV and SLO attainment over
+    the window. The execution time is the batch's: its CV within one batch size is the model's own variation; over
+    all sizes it includes what batching does."""
     store = open_store()
     now = time.time()
     with store.session() as s:
         windows = app_windows(s, now - window, now)
         raw = all_raw_counts(s)
     table = Table(title=f"serving applications, last {window:g} s")
-    for col in ("workflow", "application", "served", "shed", "p50 s", "p99 s", "exec CV", "SLO s", "attainment"):
+    for col in ("workflow", "application", "served", "shed", "p50 s", "p99 s", "exec CV in batch size",
+                "exec CV all sizes", "mean batch", "SLO s", "attainment"):
         table.add_column(col)
+    unsized = []
+    min_class = ServingThresholds().min_class_requests
     for w in windows:
         p50, p99 = ls.quantiles(w.latency_hist, (0.5, 0.99))
         att = w.attainment()
+        within, covered = w.exec_cv_within_batch(min_class)
+        if w.batch_sized < w.n:
+            unsized.append(w.app)
         table.add_row(w.workflow_id, w.app, str(w.n), str(w.dropped), f"{p50:.4g}", f"{p99:.4g}",
-                      f"{w.exec_cv_quartiles:.2f}", "-" if w.slo_s is None else f"{w.slo_s:g}",
+                      f"{within:.2f}" if covered else "-", f"{w.exec_cv_quartiles:.2f}",
+                      f"{w.batch_sum / w.n:.3g}" if w.n else "-", "-" if w.slo_s is None else f"{w.slo_s:g}",
                       "-" if att is None else f"{att:.2%}")
     console.print(table)
+    console.print("exec CV: of execution times from the quartiles; a request's is its batch's, so only the CV within "
+                  "one batch size is the model's own variation (serving.dynamic_runtime judges it); '-': no batch "
+                  f"size with {min_class} requests")
+    if unsized:
+        console.print(f"{', '.join(sorted(set(unsized)))}: some minutes were stored before revision 0016, without "
+                      "batch sizes: their requests are in the CV over all sizes only")
     if raw:
         kept = Table(title="raw requests kept (FLEETLENS_SERVING_RAW_REQUESTS; the rest are in the histograms)")
         for col in ("workflow", "stored", "over the cap"):
@@ -85,7 +101,8 @@ def rightsize_cmd(
                                "to say what its serving containers hold"),
     k: float = typer.Option(3.0, "--k", help="with --alibaba: SLO = k x the application's median"),
     target: float = typer.Option(0.99, "--target", help="share of requests that must meet the SLO"),
-    alpha: float = typer.Option(0.1, "--alpha", help="batch cost g(b) = 1 + alpha log2 b"),
+    alpha: float = typer.Option(0.1, "--alpha", help="batch cost g(b) = 1 + alpha log2 b (a store workflow's "
+                                "per-request times are recovered from its batch times with it too)"),
     window: float = typer.Option(3600.0, "--window", help="store workflow: seconds back from now"),
     scheduler: list[str] = typer.Option(None, "--scheduler", help=f"one of {', '.join(SCHEDULERS)} (repeat)"),
 ) -> None:
@@ -113,6 +130,8 @@ def rightsize_cmd(
         _print(rs, held)
         return
     store = open_store()
-    prep, slo, held_n = prepare_workflow(store, workflow, window_s=window)
+    prep, slo, held_n = prepare_workflow(store, workflow, window_s=window, alpha=alpha)
     rs = rightsize(prep, slo, alpha=alpha, target=target, max_gpus=max(64, 2 * held_n), schedulers=schedulers)
+    for name, basis in prep.time_basis.items():
+        console.print(f"{name}: {basis}")
     _print(rs, f"it holds {held_n}")

@@ -35,6 +35,7 @@ from analyzer.telemetry import detect
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds, scaled
 from analyzer.traces import analyze_pending
 from analyzer.traces.cache import TraceBounds
+from analyzer.traces.claims import ClaimPolicy
 from collector.recordings.load import load_into_store
 from enforcer.actuators.drive import drive_actions
 from enforcer.plan_store import apply_plan, make_plan
@@ -281,7 +282,8 @@ class Demo:
 
     def analyze(self) -> None:
         analyze_pending(self.store, cache_dir=self.settings.home / "cache" / "traces", host_id=self.settings.host_id,
-                        bounds=TraceBounds.from_settings(self.settings))
+                        bounds=TraceBounds.from_settings(self.settings),
+                        claims=ClaimPolicy.from_settings(self.settings))
         # The replayed fleet is judged on real time; the local jobs, a minute or two old, on demo time.
         detect(self.store)
         # judged from their first step on: a start-up (imports, allocation) is no part of how a job uses a device

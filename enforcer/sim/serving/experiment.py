@@ -36,6 +36,7 @@ class Prepared:
     arrival: np.ndarray
     time: np.ndarray
     fallback: Counter = field(default_factory=Counter)
+    time_basis: dict[str, str] = field(default_factory=dict)  # application -> where its times came from, if said
 
     @property
     def span(self) -> float:

@@ -3,7 +3,11 @@ distributions meet every application's SLO for at least `target` of requests, pe
 reconstruction of Orloj's, and the simulator's Clockwork-, Nexus-, Clipper- and Triton-like baselines).
 
 Two sources: a serving workflow in the store (its per-minute histograms: each minute's requests at seeded random
-times within it, execution times drawn from its histogram, one batching group per application), and a request
+times within it, one batching group per application, and per-request times drawn from the distribution recovered
+from its batch times per batch-size class (enforcer.serving.alone_times, with the same g as the simulator): the SDK
+measures batch times, and the simulator applies g(|B|) to the batches it forms; an application whose minutes in the
+window were all stored before revision 0016 keeps no batch sizes, so its batch times over all sizes are used, which
+overstates the devices needed, and `Prepared.time_basis` says so), and a request
 trace (Alibaba's, with real arrivals and times: distributions fit on the first half, the second half replayed at
 its real pace). A target no number of devices can meet (requests that run longer than their SLO even alone) is
 said so, with the best attainment any number reaches. Shed requests arrived too, so they are replayed as load; an
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from enforcer.serving.alone_times import alone_samples
 from enforcer.serving.distribution import Distributions, TimeGrid
 from enforcer.sim.serving.engine import Workload
 from enforcer.sim.serving.experiment import Prepared, simulate_policies
@@ -116,8 +121,10 @@ def _shed_only(workflow_id: str, apps: list[AppWindow], served_last: dict[str, f
 
 
 def prepare_workflow(store: Store, workflow_id: str, *, now: float | None = None, window_s: float = 3600.0,
-                     seed: int = 0) -> tuple[Prepared, np.ndarray, int]:
-    """A store workflow as a simulator input: (prepared requests, SLO per application, devices it holds)."""
+                     seed: int = 0, alpha: float = 0.1) -> tuple[Prepared, np.ndarray, int]:
+    """A store workflow as a simulator input: (prepared requests, SLO per application, devices it holds). `alpha`
+    is the batch cost g(b) = 1 + alpha log2 b the per-request times are recovered with: the one the simulation
+    uses."""
     now = time.time() if now is None else now
     with store.session() as s:
         apps = [w for w in app_windows(s, now - window_s, now, [workflow_id]) if w.n or w.dropped]
@@ -142,7 +149,17 @@ def prepare_workflow(store: Store, workflow_id: str, *, now: float | None = None
         raise InvalidInput(f"serving workflow {workflow_id!r}: no SLO for {missing}; set one with "
                            "`fleetlens serving slo WORKFLOW APP SECONDS`")
     rng = np.random.default_rng(seed)
-    samples = [ls.samples(w.exec_hist) for w in apps]
+    samples, basis = [], {}
+    for w in apps:
+        if w.batch_sized:
+            samples.append(alone_samples(w.exec_by_batch, alpha))
+            if w.batch_sized < w.n:
+                basis[w.app] = (f"per-request times recovered from the batch sizes of {w.batch_sized} of its {w.n} "
+                                "requests (the others' minutes were stored before revision 0016, without them)")
+        else:
+            samples.append(ls.samples(w.exec_hist))
+            basis[w.app] = ("batch times over all batch sizes, taken as per-request times: its minutes were stored "
+                            "before revision 0016, without batch sizes, so the devices needed may be overstated")
     grid = TimeGrid.covering(max(float(x.max()) for x in samples) * 1.01)
     names = [w.app for w in apps]
     dists = Distributions(grid, names, samples)
@@ -156,6 +173,6 @@ def prepare_workflow(store: Store, workflow_id: str, *, now: float | None = None
     a, ap, t = np.concatenate(arr), np.concatenate(app), np.concatenate(times)
     order = np.argsort(a, kind="stable")
     prep = Prepared(names, names, dists, Distributions(grid, ["pooled"], [np.concatenate(samples)]), ap[order],
-                    ap[order].copy(), a[order], t[order])
+                    ap[order].copy(), a[order], t[order], time_basis=basis)
     slo = np.array([w.slo_s for w in apps])
     return prep, slo, max(w.devices for w in apps)

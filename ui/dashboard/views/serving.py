@@ -6,12 +6,15 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from analyzer.serving.rules import ServingThresholds
 from enforcer.sim.serving.rightsize import SCHEDULERS, prepare_workflow, rightsize
 from store.errors import FleetlensError
+from store.serving import AppWindow
 from ui.dashboard import serving_charts
 from ui.dashboard.common import context, fresh, report
 
 MAX_REPLAY_REQUESTS = 100_000  # beyond this the page points at `fleetlens serving rightsize`
+RIGHTSIZE_ALPHA = 0.1  # batch cost g(b) = 1 + alpha log2 b, as `fleetlens serving rightsize` defaults to
 
 ctx = context()
 st.title("Serving")
@@ -45,11 +48,25 @@ if raw is not None:
 
 st.subheader("Latency against the SLO")
 st.plotly_chart(serving_charts.latency_cdf(mine))
+
+def _cv_within(w: AppWindow) -> float | None:
+    cv, covered = w.exec_cv_within_batch(ServingThresholds().min_class_requests)
+    return round(cv, 3) if covered else None
+
+
 table = pd.DataFrame([{
     "application": w.app, "served": w.n, "shed": w.dropped, "SLO s": w.slo_s,
-    "attainment": w.attainment(), "target": w.target, "exec CV": round(w.exec_cv_quartiles, 3),
+    "attainment": w.attainment(), "target": w.target, "exec CV in batch size": _cv_within(w),
+    "exec CV all sizes": round(w.exec_cv_quartiles, 3),
     "mean batch": round(w.batch_sum / w.n, 2) if w.n else None} for w in mine])
 st.dataframe(table, hide_index=True)
+st.caption("Execution times are batch times, which grow with the batch's size: the CV within one batch size is the "
+           "model's own variation (what `serving.dynamic_runtime` judges); the CV over all sizes includes batching. "
+           f"Empty: no batch size with {ServingThresholds().min_class_requests} requests.")
+unsized = [w.app for w in mine if w.batch_sized < w.n]
+if unsized:
+    st.caption(f"{', '.join(unsized)}: minutes stored before revision 0016 keep no batch sizes; their requests are in "
+               "the CV over all sizes only.")
 
 st.subheader("Attainment over time")
 st.plotly_chart(serving_charts.attainment_over_time(mine))
@@ -62,8 +79,9 @@ elif served + shed > MAX_REPLAY_REQUESTS:
 else:
     try:
         prep, slo, held_n = prepare_workflow(ctx.store, wf, now=ctx.window.end,
-                                             window_s=ctx.window.end - ctx.window.start)
-        rs = rightsize(prep, slo, target=min(w.target for w in judged), max_gpus=max(8, 2 * held_n))
+                                             window_s=ctx.window.end - ctx.window.start, alpha=RIGHTSIZE_ALPHA)
+        rs = rightsize(prep, slo, alpha=RIGHTSIZE_ALPHA, target=min(w.target for w in judged),
+                       max_gpus=max(8, 2 * held_n))
     except FleetlensError as exc:
         report(exc)
         st.stop()
@@ -80,3 +98,5 @@ else:
     else:
         st.success(f"Right size: **{best[1]} devices** with {best[0]} (holds {held_n}); replayed "
                    f"{rs.requests:,} requests with the measured arrivals and execution times.")
+    for name, basis in prep.time_basis.items():
+        st.caption(f"{name}: {basis}.")
