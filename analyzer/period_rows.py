@@ -16,8 +16,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import select
 
-from analyzer.rollups import HOUR, device_rollups, workflow_rollups
-from analyzer.stale_rollups import hour_runs
+from analyzer.rollups import HOUR, device_rollups, hour_runs, workflow_rollups
 from analyzer.telemetry.frame import load_window
 from analyzer.telemetry.thresholds import load_thresholds
 from store.db import Store

@@ -22,11 +22,11 @@ Only closed hours (ending at or before `now`) are rolled up. Re-running upserts 
 (scope, subject, hour), so it is idempotent. Each rolled-up hour also keeps the telemetry detectors' summary of it
 (analyzer.telemetry.hour_summaries), replaced when the hour is rolled up again.
 
-Late samples: an hour that raw samples reach after it was rolled up (an agent's spool sent when the database came
-back, an import of the past) is rolled up again by the next rollup, its summary with it, if it lies within the
-rollup's look-back (`recheck_days`, the retention's days where the periodic jobs call it): each run counts the raw rows
-per hour of the look-back and compares them with the rollups' `samples` (analyzer.stale_rollups), so it reads the
-samples of the hours that changed only.
+Late samples: an hour that samples reach after it closed (an agent's spool sent when the database came back, an
+import of the past) is marked by the write itself (store.late_hours); the next rollup rolls each marked hour up
+again, its summary with it, if it lies within the rollup's look-back (`recheck_days`, the retention's days where the
+periodic jobs call it: the retention deletes no sample younger, so such an hour is whole), and clears its mark unless
+a write came since. So a rollup reads the samples of the hours that changed only, whatever the store holds.
 """
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ from functools import partial
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import Integer, cast, delete, func, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from analyzer.device_share import share_of
-from analyzer.stale_rollups import hour_expr, hour_runs, stale_hours
 from analyzer.telemetry.chunks import device_groups
 from analyzer.telemetry.frame import ReadPlan, TelemetryWindow, load_window, read_plan, read_registry, read_rows
 from analyzer.telemetry.hour_summaries import keep_hours
 from analyzer.telemetry.summary import Piece, merged, summarise
 from analyzer.telemetry.thresholds import Thresholds, load_thresholds
+from store import late_hours
 from store.db import Store
 from store.errors import InvalidInput
 from store.models import DeviceSample, ProcessSample, Rollup, TelemetryHour
@@ -94,9 +94,27 @@ def hour_of(ts: float) -> float:
     return math.floor(ts / HOUR) * HOUR
 
 
+def _hour_expr(store: Store, column):
+    """The SQL start of the hour of an epoch-seconds column (floor; SQLite has no floor() everywhere)."""
+    if store.is_postgres:
+        return func.floor(column / HOUR) * HOUR
+    return cast(column / HOUR, Integer) * HOUR  # timestamps are positive, so truncation is floor
+
+
+def hour_runs(hours: list[float]) -> list[tuple[float, float]]:
+    """Contiguous [start, end) runs of these hour starts (sorted)."""
+    runs: list[tuple[float, float]] = []
+    for h in hours:
+        if runs and runs[-1][1] == h:
+            runs[-1] = (runs[-1][0], h + HOUR)
+        else:
+            runs.append((h, h + HOUR))
+    return runs
+
+
 def _default_since(store: Store) -> float | None:
-    """The hour after the last rolled one (late samples of that one or earlier ones are found by counting, see
-    stale_rollups); with no rollups, the oldest sample's hour."""
+    """The hour after the last rolled one (samples that reach it or an earlier one later mark it: store.late_hours);
+    with no rollups, the oldest sample's hour."""
     with store.session() as session:
         last = session.scalar(select(func.max(Rollup.hour)))
         if last is not None:
@@ -151,8 +169,9 @@ def rollup(
     recheck_days: float = RECHECK_DAYS,
 ) -> RollupResult:
     """Roll up every closed hour from `since` (default: the hour after the last rolled one, else the oldest sample's)
-    to `now`, and again every earlier hour of the last `recheck_days` days (0: none) whose raw samples outnumber what
-    its rollups counted (samples that came after it was rolled up)."""
+    to `now`, and again every earlier hour of the last `recheck_days` days (0: none) that samples were written into
+    after it closed (store.late_hours). A marked hour outside the look-back keeps its mark (a rollup with a longer one
+    rolls it up; the retention drops it with the hour's samples)."""
     if recheck_days is None or not 0 <= recheck_days < math.inf:
         raise InvalidInput(f"recheck_days must be a finite number of days, 0 or more, got {recheck_days!r}")
     th = thresholds or load_thresholds()
@@ -162,9 +181,12 @@ def rollup(
     if since is None:
         return RollupResult(0, 0, 0, None, None)
     since = min(since, end)
-    # the hours before `since` still within the look-back (the retention deletes no sample younger): whole hours, as
-    # the retention's cutoff
-    stale = stale_hours(store, hour_of(now - recheck_days * DAY), since) if recheck_days > 0 else []
+    # the marks are read before any sample: a write that comes later changes its mark's version, so the mark stays
+    marked = late_hours.marks(store, end)
+    # the marked hours before `since` still within the look-back (the retention deletes no sample younger): whole
+    # hours, as the retention's cutoff
+    lookback = hour_of(now - recheck_days * DAY) if recheck_days > 0 else since
+    stale = [h for h in marked if lookback <= h < since]
     ranges = [*hour_runs(stale), *([(since, end)] if since < end else [])]
     if not ranges:
         return RollupResult(0, 0, 0, None, None)
@@ -177,6 +199,8 @@ def rollup(
         for lo, hi in ranges:
             dev, wf = _roll_range(store, pool, lo, hi, th, computed_at, registry)
             n_dev, n_wf = n_dev + dev, n_wf + wf
+    # every hour rolled up now holds the samples of the writes its mark had seen
+    late_hours.clear(store, {h: v for h, v in marked.items() if lookback <= h < end})
     if since < end:
         return RollupResult(int((end - since) // HOUR), n_dev, n_wf, since, end - HOUR, tuple(stale))
     return RollupResult(0, n_dev, n_wf, None, None, tuple(stale))
@@ -352,6 +376,7 @@ def apply_retention(store: Store, retention_days: float, now: float | None = Non
     # the detectors' kept hours live as long as the samples they summarise: the table stays a week of hours
     with store.session() as session:
         summaries = session.execute(delete(TelemetryHour).where(TelemetryHour.hour < cutoff)).rowcount
+        late_hours.drop_before(session, cutoff)  # their samples are the retention's now, not a rollup's
         raw_requests = delete_raw_before(session, cutoff)
     return RetentionResult(cutoff, dev_deleted + by_table["device_samples"],
                            proc_deleted + by_table["process_samples"], dev_kept + proc_kept, tuple(sorted(dropped)),
@@ -373,7 +398,7 @@ def _rolled_up_rows(conn, part: Partition) -> int | None:
 
 
 def _retain(store: Store, model, subject_col, scope: str, cutoff: float, to_subject) -> tuple[int, int]:
-    hour = hour_expr(store, model.ts).label("hour")
+    hour = _hour_expr(store, model.ts).label("hour")
     with store.session() as session:
         raw = session.execute(
             select(hour, subject_col, func.count()).where(model.ts < cutoff).group_by(hour, subject_col)

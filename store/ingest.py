@@ -19,12 +19,15 @@ from pgpq import ArrowToPostgresBinaryEncoder
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
+from store import late_hours
 from store.db import Store, is_disk_full, is_read_only
 from store.errors import InvalidInput, PartitionMissing
 from store.models import DeviceSample, ProcessSample
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 
 Row = Mapping[str, Any] | Sequence[Any]
+_DEVICE_TS = DEVICE_SAMPLE_COLUMNS.index("ts")
+_PROCESS_TS = PROCESS_SAMPLE_COLUMNS.index("ts")
 
 
 def _as_tuples(rows: Iterable[Row], columns: tuple[str, ...]) -> Iterable[tuple[Any, ...]]:
@@ -128,16 +131,20 @@ def write_samples_on(
     conn: Connection, is_postgres: bool, device_rows: Iterable[Row] = (), process_rows: Iterable[Row] = ()
 ) -> tuple[int, int]:
     """write_samples inside the caller's transaction (`conn`), for a caller that writes other rows with the
-    samples and wants all or none of them; wrap it in sample_errors(store) for the same messages."""
-    device = _as_tuples(device_rows, DEVICE_SAMPLE_COLUMNS)
-    process = _as_tuples(process_rows, PROCESS_SAMPLE_COLUMNS)
+    samples and wants all or none of them; wrap it in sample_errors(store) for the same messages. The closed hours
+    written into are marked in the same transaction, for the next rollup to roll them up again (store.late_hours)."""
+    before, hours = late_hours.closed_before(), set()
+    device = late_hours.noting_hours(_as_tuples(device_rows, DEVICE_SAMPLE_COLUMNS), _DEVICE_TS, before, hours)
+    process = late_hours.noting_hours(_as_tuples(process_rows, PROCESS_SAMPLE_COLUMNS), _PROCESS_TS, before, hours)
     write = _copy if is_postgres else _executemany
     cursor = conn.connection.driver_connection.cursor()
     try:
-        return (write(cursor, "device_samples", DEVICE_SAMPLE_COLUMNS, device),
-                write(cursor, "process_samples", PROCESS_SAMPLE_COLUMNS, process))
+        counts = (write(cursor, "device_samples", DEVICE_SAMPLE_COLUMNS, device),
+                  write(cursor, "process_samples", PROCESS_SAMPLE_COLUMNS, process))
     finally:
         cursor.close()
+    late_hours.mark(conn, is_postgres, hours)
+    return counts
 
 
 def write_sample_batches(
@@ -161,9 +168,11 @@ def write_sample_batches_on(
                                       ("process_samples", PROCESS_SAMPLE_COLUMNS, process)):
             counts.append(0 if batch is None or not batch.num_rows else
                           write(cursor, table, _arrow_batch(table, columns, batch)))
-        return counts[0], counts[1]
     finally:
         cursor.close()
+    before = late_hours.closed_before()
+    late_hours.mark(conn, is_postgres, late_hours.batch_hours(device, before) | late_hours.batch_hours(process, before))
+    return counts[0], counts[1]
 
 
 @contextmanager

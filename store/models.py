@@ -304,6 +304,16 @@ class Rollup(Base):
     computed_at: Mapped[float]
 
 
+class LateSampleHour(Base):
+    """A closed hour that samples were written into (store.late_hours): the next rollup rolls it up again, and
+    deletes the mark only if its `version` (raised by every such write) is still the one it read."""
+
+    __tablename__ = "late_sample_hours"
+
+    hour: Mapped[float] = mapped_column(primary_key=True, autoincrement=False)  # epoch seconds, start of the hour
+    version: Mapped[int] = mapped_column(BigInteger)
+
+
 class TelemetryHour(Base):
     """What the telemetry detectors need of one closed hour, kept when the hour is rolled up, so judging a day
     combines 24 of these instead of reading the day's samples (analyzer.telemetry.hour_summaries). Each part is an

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from unittest import mock
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -98,10 +99,12 @@ def _sample_schema(store: Store) -> dict:
 
 
 def _write(store: Store, times: list[float], pid: int = 7) -> None:
-    write_samples(store, [{"device_id": 1 + k % 2, "ts": t, "gpu_util": k / 10, "mem_used": k << 20}
-                          for k, t in enumerate(times)],
-                  [{"device_id": 1 + k % 2, "workflow_id": f"wf{k % 3}", "host_id": "h1", "pid": pid, "ts": t,
-                    "mem_used": k << 20, "sm_util": 0.5} for k, t in enumerate(times)])
+    """Samples as a writer of an early revision wrote them: without late-hour marks (their table comes with 0017)."""
+    with mock.patch("store.late_hours.mark"):
+        write_samples(store, [{"device_id": 1 + k % 2, "ts": t, "gpu_util": k / 10, "mem_used": k << 20}
+                              for k, t in enumerate(times)],
+                      [{"device_id": 1 + k % 2, "workflow_id": f"wf{k % 3}", "host_id": "h1", "pid": pid, "ts": t,
+                        "mem_used": k << 20, "sm_util": 0.5} for k, t in enumerate(times)])
 
 
 def _ids_dropped_and_restored(store: Store) -> None:
