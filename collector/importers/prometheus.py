@@ -133,6 +133,16 @@ def _resume_points(store: Store, cursors: dict[tuple[str, int], tuple[int, float
             for d, t, e, x in rows}
 
 
+LATEST_SECONDS = 1e11  # epoch seconds of the year 5138: a larger time is in milliseconds (or finer)
+
+
+def _seconds(name: str, value: float | None) -> None:
+    """Refuse a time given in epoch milliseconds (Grafana's URLs and many exporters carry them): taken as seconds it is
+    thousands of years away, and a range up to it is millions of windows to fetch."""
+    if value is not None and abs(float(value)) >= LATEST_SECONDS:
+        raise InvalidInput(f"{name} {value:.0f} is in milliseconds, not epoch seconds: give {float(value) / 1000:.0f}")
+
+
 def import_windows(since: float, until: float, step: float, settings: Settings) -> list[tuple[float, float]]:
     """The [start, end] windows an import of [since, until] fetches and writes one at a time, in order.
 
@@ -204,6 +214,8 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
     if not step > 0:
         raise InvalidInput(f"the step must be a positive number of seconds, not {step}")
     now = time.time() if now is None else now
+    for name, value in (("--since", since), ("--until", until)):
+        _seconds(name, value)
     until = float(until if until is not None else now - step)  # the newest step may still be being scraped
     cursors = _cursors(store)
     known = [t for _, t in cursors.values() if t is not None]

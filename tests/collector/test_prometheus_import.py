@@ -208,6 +208,16 @@ def test_a_wrong_url_says_so_and_writes_nothing(prom, store):
     assert _counts(store) == (0, 0, 0, 0, 0)
 
 
+def test_a_time_in_milliseconds_is_refused_and_not_fetched_as_thousands_of_years(store):
+    """Epoch milliseconds (Grafana's from=/to=) taken as seconds: --since after --until, or a range of millions of
+    windows up to the year 55,000 planned (gigabytes of windows before any query)."""
+    nowhere = f"http://127.0.0.1:{free_port()}"  # refused before Prometheus is asked
+    with pytest.raises(InvalidInput, match=r"--since 1699999980000 is in milliseconds.*give 1699999980"):
+        _import(store, nowhere, since=T0 * 1000)
+    with pytest.raises(InvalidInput, match=r"--until 1700003520000 is in milliseconds.*give 1700003520"):
+        _import(store, nowhere, until=END * 1000)
+    assert _counts(store) == (0, 0, 0, 0, 0)
+
 def test_cli_imports_and_reports_errors_in_one_line(prom, fleet_home, capsys):
     assert cli(["init"]) == 0
     args = ["import-prometheus", prom.url, "--since", repr(T0), "--until", repr(END), "--step", "1m"]
