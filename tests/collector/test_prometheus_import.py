@@ -8,9 +8,14 @@ running Slurm job 42 (dcgm-exporter's hpc_job label); and one series without any
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
@@ -207,6 +212,51 @@ def test_a_wrong_url_says_so_and_writes_nothing(prom, store):
         _import(store, prom.url, since=END, until=T0)
     assert _counts(store) == (0, 0, 0, 0, 0)
 
+
+@contextmanager
+def _gateway(upstream: str, down_from: float) -> Iterator[str]:
+    """A reverse proxy in front of `upstream` (as nginx would be) that answers its own HTML 502 Bad Gateway to every
+    query_range starting at or after `down_from`: Prometheus went away in the middle of an import."""
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            query = parse_qs(urlsplit(self.path).query)
+            if self.path.startswith("/api/v1/query_range") and float(query["start"][0]) >= down_from:
+                status, body, kind = 502, b"<html><body><h1>502 Bad Gateway</h1>nginx</body></html>", "text/html"
+            else:
+                answer = httpx.get(upstream + self.path, timeout=30)
+                status, body, kind = answer.status_code, answer.content, answer.headers["content-type"]
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_gateway_error_says_prometheus_is_away_keeps_what_was_written_and_the_next_run_completes(prom, store):
+    whole = 2 * N + (N - len(GAP))
+    settings = _settings(prometheus_window_s=1500)  # three windows; the second one meets the 502
+    with _gateway(prom.url, T0 + 1500) as url:
+        with pytest.raises(UpstreamUnavailable, match=r"HTTP 502 \(Bad Gateway\).*down or overloaded; try again "
+                                                      r"later\. Before that, \d+ device samples up to \d+"):
+            _import(store, url, settings=settings)
+    first = _counts(store)[3]
+    assert 0 < first < whole  # the first window is kept
+    assert _import(store, prom.url, since=None, settings=settings).device_samples == whole - first
+    assert _counts(store)[3] == whole
 
 def test_a_time_in_milliseconds_is_refused_and_not_fetched_as_thousands_of_years(store):
     """Epoch milliseconds (Grafana's from=/to=) taken as seconds: --since after --until, or a range of millions of
