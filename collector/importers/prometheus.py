@@ -272,9 +272,6 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
         names = client.names_present(names, start, until)
         if not any(n in FIELD_NAMES for n in names):
             raise _nothing_to_import(client, start, until)
-        if any(n in LEGACY for n in names):
-            log.warning("prometheus %s: reading dcgm-exporter 1.x's names (%s)", url,
-                        ", ".join(n for n in names if n in LEGACY))
         pending = ahead.submit(fetch, *windows[0])
         writing: list[Future] = []  # in window order
         last_turn: Turn | None = None
@@ -301,6 +298,10 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
     summary.hosts, summary.devices, summary.workflows, summary.series = (
         len(seen[k]) for k in ("hosts", "devices", "workflows", "series"))
     summary.skipped = {why: len(keys) for why, keys in seen["skipped"].items()}
+    # by the series fetched: a server that does not list names (names_present) gets every name asked for
+    legacy = sorted({dict(key).get("__name__") for key in seen["series"]} & LEGACY)
+    if legacy:
+        log.warning("prometheus %s: read dcgm-exporter 1.x's names (%s)", url, ", ".join(legacy))
     summary.seconds = time.perf_counter() - started
     if summary.skipped:
         log.warning("prometheus %s: %s", url, "; ".join(f"skipped {n} series {why}"

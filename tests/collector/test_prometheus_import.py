@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -214,15 +214,16 @@ def test_a_wrong_url_says_so_and_writes_nothing(prom, store):
 
 
 @contextmanager
-def _gateway(upstream: str, down_from: float) -> Iterator[str]:
-    """A reverse proxy in front of `upstream` (as nginx would be) that answers its own HTML 502 Bad Gateway to every
-    query_range starting at or after `down_from`: Prometheus went away in the middle of an import."""
+def _gateway(upstream: str, own: Callable[[str, dict[str, list[str]]], int | None]) -> Iterator[str]:
+    """A reverse proxy in front of `upstream` (as nginx would be) that answers a request with an HTML page of its own
+    and the status `own(path, query)` gives, or passes it on (None)."""
 
     class Gateway(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            query = parse_qs(urlsplit(self.path).query)
-            if self.path.startswith("/api/v1/query_range") and float(query["start"][0]) >= down_from:
-                status, body, kind = 502, b"<html><body><h1>502 Bad Gateway</h1>nginx</body></html>", "text/html"
+            parts = urlsplit(self.path)
+            status = own(parts.path, parse_qs(parts.query))
+            if status is not None:
+                body, kind = f"<html><body><h1>{status}</h1>nginx</body></html>".encode(), "text/html"
             else:
                 answer = httpx.get(upstream + self.path, timeout=30)
                 status, body, kind = answer.status_code, answer.content, answer.headers["content-type"]
@@ -249,7 +250,9 @@ def _gateway(upstream: str, down_from: float) -> Iterator[str]:
 def test_a_gateway_error_says_prometheus_is_away_keeps_what_was_written_and_the_next_run_completes(prom, store):
     whole = 2 * N + (N - len(GAP))
     settings = _settings(prometheus_window_s=1500)  # three windows; the second one meets the 502
-    with _gateway(prom.url, T0 + 1500) as url:
+    # Prometheus goes away in the middle of the import: the proxy answers 502 Bad Gateway from the second window on
+    with _gateway(prom.url, lambda path, query: 502 if path == "/api/v1/query_range" and
+                  float(query["start"][0]) >= T0 + 1500 else None) as url:
         with pytest.raises(UpstreamUnavailable, match=r"HTTP 502 \(Bad Gateway\).*down or overloaded; try again "
                                                       r"later\. Before that, \d+ device samples up to \d+"):
             _import(store, url, settings=settings)
@@ -257,6 +260,12 @@ def test_a_gateway_error_says_prometheus_is_away_keeps_what_was_written_and_the_
     assert 0 < first < whole  # the first window is kept
     assert _import(store, prom.url, since=None, settings=settings).device_samples == whole - first
     assert _counts(store)[3] == whole
+
+def test_a_server_without_label_values_is_not_said_to_have_old_names(prom, store, caplog):
+    """A proxy that does not pass label values on gets every name queried; that is no sign of dcgm-exporter 1.x."""
+    with _gateway(prom.url, lambda path, _: 404 if path.startswith("/api/v1/label/") else None) as url:
+        assert _import(store, url).device_samples == 2 * N + (N - len(GAP))
+    assert "1.x" not in caplog.text
 
 def test_a_time_in_milliseconds_is_refused_and_not_fetched_as_thousands_of_years(store):
     """Epoch milliseconds (Grafana's from=/to=) taken as seconds: --since after --until, or a range of millions of
