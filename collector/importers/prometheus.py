@@ -5,16 +5,16 @@ container (or HPC job) using it. Its samples become device samples of that devic
 process samples of that workflow (one synthetic process per workflow and device: dcgm-exporter does not see pids),
 written through store.ingest (write_sample_batches_on: the same COPY as an agent's write_samples).
 
-Incremental and idempotent: a device's last sample in the store is where its series resumes; points at or before it
-are never written again, so importing the same range twice writes nothing the second time. The range is taken a
-window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline: the next window is fetched while this one is
-turned into column batches and the ones before are written; only the fields that have series in the range are asked
-for, uncompressed (FLEETLENS_PROMETHEUS_COMPRESS), with Python's cyclic collector paused. A window is fetched and
-checked whole before any of it is written, then written in one transaction (its hosts, devices, workflows and
-processes with its samples). On PostgreSQL two windows are written at once on two connections (the database's COPY
-work is most of an import), and still committed in order: a window's samples are copied while the window before
-it commits, and its registration and commit wait for that commit, so a window is never in the store without every
-window before it.
+Incremental and idempotent: a device's last sample in the store (on a GPU an agent also reports, maybe the agent's:
+dcgm-exporter's points then fill in only after it) is where its series resumes; points at or before it are never
+written again, so importing the same range twice writes nothing the second time. The range is taken a window at a
+time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline: the next window is fetched while this one is turned into
+column batches and the ones before are written; only the fields that have series in the range are asked for,
+uncompressed (FLEETLENS_PROMETHEUS_COMPRESS), with Python's cyclic collector paused. A window is fetched and checked
+whole before any of it is written, then written in one transaction (its hosts, devices, workflows and processes with
+its samples). On PostgreSQL two windows are written at once on two connections (the database's COPY work is most of
+an import), and still committed in order: a window's samples are copied while the window before it commits, and its
+registration and commit wait for that commit, so a window is never in the store without every window before it.
 Prometheus down, a wrong URL or an answer that is not Prometheus's raises
 UpstreamUnavailable / InvalidInput naming what was imported before (nothing, when the first window fails), and the
 next run resumes after it. A Prometheus with none of the names in the range (no dcgm-exporter, or one that writes
@@ -106,15 +106,21 @@ class ImportSummary:
 
 
 
-def _cursors(store: Store) -> dict[tuple[str, int], tuple[int, float | None]]:
-    """{(host, index): (device id, time of its last sample)} of the devices earlier imports created.
+def _cursors(store: Store) -> tuple[dict[tuple[str, int], tuple[int, float | None]], list[float]]:
+    """{(host, index): (device id, time of its last sample)} of every device in the store, and the last sample times
+    of those earlier imports created.
 
-    One index probe per device ((device_id, ts) index), never a scan of the sample table."""
+    Every device, not only imported ones: a GPU whose host also runs an agent is the agent's device, which the import
+    writes into; its series resume after its last sample whoever wrote it, or each run would write them again. Where
+    an import with no --since starts is read from the imported devices alone (an agent's device that stopped
+    reporting must not pull every run back to the look-back). One index probe per device ((device_id, ts) index),
+    never a scan of the sample table."""
     last = (select(func.max(DeviceSample.ts)).where(DeviceSample.device_id == Device.id)
             .correlate(Device).scalar_subquery())
     with store.session() as s:
-        rows = s.execute(select(Device.host_id, Device.index, Device.id, last).where(Device.source == SOURCE)).all()
-    return {(h, i): (d, None if t is None else float(t)) for h, i, d, t in rows}
+        rows = s.execute(select(Device.host_id, Device.index, Device.id, Device.source, last)).all()
+    cursors = {(h, i): (d, None if t is None else float(t)) for h, i, d, _, t in rows}
+    return cursors, [float(t) for _, _, _, source, t in rows if source == SOURCE and t is not None]
 
 
 def _resume_points(store: Store, cursors: dict[tuple[str, int], tuple[int, float | None]]
@@ -217,8 +223,7 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
     for name, value in (("--since", since), ("--until", until)):
         _seconds(name, value)
     until = float(until if until is not None else now - step)  # the newest step may still be being scraped
-    cursors = _cursors(store)
-    known = [t for _, t in cursors.values() if t is not None]
+    cursors, known = _cursors(store)
     if since is None:  # after the device that is furthest behind, but never further back than the look-back
         since = max(min(known), until - settings.prometheus_lookback_s) if known else \
             until - settings.prometheus_lookback_s

@@ -26,6 +26,7 @@ from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.migrations import upgrade
 from store.models import Device, DeviceSample, Host, Process, ProcessSample, Workflow
+from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
 from tests.collector.agent_helpers import TcpProxy
 from tests.prometheus_server import PrometheusServer, free_port, recorded_prometheus
@@ -194,6 +195,25 @@ def test_import_resumes_and_never_writes_twice(prom, any_store, tmp_path):
     finally:
         whole.dispose()
 
+
+def test_a_gpu_an_agent_also_reports_is_never_written_twice(prom, store):
+    """gpu-a runs an agent too: its GPU 0 is the agent's device (nvml), which the import writes into. Each run resumes
+    after that device's last sample, the agent's or an import's, as it does for the devices imports created."""
+    agent_at = T0 + 40 * STEP + 7  # the agent's last reading, between two scrapes
+    with store.session() as s:
+        register_host(s, "gpu-a", hostname="gpu-a", source="nvml")
+        (dev,) = register_devices(s, "gpu-a", [DeviceSpec(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 80 << 30)],
+                                  source="nvml").values()
+        s.add(DeviceSample(device_id=dev, ts=agent_at, gpu_util=0.5))
+    first = _import(store, prom.url)
+    assert _import(store, prom.url).device_samples == 0  # the same range again: nothing new
+    with store.session() as s:
+        times = [t for (t,) in s.execute(select(DeviceSample.ts).where(DeviceSample.device_id == dev)
+                                         .order_by(DeviceSample.ts))]
+        twice = s.execute(select(DeviceSample.device_id, DeviceSample.ts).group_by(DeviceSample.device_id,
+                          DeviceSample.ts).having(func.count() > 1)).all()
+    assert times == [agent_at] + [T0 + i * STEP for i in range(41, N)] and not twice
+    assert first.device_samples == 2 * N + (N - 41)  # gpu-b and the MIG slice whole, gpu-a:0 after the agent
 
 def test_prometheus_down_writes_nothing_and_the_next_run_picks_up(prom, store):
     dead = f"http://127.0.0.1:{free_port()}"
