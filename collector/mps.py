@@ -17,7 +17,8 @@ GPUs hold a job (store.registry.busy_gpu_lanes) and:
   `effective_percentage` is that rule;
 - puts the lanes' GPUs in EXCLUSIVE_PROCESS compute mode before it starts the daemon (FLEETLENS_MPS_EXCLUSIVE, on
   by default), as NVIDIA's MPS documentation advises: only the MPS server then opens a context there, so a process
-  outside MPS cannot share the GPU beside the lanes; the modes the GPUs had are put back when the daemon stops.
+  outside MPS cannot share the GPU beside the lanes; the modes the GPUs had are put back when the daemon stops (kept in
+  the pipe folder, MODES_FILE, so that the next agent puts them back after one that was killed).
   Setting a compute mode needs root: without it, that is said and the lanes run all the same;
 - restarts the daemon when it died, and stops it (`quit`) when no lane needs it any more.
 
@@ -38,6 +39,7 @@ not on PATH the lanes still run, without MPS.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -62,6 +64,7 @@ QUIT_WAIT_S = 10.0
 READY_WAIT_S = 10.0  # how long a started daemon may take to open its control pipe
 COMMAND_TIMEOUT_S = 10.0
 DAEMON_PID_FILE = "fleetlens-daemon.pid"  # in the pipe folder: the daemon this host's agent started last
+MODES_FILE = "fleetlens-compute-modes.json"  # in the pipe folder: {GPU UUID: the compute mode to put back}
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -143,7 +146,9 @@ class MpsSupervisor:
                                   "running, to stop it", pid=self.proc.pid)
             if self.proc is not None:
                 self._stop("no lane on this host needs it any more")
-            elif self.state == "unavailable":
+            elif (self.pipe_dir / MODES_FILE).exists():  # left by an agent that was killed, its daemon gone too
+                self._restore_modes()
+            if self.state == "unavailable":
                 self.state = "stopped"
             return
         if self.proc is not None and self.proc.poll() is not None:
@@ -280,14 +285,17 @@ class MpsSupervisor:
             self._say("warning", f"cannot put GPUs {', '.join(todo)} in EXCLUSIVE_PROCESS mode: NVML does not start "
                                  f"({exc}); processes outside MPS may open contexts beside the lanes", gpus=todo)
             return
+        saved = self._saved_modes()
         try:
             for uuid in todo:
                 try:
                     handle = nv.nvmlDeviceGetHandleByUUID(uuid)
-                    before = int(nv.nvmlDeviceGetComputeMode(handle))
-                    if before != nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
+                    # the mode an agent that was killed found, not the EXCLUSIVE_PROCESS it left
+                    before = saved.get(uuid, int(nv.nvmlDeviceGetComputeMode(handle)))
+                    if int(nv.nvmlDeviceGetComputeMode(handle)) != nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
                         nv.nvmlDeviceSetComputeMode(handle, nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
                     self.modes[uuid] = before
+                    self._save_modes({**saved, **self.modes})
                 except nv.NVMLError as exc:
                     self._mode_said.add(uuid)
                     self._say("warning", f"cannot put GPU {uuid} in EXCLUSIVE_PROCESS mode ({exc}): processes "
@@ -299,9 +307,25 @@ class MpsSupervisor:
             except nv.NVMLError:
                 pass
 
+    def _saved_modes(self) -> dict[str, int]:
+        """The modes to put back that the modes file keeps (an earlier agent's too)."""
+        try:
+            saved = json.loads((self.pipe_dir / MODES_FILE).read_text())
+            return {str(uuid): int(mode) for uuid, mode in saved.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}
+
+    def _save_modes(self, modes: dict[str, int]) -> None:
+        try:
+            self.pipe_dir.mkdir(parents=True, exist_ok=True)
+            (self.pipe_dir / MODES_FILE).write_text(json.dumps(modes))
+        except OSError as exc:
+            log.warning("cannot keep the GPUs' compute modes in %s (%s): an agent killed now leaves them "
+                        "EXCLUSIVE_PROCESS", self.pipe_dir, exc)
+
     def _restore_modes(self) -> None:
-        """Put back the compute modes the GPUs had before the daemon ran."""
-        modes, self.modes, self._mode_said = self.modes, {}, set()
+        """Put back the compute modes the GPUs had before the daemon ran (also those an agent that was killed set)."""
+        modes, self.modes, self._mode_said = {**self._saved_modes(), **self.modes}, {}, set()
         if not modes:
             return
         nv = self._nvml_lib()
@@ -309,6 +333,7 @@ class MpsSupervisor:
             nv.nvmlInit()
         except nv.NVMLError:
             return
+        (self.pipe_dir / MODES_FILE).unlink(missing_ok=True)
         try:
             for uuid, mode in modes.items():
                 try:
