@@ -55,6 +55,7 @@ from collector.importers.prometheus_write import Registered, Turn, Window, write
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.models import Device, DeviceSample
+from store.run_locks import single_run
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ log = logging.getLogger(__name__)
 
 class NoDcgmSeries(InvalidInput):
     """The Prometheus asked has no series under any dcgm-exporter name fleetlens reads, in the range asked."""
+
+
+class ImportRunning(InvalidInput):
+    """Another import from Prometheus writes into the same database now (one at a time: store.run_locks)."""
 
 
 def _nothing_to_import(client: PrometheusClient, start: float, until: float) -> NoDcgmSeries:
@@ -207,9 +212,14 @@ def import_prometheus(
 
     The range is read and written a window (FLEETLENS_PROMETHEUS_WINDOW_S) at a time, so a week of a large fleet
     never sits in memory at once; each window is written whole or not at all, and a failure in one leaves the
-    windows before it, after which the next run resumes.
+    windows before it, after which the next run resumes. One import at a time writes into a database: another one
+    running raises ImportRunning.
     """
-    with cyclic_gc_paused():
+    with cyclic_gc_paused(), single_run(store, "prometheus-import") as mine:
+        if not mine:  # two runs would both write what neither had found in the store yet
+            raise ImportRunning("another import from Prometheus is writing into this database (fleetlens serve's, "
+                                "the Airflow DAG's or a `fleetlens import-prometheus`); run this one when it has "
+                                "ended: it resumes where that one stopped")
         return _import(store, url, since=since, until=until, step=step, settings=settings, now=now)
 
 
@@ -350,10 +360,14 @@ def import_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
     """The serve job and the DAG task: import from FLEETLENS_PROMETHEUS_URL since the last import."""
     if not settings.prometheus_url:
         return {"skipped": "FLEETLENS_PROMETHEUS_URL is not set"}
-    summary = import_prometheus(store, settings.prometheus_url, settings=settings)
+    try:
+        summary = import_prometheus(store, settings.prometheus_url, settings=settings)
+    except ImportRunning as exc:  # the next scheduled run resumes after that one
+        log.info("prometheus %s: %s", settings.prometheus_url, exc)
+        return {"skipped": str(exc)}
     return {"device_samples": summary.device_samples, "process_samples": summary.process_samples,
             "series": summary.series, "skipped": summary.skipped, "devices": summary.devices}
 
 
-__all__ = ["ImportSummary", "NoDcgmSeries", "PrometheusClient", "cyclic_gc_paused", "import_from_settings",
-           "import_prometheus", "import_windows"]
+__all__ = ["ImportRunning", "ImportSummary", "NoDcgmSeries", "PrometheusClient", "cyclic_gc_paused",
+           "import_from_settings", "import_prometheus", "import_windows"]

@@ -21,12 +21,13 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from collector.importers.dcgm_labels import MIG_INDEX_BASE, PID_BASE
-from collector.importers.prometheus import import_prometheus
+from collector.importers.prometheus import ImportRunning, import_from_settings, import_prometheus
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.migrations import upgrade
 from store.models import Device, DeviceSample, Host, Process, ProcessSample, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
+from store.run_locks import single_run
 from store.settings import Settings
 from tests.collector.agent_helpers import TcpProxy
 from tests.prometheus_server import PrometheusServer, free_port, recorded_prometheus
@@ -214,6 +215,25 @@ def test_a_gpu_an_agent_also_reports_is_never_written_twice(prom, store):
                           DeviceSample.ts).having(func.count() > 1)).all()
     assert times == [agent_at] + [T0 + i * STEP for i in range(41, N)] and not twice
     assert first.device_samples == 2 * N + (N - 41)  # gpu-b and the MIG slice whole, gpu-a:0 after the agent
+
+def test_one_import_at_a_time_writes_into_a_database(prom, any_store):
+    """serve's periodic import and a `fleetlens import-prometheus` (or the DAG on another host) at once both found the
+    same points missing and both wrote them: one run at a time, the other told so (and serve's skipped quietly)."""
+    store = any_store
+    _import(store, prom.url, until=T0 + 10 * STEP)
+    with single_run(store, "prometheus-import") as held:  # a run in another process or host holds it
+        assert held
+        with pytest.raises(ImportRunning, match="another import from Prometheus is writing into this database"):
+            _import(store, prom.url, since=None)
+        assert import_from_settings(store, _settings(prometheus_url=prom.url))["skipped"].startswith("another")
+        with single_run(store, "prometheus-import") as again:
+            assert not again
+    assert _counts(store)[3] == 3 * 11  # the first run's alone: three GPUs, minutes 0 to 10
+    _import(store, prom.url, since=None)  # released: the next run resumes
+    with store.session() as s:
+        twice = s.execute(select(DeviceSample.device_id, DeviceSample.ts).group_by(
+            DeviceSample.device_id, DeviceSample.ts).having(func.count() > 1)).all()
+    assert _counts(store)[3] == 2 * N + (N - len(GAP)) and not twice
 
 def test_prometheus_down_writes_nothing_and_the_next_run_picks_up(prom, store):
     dead = f"http://127.0.0.1:{free_port()}"
