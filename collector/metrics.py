@@ -31,7 +31,7 @@ from sqlalchemy import func, or_, select
 
 from collector.dcgm_names import BY_NAME, MIB
 from collector.sources.base import DeviceInfo, DeviceReading
-from store.errors import FleetlensError
+from store.errors import ConfigError, FleetlensError
 from store.models import Action, Device, Lane, Placement, Workflow
 
 log = logging.getLogger(__name__)
@@ -262,12 +262,17 @@ class _QuietHandler(WSGIRequestHandler):
 
 def serve_agent_metrics(agent: Any, port: int, *, addr: str = "") -> tuple[Any, CollectorRegistry]:
     """Serve the agent's /metrics on `addr`:`port` ("": every interface, as dcgm-exporter's :9400) in a daemon thread;
-    returns (server, registry); server.shutdown() stops."""
+    returns (server, registry); server.shutdown() stops. A port that cannot be listened on raises ConfigError."""
     registry = CollectorRegistry(auto_describe=False)
     collector = AgentMetrics(agent)
     registry.register(collector)
-    server = make_server(addr, port, CachedExposition(registry, collector.state), ThreadingWSGIServer,
-                         handler_class=_QuietHandler)
+    try:
+        server = make_server(addr, port, CachedExposition(registry, collector.state), ThreadingWSGIServer,
+                             handler_class=_QuietHandler)
+    except OSError as exc:  # most often dcgm-exporter, whose port (9400) this is by default
+        raise ConfigError(f"cannot serve /metrics on {addr or '*'}:{port} ({exc.strerror or exc}): is dcgm-exporter "
+                          "or another agent listening there? Choose another port with --listen-address or "
+                          "FLEETLENS_METRICS_PORT") from None
     threading.Thread(target=server.serve_forever, name="fleetlens-metrics", daemon=True).start()
     return server, registry
 

@@ -17,9 +17,18 @@ GPUs hold a job (store.registry.busy_gpu_lanes) and:
   `effective_percentage` is that rule;
 - puts the lanes' GPUs in EXCLUSIVE_PROCESS compute mode before it starts the daemon (FLEETLENS_MPS_EXCLUSIVE, on
   by default), as NVIDIA's MPS documentation advises: only the MPS server then opens a context there, so a process
-  outside MPS cannot share the GPU beside the lanes; the modes the GPUs had are put back when the daemon stops.
+  outside MPS cannot share the GPU beside the lanes; the modes the GPUs had are put back when the daemon stops (kept in
+  the pipe folder, MODES_FILE, so that the next agent puts them back after one that was killed).
   Setting a compute mode needs root: without it, that is said and the lanes run all the same;
 - restarts the daemon when it died, and stops it (`quit`) when no lane needs it any more.
+
+Nothing of a daemon outlives it: one that ignores `quit` is killed with the MPS servers it spawned (only the daemon
+when the agent stops while lanes' jobs, which outlive the agent, still run on those servers), and a daemon that
+was killed or died leaves no `control` pipe behind (a launch takes that pipe as the sign that MPS serves, and would
+start a job outside it). The daemon's pid is kept in the pipe folder (DAEMON_PID_FILE), so a daemon left running by
+an agent that was killed is found (by that pid, and the pipe folder in its environment) by the next agent: taken over
+while it takes commands (the lane jobs the earlier agent started are its clients and run on), killed when it does
+not, and stopped as soon as no lane needs it, instead of running on unreachable beside a new one.
 
 Control commands go the way MPS takes them: one `nvidia-cuda-mps-control` client per command, the command on its
 stdin. MPS counts SMs in whole percents (1..100): a lane share below 1 % is clamped to 1 %, and that is said.
@@ -30,15 +39,19 @@ not on PATH the lanes still run, without MPS.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from store.db import Store
 from store.errors import DatabaseUnavailable
@@ -50,6 +63,8 @@ MIN_PERCENT, MAX_PERCENT = 1, 100  # what CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can 
 QUIT_WAIT_S = 10.0
 READY_WAIT_S = 10.0  # how long a started daemon may take to open its control pipe
 COMMAND_TIMEOUT_S = 10.0
+DAEMON_PID_FILE = "fleetlens-daemon.pid"  # in the pipe folder: the daemon this host's agent started last
+MODES_FILE = "fleetlens-compute-modes.json"  # in the pipe folder: {GPU UUID: the compute mode to put back}
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -87,7 +102,7 @@ class MpsSupervisor:
         self.binary, self.pipe_dir, self.log_dir = binary, Path(pipe_dir), Path(log_dir)
         self.store, self.host_id = store, host_id
         self._base_env = dict(os.environ if base_env is None else base_env)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | _Adopted | None = None
         self._path: str | None = None  # the binary as found on PATH at the last start
         self.state = "stopped"  # stopped | running | unavailable
         self.restarts = 0
@@ -126,9 +141,14 @@ class MpsSupervisor:
                           lane=lane_id, share=share, percent=percent)
         self._clamped_said &= set(lanes)
         if not lanes:
+            if self.proc is None and self._adopt():
+                self._say("info", f"took over the MPS control daemon (pid {self.proc.pid}) an earlier agent left "
+                                  "running, to stop it", pid=self.proc.pid)
             if self.proc is not None:
                 self._stop("no lane on this host needs it any more")
-            elif self.state == "unavailable":
+            elif (self.pipe_dir / MODES_FILE).exists():  # left by an agent that was killed, its daemon gone too
+                self._restore_modes()
+            if self.state == "unavailable":
                 self.state = "stopped"
             return
         if self.proc is not None and self.proc.poll() is not None:
@@ -160,6 +180,11 @@ class MpsSupervisor:
                                    "compute shares are not held on the GPU. Install the NVIDIA driver's MPS tools "
                                    "on the agent's PATH, or set FLEETLENS_MPS=false", binary=self.binary)
             return
+        if self._adopt():
+            self.state, self._default = "running", None  # told the lanes' percentages again
+            self._say("warning", f"took over the MPS control daemon (pid {self.proc.pid}) an earlier agent left "
+                                 f"running on {self.pipe_dir}; its lanes' jobs run on", pid=self.proc.pid)
+            return
         if self.exclusive:  # before the daemon: its server must be the only context on these GPUs
             self._exclusive({uuid for uuid in self.devices.values()})
         try:
@@ -168,6 +193,7 @@ class MpsSupervisor:
             self._control.unlink(missing_ok=True)  # left by a daemon that died: readiness must be the new one's
             self.proc = subprocess.Popen([path, "-f"], env=self._env(), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self._pid_file.write_text(str(self.proc.pid))
         except OSError as exc:
             self.state = "unavailable"
             self._say("error", f"cannot start {path} -f: {exc.strerror or exc}; lanes on this host run without MPS",
@@ -183,6 +209,45 @@ class MpsSupervisor:
                   f"{', '.join(f'{lane}: {p} %' for lane, p in self.percentages.items())}",
                   pid=self.proc.pid, pipe_dir=str(self.pipe_dir), log_dir=str(self.log_dir),
                   lanes={str(k): v for k, v in self.percentages.items()})
+
+    @property
+    def _pid_file(self) -> Path:
+        return self.pipe_dir / DAEMON_PID_FILE
+
+    def _leftover(self) -> psutil.Process | None:
+        """The daemon an earlier agent started on this pipe folder, still running (the pid file's process, if it
+        still serves this folder: a pid used again by another process is not it)."""
+        try:
+            pid = int(self._pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if self.proc is not None and pid == self.proc.pid:
+            return None
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE and \
+                    proc.environ().get("CUDA_MPS_PIPE_DIRECTORY") == str(self.pipe_dir):
+                return proc
+        except psutil.Error:
+            pass
+        self._pid_file.unlink(missing_ok=True)  # its daemon is gone: nothing to look for next round
+        return None
+
+    def _adopt(self) -> bool:
+        """Take over a daemon an agent that was killed left running on this pipe folder, if it still takes commands
+        (its control pipe is there): the lane jobs that agent started are its clients, and stopping it would end
+        their MPS server under them. One that does not take commands is killed with its servers. True: taken over."""
+        proc = self._leftover()
+        if proc is None:
+            return False
+        if self._control.exists():
+            self.proc = _Adopted(proc)
+            self._path = self._path or shutil.which(self.binary, path=self._base_env.get("PATH"))
+            return True
+        _kill_tree(proc)
+        self._say("warning", f"killed the MPS control daemon (pid {proc.pid}) an earlier agent left running on "
+                             f"{self.pipe_dir} without its control pipe", pid=proc.pid)
+        return False
 
     @property
     def _control(self) -> Path:
@@ -220,14 +285,17 @@ class MpsSupervisor:
             self._say("warning", f"cannot put GPUs {', '.join(todo)} in EXCLUSIVE_PROCESS mode: NVML does not start "
                                  f"({exc}); processes outside MPS may open contexts beside the lanes", gpus=todo)
             return
+        saved = self._saved_modes()
         try:
             for uuid in todo:
                 try:
                     handle = nv.nvmlDeviceGetHandleByUUID(uuid)
-                    before = int(nv.nvmlDeviceGetComputeMode(handle))
-                    if before != nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
+                    # the mode an agent that was killed found, not the EXCLUSIVE_PROCESS it left
+                    before = saved.get(uuid, int(nv.nvmlDeviceGetComputeMode(handle)))
+                    if int(nv.nvmlDeviceGetComputeMode(handle)) != nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
                         nv.nvmlDeviceSetComputeMode(handle, nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
                     self.modes[uuid] = before
+                    self._save_modes({**saved, **self.modes})
                 except nv.NVMLError as exc:
                     self._mode_said.add(uuid)
                     self._say("warning", f"cannot put GPU {uuid} in EXCLUSIVE_PROCESS mode ({exc}): processes "
@@ -239,9 +307,25 @@ class MpsSupervisor:
             except nv.NVMLError:
                 pass
 
+    def _saved_modes(self) -> dict[str, int]:
+        """The modes to put back that the modes file keeps (an earlier agent's too)."""
+        try:
+            saved = json.loads((self.pipe_dir / MODES_FILE).read_text())
+            return {str(uuid): int(mode) for uuid, mode in saved.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}
+
+    def _save_modes(self, modes: dict[str, int]) -> None:
+        try:
+            self.pipe_dir.mkdir(parents=True, exist_ok=True)
+            (self.pipe_dir / MODES_FILE).write_text(json.dumps(modes))
+        except OSError as exc:
+            log.warning("cannot keep the GPUs' compute modes in %s (%s): an agent killed now leaves them "
+                        "EXCLUSIVE_PROCESS", self.pipe_dir, exc)
+
     def _restore_modes(self) -> None:
-        """Put back the compute modes the GPUs had before the daemon ran."""
-        modes, self.modes, self._mode_said = self.modes, {}, set()
+        """Put back the compute modes the GPUs had before the daemon ran (also those an agent that was killed set)."""
+        modes, self.modes, self._mode_said = {**self._saved_modes(), **self.modes}, {}, set()
         if not modes:
             return
         nv = self._nvml_lib()
@@ -249,6 +333,7 @@ class MpsSupervisor:
             nv.nvmlInit()
         except nv.NVMLError:
             return
+        (self.pipe_dir / MODES_FILE).unlink(missing_ok=True)
         try:
             for uuid, mode in modes.items():
                 try:
@@ -273,8 +358,18 @@ class MpsSupervisor:
             try:
                 proc.wait(timeout=QUIT_WAIT_S)
             except subprocess.TimeoutExpired:  # a daemon that ignores quit still has to go
-                proc.kill()
+                try:
+                    if self.percentages:  # lanes' jobs still run (the agent is stopping): their servers stay
+                        proc.kill()
+                    else:  # nobody's server: they go with it
+                        _kill_tree(psutil.Process(proc.pid))
+                except psutil.Error:
+                    proc.kill()
                 proc.wait()
+        # a daemon killed, or dead before it was told to quit, leaves its control pipe: a launch would take it as
+        # a daemon serving and start its job outside MPS
+        self._control.unlink(missing_ok=True)
+        self._pid_file.unlink(missing_ok=True)
         self._restore_modes()
         self._say("info", f"MPS control daemon stopped: {why}", pid=proc.pid)
 
@@ -353,3 +448,51 @@ class MpsSupervisor:
             if self.proc is not None:
                 self._stop("the agent is stopping")
             self._flush_events()
+
+
+def _kill_tree(proc: psutil.Process) -> None:
+    """SIGKILL a daemon and the MPS servers it spawned (found before it goes, while they are still its children)."""
+    try:
+        children = proc.children(recursive=True)
+    except psutil.Error:
+        children = []
+    for p in (proc, *children):
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs([proc, *children], timeout=5)
+
+
+class _Adopted:
+    """A daemon an earlier agent started (not this process's child), as much of a Popen as the supervisor uses."""
+
+    def __init__(self, proc: psutil.Process) -> None:
+        self._proc, self.pid = proc, proc.pid
+        self.returncode: int | str | None = None
+
+    def poll(self) -> int | str | None:
+        if self.returncode is None:
+            try:
+                alive = self._proc.is_running() and self._proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                alive = False
+            if not alive:
+                self.returncode = "unknown"  # the exit status of a process that is not our child is not ours to read
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | str | None:
+        try:
+            self._proc.wait(timeout=timeout)
+        except psutil.TimeoutExpired:
+            raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0) from None
+        except psutil.Error:
+            pass
+        self.returncode = self.returncode or "unknown"
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            self._proc.kill()
+        except psutil.Error:
+            pass

@@ -8,8 +8,13 @@ not stop it: the GPU itself was full (a lane-mate over its share, a job outside 
 workspaces outside every share), and the job must not be reported as having exceeded its share.
 
 `oom_cause(text)`: "share" (its cap, or no way to tell otherwise), "device" (within its cap, the GPU was full),
-None (no out-of-memory error in the text); `ran_out_of_memory(log)` reads it from a managed job's log since its last
-start.
+None (no out-of-memory error in the text, or not the one the job died of); `ran_out_of_memory(log)` reads it from a
+managed job's log since its last start.
+
+A job that caught an out-of-memory error and went on (a smaller batch) may die later of something else: an
+out-of-memory error followed by a Python traceback of another error, not chained to it ("During handling of the
+above exception ..."), is not what ended the job. A launcher's own traceback after its worker's (torchrun's
+ChildFailedError) reports that worker's error and does not hide it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ _ALLOWED = re.compile(_SIZE + r"\s+allowed;")
 _ALLOCATED = re.compile(r"Of the allocated memory\s+" + _SIZE + r"\s+is allocated by PyTorch")
 _UNALLOCATED = re.compile(_SIZE + r"\s+is reserved by PyTorch but unallocated")
 _FREE = re.compile(r"of which\s+" + _SIZE + r"\s+is free")
+TRACEBACK = "Traceback (most recent call last):"
+# what Python prints between two tracebacks of one chain: the later error came from handling the earlier one
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
+_REPORTS_WORKER = "ChildFailedError"  # torchrun's error for a worker that failed (its own error printed before)
 
 
 def _bytes(match: re.Match[str] | None) -> float | None:
@@ -39,7 +49,7 @@ def _bytes(match: re.Match[str] | None) -> float | None:
 def oom_cause(text: str) -> str | None:
     """"share", "device" or None for the last out-of-memory error in `text` (see the module's docstring)."""
     at = max((text.rfind(marker) for marker in OUT_OF_MEMORY_MARKERS), default=-1)
-    if at < 0:
+    if at < 0 or _died_of_something_else(text[at:]):
         return None
     message = text[at:at + 4096]
     tried, allowed = _bytes(_TRIED.search(message)), _bytes(_ALLOWED.search(message))
@@ -51,6 +61,16 @@ def oom_cause(text: str) -> str | None:
     if reserved + tried <= allowed and (free is None or free < tried):
         return "device"
     return "share"
+
+
+def _died_of_something_else(after: str) -> bool:
+    """Whether `after` (the log from the last out-of-memory error on) ends with a traceback of another error that
+    is neither chained to it nor a launcher's report of a failed worker."""
+    last = after.rfind(TRACEBACK)
+    if last < 0:
+        return False
+    between, final = after[:last], after[last:]
+    return not between.rstrip().endswith(_CHAINED) and _REPORTS_WORKER not in final
 
 
 def ran_out_of_memory(log_path: Path, tail_bytes: int = 64 * 1024) -> str | None:

@@ -5,16 +5,16 @@ container (or HPC job) using it. Its samples become device samples of that devic
 process samples of that workflow (one synthetic process per workflow and device: dcgm-exporter does not see pids),
 written through store.ingest (write_sample_batches_on: the same COPY as an agent's write_samples).
 
-Incremental and idempotent: a device's last sample in the store is where its series resumes; points at or before it
-are never written again, so importing the same range twice writes nothing the second time. The range is taken a
-window at a time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline: the next window is fetched while this one is
-turned into column batches and the ones before are written; only the fields that have series in the range are asked
-for, uncompressed (FLEETLENS_PROMETHEUS_COMPRESS), with Python's cyclic collector paused. A window is fetched and
-checked whole before any of it is written, then written in one transaction (its hosts, devices, workflows and
-processes with its samples). On PostgreSQL two windows are written at once on two connections (the database's COPY
-work is most of an import), and still committed in order: a window's samples are copied while the window before
-it commits, and its registration and commit wait for that commit, so a window is never in the store without every
-window before it.
+Incremental and idempotent: a device's last sample in the store (on a GPU an agent also reports, maybe the agent's:
+dcgm-exporter's points then fill in only after it) is where its series resumes; points at or before it are never
+written again, so importing the same range twice writes nothing the second time. The range is taken a window at a
+time (FLEETLENS_PROMETHEUS_WINDOW_S, 6 h), in a pipeline: the next window is fetched while this one is turned into
+column batches and the ones before are written; only the fields that have series in the range are asked for,
+uncompressed (FLEETLENS_PROMETHEUS_COMPRESS), with Python's cyclic collector paused. A window is fetched and checked
+whole before any of it is written, then written in one transaction (its hosts, devices, workflows and processes with
+its samples). On PostgreSQL two windows are written at once on two connections (the database's COPY work is most of
+an import), and still committed in order: a window's samples are copied while the window before it commits, and its
+registration and commit wait for that commit, so a window is never in the store without every window before it.
 Prometheus down, a wrong URL or an answer that is not Prometheus's raises
 UpstreamUnavailable / InvalidInput naming what was imported before (nothing, when the first window fails), and the
 next run resumes after it. A Prometheus with none of the names in the range (no dcgm-exporter, or one that writes
@@ -55,6 +55,7 @@ from collector.importers.prometheus_write import Registered, Turn, Window, write
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.models import Device, DeviceSample
+from store.run_locks import single_run
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ log = logging.getLogger(__name__)
 
 class NoDcgmSeries(InvalidInput):
     """The Prometheus asked has no series under any dcgm-exporter name fleetlens reads, in the range asked."""
+
+
+class ImportRunning(InvalidInput):
+    """Another import from Prometheus writes into the same database now (one at a time: store.run_locks)."""
 
 
 def _nothing_to_import(client: PrometheusClient, start: float, until: float) -> NoDcgmSeries:
@@ -106,15 +111,21 @@ class ImportSummary:
 
 
 
-def _cursors(store: Store) -> dict[tuple[str, int], tuple[int, float | None]]:
-    """{(host, index): (device id, time of its last sample)} of the devices earlier imports created.
+def _cursors(store: Store) -> tuple[dict[tuple[str, int], tuple[int, float | None]], list[float]]:
+    """{(host, index): (device id, time of its last sample)} of every device in the store, and the last sample times
+    of those earlier imports created.
 
-    One index probe per device ((device_id, ts) index), never a scan of the sample table."""
+    Every device, not only imported ones: a GPU whose host also runs an agent is the agent's device, which the import
+    writes into; its series resume after its last sample whoever wrote it, or each run would write them again. Where
+    an import with no --since starts is read from the imported devices alone (an agent's device that stopped
+    reporting must not pull every run back to the look-back). One index probe per device ((device_id, ts) index),
+    never a scan of the sample table."""
     last = (select(func.max(DeviceSample.ts)).where(DeviceSample.device_id == Device.id)
             .correlate(Device).scalar_subquery())
     with store.session() as s:
-        rows = s.execute(select(Device.host_id, Device.index, Device.id, last).where(Device.source == SOURCE)).all()
-    return {(h, i): (d, None if t is None else float(t)) for h, i, d, t in rows}
+        rows = s.execute(select(Device.host_id, Device.index, Device.id, Device.source, last)).all()
+    cursors = {(h, i): (d, None if t is None else float(t)) for h, i, d, _, t in rows}
+    return cursors, [float(t) for _, _, _, source, t in rows if source == SOURCE and t is not None]
 
 
 def _resume_points(store: Store, cursors: dict[tuple[str, int], tuple[int, float | None]]
@@ -131,6 +142,16 @@ def _resume_points(store: Store, cursors: dict[tuple[str, int], tuple[int, float
         ).all()
     return {wanted[(d, t)]: (float(t), Carried(ecc=None if e is None else float(e), xid=x))
             for d, t, e, x in rows}
+
+
+LATEST_SECONDS = 1e11  # epoch seconds of the year 5138: a larger time is in milliseconds (or finer)
+
+
+def _seconds(name: str, value: float | None) -> None:
+    """Refuse a time given in epoch milliseconds (Grafana's URLs and many exporters carry them): taken as seconds it is
+    thousands of years away, and a range up to it is millions of windows to fetch."""
+    if value is not None and abs(float(value)) >= LATEST_SECONDS:
+        raise InvalidInput(f"{name} {value:.0f} is in milliseconds, not epoch seconds: give {float(value) / 1000:.0f}")
 
 
 def import_windows(since: float, until: float, step: float, settings: Settings) -> list[tuple[float, float]]:
@@ -191,9 +212,14 @@ def import_prometheus(
 
     The range is read and written a window (FLEETLENS_PROMETHEUS_WINDOW_S) at a time, so a week of a large fleet
     never sits in memory at once; each window is written whole or not at all, and a failure in one leaves the
-    windows before it, after which the next run resumes.
+    windows before it, after which the next run resumes. One import at a time writes into a database: another one
+    running raises ImportRunning.
     """
-    with cyclic_gc_paused():
+    with cyclic_gc_paused(), single_run(store, "prometheus-import") as mine:
+        if not mine:  # two runs would both write what neither had found in the store yet
+            raise ImportRunning("another import from Prometheus is writing into this database (fleetlens serve's, "
+                                "the Airflow DAG's or a `fleetlens import-prometheus`); run this one when it has "
+                                "ended: it resumes where that one stopped")
         return _import(store, url, since=since, until=until, step=step, settings=settings, now=now)
 
 
@@ -204,9 +230,10 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
     if not step > 0:
         raise InvalidInput(f"the step must be a positive number of seconds, not {step}")
     now = time.time() if now is None else now
+    for name, value in (("--since", since), ("--until", until)):
+        _seconds(name, value)
     until = float(until if until is not None else now - step)  # the newest step may still be being scraped
-    cursors = _cursors(store)
-    known = [t for _, t in cursors.values() if t is not None]
+    cursors, known = _cursors(store)
     if since is None:  # after the device that is furthest behind, but never further back than the look-back
         since = max(min(known), until - settings.prometheus_lookback_s) if known else \
             until - settings.prometheus_lookback_s
@@ -260,9 +287,6 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
         names = client.names_present(names, start, until)
         if not any(n in FIELD_NAMES for n in names):
             raise _nothing_to_import(client, start, until)
-        if any(n in LEGACY for n in names):
-            log.warning("prometheus %s: reading dcgm-exporter 1.x's names (%s)", url,
-                        ", ".join(n for n in names if n in LEGACY))
         pending = ahead.submit(fetch, *windows[0])
         writing: list[Future] = []  # in window order
         last_turn: Turn | None = None
@@ -289,6 +313,10 @@ def _import(store: Store, url: str, *, since: float | None, until: float | None,
     summary.hosts, summary.devices, summary.workflows, summary.series = (
         len(seen[k]) for k in ("hosts", "devices", "workflows", "series"))
     summary.skipped = {why: len(keys) for why, keys in seen["skipped"].items()}
+    # by the series fetched: a server that does not list names (names_present) gets every name asked for
+    legacy = sorted({dict(key).get("__name__") for key in seen["series"]} & LEGACY)
+    if legacy:
+        log.warning("prometheus %s: read dcgm-exporter 1.x's names (%s)", url, ", ".join(legacy))
     summary.seconds = time.perf_counter() - started
     if summary.skipped:
         log.warning("prometheus %s: %s", url, "; ".join(f"skipped {n} series {why}"
@@ -332,10 +360,14 @@ def import_from_settings(store: Store, settings: Settings) -> dict[str, Any]:
     """The serve job and the DAG task: import from FLEETLENS_PROMETHEUS_URL since the last import."""
     if not settings.prometheus_url:
         return {"skipped": "FLEETLENS_PROMETHEUS_URL is not set"}
-    summary = import_prometheus(store, settings.prometheus_url, settings=settings)
+    try:
+        summary = import_prometheus(store, settings.prometheus_url, settings=settings)
+    except ImportRunning as exc:  # the next scheduled run resumes after that one
+        log.info("prometheus %s: %s", settings.prometheus_url, exc)
+        return {"skipped": str(exc)}
     return {"device_samples": summary.device_samples, "process_samples": summary.process_samples,
             "series": summary.series, "skipped": summary.skipped, "devices": summary.devices}
 
 
-__all__ = ["ImportSummary", "NoDcgmSeries", "PrometheusClient", "cyclic_gc_paused", "import_from_settings",
-           "import_prometheus", "import_windows"]
+__all__ = ["ImportRunning", "ImportSummary", "NoDcgmSeries", "PrometheusClient", "cyclic_gc_paused",
+           "import_from_settings", "import_prometheus", "import_windows"]

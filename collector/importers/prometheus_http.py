@@ -15,6 +15,7 @@ from store.errors import InvalidInput, UpstreamUnavailable
 
 MAX_POINTS = 10_000  # Prometheus refuses a query_range of more than 11,000 points per series
 FETCH_CONCURRENCY = 4
+UNAVAILABLE = frozenset({429, 502, 503, 504})  # answers that say "not now", not "not here"
 _RAISE = object()
 
 
@@ -58,6 +59,10 @@ class PrometheusClient:
         except orjson.JSONDecodeError:
             body = None
         if not isinstance(body, dict) or "status" not in body:
+            if resp.status_code in UNAVAILABLE:  # a proxy in front of a Prometheus that is down, restarting or busy
+                raise UpstreamUnavailable(f"{self.url} answered HTTP {resp.status_code} ({resp.reason_phrase}) to "
+                                          f"{path}: Prometheus, or a proxy in front of it, is down or overloaded; "
+                                          "try again later")
             if refusal is not _RAISE:
                 return refusal
             raise InvalidInput(f"{self.url} answered HTTP {resp.status_code} without Prometheus's JSON to "

@@ -7,6 +7,7 @@ names their workflow, so the agent attributes them exactly as it would on a GPU 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -28,6 +29,7 @@ from store.settings import Settings
 from store.workflows import upsert_workflow
 from tests.fakes.fake_pynvml import FakeGPU, FakeNVML, FakeProcess, GiB
 from tests.prometheus_server import free_port, prometheus
+from ui.cli import run as cli
 
 MARK = "FLEETLENS_TEST_AGENT_METRICS"
 JOBS = {"wf-train": (0, 0), "wf-serve": (1, 1), "wf-eval": (1, 2)}  # workflow -> (gpu, process slot)
@@ -173,3 +175,16 @@ def test_prometheus_scrapes_the_agent_and_import_reads_it_back(agent: Agent, tmp
         assert proc_wfs == set(JOBS)
     finally:
         other.dispose()
+
+
+def test_a_metrics_port_already_taken_is_one_line_not_a_traceback(cli_store, monkeypatch, capsys) -> None:
+    """dcgm-exporter listens on :9400, the agent's default /metrics port: the agent says so and stops cleanly."""
+    monkeypatch.setenv("FLEETLENS_SOURCE", "cpu")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = cli(["agent", "--listen-address", f"127.0.0.1:{port}", "--duration", "5"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"cannot serve /metrics on 127.0.0.1:{port} (Address already in use): is dcgm-exporter" in err

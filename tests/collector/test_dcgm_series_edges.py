@@ -74,8 +74,9 @@ def _device(store: Store, host: str, index: int = 0) -> Device:
         return s.scalars(select(Device).where(Device.host_id == host, Device.index == index)).one()
 
 
-def test_a_gpu_under_todays_and_older_names_is_one_device_named_by_todays(prom, sqlite_store):
+def test_a_gpu_under_todays_and_older_names_is_one_device_named_by_todays(prom, sqlite_store, caplog):
     _import(sqlite_store, prom.url)
+    assert "read dcgm-exporter 1.x's names (dcgm_gpu_utilization)" in caplog.text  # said: the fleet is mid-upgrade
     dev = _device(sqlite_store, "node-upgrade")
     with sqlite_store.session() as s:
         rows = s.execute(select(DeviceSample.ts, DeviceSample.gpu_util).where(DeviceSample.device_id == dev.id)

@@ -183,6 +183,102 @@ def test_a_daemon_that_dies_is_restarted_and_said(standin, host_store, fleet_hom
     assert not _daemons_of(fleet_home / "mps" / "pipe")
 
 
+def test_a_daemon_left_by_a_killed_agent_is_taken_over_and_stopped_when_no_lane_needs_it(standin, host_store,
+                                                                                        fleet_home) -> None:
+    standin.install()
+    pipe = fleet_home / "mps" / "pipe"
+    killed = _supervisor(host_store)  # an agent that is then SIGKILLed: nothing of it stops its daemon
+    killed.check({4: 0.3})
+    left = killed.proc
+    sup = _supervisor(host_store)  # the agent started again on the same home; its lane's job runs on
+    sup.check({4: 0.3, 5: 0.6})
+    # taken over, not replaced: the earlier agent's lane jobs are its clients; told the lanes' percentages again
+    assert sup.proc.pid == left.pid and len(standin.events("daemon")) == 1 and sup.state == "running"
+    assert standin.commands()[-1] == "set_default_active_thread_percentage 60"
+    assert [p.pid for p in _daemons_of(pipe)] == [left.pid]
+    assert any("an earlier agent left running" in m for level, m in _host_events(host_store) if level == "warning")
+    sup.check({})
+    assert standin.commands()[-1] == "quit" and not _daemons_of(pipe) and not (pipe / "control").exists()
+    # an agent that comes back when no lane needs MPS any more stops what the one before it left
+    killed.check({4: 0.3})
+    _supervisor(host_store).check({})
+    assert not _daemons_of(pipe) and standin.commands()[-1] == "quit"
+
+
+def test_a_leftover_daemon_that_takes_no_commands_is_killed_before_a_new_one_starts(standin, host_store,
+                                                                                     fleet_home) -> None:
+    standin.install()
+    pipe = fleet_home / "mps" / "pipe"
+    killed = _supervisor(host_store)
+    killed.check({4: 0.3})
+    left = killed.proc
+    (pipe / "control").unlink()  # it cannot be told anything
+    sup = _supervisor(host_store)
+    sup.check({4: 0.3})
+    assert left.wait(timeout=5) is not None and sup.proc.pid != left.pid
+    assert [p.pid for p in _daemons_of(pipe)] == [sup.proc.pid]
+    sup.close()
+
+
+def test_a_daemon_killed_or_dead_leaves_no_control_pipe_for_a_launch_to_trust(standin, host_store,
+                                                                             fleet_home) -> None:
+    standin.install()
+    control = fleet_home / "mps" / "pipe" / "control"
+    sup = _supervisor(host_store)
+    sup.check({4: 0.3})
+    os.kill(sup.proc.pid, signal.SIGKILL)  # dies with its pipe in place, and its lane's job ends meanwhile
+    sup.proc.wait()
+    sup.check({})
+    assert not control.exists()  # wait_for_mps_pipe would let a new lane job start outside MPS
+
+
+DEAF_DAEMON = """#!{python}
+import os, subprocess, sys, time
+pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+if sys.argv[1:] == ["-f"]:  # ignores quit and SIGTERM; runs a server of its own, as the real daemon does
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    open(os.path.join(pipe, "control"), "w").close()
+    while True:
+        time.sleep(0.05)
+else:
+    sys.stdin.read()
+"""
+
+
+def test_a_daemon_that_ignores_quit_is_killed_with_its_servers(standin, host_store, fleet_home, monkeypatch) -> None:
+    path = standin.bin / "nvidia-cuda-mps-control"
+    path.write_text(DEAF_DAEMON.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr("collector.mps.QUIT_WAIT_S", 0.3)
+    pipe = fleet_home / "mps" / "pipe"
+    sup = _supervisor(host_store)
+    sup.check({4: 0.3})
+    assert wait_for(lambda: len(_daemons_of(pipe)) == 2, timeout=10)  # the daemon and its server
+    sup.check({})
+    assert not _daemons_of(pipe) and not (pipe / "control").exists()
+
+
+def test_an_agent_stopping_under_busy_lanes_kills_a_deaf_daemon_but_not_the_servers_its_jobs_run_on(
+        standin, host_store, fleet_home, monkeypatch) -> None:
+    path = standin.bin / "nvidia-cuda-mps-control"
+    path.write_text(DEAF_DAEMON.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr("collector.mps.QUIT_WAIT_S", 0.3)
+    pipe = fleet_home / "mps" / "pipe"
+    sup = _supervisor(host_store)
+    sup.check({4: 0.3})  # a lane's job runs on the daemon's server, and goes on after the agent
+    daemon = sup.proc.pid
+    (server,) = wait_for(lambda: [p for p in _daemons_of(pipe) if p.pid != daemon], timeout=10)
+    sup.close()
+    try:
+        assert [p.pid for p in _daemons_of(pipe)] == [server.pid]
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+
+
 def test_a_missing_binary_is_said_once_and_lanes_go_on_without_mps(standin, host_store, caplog) -> None:
     sup = _supervisor(host_store)  # nothing installed on PATH yet
     sup.check({5: 0.5})

@@ -153,3 +153,33 @@ def test_without_root_the_mode_is_said_once_and_the_lanes_run(daemon_bin, host_s
     with host_store.session() as session:
         said = [e.message for e in session.scalars(select(HostEvent)) if "EXCLUSIVE_PROCESS" in e.message]
     assert len(said) == 1 and "nvidia-smi -i GPU-mps-3 -c EXCLUSIVE_PROCESS" in said[0]
+
+
+def test_the_modes_are_put_back_by_the_agent_after_one_that_was_killed(daemon_bin, host_store) -> None:
+    """The mode a GPU had before MPS is kept in the pipe folder: an agent that was killed (SIGKILL, OOM killer) left
+    its GPUs in EXCLUSIVE_PROCESS, and the next one, which finds them so, must not take that for the mode to put
+    back."""
+    fake = FakeNVML([FakeGPU(uuid="GPU-mps-3")])
+    settings = Settings()
+
+    def supervisor() -> MpsSupervisor:
+        return MpsSupervisor(settings.mps_binary, settings.mps_pipe_dir, settings.mps_log_dir, store=host_store,
+                             host_id=HOST, exclusive=True, nvml=fake)
+
+    supervisor().check({1: 0.7}, devices={1: "GPU-mps-3"})  # then killed: nothing of it runs its close()
+    assert fake.gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    after = supervisor()
+    after.check({1: 0.7}, devices={1: "GPU-mps-3"})
+    after.check({})
+    assert fake.gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
+    # and when the next agent finds no lane needing MPS at all
+    supervisor().check({1: 0.7}, devices={1: "GPU-mps-3"})
+    supervisor().check({})
+    assert fake.gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
+    # and when its daemon did not outlive it either
+    killed = supervisor()
+    killed.check({1: 0.7}, devices={1: "GPU-mps-3"})
+    killed.proc.kill()
+    killed.proc.wait()
+    supervisor().check({})
+    assert fake.gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT and fake.initialized == 0

@@ -16,6 +16,7 @@ from store.registry import DeviceSpec, register_devices, register_host
 from store.workflows import upsert_workflow
 
 GiB = 1 << 30
+TB = 'Traceback (most recent call last):\n  File "train.py", line 40, in <module>\n    step()\n'
 
 
 def torch_oom(tried: str, free: str, allowed: str | None, allocated: str, unallocated: str) -> str:
@@ -39,6 +40,15 @@ def torch_oom(tried: str, free: str, allowed: str | None, allocated: str, unallo
     ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity)", "share"),
     ("RuntimeError: CUDA error: out of memory", "share"),
     ("Traceback: ValueError: shapes do not match", None),
+    # caught and recovered from (a smaller batch), then died of something else: not out of memory
+    ("out of memory at batch 64 (CUDA out of memory. Tried to allocate 2.00 GiB); retrying with batch 32\n"
+     f"step 11\n{TB}OSError: [Errno 28] No space left on device\n", None),
+    # an error raised while handling the out-of-memory error: the chain began with it
+    (f"{TB}{torch_oom('2.00 GiB', '30.00 GiB', None, '8.00 GiB', '0 bytes')}\n\nDuring handling of the above "
+     f"exception, another exception occurred:\n\n{TB}RuntimeError: saving the batch failed\n", "share"),
+    # torchrun's report of its worker, after the worker's own out-of-memory error
+    (f"{TB}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n{TB}"
+     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED\n", "share"),
 ])
 def test_the_cause_is_read_from_pytorchs_message(text: str, cause: str | None) -> None:
     assert oom_cause(text) == cause

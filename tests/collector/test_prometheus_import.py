@@ -8,19 +8,26 @@ running Slurm job 42 (dcgm-exporter's hpc_job label); and one series without any
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from collector.importers.dcgm_labels import MIG_INDEX_BASE, PID_BASE
-from collector.importers.prometheus import import_prometheus
+from collector.importers.prometheus import ImportRunning, import_from_settings, import_prometheus
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.migrations import upgrade
 from store.models import Device, DeviceSample, Host, Process, ProcessSample, Workflow
+from store.registry import DeviceSpec, register_devices, register_host
+from store.run_locks import single_run
 from store.settings import Settings
 from tests.collector.agent_helpers import TcpProxy
 from tests.prometheus_server import PrometheusServer, free_port, recorded_prometheus
@@ -190,6 +197,44 @@ def test_import_resumes_and_never_writes_twice(prom, any_store, tmp_path):
         whole.dispose()
 
 
+def test_a_gpu_an_agent_also_reports_is_never_written_twice(prom, store):
+    """gpu-a runs an agent too: its GPU 0 is the agent's device (nvml), which the import writes into. Each run resumes
+    after that device's last sample, the agent's or an import's, as it does for the devices imports created."""
+    agent_at = T0 + 40 * STEP + 7  # the agent's last reading, between two scrapes
+    with store.session() as s:
+        register_host(s, "gpu-a", hostname="gpu-a", source="nvml")
+        (dev,) = register_devices(s, "gpu-a", [DeviceSpec(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 80 << 30)],
+                                  source="nvml").values()
+        s.add(DeviceSample(device_id=dev, ts=agent_at, gpu_util=0.5))
+    first = _import(store, prom.url)
+    assert _import(store, prom.url).device_samples == 0  # the same range again: nothing new
+    with store.session() as s:
+        times = [t for (t,) in s.execute(select(DeviceSample.ts).where(DeviceSample.device_id == dev)
+                                         .order_by(DeviceSample.ts))]
+        twice = s.execute(select(DeviceSample.device_id, DeviceSample.ts).group_by(DeviceSample.device_id,
+                          DeviceSample.ts).having(func.count() > 1)).all()
+    assert times == [agent_at] + [T0 + i * STEP for i in range(41, N)] and not twice
+    assert first.device_samples == 2 * N + (N - 41)  # gpu-b and the MIG slice whole, gpu-a:0 after the agent
+
+def test_one_import_at_a_time_writes_into_a_database(prom, any_store):
+    """serve's periodic import and a `fleetlens import-prometheus` (or the DAG on another host) at once both found the
+    same points missing and both wrote them: one run at a time, the other told so (and serve's skipped quietly)."""
+    store = any_store
+    _import(store, prom.url, until=T0 + 10 * STEP)
+    with single_run(store, "prometheus-import") as held:  # a run in another process or host holds it
+        assert held
+        with pytest.raises(ImportRunning, match="another import from Prometheus is writing into this database"):
+            _import(store, prom.url, since=None)
+        assert import_from_settings(store, _settings(prometheus_url=prom.url))["skipped"].startswith("another")
+        with single_run(store, "prometheus-import") as again:
+            assert not again
+    assert _counts(store)[3] == 3 * 11  # the first run's alone: three GPUs, minutes 0 to 10
+    _import(store, prom.url, since=None)  # released: the next run resumes
+    with store.session() as s:
+        twice = s.execute(select(DeviceSample.device_id, DeviceSample.ts).group_by(
+            DeviceSample.device_id, DeviceSample.ts).having(func.count() > 1)).all()
+    assert _counts(store)[3] == 2 * N + (N - len(GAP)) and not twice
+
 def test_prometheus_down_writes_nothing_and_the_next_run_picks_up(prom, store):
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(UpstreamUnavailable, match="cannot be reached.*check the URL"):
@@ -207,6 +252,70 @@ def test_a_wrong_url_says_so_and_writes_nothing(prom, store):
         _import(store, prom.url, since=END, until=T0)
     assert _counts(store) == (0, 0, 0, 0, 0)
 
+
+@contextmanager
+def _gateway(upstream: str, own: Callable[[str, dict[str, list[str]]], int | None]) -> Iterator[str]:
+    """A reverse proxy in front of `upstream` (as nginx would be) that answers a request with an HTML page of its own
+    and the status `own(path, query)` gives, or passes it on (None)."""
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            parts = urlsplit(self.path)
+            status = own(parts.path, parse_qs(parts.query))
+            if status is not None:
+                body, kind = f"<html><body><h1>{status}</h1>nginx</body></html>".encode(), "text/html"
+            else:
+                answer = httpx.get(upstream + self.path, timeout=30)
+                status, body, kind = answer.status_code, answer.content, answer.headers["content-type"]
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_gateway_error_says_prometheus_is_away_keeps_what_was_written_and_the_next_run_completes(prom, store):
+    whole = 2 * N + (N - len(GAP))
+    settings = _settings(prometheus_window_s=1500)  # three windows; the second one meets the 502
+    # Prometheus goes away in the middle of the import: the proxy answers 502 Bad Gateway from the second window on
+    with _gateway(prom.url, lambda path, query: 502 if path == "/api/v1/query_range" and
+                  float(query["start"][0]) >= T0 + 1500 else None) as url:
+        with pytest.raises(UpstreamUnavailable, match=r"HTTP 502 \(Bad Gateway\).*down or overloaded; try again "
+                                                      r"later\. Before that, \d+ device samples up to \d+"):
+            _import(store, url, settings=settings)
+    first = _counts(store)[3]
+    assert 0 < first < whole  # the first window is kept
+    assert _import(store, prom.url, since=None, settings=settings).device_samples == whole - first
+    assert _counts(store)[3] == whole
+
+def test_a_server_without_label_values_is_not_said_to_have_old_names(prom, store, caplog):
+    """A proxy that does not pass label values on gets every name queried; that is no sign of dcgm-exporter 1.x."""
+    with _gateway(prom.url, lambda path, _: 404 if path.startswith("/api/v1/label/") else None) as url:
+        assert _import(store, url).device_samples == 2 * N + (N - len(GAP))
+    assert "1.x" not in caplog.text
+
+def test_a_time_in_milliseconds_is_refused_and_not_fetched_as_thousands_of_years(store):
+    """Epoch milliseconds (Grafana's from=/to=) taken as seconds: --since after --until, or a range of millions of
+    windows up to the year 55,000 planned (gigabytes of windows before any query)."""
+    nowhere = f"http://127.0.0.1:{free_port()}"  # refused before Prometheus is asked
+    with pytest.raises(InvalidInput, match=r"--since 1699999980000 is in milliseconds.*give 1699999980"):
+        _import(store, nowhere, since=T0 * 1000)
+    with pytest.raises(InvalidInput, match=r"--until 1700003520000 is in milliseconds.*give 1700003520"):
+        _import(store, nowhere, until=END * 1000)
+    assert _counts(store) == (0, 0, 0, 0, 0)
 
 def test_cli_imports_and_reports_errors_in_one_line(prom, fleet_home, capsys):
     assert cli(["init"]) == 0
