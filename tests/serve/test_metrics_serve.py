@@ -242,3 +242,17 @@ def test_listen_addresses_are_read_as_dcgm_exporter_writes_them(fleet_home: Path
     for bad in ("9400", "host:", "a:b:9400", ":70000"):
         with pytest.raises(InvalidInput, match="not \\[HOST\\]:PORT"):
             parse_listen_address(bad)
+
+
+def test_metrics_serve_on_a_port_already_taken_says_so_in_one_line(sqlite_store: Store) -> None:
+    import socket
+
+    from store.errors import ConfigError
+    from ui.serve.metrics import serve_fleet_metrics
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"cannot serve /metrics on 127.0.0.1:{port} .*--listen-address"):
+            serve_fleet_metrics(sqlite_store, Settings(), port=port, addr="127.0.0.1", duration=0.1)

@@ -21,7 +21,7 @@ from sqlalchemy import distinct, func, select
 
 from analyzer.ranking import costed, findings_frame, rank_with_waste, teams_of
 from store.db import Store
-from store.errors import FleetlensError
+from store.errors import ConfigError, FleetlensError
 from store.models import Action, Plan, ProcessSample
 from store.settings import Settings
 
@@ -114,8 +114,14 @@ def fleet_registry(store: Store, settings: Settings) -> CollectorRegistry:
 
 def serve_fleet_metrics(store: Store, settings: Settings, *, port: int, duration: float | None = None,
                         addr: str = "") -> None:
-    """Serve /metrics on `addr`:`port` ("": every interface) until Ctrl-C / SIGTERM (or `duration` seconds)."""
-    server, _ = start_http_server(port, addr=addr or "0.0.0.0", registry=fleet_registry(store, settings))
+    """Serve /metrics on `addr`:`port` ("": every interface) until Ctrl-C / SIGTERM (or `duration` seconds). A port
+    that cannot be listened on raises ConfigError."""
+    try:
+        server, _ = start_http_server(port, addr=addr or "0.0.0.0", registry=fleet_registry(store, settings))
+    except OSError as exc:  # another exporter (or an earlier metrics-serve) holds the port
+        raise ConfigError(f"cannot serve /metrics on {addr or '*'}:{port} ({exc.strerror or exc}): is another "
+                          "exporter or metrics-serve listening there? Choose another with --port or "
+                          "--listen-address") from None
     try:
         deadline = None if duration is None else time.monotonic() + duration
         while deadline is None or time.monotonic() < deadline:
