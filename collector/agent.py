@@ -231,7 +231,8 @@ class Agent:
             with self.store.session() as session:
                 register_host(session, self.host_id, hostname=socket.gethostname(), source=self.source.name,
                               agent_version=AGENT_VERSION, agent_pid=os.getpid())
-                self._device_ids = register_devices(session, self.host_id, specs, source=self.source.name)
+                self._device_ids = register_devices(session, self.host_id, specs, source=self.source.name,
+                                                    moved_here=True)
             self.runner.recover()
         except DatabaseUnavailable as exc:
             self._db_down(exc)

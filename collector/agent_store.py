@@ -47,7 +47,8 @@ def register_new_devices(store: Store, host_id: str, source: DeviceSource, index
     new = {i for i in indexes if i not in device_ids}
     if new:
         with store.session() as session:
-            device_ids.update(register_devices(session, host_id, specs_of(source, new), source=source.name))
+            device_ids.update(register_devices(session, host_id, specs_of(source, new), source=source.name,
+                                               moved_here=True))
 
 
 def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, device_ids: dict[int, int],
@@ -61,7 +62,8 @@ def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, 
                 log.error("device %d of host %s was lost under running jobs: see their device_lost actions "
                           "(`fleetlens` dashboard, enforcement); nothing was stopped", index, host_id)
         if batch.found:
-            device_ids.update(register_devices(session, host_id, specs_of(source, batch.found), source=source.name))
+            device_ids.update(register_devices(session, host_id, specs_of(source, batch.found), source=source.name,
+                                               moved_here=True))
         if not (batch.seen or batch.rows):
             return recorded
         keys = frozenset((p.pid, p.start_time) for p in batch.seen.values())

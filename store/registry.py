@@ -14,6 +14,8 @@ from sqlalchemy.orm import Session
 from store.models import Action, ActionEvent, Device, Host, HostEvent, Lane, Placement, Process, Workflow
 from store.workflows import upsert_workflow
 
+_INDEX_OUT_OF_WAY = 1_000_000_000  # a row changing index waits below every index a device gets
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -56,18 +58,55 @@ def touch_host(session: Session, host_id: str, now: float | None = None) -> None
 
 
 def register_devices(
-    session: Session, host_id: str, specs: Iterable[DeviceSpec], *, source: str, now: float | None = None
+    session: Session, host_id: str, specs: Iterable[DeviceSpec], *, source: str, now: float | None = None,
+    moved_here: bool = False,
 ) -> dict[int, int]:
-    """Create or refresh the host's devices; returns {device index on the host: device id in the store}."""
+    """Create or refresh the host's devices; returns {device index on the host: device id in the store}.
+
+    A device is its UUID (jobs name their GPUs by UUID): a GPU the host numbers otherwise after a reboot keeps its
+    row, lanes and history under its new index. A UUID the host has not registered takes the row at its index whose
+    UUID the host no longer reports (a GPU swapped in at the same place), else a new row. A row pushed off its index
+    by a renumbered GPU, its own GPU no longer reported, is marked lost at a negative index (-its id), where nothing
+    is placed and no other device's index falls. With `moved_here` (the host's agent, which reads its GPUs' UUIDs
+    from the hardware), a GPU moved here from another host leaves that host's row lost, its UUID suffixed
+    `@moved:<id>` (UUIDs are unique in the store), with that host's history; otherwise a UUID another host holds
+    is refused (IntegrityError), as a recording loaded beside its origin must be."""
     now = time.time() if now is None else now
-    existing = {d.index: d for d in session.scalars(select(Device).where(Device.host_id == host_id))}
-    ids: dict[int, int] = {}
+    specs = list(specs)
+    rows = list(session.scalars(select(Device).where(Device.host_id == host_id)))
+    by_uuid = {d.uuid: d for d in rows}
+    by_index = {d.index: d for d in rows}
+    reported = {spec.uuid for spec in specs}
+    if moved_here:
+        for moved in session.scalars(select(Device).where(Device.uuid.in_(sorted(reported - by_uuid.keys())))):
+            moved.uuid, moved.state = f"{moved.uuid[:100]}@moved:{moved.id}", "lost"
+    planned: list[tuple[DeviceSpec, Device | None]] = []
+    taken: set[int] = set()
     for spec in specs:
-        device = existing.get(spec.index)
+        device = by_uuid.get(spec.uuid)
         if device is None:
-            device = Device(host_id=host_id, index=spec.index, registered_at=now)
+            slot = by_index.get(spec.index)
+            if slot is not None and slot.uuid not in reported and slot.id not in taken:
+                device = slot
+        if device is not None:
+            taken.add(device.id)
+        planned.append((spec, device))
+    wanted = {spec.index for spec in specs}
+    new_index = {device.id: spec.index for spec, device in planned if device is not None}
+    moving = [d for d in rows if new_index.get(d.id, d.index) != d.index or (d.id not in taken and d.index in wanted)]
+    # (host, index) is unique at every statement: rows that change index go out of the way first (a swap is a cycle)
+    for device in moving:
+        device.index = -_INDEX_OUT_OF_WAY - device.id
+    session.flush()
+    for device in moving:
+        if device.id not in taken:
+            device.index, device.state = -device.id, "lost"
+    ids: dict[int, int] = {}
+    for spec, device in planned:
+        if device is None:
+            device = Device(host_id=host_id, registered_at=now)
             session.add(device)
-        device.uuid, device.name, device.source = spec.uuid, spec.name, source
+        device.index, device.uuid, device.name, device.source = spec.index, spec.uuid, spec.name, source
         device.memory_total = spec.memory_total
         device.cpu_cores = list(spec.cpu_cores) if spec.cpu_cores is not None else None
         device.state, device.last_seen = "ok", now
