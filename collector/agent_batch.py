@@ -98,19 +98,27 @@ def sample_rows(payload: dict[str, Any],
     # Rows as tuples in the sample rows' column order, picked by name: no per-row dict on the hot path.
     # A batch row with its store keys in front, (device_id, host_id, *row[1:]), is read by one itemgetter.
     device_rows, process_rows, dropped = [], [], 0
-    to_device_row = row_getter(DEVICE_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["device_fields"]))
-    to_process_row = row_getter(PROCESS_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["process_fields"]))
+    # A batch spooled by an agent of another version may lack metrics (added since) or carry some this one has not
+    # (removed since): the lacking ones are NULL (not reported), the others left out.
+    device_names = ("device_id", "host_id", *payload["device_fields"])
+    process_names = ("device_id", "host_id", *payload["process_fields"])
+    device_pad = tuple(None for m in DEVICE_METRICS if m not in device_names)
+    process_pad = tuple(None for m in PROCESS_METRICS if m not in process_names)
+    to_device_row = row_getter(DEVICE_SAMPLE_COLUMNS,
+                               device_names + tuple(m for m in DEVICE_METRICS if m not in device_names))
+    to_process_row = row_getter(PROCESS_SAMPLE_COLUMNS,
+                                process_names + tuple(m for m in PROCESS_METRICS if m not in process_names))
     for row in payload["devices"]:
         device_id = ids.get(row[0])
         if device_id is None:
             dropped += 1
             continue
-        device_rows.append(to_device_row((device_id, host_id, *row[1:])))
+        device_rows.append(to_device_row((device_id, host_id, *row[1:], *device_pad)))
     for row in payload["processes"]:
         device_id = ids.get(row[0])
         if device_id is None:
             dropped += 1
             continue
-        process_rows.append(to_process_row((device_id, host_id, *row[1:])))
+        process_rows.append(to_process_row((device_id, host_id, *row[1:], *process_pad)))
     return device_rows, process_rows, dropped
 

@@ -1,0 +1,45 @@
+"""Spooled batches reach the store once and whole: a batch an agent of another version spooled (metrics added or
+removed since), and a batch written just before the agent died, before it could forget it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from collector.agent import Agent
+from collector.agent_batch import DEVICE_FIELDS, PROCESS_FIELDS
+from store.models import DeviceSample, ProcessSample
+from store.samples import INT_METRICS
+from store.settings import Settings
+from tests.collector.agent_helpers import StubSource
+
+
+@pytest.fixture
+def settings(fleet_home: Path) -> Settings:
+    return Settings()
+
+
+def agent_of(store, settings) -> Agent:
+    return Agent(store, settings, StubSource(n=1), host_id="h", serve_socket=False,
+                 attribute=lambda pid: ("wf", "env"))
+
+
+def test_a_batch_spooled_by_an_agent_of_another_version_is_written_with_what_it_has(any_store, settings):
+    """An older agent did not sample tensor_active; a newer one sampled a metric this one does not store."""
+    device_fields = [f for f in DEVICE_FIELDS if f != "tensor_active"] + ["nvlink_bytes"]
+    process_fields = [f for f in PROCESS_FIELDS if f != "cpu_util"]
+    agent = agent_of(any_store, settings)
+    device_row = [0, *({"ts": 100.0}.get(f, 1 if f in INT_METRICS else 0.5) for f in device_fields)]
+    known = {"workflow_id": "wf", "pid": 7, "ts": 100.0, "mem_used": 4096}
+    process_row = [0, *(known.get(f, 0.25) for f in process_fields)]
+    agent.spool.put({"v": 1, "host_id": "h", "device_fields": device_fields, "process_fields": process_fields,
+                     "devices": [device_row], "processes": [process_row], "workflows": {"wf": "env"}}, rows=2)
+    assert agent.flush()
+    assert len(agent.spool) == 0 and agent.spool.dropped_batches == 0
+    with any_store.session() as s:
+        d = s.execute(select(DeviceSample)).scalar_one()
+        p = s.execute(select(ProcessSample)).scalar_one()
+    assert (d.ts, d.gpu_util, d.mem_used, d.sm_active, d.tensor_active) == (100.0, 0.5, 1, 0.5, None)
+    assert (p.pid, p.workflow_id, p.mem_used, p.sm_util, p.cpu_util) == (7, "wf", 4096, 0.25, None)
