@@ -7,12 +7,13 @@ partitions `device_samples` and `process_samples` by range of `ts`, one partitio
 stay the size of one day, and retention drops a day's table instead of deleting its rows one by one. A DEFAULT
 partition (`..._default`) takes any row no day partition covers (an agent whose clock is hours or days off, a day
 nobody created yet), so no write is ever refused for its time; `ensure_partitions` later moves those rows into
-their day's partition, in one transaction. SQLite (one host) keeps plain tables: every function here does nothing
-there.
+their day's partition, in one transaction (rows no day can hold, see has_day, stay in the default). SQLite (one
+host) keeps plain tables: every function here does nothing there.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
@@ -26,6 +27,8 @@ from sqlalchemy.engine import Connection
 from store.db import Store
 from store.errors import InvalidInput
 
+log = logging.getLogger(__name__)
+
 DAY = 86400.0
 SAMPLE_TABLES = ("device_samples", "process_samples")
 _CHILD = re.compile(r"^(device_samples|process_samples)_(p\d{8}|default)$")
@@ -35,6 +38,17 @@ _BOUND = re.compile(r"FROM \('?([-0-9.e+]+)'?\) TO \('?([-0-9.e+]+)'?\)")
 def is_partition(name: str) -> bool:
     """True for a partition's table name (the schema's models know only the parents)."""
     return bool(_CHILD.match(name))
+
+
+# the days a partition can be made for: its name is the day's date, years 1 to 9999
+_FIRST_DAY = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+_LAST_DAY = datetime(9999, 12, 31, tzinfo=UTC).timestamp()
+
+
+def has_day(ts: float) -> bool:
+    """A day partition can hold `ts`: a finite time of the years 1 to 9999 (not a clock gone wrong by orders of
+    magnitude, e.g. milliseconds taken for seconds)."""
+    return math.isfinite(ts) and _FIRST_DAY <= ts < _LAST_DAY + DAY
 
 
 def day_of(ts: float) -> float:
@@ -125,7 +139,9 @@ def ensure_partitions(store: Store, start: float | None = None, end: float | Non
 
 
 def early_rows_days(store: Store) -> list[float]:
-    """The days the default partitions hold rows of (rows that came before their day's partition)."""
+    """The days the default partitions hold rows of (rows that came before their day's partition). Rows at a time
+    no day partition can hold (has_day) are left where they are, said once per call: one such row must not stop
+    every other day's rows from moving, nor the hourly rollup that moves them."""
     if not store.is_postgres:
         return []
     days: set[float] = set()
@@ -136,7 +152,11 @@ def early_rows_days(store: Store) -> list[float]:
                 continue
             for (d,) in conn.execute(text(f"SELECT DISTINCT floor(ts / {DAY!r}) * {DAY!r} FROM {default}")):
                 days.add(float(d))
-    return sorted(days)
+    outside = sorted(d for d in days if not has_day(d))
+    if outside:
+        log.warning("the default sample partitions hold rows at times no day partition can hold (days starting %s); "
+                    "they stay there: a writer's clock or time unit is wrong", ", ".join(map(repr, outside[:5])))
+    return sorted(d for d in days if has_day(d))
 
 
 def adopt_early_rows(store: Store) -> list[str]:

@@ -9,6 +9,7 @@ import time
 import pytest
 from sqlalchemy import event, func, select, text
 
+from analyzer.periodic import rollup_hours
 from analyzer.rollups import apply_retention, rollup
 from collector.spool import Spool
 from store.db import Store
@@ -18,6 +19,7 @@ from store.migrations import head_revision, upgrade
 from store.models import DeviceSample, ProcessSample, Workflow
 from store.partitions import DAY, adopt_early_rows, day_of, default_name, ensure_partitions, partition_name, partitions
 from store.registry import DeviceSpec, register_devices, register_host
+from store.settings import Settings
 from store.workflows import upsert_workflow
 
 GIB = 2**30
@@ -61,6 +63,24 @@ def test_rows_land_in_their_day_and_early_rows_move_in_when_their_day_is_made(pg
     assert count(pg_store, partition_name("device_samples", today + 10 * DAY)) == 1
     assert count(pg_store, "device_samples") == 3 == count(pg_store, "process_samples")
     assert ensure_partitions(pg_store, now, now) == []  # idempotent
+
+
+@pytest.mark.pg
+def test_rows_no_day_can_hold_stay_in_the_default_and_stop_no_other_day_from_moving(pg_store: Store,
+                                                                                     fleet_home) -> None:
+    """A clock in milliseconds, or one gone infinite, made a day partition's name fail (year 58000) and with it
+    every hourly rollup, which moves early rows first."""
+    now = time.time()
+    today = day_of(now)
+    device = fleet(pg_store, now)
+    ahead = today + 10 * DAY + 3600
+    write_samples(pg_store, *rows(device, [now * 1000, float("inf"), -1e12, ahead]))
+    summary = rollup_hours(pg_store, Settings(), now=now)
+    assert set(summary["partitions_created"]) == {partition_name(t, today + 10 * DAY)
+                                                  for t in ("device_samples", "process_samples")}
+    assert count(pg_store, partition_name("device_samples", today + 10 * DAY)) == 1
+    assert count(pg_store, default_name("device_samples")) == 3 == count(pg_store, default_name("process_samples"))
+    assert count(pg_store, "device_samples") == 4
 
 
 @pytest.mark.pg
