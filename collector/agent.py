@@ -34,7 +34,7 @@ from collector.spool import Spool
 from enforcer.gate import LaneGate
 from store.db import Store
 from store.errors import DatabaseBusy, DatabaseUnavailable
-from store.ingest import write_samples
+from store.ingest import write_samples, write_samples_once
 from store.registry import (
     DeviceSpec,
     device_ids,
@@ -379,7 +379,7 @@ class Agent:
                 if not self._try_register():
                     raise DatabaseUnavailable("not registered yet")
                 register_new_devices(self.store, self.host_id, self.source, batch.found, self._device_ids)
-                self.stats.batches_resent += self.spool.drain(self._send, on_poison=self._poisoned)
+                self.stats.batches_resent += self.spool.drain(self._resend, on_poison=self._poisoned)
                 if payload is not None:
                     t0 = time.perf_counter()
                     self._send(payload)
@@ -421,8 +421,13 @@ class Agent:
     def _poisoned(self, batch: dict[str, Any], exc: BaseException) -> None:
         log.error("a spooled batch of host %s cannot be written and is set aside: %s", self.host_id, exc)
 
-    def _send(self, payload: dict[str, Any]) -> None:
-        """Write one batch (fresh or spooled) in one transaction."""
+    def _resend(self, payload: dict[str, Any]) -> None:
+        """Write a spooled batch, which may be in the store already (written, then the agent died before the spool
+        forgot it, or the commit's answer was lost): what the store holds of it is not written twice."""
+        self._send(payload, once=True)
+
+    def _send(self, payload: dict[str, Any], *, once: bool = False) -> None:
+        """Write one batch (fresh or spooled) in one transaction; `once`: leave out the rows the store holds."""
         host_id = payload["host_id"]
         ids = self._device_ids if host_id == self.host_id else {}
         indexes = {row[0] for row in payload["devices"]} | {row[0] for row in payload["processes"]}
@@ -433,7 +438,7 @@ class Agent:
         if dropped:
             self.stats.rows_dropped += dropped
             log.error("%d sample rows name devices host %s never registered; dropped", dropped, host_id)
-        write_samples(self.store, device_rows, process_rows)
+        (write_samples_once if once else write_samples)(self.store, device_rows, process_rows)
 
     def _known_devices(self, host_id: str) -> dict[int, int]:
         with self.store.session() as session:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 from pgpq import ArrowToPostgresBinaryEncoder
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 from sqlalchemy.exc import OperationalError
 
 from store.db import Store, is_disk_full, is_read_only
@@ -122,6 +122,36 @@ def write_samples(
     """
     with sample_errors(store), store.engine.begin() as conn:
         return write_samples_on(conn, store.is_postgres, device_rows, process_rows)
+
+
+def write_samples_once(
+    store: Store, device_rows: Iterable[Row] = (), process_rows: Iterable[Row] = ()
+) -> tuple[int, int]:
+    """write_samples for a batch that may be in the store already, whole or not at all: a spooled batch written just
+    before its agent died, before it could forget it, or one whose commit answer the connection lost. A row the
+    store holds (a device sample of the same device and time, a process sample of the same device, pid and time,
+    unique as the agents write them) is left out, so writing the batch again adds nothing. The batch's devices are
+    read over its time span first, in the same transaction, through the (device_id, ts) indexes: one more query
+    per batch, for batches sent again, not for every batch."""
+    device = list(_as_tuples(device_rows, DEVICE_SAMPLE_COLUMNS))
+    process = list(_as_tuples(process_rows, PROCESS_SAMPLE_COLUMNS))
+    with sample_errors(store), store.engine.begin() as conn:
+        if device:
+            held = _stored(conn, device, DeviceSample.ts, DEVICE_SAMPLE_COLUMNS.index("ts"), DeviceSample.device_id)
+            device = [r for r in device if (r[0], r[1]) not in held]
+        if process:
+            pid, ts = PROCESS_SAMPLE_COLUMNS.index("pid"), PROCESS_SAMPLE_COLUMNS.index("ts")
+            held = _stored(conn, process, ProcessSample.ts, ts, ProcessSample.device_id, ProcessSample.pid)
+            process = [r for r in process if (r[0], r[pid], r[ts]) not in held]
+        return write_samples_on(conn, store.is_postgres, device, process)
+
+
+def _stored(conn: Connection, rows: list[tuple[Any, ...]], ts_column: Any, ts_at: int, *key: Any) -> set[tuple]:
+    """The keys (`key` columns, then ts) the store holds for the devices of `rows` within their time span."""
+    times = [r[ts_at] for r in rows]
+    query = (select(*key, ts_column).where(key[0].in_(sorted({r[0] for r in rows})), ts_column >= min(times),
+                                           ts_column <= max(times)))
+    return set(conn.execute(query).tuples())
 
 
 def write_samples_on(

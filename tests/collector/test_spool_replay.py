@@ -13,7 +13,7 @@ from collector.agent_batch import DEVICE_FIELDS, PROCESS_FIELDS
 from store.models import DeviceSample, ProcessSample
 from store.samples import INT_METRICS
 from store.settings import Settings
-from tests.collector.agent_helpers import StubSource
+from tests.collector.agent_helpers import StubSource, count_samples
 
 
 @pytest.fixture
@@ -43,3 +43,32 @@ def test_a_batch_spooled_by_an_agent_of_another_version_is_written_with_what_it_
         p = s.execute(select(ProcessSample)).scalar_one()
     assert (d.ts, d.gpu_util, d.mem_used, d.sm_active, d.tensor_active) == (100.0, 0.5, 1, 0.5, None)
     assert (p.pid, p.workflow_id, p.mem_used, p.sm_util, p.cpu_util) == (7, "wf", 4096, 0.25, None)
+
+
+class Killed(BaseException):
+    """The agent's process ending between two statements (SIGKILL, power lost)."""
+
+
+def test_a_batch_written_just_before_the_agent_died_is_not_written_twice_by_the_next_agent(any_store, settings,
+                                                                                           monkeypatch):
+    first = agent_of(any_store, settings)
+    assert first._try_register()
+    first.sample_once()
+    first.sample_once()
+    with first._batch_lock:  # the database was away at this flush: the batch went to the spool
+        batch = first._batch
+        first._batch = type(batch)()
+    first.spool.put(batch.to_json("h"), batch.rows)
+
+    def killed(_segment) -> None:
+        raise Killed
+
+    monkeypatch.setattr(first.spool, "ack", killed)  # written, then killed before the spool forgot the batch
+    with pytest.raises(Killed):
+        first.flush()
+    taken = (first.stats.device_rows, first.stats.process_rows)
+    assert count_samples(any_store) == taken == (2, 2)
+    again = agent_of(any_store, settings)  # the restarted agent finds the batch in the spool and sends it
+    assert len(again.spool) == 1
+    assert again.flush() and len(again.spool) == 0
+    assert count_samples(any_store) == taken
