@@ -38,6 +38,7 @@ from store.ingest import write_samples, write_samples_once
 from store.registry import (
     DeviceSpec,
     device_ids,
+    device_ids_by_uuid,
     register_devices,
     register_host,
 )
@@ -374,7 +375,7 @@ class Agent:
             batch, self._batch = self._batch, Batch()
         with self._db_lock:
             self.stats.flushes += 1
-            payload = batch.to_json(self.host_id) if batch.rows else None
+            payload = batch.to_json(self.host_id, self._uuids()) if batch.rows else None
             try:
                 if not self._try_register():
                     raise DatabaseUnavailable("not registered yet")
@@ -426,12 +427,20 @@ class Agent:
         forgot it, or the commit's answer was lost): what the store holds of it is not written twice."""
         self._send(payload, once=True)
 
+    def _uuids(self) -> dict[int, str]:
+        """{device index: UUID} as the source numbers its devices now."""
+        return {d.index: d.uuid for d in self.source.devices()}
+
     def _send(self, payload: dict[str, Any], *, once: bool = False) -> None:
         """Write one batch (fresh or spooled) in one transaction; `once`: leave out the rows the store holds."""
         host_id = payload["host_id"]
         ids = self._device_ids if host_id == self.host_id else {}
         indexes = {row[0] for row in payload["devices"]} | {row[0] for row in payload["processes"]}
-        if not indexes <= ids.keys():
+        uuids = {int(i): u for i, u in (payload.get("device_uuids") or {}).items()}
+        if uuids and not (host_id == self.host_id and uuids.items() <= self._uuids().items()):
+            # spooled before the devices were numbered otherwise (a reboot): each row's device is found by its UUID
+            ids = self._ids_by_uuid(host_id, uuids)
+        elif not indexes <= ids.keys():
             ids = {**ids, **self._known_devices(host_id)}
         touch_new_workflows(self.store, payload["workflows"], self._known_workflows)
         device_rows, process_rows, dropped = sample_rows(payload, ids)
@@ -443,6 +452,13 @@ class Agent:
     def _known_devices(self, host_id: str) -> dict[int, int]:
         with self.store.session() as session:
             return device_ids(session, host_id)
+
+    def _ids_by_uuid(self, host_id: str, uuids: dict[int, str]) -> dict[int, int]:
+        """{index the batch used: device id} for the batch's devices, found by UUID (one not registered is left out,
+        its rows dropped and counted, rather than written to the device that has its index now)."""
+        with self.store.session() as session:
+            by_uuid = device_ids_by_uuid(session, host_id, uuids.values())
+        return {i: by_uuid[u] for i, u in uuids.items() if u in by_uuid}
 
     def flush_sdk(self) -> None:
         """Write the step statistics the jobs reported over the socket (an outage leaves them buffered)."""

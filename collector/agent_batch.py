@@ -4,7 +4,7 @@ saw, and the counters a test or `--once` reads back."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -17,7 +17,8 @@ BATCH_VERSION = 1
 
 # A sample row in memory and in the spool names its device by index on the host, not by id in the store:
 # the agent can sample (and spool) before it ever reached the database to learn its device ids. A row is
-# [device index, *FIELDS]; the batch names its fields, so a spooled batch is read by name, whatever the order.
+# [device index, *FIELDS]; the batch names its fields, so a spooled batch is read by name, whatever the order, and
+# its devices' UUIDs, so it finds them after a reboot that numbered them otherwise.
 DEVICE_FIELDS: tuple[str, ...] = ("ts", *DEVICE_METRICS)
 PROCESS_FIELDS: tuple[str, ...] = ("workflow_id", "pid", "ts", *PROCESS_METRICS)
 device_metrics = attrgetter(*DEVICE_METRICS)
@@ -73,11 +74,15 @@ class Batch:
     def rows(self) -> int:
         return len(self.devices) + len(self.processes)
 
-    def to_json(self, host_id: str) -> dict[str, Any]:
+    def to_json(self, host_id: str, uuids: Mapping[int, str] | None = None) -> dict[str, Any]:
+        """The batch as spooled; `uuids` (device index -> UUID, as the source numbers its devices now) lets a batch
+        sent after a reboot that numbered the devices otherwise find its rows' devices."""
+        indexes = {row[0] for row in self.devices} | {row[0] for row in self.processes}
         return {
             "v": BATCH_VERSION, "host_id": host_id, "device_fields": list(DEVICE_FIELDS),
             "process_fields": list(PROCESS_FIELDS), "devices": self.devices, "processes": self.processes,
             "workflows": self.workflows,
+            "device_uuids": {str(i): u for i, u in (uuids or {}).items() if i in indexes},
         }
 
 

@@ -156,6 +156,12 @@ def device_ids(session: Session, host_id: str) -> dict[int, int]:
     return {d.index: d.id for d in session.scalars(select(Device).where(Device.host_id == host_id))}
 
 
+def device_ids_by_uuid(session: Session, host_id: str, uuids: Iterable[str]) -> dict[str, int]:
+    """{UUID: device id} for the host's devices registered with these UUIDs, whatever their index now."""
+    return {u: d for u, d in session.execute(select(Device.uuid, Device.id).where(
+        Device.host_id == host_id, Device.uuid.in_(sorted(set(uuids))))).tuples()}
+
+
 DEVICE_LOST = "device_lost"  # actions.kind of the record a lost device leaves for each job it held
 
 

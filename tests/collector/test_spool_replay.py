@@ -1,5 +1,6 @@
-"""Spooled batches reach the store once and whole: a batch an agent of another version spooled (metrics added or
-removed since), and a batch written just before the agent died, before it could forget it."""
+"""Spooled batches reach the store once, whole and on their own devices: a batch an agent of another version spooled
+(metrics added or removed since), a batch written just before the agent died, before it could forget it, and a batch
+spooled before a reboot that numbered the GPUs otherwise."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from sqlalchemy import select
 
 from collector.agent import Agent
 from collector.agent_batch import DEVICE_FIELDS, PROCESS_FIELDS
-from store.models import DeviceSample, ProcessSample
+from collector.sources.base import DeviceInfo, DeviceReading
+from store.errors import DatabaseUnavailable
+from store.models import Device, DeviceSample, ProcessSample
 from store.samples import INT_METRICS
 from store.settings import Settings
 from tests.collector.agent_helpers import StubSource, count_samples
@@ -72,3 +75,39 @@ def test_a_batch_written_just_before_the_agent_died_is_not_written_twice_by_the_
     assert len(again.spool) == 1
     assert again.flush() and len(again.spool) == 0
     assert count_samples(any_store) == taken
+
+
+class NumberedSource(StubSource):
+    """Two GPUs, numbered in the order `uuids` gives; each one's utilisation tells which GPU it is."""
+
+    name = "nvml"
+    util = {"GPU-x": 0.1, "GPU-y": 0.9}
+
+    def __init__(self, uuids: list[str]) -> None:
+        super().__init__(n=len(uuids), pids=[])
+        self.uuids = uuids
+
+    def devices(self) -> list[DeviceInfo]:
+        return [DeviceInfo(i, u, "A100", 1 << 30) for i, u in enumerate(self.uuids)]
+
+    def sample(self) -> list[DeviceReading]:
+        return [DeviceReading(index=i, ts=100.0, gpu_util=self.util[u]) for i, u in enumerate(self.uuids)]
+
+
+def test_a_batch_spooled_before_a_reboot_that_numbered_the_gpus_otherwise_goes_to_its_own_gpus(any_store, settings,
+                                                                                                monkeypatch):
+    before = Agent(any_store, settings, NumberedSource(["GPU-x", "GPU-y"]), host_id="h", serve_socket=False)
+    assert before._try_register()
+    before.sample_once()
+
+    def away(*_a, **_k) -> None:
+        raise DatabaseUnavailable("the database is away")
+
+    monkeypatch.setattr(before, "_send", away)
+    assert not before.flush() and len(before.spool) == 1
+    after = Agent(any_store, settings, NumberedSource(["GPU-y", "GPU-x"]), host_id="h", serve_socket=False)
+    assert after.flush() and len(after.spool) == 0 and after.stats.rows_dropped == 0
+    with any_store.session() as s:
+        stored = dict(s.execute(select(Device.uuid, DeviceSample.gpu_util)
+                                .join(DeviceSample, DeviceSample.device_id == Device.id)).all())
+    assert stored == NumberedSource.util
