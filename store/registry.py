@@ -12,6 +12,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from store.models import Action, ActionEvent, Device, Host, HostEvent, Lane, Placement, Process, Workflow
+from store.rows import insert_missing
 from store.workflows import upsert_workflow
 
 _INDEX_OUT_OF_WAY = 1_000_000_000  # a row changing index waits below every index a device gets
@@ -39,11 +40,12 @@ def register_host(
     labels: dict[str, Any] | None = None,
     now: float | None = None,
 ) -> Host:
+    """Create the host unless it exists (two agents starting at once under one host id, a restart overlapping its
+    predecessor: neither fails on the key, store.rows) and refresh it."""
     now = time.time() if now is None else now
-    host = session.get(Host, host_id)
-    if host is None:
-        host = Host(id=host_id, started_at=now, hostname=hostname, source=source, last_seen=now, labels={})
-        session.add(host)
+    insert_missing(session, Host, {"id": host_id, "started_at": now, "hostname": hostname, "source": source,
+                                   "last_seen": now, "labels": {}})
+    host = session.get(Host, host_id, populate_existing=True)
     host.hostname, host.source, host.last_seen = hostname, source, now
     host.agent_version, host.agent_pid = agent_version, agent_pid
     if labels is not None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from sqlalchemy import event, select
 from sqlalchemy.exc import IntegrityError
 
+from store.db import Store
 from store.models import Device, Host, Process
 from store.registry import (
     DeviceSpec,
@@ -106,3 +109,37 @@ def test_a_gpu_moved_to_another_host_registers_there_and_leaves_the_old_row_lost
         moved, here = s.get(Device, old), s.get(Device, new)
         assert new != old and (here.host_id, here.index, here.uuid, here.state) == ("new", 3, "GPU-x", "ok")
         assert (moved.host_id, moved.uuid, moved.state) == ("old", f"GPU-x@moved:{old}", "lost")
+
+
+def test_two_agents_registering_one_new_host_at_once_both_succeed(any_store):
+    """The second agent found no host, then inserted it after the first had: its start failed on the key."""
+    second_store = Store(any_store.url)
+    inserting = threading.Event()
+
+    def note_insert(_conn, _cursor, statement, *_args) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO HOSTS"):
+            inserting.set()  # the second agent's insert goes now, while the first agent's is not committed
+
+    event.listen(second_store.engine, "before_cursor_execute", note_insert)
+    failed: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            with second_store.session() as s:
+                register_host(s, "h", hostname="h", source="nvml", agent_pid=2)
+        except BaseException as exc:
+            failed.append(exc)
+            inserting.set()
+
+    try:
+        with any_store.session() as s:
+            register_host(s, "h", hostname="h", source="nvml", agent_pid=1)
+            thread = threading.Thread(target=second)
+            thread.start()
+            assert inserting.wait(30)
+        thread.join(60)
+    finally:
+        second_store.dispose()
+    assert failed == []
+    with any_store.session() as s:
+        assert s.get(Host, "h").agent_pid == 2
