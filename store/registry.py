@@ -130,13 +130,23 @@ def add_hosts(session: Session, host_ids: Iterable[str], *, source: str, labels:
 def register_devices_of_hosts(session: Session, specs: Mapping[str, Iterable[DeviceSpec]], *, source: str,
                               now: float) -> dict[tuple[str, int], int]:
     """register_devices for many hosts at once, in three statements whatever their number (read, update the
-    known, insert the new); returns {(host, device index): device id}."""
+    known, insert the new); returns {(host, device index): device id}. A device here is its place on its host (an
+    importer's series name the host and the GPU's index): a UUID found at another place of the same host (GPUs
+    renumbered after a reboot) moves there, and the row it leaves, unless it takes another UUID now, is marked lost
+    with its UUID suffixed `@moved:<id>` (one more statement, only then). A UUID another host holds is refused."""
     wanted = {(h, spec.index): spec for h, host_specs in specs.items() for spec in host_specs}
     if not wanted:
         return {}
-    known = {(h, i): d for h, i, d in session.execute(
-        select(Device.host_id, Device.index, Device.id).where(Device.host_id.in_(list(specs)))).tuples()
-        if (h, i) in wanted}
+    held = session.execute(select(Device.host_id, Device.index, Device.id, Device.uuid)
+                           .where(Device.host_id.in_(list(specs)))).tuples().all()
+    known = {(h, i): d for h, i, d, _ in held if (h, i) in wanted}
+    # UUIDs are unique at every statement: one leaving its row for another row of the host is freed first
+    will_hold = {known[key]: spec.uuid for key, spec in wanted.items() if key in known}
+    taken = {spec.uuid for spec in wanted.values()}
+    freed = [{"id": d, "uuid": f"{u[:100]}@moved:{d}", "state": "lost"} for _, _, d, u in held
+             if u in taken and will_hold.get(d) != u]
+    if freed:
+        session.execute(update(Device), freed)
 
     def fields(spec: DeviceSpec) -> dict[str, Any]:
         return {"uuid": spec.uuid, "name": spec.name, "source": source, "memory_total": spec.memory_total,

@@ -143,3 +143,23 @@ def test_two_agents_registering_one_new_host_at_once_both_succeed(any_store):
     assert failed == []
     with any_store.session() as s:
         assert s.get(Host, "h").agent_pid == 2
+
+
+def test_an_import_after_a_reboot_that_renumbered_the_gpus_refreshes_them_in_place(any_store):
+    """An importer's device is its place on its host: after a renumbering each place takes its new GPU's UUID, where
+    the unique UUID failed every later import of the host."""
+    with any_store.session() as s:
+        add_hosts(s, ["h"], source="prometheus", labels={}, now=1.0)
+        first = register_devices_of_hosts(s, {"h": [DeviceSpec(i, f"GPU-{i}", "A100", 80 << 30) for i in range(3)]},
+                                          source="prometheus", now=1.0)
+    with any_store.session() as s:  # GPU-0 and GPU-1 swapped places; GPU-2 now at index 3, index 2 not seen
+        again = register_devices_of_hosts(s, {"h": [DeviceSpec(0, "GPU-1", "A100", 80 << 30),
+                                                    DeviceSpec(1, "GPU-0", "A100", 80 << 30),
+                                                    DeviceSpec(3, "GPU-2", "A100", 80 << 30)]},
+                                          source="prometheus", now=2.0)
+    assert again[("h", 0)] == first[("h", 0)] and again[("h", 1)] == first[("h", 1)]
+    with any_store.session() as s:
+        rows = {d.id: (d.index, d.uuid, d.state) for d in s.scalars(select(Device))}
+    left = first[("h", 2)]
+    assert rows == {first[("h", 0)]: (0, "GPU-1", "ok"), first[("h", 1)]: (1, "GPU-0", "ok"),
+                    left: (2, f"GPU-2@moved:{left}", "lost"), again[("h", 3)]: (3, "GPU-2", "ok")}
