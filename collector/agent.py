@@ -103,6 +103,7 @@ class Agent:
         self._procs: dict[int, KnownProcess] = {}
         self._lost: set[int] = set()
         self._device_ids: dict[int, int] = {}
+        self._registered_uuids: dict[int, str] = {}  # device index -> the UUID registered for it
         self._registered = False
         self._known_workflows: set[str] = set()  # workflows this agent has created or found in the store
         self._recorded: frozenset[tuple[int, float]] | None = None  # processes the store last heard of
@@ -234,6 +235,7 @@ class Agent:
                               agent_version=AGENT_VERSION, agent_pid=os.getpid())
                 self._device_ids = register_devices(session, self.host_id, specs, source=self.source.name,
                                                     moved_here=True)
+            self._registered_uuids = {spec.index: spec.uuid for spec in specs}
             self.runner.recover()
         except DatabaseUnavailable as exc:
             self._db_down(exc)
@@ -379,7 +381,8 @@ class Agent:
             try:
                 if not self._try_register():
                     raise DatabaseUnavailable("not registered yet")
-                register_new_devices(self.store, self.host_id, self.source, batch.found, self._device_ids)
+                register_new_devices(self.store, self.host_id, self.source, batch.found, self._device_ids,
+                                     self._registered_uuids)
                 self.stats.batches_resent += self.spool.drain(self._resend, on_poison=self._poisoned)
                 if payload is not None:
                     t0 = time.perf_counter()
