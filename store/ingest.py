@@ -20,7 +20,7 @@ from sqlalchemy import Connection, select
 from sqlalchemy.exc import OperationalError
 
 from store.db import Store, is_disk_full, is_read_only
-from store.errors import InvalidInput, PartitionMissing
+from store.errors import DatabaseBusy, InvalidInput, PartitionMissing
 from store.models import DeviceSample, ProcessSample
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 
@@ -199,8 +199,8 @@ def write_sample_batches_on(
 @contextmanager
 def sample_errors(store: Store) -> Iterator[None]:
     """Errors raised inside COPY or executemany come from the driver, not wrapped by SQLAlchemy: the database
-    being away (or full, read-only, without a day's partition) becomes DatabaseUnavailable or one of its kinds, a
-    refused row InvalidInput."""
+    being away (or full, read-only, without a day's partition, attaching a row's day meanwhile) becomes
+    DatabaseUnavailable or one of its kinds, a refused row InvalidInput."""
     try:
         yield
     except Exception as exc:
@@ -208,6 +208,10 @@ def sample_errors(store: Store) -> Iterator[None]:
             raise store.unavailable(exc) from None
         if is_read_only(exc):
             raise store.read_only(exc) from None
+        if _is_partition_attached_meanwhile(exc):
+            raise DatabaseBusy(f"the day partition of some rows was made at {store.masked_url} while this batch was "
+                               f"written ({_reason(exc)}); nothing of it was written, and writers keep their batches "
+                               "and try again") from None
         if _is_missing_partition(exc):
             raise PartitionMissing(f"the database at {store.masked_url} has no partition for some rows' days, "
                                    f"nothing of the batch was written ({_reason(exc)}); run `fleetlens init` to "
@@ -220,6 +224,15 @@ def sample_errors(store: Store) -> Iterator[None]:
 
 def _reason(exc: BaseException) -> str:
     return str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+
+
+def _is_partition_attached_meanwhile(exc: BaseException) -> bool:
+    """A row routed to the default partition before its day's partition was attached (partitions.create_day, which
+    holds the default locked meanwhile) is refused when the lock is let go: the next try lands in the day."""
+    orig = getattr(exc, "orig", exc)
+    text = str(orig)
+    return (getattr(orig, "sqlstate", None) == "23514" and "violates partition constraint" in text
+            and '_default"' in text)
 
 
 def _is_missing_partition(exc: BaseException) -> bool:

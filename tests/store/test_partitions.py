@@ -4,6 +4,7 @@ only when every hour of them is rolled up, and `upgrade` from 0001 keeps every r
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -13,11 +14,20 @@ from analyzer.periodic import rollup_hours
 from analyzer.rollups import apply_retention, rollup
 from collector.spool import Spool
 from store.db import Store
-from store.errors import DatabaseFull, DatabaseReadOnly, DatabaseUnavailable, PartitionMissing
+from store.errors import DatabaseBusy, DatabaseFull, DatabaseReadOnly, DatabaseUnavailable, PartitionMissing
 from store.ingest import write_samples
 from store.migrations import head_revision, upgrade
 from store.models import DeviceSample, ProcessSample, Workflow
-from store.partitions import DAY, adopt_early_rows, day_of, default_name, ensure_partitions, partition_name, partitions
+from store.partitions import (
+    DAY,
+    adopt_early_rows,
+    create_day,
+    day_of,
+    default_name,
+    ensure_partitions,
+    partition_name,
+    partitions,
+)
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
 from store.workflows import upsert_workflow
@@ -81,6 +91,41 @@ def test_rows_no_day_can_hold_stay_in_the_default_and_stop_no_other_day_from_mov
     assert count(pg_store, partition_name("device_samples", today + 10 * DAY)) == 1
     assert count(pg_store, default_name("device_samples")) == 3 == count(pg_store, default_name("process_samples"))
     assert count(pg_store, "device_samples") == 4
+
+
+@pytest.mark.pg
+def test_a_batch_written_while_its_day_is_attached_is_kept_for_the_next_try(pg_store: Store) -> None:
+    """Its row, routed to the default partition before the day was attached, was refused as invalid data: a spooled
+    batch sent then was set aside as poison and lost."""
+    now = time.time()
+    device = fleet(pg_store, now)
+    day = day_of(now) + 5 * DAY  # rows of a day nobody made yet wait in the default partition
+    write_samples(pg_store, *rows(device, [day + 10]))
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            write_samples(pg_store, *rows(device, [day + 20]))
+        except BaseException as exc:
+            failed.append(exc)
+
+    writer = threading.Thread(target=write)
+    with pg_store.engine.begin() as conn:
+        assert create_day(conn, "device_samples", day)  # holds the default partition locked until it commits
+        writer.start()
+        with pg_store.engine.connect() as watch:  # the writer waits for the default partition's lock
+            for _ in range(600):
+                if watch.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                      "AND query LIKE 'COPY device_samples%'")).scalar():
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the writer never waited for the default partition")
+    writer.join(30)
+    assert len(failed) == 1 and isinstance(failed[0], DatabaseBusy)  # kept (spooled) and sent again, not set aside
+    assert count(pg_store, "device_samples") == 1
+    write_samples(pg_store, *rows(device, [day + 20]))  # the next try lands in its day
+    assert count(pg_store, partition_name("device_samples", day)) == 2
 
 
 @pytest.mark.pg
