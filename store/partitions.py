@@ -91,8 +91,10 @@ def is_partitioned(conn: Connection, table: str) -> bool:
 
 def create_day(conn: Connection, table: str, day: float) -> bool:
     """Create `table`'s partition for the UTC day starting at `day`, moving in the rows the default partition
-    holds for it; False when it exists. One transaction's work (the caller's): all of it or none."""
+    holds for it; False when it exists. One transaction's work (the caller's): all of it or none. Two callers
+    making the same day at once (two rollups) take turns: the second finds it made."""
     name = partition_name(table, day)
+    conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.' || :n))"), {"n": name})
     if conn.execute(text("SELECT to_regclass(:n)"), {"n": name}).scalar() is not None:
         return False
     lo, hi = float(day), float(day) + DAY

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import event, func, select, text
@@ -93,6 +94,21 @@ def test_rows_no_day_can_hold_stay_in_the_default_and_stop_no_other_day_from_mov
     assert count(pg_store, "device_samples") == 4
 
 
+def waiting_on_a_lock(store: Store, backend: Callable[[], int | None]) -> None:
+    """Return once the backend whose pid `backend` gives (None: not connected yet) waits for a lock."""
+    with store.engine.connect() as watch:
+        for _ in range(600):
+            pid = backend()
+            waiting = pid is not None and watch.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = :p AND wait_event_type = 'Lock'"),
+                {"p": pid}).scalar()
+            watch.rollback()  # pg_stat_activity is read once per transaction
+            if waiting:
+                return
+            time.sleep(0.05)
+    pytest.fail("the other writer never waited for a lock")
+
+
 @pytest.mark.pg
 def test_a_batch_written_while_its_day_is_attached_is_kept_for_the_next_try(pg_store: Store) -> None:
     """Its row, routed to the default partition before the day was attached, was refused as invalid data: a spooled
@@ -103,9 +119,20 @@ def test_a_batch_written_while_its_day_is_attached_is_kept_for_the_next_try(pg_s
     write_samples(pg_store, *rows(device, [day + 10]))
     failed: list[BaseException] = []
 
+    pids: list[int] = []
+
+    def note_pid(conn, _record) -> None:
+        cur = conn.cursor()
+        cur.execute("SELECT pg_backend_pid()")
+        pids.append(cur.fetchone()[0])
+        cur.close()
+
+    writer_store = Store(pg_store.url)
+    event.listen(writer_store.engine, "connect", note_pid)
+
     def write() -> None:
         try:
-            write_samples(pg_store, *rows(device, [day + 20]))
+            write_samples(writer_store, *rows(device, [day + 20]))
         except BaseException as exc:
             failed.append(exc)
 
@@ -113,19 +140,38 @@ def test_a_batch_written_while_its_day_is_attached_is_kept_for_the_next_try(pg_s
     with pg_store.engine.begin() as conn:
         assert create_day(conn, "device_samples", day)  # holds the default partition locked until it commits
         writer.start()
-        with pg_store.engine.connect() as watch:  # the writer waits for the default partition's lock
-            for _ in range(600):
-                if watch.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                      "AND query LIKE 'COPY device_samples%'")).scalar():
-                    break
-                time.sleep(0.05)
-            else:
-                pytest.fail("the writer never waited for the default partition")
+        waiting_on_a_lock(pg_store, lambda: pids[0] if pids else None)  # for the default partition
     writer.join(30)
+    writer_store.dispose()
     assert len(failed) == 1 and isinstance(failed[0], DatabaseBusy)  # kept (spooled) and sent again, not set aside
     assert count(pg_store, "device_samples") == 1
     write_samples(pg_store, *rows(device, [day + 20]))  # the next try lands in its day
     assert count(pg_store, partition_name("device_samples", day)) == 2
+
+
+@pytest.mark.pg
+def test_two_rollups_making_the_same_day_at_once_both_succeed(pg_store: Store) -> None:
+    """The second one's CREATE TABLE failed on the catalog's unique name once the first committed."""
+    day = day_of(time.time()) + 6 * DAY
+    outcome: list[object] = []
+
+    pids: list[int] = []
+
+    def second() -> None:
+        try:
+            with pg_store.engine.begin() as conn:
+                pids.append(conn.execute(text("SELECT pg_backend_pid()")).scalar())
+                outcome.append(create_day(conn, "device_samples", day))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    other = threading.Thread(target=second)
+    with pg_store.engine.begin() as conn:
+        assert create_day(conn, "device_samples", day)
+        other.start()
+        waiting_on_a_lock(pg_store, lambda: pids[0] if pids else None)
+    other.join(30)
+    assert outcome == [False]
 
 
 @pytest.mark.pg
