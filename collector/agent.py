@@ -86,7 +86,9 @@ class Agent:
         if self.sample_interval_s <= 0 or self.flush_interval_s <= 0:
             raise ValueError("the sample and flush intervals must be positive seconds")
         settings.ensure_home()
-        self.spool = spool or Spool(settings.spool_dir / _safe(self.host_id), settings.spool_max_bytes)
+        # the spool given, even empty (an empty Spool is falsy: `spool or ...` put another folder's in its place)
+        self.spool = (spool if spool is not None else
+                      Spool(settings.spool_dir / _safe(self.host_id), settings.spool_max_bytes))
         # the SDK socket's handlers and the lane gate behind them, built here and handed to who uses them
         self.gate: LaneGate | None = None
         if sdk_handler is None and serve_socket:

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from collector.agent import Agent
 from collector.agent_batch import DEVICE_FIELDS, PROCESS_FIELDS
 from collector.sources.base import DeviceInfo, DeviceReading
+from collector.spool import Spool
 from store.errors import DatabaseUnavailable
 from store.models import Device, DeviceSample, ProcessSample
 from store.samples import INT_METRICS
@@ -111,3 +112,10 @@ def test_a_batch_spooled_before_a_reboot_that_numbered_the_gpus_otherwise_goes_t
         stored = dict(s.execute(select(Device.uuid, DeviceSample.gpu_util)
                                 .join(DeviceSample, DeviceSample.device_id == Device.id)).all())
     assert stored == NumberedSource.util
+
+
+def test_an_agent_spools_into_the_spool_it_is_given_even_an_empty_one(sqlite_store, settings, tmp_path):
+    """An empty Spool is falsy: the agent put the default folder's spool in its place and spooled there."""
+    given = Spool(tmp_path / "given", 1 << 20)
+    agent = Agent(sqlite_store, settings, StubSource(n=1), host_id="h", serve_socket=False, spool=given)
+    assert agent.spool is given
