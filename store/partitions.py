@@ -23,8 +23,9 @@ from datetime import UTC, datetime
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
-from store.db import Store
+from store.db import Store, is_contention
 from store.errors import InvalidInput
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,8 @@ def drop_days_before(store: Store, cutoff: float,
                      rows_if_droppable: Callable[[Connection, Partition], int | None]) -> dict[str, int]:
     """Drop the day partitions that end at or before `cutoff` and that `rows_if_droppable` allows (it sees the
     connection and the partition, e.g. to check every hour of it is rolled up, and returns the partition's row
-    count, or None to keep it); each in its own transaction. Returns {name dropped: rows it held}."""
+    count, or None to keep it); each in its own transaction, which holds the partition against writes from the check
+    to the drop (a late row between them would go with it). Returns {name dropped: rows it held}."""
     if not store.is_postgres:
         return {}
     dropped: dict[str, int] = {}
@@ -183,9 +185,20 @@ def drop_days_before(store: Store, cutoff: float,
                 continue
             old = [p for p in partitions(conn, table) if p.hi is not None and p.hi <= cutoff]
         for part in old:
-            with store.engine.begin() as conn:
-                rows = rows_if_droppable(conn, part)
-                if rows is not None:
-                    conn.execute(text(f"DROP TABLE {part.name}"))
-                    dropped[part.name] = rows
+            try:
+                with store.engine.begin() as conn:
+                    # no row may come in between the check and the drop (a late batch from a spool): writers of this
+                    # day wait (only they: a write locks the partitions its rows go to)
+                    conn.execute(text(f"LOCK TABLE {part.name} IN SHARE MODE"))
+                    rows = rows_if_droppable(conn, part)
+                    if rows is not None:
+                        conn.execute(text(f"DROP TABLE {part.name}"))
+                        dropped[part.name] = rows
+            except DBAPIError as exc:
+                if not is_contention(exc):
+                    raise
+                # such a writer holds the parent table, which the drop needs: one of the two is the deadlock's
+                # victim; when it is this drop, the day stays until the next retention
+                log.warning("partition %s was not dropped: a writer of its day came meanwhile (%s)", part.name,
+                            str(getattr(exc, "orig", exc)).splitlines()[0])
     return dropped

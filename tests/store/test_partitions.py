@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import event, func, select, text
 
 from analyzer.periodic import rollup_hours
-from analyzer.rollups import apply_retention, rollup
+from analyzer.rollups import _rolled_up_rows, apply_retention, rollup
 from collector.spool import Spool
 from store.db import Store
 from store.errors import DatabaseBusy, DatabaseFull, DatabaseReadOnly, DatabaseUnavailable, PartitionMissing
@@ -21,10 +21,12 @@ from store.migrations import head_revision, upgrade
 from store.models import DeviceSample, ProcessSample, Workflow
 from store.partitions import (
     DAY,
+    Partition,
     adopt_early_rows,
     create_day,
     day_of,
     default_name,
+    drop_days_before,
     ensure_partitions,
     partition_name,
     partitions,
@@ -94,10 +96,14 @@ def test_rows_no_day_can_hold_stay_in_the_default_and_stop_no_other_day_from_mov
     assert count(pg_store, "device_samples") == 4
 
 
-def waiting_on_a_lock(store: Store, backend: Callable[[], int | None]) -> None:
-    """Return once the backend whose pid `backend` gives (None: not connected yet) waits for a lock."""
+def waiting_on_a_lock(store: Store, backend: Callable[[], int | None],
+                      done: Callable[[], bool] = lambda: False) -> None:
+    """Return once the backend whose pid `backend` gives (None: not connected yet) waits for a lock, or once its
+    writer is `done` without having waited."""
     with store.engine.connect() as watch:
         for _ in range(600):
+            if done():
+                return
             pid = backend()
             waiting = pid is not None and watch.execute(text(
                 "SELECT count(*) FROM pg_stat_activity WHERE pid = :p AND wait_event_type = 'Lock'"),
@@ -234,6 +240,50 @@ def test_retention_drops_a_whole_day_only_when_every_hour_of_it_is_rolled_up(pg_
     with pg_store.session() as s:
         assert s.scalar(select(func.count()).select_from(DeviceSample)) == 1
         assert s.scalar(select(func.count()).select_from(ProcessSample)) == 1
+
+
+@pytest.mark.pg
+def test_a_late_sample_written_while_retention_drops_its_day_is_not_lost(pg_store: Store) -> None:
+    """A late batch (a spool sent after a long outage) committed between retention's check that the day is rolled up
+    and its drop went with the day, never rolled up."""
+    now = time.time()
+    device = fleet(pg_store, now - 12 * DAY)
+    old_day = day_of(now) - 10 * DAY
+    ensure_partitions(pg_store, old_day, old_day, days_ahead=0)
+    write_samples(pg_store, *rows(device, [old_day + 600.0 * k for k in range(6)]))
+    rollup(pg_store, now, since=old_day)
+    late_row = ([{"device_id": device, "ts": old_day + 30.0, "gpu_util": 0.9}], [])
+    pids: list[int] = []
+    failed: list[BaseException] = []
+    writer_store = Store(pg_store.url)
+    event.listen(writer_store.engine, "connect", lambda conn, _r: pids.append(conn.info.backend_pid))
+
+    def write_late() -> None:
+        try:
+            write_samples(writer_store, *late_row)
+        except BaseException as exc:
+            failed.append(exc)
+
+    writer = threading.Thread(target=write_late)
+
+    def checked_then_a_late_write(conn, part: Partition) -> int | None:
+        rows_held = _rolled_up_rows(conn, part)
+        if part.table == "device_samples":
+            writer.start()
+            # it waits for this day (it went straight in, and was dropped with the day, when nothing held it back)
+            waiting_on_a_lock(pg_store, lambda: pids[0] if pids else None, lambda: not writer.is_alive())
+        return rows_held
+
+    try:
+        drop_days_before(pg_store, old_day + DAY, checked_then_a_late_write)
+        writer.join(30)
+    finally:
+        writer_store.dispose()
+    if failed:  # the writer was the deadlock's victim: the agent keeps the batch and sends it again
+        assert isinstance(failed[0], DatabaseBusy)
+        write_samples(pg_store, *late_row)
+    with pg_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(DeviceSample).where(DeviceSample.gpu_util == 0.9)) == 1
 
 
 @pytest.mark.pg
