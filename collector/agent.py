@@ -34,10 +34,11 @@ from collector.spool import Spool
 from enforcer.gate import LaneGate
 from store.db import Store
 from store.errors import DatabaseBusy, DatabaseUnavailable
-from store.ingest import write_samples
+from store.ingest import write_samples, write_samples_once
 from store.registry import (
     DeviceSpec,
     device_ids,
+    device_ids_by_uuid,
     register_devices,
     register_host,
 )
@@ -85,7 +86,9 @@ class Agent:
         if self.sample_interval_s <= 0 or self.flush_interval_s <= 0:
             raise ValueError("the sample and flush intervals must be positive seconds")
         settings.ensure_home()
-        self.spool = spool or Spool(settings.spool_dir / _safe(self.host_id), settings.spool_max_bytes)
+        # the spool given, even empty (an empty Spool is falsy: `spool or ...` put another folder's in its place)
+        self.spool = (spool if spool is not None else
+                      Spool(settings.spool_dir / _safe(self.host_id), settings.spool_max_bytes))
         # the SDK socket's handlers and the lane gate behind them, built here and handed to who uses them
         self.gate: LaneGate | None = None
         if sdk_handler is None and serve_socket:
@@ -102,6 +105,7 @@ class Agent:
         self._procs: dict[int, KnownProcess] = {}
         self._lost: set[int] = set()
         self._device_ids: dict[int, int] = {}
+        self._registered_uuids: dict[int, str] = {}  # device index -> the UUID registered for it
         self._registered = False
         self._known_workflows: set[str] = set()  # workflows this agent has created or found in the store
         self._recorded: frozenset[tuple[int, float]] | None = None  # processes the store last heard of
@@ -231,7 +235,9 @@ class Agent:
             with self.store.session() as session:
                 register_host(session, self.host_id, hostname=socket.gethostname(), source=self.source.name,
                               agent_version=AGENT_VERSION, agent_pid=os.getpid())
-                self._device_ids = register_devices(session, self.host_id, specs, source=self.source.name)
+                self._device_ids = register_devices(session, self.host_id, specs, source=self.source.name,
+                                                    moved_here=True)
+            self._registered_uuids = {spec.index: spec.uuid for spec in specs}
             self.runner.recover()
         except DatabaseUnavailable as exc:
             self._db_down(exc)
@@ -373,12 +379,13 @@ class Agent:
             batch, self._batch = self._batch, Batch()
         with self._db_lock:
             self.stats.flushes += 1
-            payload = batch.to_json(self.host_id) if batch.rows else None
+            payload = batch.to_json(self.host_id, self._uuids()) if batch.rows else None
             try:
                 if not self._try_register():
                     raise DatabaseUnavailable("not registered yet")
-                register_new_devices(self.store, self.host_id, self.source, batch.found, self._device_ids)
-                self.stats.batches_resent += self.spool.drain(self._send, on_poison=self._poisoned)
+                register_new_devices(self.store, self.host_id, self.source, batch.found, self._device_ids,
+                                     self._registered_uuids)
+                self.stats.batches_resent += self.spool.drain(self._resend, on_poison=self._poisoned)
                 if payload is not None:
                     t0 = time.perf_counter()
                     self._send(payload)
@@ -420,23 +427,43 @@ class Agent:
     def _poisoned(self, batch: dict[str, Any], exc: BaseException) -> None:
         log.error("a spooled batch of host %s cannot be written and is set aside: %s", self.host_id, exc)
 
-    def _send(self, payload: dict[str, Any]) -> None:
-        """Write one batch (fresh or spooled) in one transaction."""
+    def _resend(self, payload: dict[str, Any]) -> None:
+        """Write a spooled batch, which may be in the store already (written, then the agent died before the spool
+        forgot it, or the commit's answer was lost): what the store holds of it is not written twice."""
+        self._send(payload, once=True)
+
+    def _uuids(self) -> dict[int, str]:
+        """{device index: UUID} as the source numbers its devices now."""
+        return {d.index: d.uuid for d in self.source.devices()}
+
+    def _send(self, payload: dict[str, Any], *, once: bool = False) -> None:
+        """Write one batch (fresh or spooled) in one transaction; `once`: leave out the rows the store holds."""
         host_id = payload["host_id"]
         ids = self._device_ids if host_id == self.host_id else {}
         indexes = {row[0] for row in payload["devices"]} | {row[0] for row in payload["processes"]}
-        if not indexes <= ids.keys():
+        uuids = {int(i): u for i, u in (payload.get("device_uuids") or {}).items()}
+        if uuids and not (host_id == self.host_id and uuids.items() <= self._uuids().items()):
+            # spooled before the devices were numbered otherwise (a reboot): each row's device is found by its UUID
+            ids = self._ids_by_uuid(host_id, uuids)
+        elif not indexes <= ids.keys():
             ids = {**ids, **self._known_devices(host_id)}
         touch_new_workflows(self.store, payload["workflows"], self._known_workflows)
         device_rows, process_rows, dropped = sample_rows(payload, ids)
         if dropped:
             self.stats.rows_dropped += dropped
             log.error("%d sample rows name devices host %s never registered; dropped", dropped, host_id)
-        write_samples(self.store, device_rows, process_rows)
+        (write_samples_once if once else write_samples)(self.store, device_rows, process_rows)
 
     def _known_devices(self, host_id: str) -> dict[int, int]:
         with self.store.session() as session:
             return device_ids(session, host_id)
+
+    def _ids_by_uuid(self, host_id: str, uuids: dict[int, str]) -> dict[int, int]:
+        """{index the batch used: device id} for the batch's devices, found by UUID (one not registered is left out,
+        its rows dropped and counted, rather than written to the device that has its index now)."""
+        with self.store.session() as session:
+            by_uuid = device_ids_by_uuid(session, host_id, uuids.values())
+        return {i: by_uuid[u] for i, u in uuids.items() if u in by_uuid}
 
     def flush_sdk(self) -> None:
         """Write the step statistics the jobs reported over the socket (an outage leaves them buffered)."""

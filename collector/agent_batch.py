@@ -4,7 +4,7 @@ saw, and the counters a test or `--once` reads back."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -17,7 +17,8 @@ BATCH_VERSION = 1
 
 # A sample row in memory and in the spool names its device by index on the host, not by id in the store:
 # the agent can sample (and spool) before it ever reached the database to learn its device ids. A row is
-# [device index, *FIELDS]; the batch names its fields, so a spooled batch is read by name, whatever the order.
+# [device index, *FIELDS]; the batch names its fields, so a spooled batch is read by name, whatever the order, and
+# its devices' UUIDs, so it finds them after a reboot that numbered them otherwise.
 DEVICE_FIELDS: tuple[str, ...] = ("ts", *DEVICE_METRICS)
 PROCESS_FIELDS: tuple[str, ...] = ("workflow_id", "pid", "ts", *PROCESS_METRICS)
 device_metrics = attrgetter(*DEVICE_METRICS)
@@ -73,11 +74,15 @@ class Batch:
     def rows(self) -> int:
         return len(self.devices) + len(self.processes)
 
-    def to_json(self, host_id: str) -> dict[str, Any]:
+    def to_json(self, host_id: str, uuids: Mapping[int, str] | None = None) -> dict[str, Any]:
+        """The batch as spooled; `uuids` (device index -> UUID, as the source numbers its devices now) lets a batch
+        sent after a reboot that numbered the devices otherwise find its rows' devices."""
+        indexes = {row[0] for row in self.devices} | {row[0] for row in self.processes}
         return {
             "v": BATCH_VERSION, "host_id": host_id, "device_fields": list(DEVICE_FIELDS),
             "process_fields": list(PROCESS_FIELDS), "devices": self.devices, "processes": self.processes,
             "workflows": self.workflows,
+            "device_uuids": {str(i): u for i, u in (uuids or {}).items() if i in indexes},
         }
 
 
@@ -98,19 +103,27 @@ def sample_rows(payload: dict[str, Any],
     # Rows as tuples in the sample rows' column order, picked by name: no per-row dict on the hot path.
     # A batch row with its store keys in front, (device_id, host_id, *row[1:]), is read by one itemgetter.
     device_rows, process_rows, dropped = [], [], 0
-    to_device_row = row_getter(DEVICE_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["device_fields"]))
-    to_process_row = row_getter(PROCESS_SAMPLE_COLUMNS, ("device_id", "host_id", *payload["process_fields"]))
+    # A batch spooled by an agent of another version may lack metrics (added since) or carry some this one has not
+    # (removed since): the lacking ones are NULL (not reported), the others left out.
+    device_names = ("device_id", "host_id", *payload["device_fields"])
+    process_names = ("device_id", "host_id", *payload["process_fields"])
+    device_pad = tuple(None for m in DEVICE_METRICS if m not in device_names)
+    process_pad = tuple(None for m in PROCESS_METRICS if m not in process_names)
+    to_device_row = row_getter(DEVICE_SAMPLE_COLUMNS,
+                               device_names + tuple(m for m in DEVICE_METRICS if m not in device_names))
+    to_process_row = row_getter(PROCESS_SAMPLE_COLUMNS,
+                                process_names + tuple(m for m in PROCESS_METRICS if m not in process_names))
     for row in payload["devices"]:
         device_id = ids.get(row[0])
         if device_id is None:
             dropped += 1
             continue
-        device_rows.append(to_device_row((device_id, host_id, *row[1:])))
+        device_rows.append(to_device_row((device_id, host_id, *row[1:], *device_pad)))
     for row in payload["processes"]:
         device_id = ids.get(row[0])
         if device_id is None:
             dropped += 1
             continue
-        process_rows.append(to_process_row((device_id, host_id, *row[1:])))
+        process_rows.append(to_process_row((device_id, host_id, *row[1:], *process_pad)))
     return device_rows, process_rows, dropped
 

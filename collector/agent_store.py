@@ -41,13 +41,17 @@ def specs_of(source: DeviceSource, indexes: set[int]) -> list[DeviceSpec]:
 
 
 def register_new_devices(store: Store, host_id: str, source: DeviceSource, indexes: set[int],
-                         device_ids: dict[int, int]) -> None:
-    """Register the devices the source opened since the agent registered (a MIG instance made), adding them to
-    `device_ids`: before the batch holding their first rows is written, which would drop rows of unknown devices."""
-    new = {i for i in indexes if i not in device_ids}
-    if new:
+                         device_ids: dict[int, int], uuids: dict[int, str]) -> None:
+    """Register the devices the source opened since the agent registered (a MIG instance made), and those whose
+    UUID at their index is not the one registered (a MIG instance made in the place of another), adding them to
+    `device_ids` and `uuids` (index -> UUID registered): before the batch holding their first rows is written, which
+    would drop rows of unknown devices, or write them to the device that was there before."""
+    specs = [d for d in specs_of(source, {d.index for d in source.devices()})
+             if (d.index in indexes and d.index not in device_ids) or uuids.get(d.index, d.uuid) != d.uuid]
+    if specs:
         with store.session() as session:
-            device_ids.update(register_devices(session, host_id, specs_of(source, new), source=source.name))
+            device_ids.update(register_devices(session, host_id, specs, source=source.name, moved_here=True))
+        uuids.update({d.index: d.uuid for d in specs})
 
 
 def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, device_ids: dict[int, int],
@@ -61,7 +65,8 @@ def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, 
                 log.error("device %d of host %s was lost under running jobs: see their device_lost actions "
                           "(`fleetlens` dashboard, enforcement); nothing was stopped", index, host_id)
         if batch.found:
-            device_ids.update(register_devices(session, host_id, specs_of(source, batch.found), source=source.name))
+            device_ids.update(register_devices(session, host_id, specs_of(source, batch.found), source=source.name,
+                                               moved_here=True))
         if not (batch.seen or batch.rows):
             return recorded
         keys = frozenset((p.pid, p.start_time) for p in batch.seen.values())

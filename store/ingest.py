@@ -16,12 +16,12 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 from pgpq import ArrowToPostgresBinaryEncoder
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 from sqlalchemy.exc import OperationalError
 
 from store import late_hours
 from store.db import Store, is_disk_full, is_read_only
-from store.errors import InvalidInput, PartitionMissing
+from store.errors import DatabaseBusy, InvalidInput, PartitionMissing
 from store.models import DeviceSample, ProcessSample
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS
 
@@ -127,6 +127,36 @@ def write_samples(
         return write_samples_on(conn, store.is_postgres, device_rows, process_rows)
 
 
+def write_samples_once(
+    store: Store, device_rows: Iterable[Row] = (), process_rows: Iterable[Row] = ()
+) -> tuple[int, int]:
+    """write_samples for a batch that may be in the store already, whole or not at all: a spooled batch written just
+    before its agent died, before it could forget it, or one whose commit answer the connection lost. A row the
+    store holds (a device sample of the same device and time, a process sample of the same device, pid and time,
+    unique as the agents write them) is left out, so writing the batch again adds nothing. The batch's devices are
+    read over its time span first, in the same transaction, through the (device_id, ts) indexes: one more query
+    per batch, for batches sent again, not for every batch."""
+    device = list(_as_tuples(device_rows, DEVICE_SAMPLE_COLUMNS))
+    process = list(_as_tuples(process_rows, PROCESS_SAMPLE_COLUMNS))
+    with sample_errors(store), store.engine.begin() as conn:
+        if device:
+            held = _stored(conn, device, DeviceSample.ts, DEVICE_SAMPLE_COLUMNS.index("ts"), DeviceSample.device_id)
+            device = [r for r in device if (r[0], r[1]) not in held]
+        if process:
+            pid, ts = PROCESS_SAMPLE_COLUMNS.index("pid"), PROCESS_SAMPLE_COLUMNS.index("ts")
+            held = _stored(conn, process, ProcessSample.ts, ts, ProcessSample.device_id, ProcessSample.pid)
+            process = [r for r in process if (r[0], r[pid], r[ts]) not in held]
+        return write_samples_on(conn, store.is_postgres, device, process)
+
+
+def _stored(conn: Connection, rows: list[tuple[Any, ...]], ts_column: Any, ts_at: int, *key: Any) -> set[tuple]:
+    """The keys (`key` columns, then ts) the store holds for the devices of `rows` within their time span."""
+    times = [r[ts_at] for r in rows]
+    query = (select(*key, ts_column).where(key[0].in_(sorted({r[0] for r in rows})), ts_column >= min(times),
+                                           ts_column <= max(times)))
+    return set(conn.execute(query).tuples())
+
+
 def write_samples_on(
     conn: Connection, is_postgres: bool, device_rows: Iterable[Row] = (), process_rows: Iterable[Row] = ()
 ) -> tuple[int, int]:
@@ -178,8 +208,8 @@ def write_sample_batches_on(
 @contextmanager
 def sample_errors(store: Store) -> Iterator[None]:
     """Errors raised inside COPY or executemany come from the driver, not wrapped by SQLAlchemy: the database
-    being away (or full, read-only, without a day's partition) becomes DatabaseUnavailable or one of its kinds, a
-    refused row InvalidInput."""
+    being away (or full, read-only, without a day's partition, attaching a row's day meanwhile) becomes
+    DatabaseUnavailable or one of its kinds, a refused row InvalidInput."""
     try:
         yield
     except Exception as exc:
@@ -187,6 +217,10 @@ def sample_errors(store: Store) -> Iterator[None]:
             raise store.unavailable(exc) from None
         if is_read_only(exc):
             raise store.read_only(exc) from None
+        if _is_partition_attached_meanwhile(exc):
+            raise DatabaseBusy(f"the day partition of some rows was made at {store.masked_url} while this batch was "
+                               f"written ({_reason(exc)}); nothing of it was written, and writers keep their batches "
+                               "and try again") from None
         if _is_missing_partition(exc):
             raise PartitionMissing(f"the database at {store.masked_url} has no partition for some rows' days, "
                                    f"nothing of the batch was written ({_reason(exc)}); run `fleetlens init` to "
@@ -199,6 +233,15 @@ def sample_errors(store: Store) -> Iterator[None]:
 
 def _reason(exc: BaseException) -> str:
     return str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+
+
+def _is_partition_attached_meanwhile(exc: BaseException) -> bool:
+    """A row routed to the default partition before its day's partition was attached (partitions.create_day, which
+    holds the default locked meanwhile) is refused when the lock is let go: the next try lands in the day."""
+    orig = getattr(exc, "orig", exc)
+    text = str(orig)
+    return (getattr(orig, "sqlstate", None) == "23514" and "violates partition constraint" in text
+            and '_default"' in text)
 
 
 def _is_missing_partition(exc: BaseException) -> bool:

@@ -7,12 +7,13 @@ partitions `device_samples` and `process_samples` by range of `ts`, one partitio
 stay the size of one day, and retention drops a day's table instead of deleting its rows one by one. A DEFAULT
 partition (`..._default`) takes any row no day partition covers (an agent whose clock is hours or days off, a day
 nobody created yet), so no write is ever refused for its time; `ensure_partitions` later moves those rows into
-their day's partition, in one transaction. SQLite (one host) keeps plain tables: every function here does nothing
-there.
+their day's partition, in one transaction (rows no day can hold, see has_day, stay in the default). SQLite (one
+host) keeps plain tables: every function here does nothing there.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
@@ -22,9 +23,12 @@ from datetime import UTC, datetime
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
-from store.db import Store
+from store.db import Store, is_contention
 from store.errors import InvalidInput
+
+log = logging.getLogger(__name__)
 
 DAY = 86400.0
 SAMPLE_TABLES = ("device_samples", "process_samples")
@@ -35,6 +39,17 @@ _BOUND = re.compile(r"FROM \('?([-0-9.e+]+)'?\) TO \('?([-0-9.e+]+)'?\)")
 def is_partition(name: str) -> bool:
     """True for a partition's table name (the schema's models know only the parents)."""
     return bool(_CHILD.match(name))
+
+
+# the days a partition can be made for: its name is the day's date, years 1 to 9999
+_FIRST_DAY = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+_LAST_DAY = datetime(9999, 12, 31, tzinfo=UTC).timestamp()
+
+
+def has_day(ts: float) -> bool:
+    """A day partition can hold `ts`: a finite time of the years 1 to 9999 (not a clock gone wrong by orders of
+    magnitude, e.g. milliseconds taken for seconds)."""
+    return math.isfinite(ts) and _FIRST_DAY <= ts < _LAST_DAY + DAY
 
 
 def day_of(ts: float) -> float:
@@ -77,8 +92,10 @@ def is_partitioned(conn: Connection, table: str) -> bool:
 
 def create_day(conn: Connection, table: str, day: float) -> bool:
     """Create `table`'s partition for the UTC day starting at `day`, moving in the rows the default partition
-    holds for it; False when it exists. One transaction's work (the caller's): all of it or none."""
+    holds for it; False when it exists. One transaction's work (the caller's): all of it or none. Two callers
+    making the same day at once (two rollups) take turns: the second finds it made."""
     name = partition_name(table, day)
+    conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.' || :n))"), {"n": name})
     if conn.execute(text("SELECT to_regclass(:n)"), {"n": name}).scalar() is not None:
         return False
     lo, hi = float(day), float(day) + DAY
@@ -125,7 +142,9 @@ def ensure_partitions(store: Store, start: float | None = None, end: float | Non
 
 
 def early_rows_days(store: Store) -> list[float]:
-    """The days the default partitions hold rows of (rows that came before their day's partition)."""
+    """The days the default partitions hold rows of (rows that came before their day's partition). Rows at a time
+    no day partition can hold (has_day) are left where they are, said once per call: one such row must not stop
+    every other day's rows from moving, nor the hourly rollup that moves them."""
     if not store.is_postgres:
         return []
     days: set[float] = set()
@@ -136,7 +155,11 @@ def early_rows_days(store: Store) -> list[float]:
                 continue
             for (d,) in conn.execute(text(f"SELECT DISTINCT floor(ts / {DAY!r}) * {DAY!r} FROM {default}")):
                 days.add(float(d))
-    return sorted(days)
+    outside = sorted(d for d in days if not has_day(d))
+    if outside:
+        log.warning("the default sample partitions hold rows at times no day partition can hold (days starting %s); "
+                    "they stay there: a writer's clock or time unit is wrong", ", ".join(map(repr, outside[:5])))
+    return sorted(d for d in days if has_day(d))
 
 
 def adopt_early_rows(store: Store) -> list[str]:
@@ -151,7 +174,8 @@ def drop_days_before(store: Store, cutoff: float,
                      rows_if_droppable: Callable[[Connection, Partition], int | None]) -> dict[str, int]:
     """Drop the day partitions that end at or before `cutoff` and that `rows_if_droppable` allows (it sees the
     connection and the partition, e.g. to check every hour of it is rolled up, and returns the partition's row
-    count, or None to keep it); each in its own transaction. Returns {name dropped: rows it held}."""
+    count, or None to keep it); each in its own transaction, which holds the partition against writes from the check
+    to the drop (a late row between them would go with it). Returns {name dropped: rows it held}."""
     if not store.is_postgres:
         return {}
     dropped: dict[str, int] = {}
@@ -161,9 +185,20 @@ def drop_days_before(store: Store, cutoff: float,
                 continue
             old = [p for p in partitions(conn, table) if p.hi is not None and p.hi <= cutoff]
         for part in old:
-            with store.engine.begin() as conn:
-                rows = rows_if_droppable(conn, part)
-                if rows is not None:
-                    conn.execute(text(f"DROP TABLE {part.name}"))
-                    dropped[part.name] = rows
+            try:
+                with store.engine.begin() as conn:
+                    # no row may come in between the check and the drop (a late batch from a spool): writers of this
+                    # day wait (only they: a write locks the partitions its rows go to)
+                    conn.execute(text(f"LOCK TABLE {part.name} IN SHARE MODE"))
+                    rows = rows_if_droppable(conn, part)
+                    if rows is not None:
+                        conn.execute(text(f"DROP TABLE {part.name}"))
+                        dropped[part.name] = rows
+            except DBAPIError as exc:
+                if not is_contention(exc):
+                    raise
+                # such a writer holds the parent table, which the drop needs: one of the two is the deadlock's
+                # victim; when it is this drop, the day stays until the next retention
+                log.warning("partition %s was not dropped: a writer of its day came meanwhile (%s)", part.name,
+                            str(getattr(exc, "orig", exc)).splitlines()[0])
     return dropped

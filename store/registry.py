@@ -12,7 +12,10 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from store.models import Action, ActionEvent, Device, Host, HostEvent, Lane, Placement, Process, Workflow
+from store.rows import insert_missing
 from store.workflows import upsert_workflow
+
+_INDEX_OUT_OF_WAY = 1_000_000_000  # a row changing index waits below every index a device gets
 
 
 @dataclass(frozen=True)
@@ -37,11 +40,12 @@ def register_host(
     labels: dict[str, Any] | None = None,
     now: float | None = None,
 ) -> Host:
+    """Create the host unless it exists (two agents starting at once under one host id, a restart overlapping its
+    predecessor: neither fails on the key, store.rows) and refresh it."""
     now = time.time() if now is None else now
-    host = session.get(Host, host_id)
-    if host is None:
-        host = Host(id=host_id, started_at=now, hostname=hostname, source=source, last_seen=now, labels={})
-        session.add(host)
+    insert_missing(session, Host, {"id": host_id, "started_at": now, "hostname": hostname, "source": source,
+                                   "last_seen": now, "labels": {}})
+    host = session.get(Host, host_id, populate_existing=True)
     host.hostname, host.source, host.last_seen = hostname, source, now
     host.agent_version, host.agent_pid = agent_version, agent_pid
     if labels is not None:
@@ -56,18 +60,55 @@ def touch_host(session: Session, host_id: str, now: float | None = None) -> None
 
 
 def register_devices(
-    session: Session, host_id: str, specs: Iterable[DeviceSpec], *, source: str, now: float | None = None
+    session: Session, host_id: str, specs: Iterable[DeviceSpec], *, source: str, now: float | None = None,
+    moved_here: bool = False,
 ) -> dict[int, int]:
-    """Create or refresh the host's devices; returns {device index on the host: device id in the store}."""
+    """Create or refresh the host's devices; returns {device index on the host: device id in the store}.
+
+    A device is its UUID (jobs name their GPUs by UUID): a GPU the host numbers otherwise after a reboot keeps its
+    row, lanes and history under its new index. A UUID the host has not registered takes the row at its index whose
+    UUID the host no longer reports (a GPU swapped in at the same place), else a new row. A row pushed off its index
+    by a renumbered GPU, its own GPU no longer reported, is marked lost at a negative index (-its id), where nothing
+    is placed and no other device's index falls. With `moved_here` (the host's agent, which reads its GPUs' UUIDs
+    from the hardware), a GPU moved here from another host leaves that host's row lost, its UUID suffixed
+    `@moved:<id>` (UUIDs are unique in the store), with that host's history; otherwise a UUID another host holds
+    is refused (IntegrityError), as a recording loaded beside its origin must be."""
     now = time.time() if now is None else now
-    existing = {d.index: d for d in session.scalars(select(Device).where(Device.host_id == host_id))}
-    ids: dict[int, int] = {}
+    specs = list(specs)
+    rows = list(session.scalars(select(Device).where(Device.host_id == host_id)))
+    by_uuid = {d.uuid: d for d in rows}
+    by_index = {d.index: d for d in rows}
+    reported = {spec.uuid for spec in specs}
+    if moved_here:
+        for moved in session.scalars(select(Device).where(Device.uuid.in_(sorted(reported - by_uuid.keys())))):
+            moved.uuid, moved.state = f"{moved.uuid[:100]}@moved:{moved.id}", "lost"
+    planned: list[tuple[DeviceSpec, Device | None]] = []
+    taken: set[int] = set()
     for spec in specs:
-        device = existing.get(spec.index)
+        device = by_uuid.get(spec.uuid)
         if device is None:
-            device = Device(host_id=host_id, index=spec.index, registered_at=now)
+            slot = by_index.get(spec.index)
+            if slot is not None and slot.uuid not in reported and slot.id not in taken:
+                device = slot
+        if device is not None:
+            taken.add(device.id)
+        planned.append((spec, device))
+    wanted = {spec.index for spec in specs}
+    new_index = {device.id: spec.index for spec, device in planned if device is not None}
+    moving = [d for d in rows if new_index.get(d.id, d.index) != d.index or (d.id not in taken and d.index in wanted)]
+    # (host, index) is unique at every statement: rows that change index go out of the way first (a swap is a cycle)
+    for device in moving:
+        device.index = -_INDEX_OUT_OF_WAY - device.id
+    session.flush()
+    for device in moving:
+        if device.id not in taken:
+            device.index, device.state = -device.id, "lost"
+    ids: dict[int, int] = {}
+    for spec, device in planned:
+        if device is None:
+            device = Device(host_id=host_id, registered_at=now)
             session.add(device)
-        device.uuid, device.name, device.source = spec.uuid, spec.name, source
+        device.index, device.uuid, device.name, device.source = spec.index, spec.uuid, spec.name, source
         device.memory_total = spec.memory_total
         device.cpu_cores = list(spec.cpu_cores) if spec.cpu_cores is not None else None
         device.state, device.last_seen = "ok", now
@@ -89,13 +130,23 @@ def add_hosts(session: Session, host_ids: Iterable[str], *, source: str, labels:
 def register_devices_of_hosts(session: Session, specs: Mapping[str, Iterable[DeviceSpec]], *, source: str,
                               now: float) -> dict[tuple[str, int], int]:
     """register_devices for many hosts at once, in three statements whatever their number (read, update the
-    known, insert the new); returns {(host, device index): device id}."""
+    known, insert the new); returns {(host, device index): device id}. A device here is its place on its host (an
+    importer's series name the host and the GPU's index): a UUID found at another place of the same host (GPUs
+    renumbered after a reboot) moves there, and the row it leaves, unless it takes another UUID now, is marked lost
+    with its UUID suffixed `@moved:<id>` (one more statement, only then). A UUID another host holds is refused."""
     wanted = {(h, spec.index): spec for h, host_specs in specs.items() for spec in host_specs}
     if not wanted:
         return {}
-    known = {(h, i): d for h, i, d in session.execute(
-        select(Device.host_id, Device.index, Device.id).where(Device.host_id.in_(list(specs)))).tuples()
-        if (h, i) in wanted}
+    held = session.execute(select(Device.host_id, Device.index, Device.id, Device.uuid)
+                           .where(Device.host_id.in_(list(specs)))).tuples().all()
+    known = {(h, i): d for h, i, d, _ in held if (h, i) in wanted}
+    # UUIDs are unique at every statement: one leaving its row for another row of the host is freed first
+    will_hold = {known[key]: spec.uuid for key, spec in wanted.items() if key in known}
+    taken = {spec.uuid for spec in wanted.values()}
+    freed = [{"id": d, "uuid": f"{u[:100]}@moved:{d}", "state": "lost"} for _, _, d, u in held
+             if u in taken and will_hold.get(d) != u]
+    if freed:
+        session.execute(update(Device), freed)
 
     def fields(spec: DeviceSpec) -> dict[str, Any]:
         return {"uuid": spec.uuid, "name": spec.name, "source": source, "memory_total": spec.memory_total,
@@ -115,6 +166,12 @@ def register_devices_of_hosts(session: Session, specs: Mapping[str, Iterable[Dev
 def device_ids(session: Session, host_id: str) -> dict[int, int]:
     """{device index on the host: device id in the store} for every device the host ever registered."""
     return {d.index: d.id for d in session.scalars(select(Device).where(Device.host_id == host_id))}
+
+
+def device_ids_by_uuid(session: Session, host_id: str, uuids: Iterable[str]) -> dict[str, int]:
+    """{UUID: device id} for the host's devices registered with these UUIDs, whatever their index now."""
+    return {u: d for u, d in session.execute(select(Device.uuid, Device.id).where(
+        Device.host_id == host_id, Device.uuid.in_(sorted(set(uuids))))).tuples()}
 
 
 DEVICE_LOST = "device_lost"  # actions.kind of the record a lost device leaves for each job it held

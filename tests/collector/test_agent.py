@@ -16,11 +16,11 @@ from sqlalchemy import select
 import collector.agent as agent_module
 from collector.agent import Agent
 from collector.socket_server import connect
-from collector.sources.base import ProcessReading
+from collector.sources.base import DeviceInfo, ProcessReading
 from store.commands import enqueue_command, get_command
 from store.db import Store
 from store.migrations import upgrade
-from store.models import Device, Host, Process, ProcessSample, Workflow
+from store.models import Device, DeviceSample, Host, Process, ProcessSample, Workflow
 from store.settings import Settings
 from tests.collector.agent_helpers import StubSource, count_samples, wait_for
 
@@ -239,6 +239,25 @@ def test_a_device_the_source_opens_later_keeps_its_first_rows(sqlite_store, sett
     assert count_samples(sqlite_store) == (agent.stats.device_rows, agent.stats.process_rows) == (3, 3)
     with sqlite_store.session() as s:
         assert sorted(d.index for d in s.scalars(select(Device).where(Device.host_id == "host-a"))) == [0, 1]
+
+
+def test_a_device_made_again_at_its_index_is_registered_before_its_rows_are_written(any_store, settings,
+                                                                                     monkeypatch):
+    """A MIG instance destroyed and another made at the same MIG index (a new UUID, maybe another profile): its
+    rows went to the registered device as it was, whose UUID and memory the agent never changed."""
+    source = StubSource(n=1)
+    agent = make_agent(any_store, settings, source)
+    agent.sample_once()
+    assert agent.flush()
+    remade = DeviceInfo(0, f"MIG-{source.tag}-again", "A100 3g.40gb", 40 << 30)
+    monkeypatch.setattr(source, "devices", lambda: [remade])
+    agent.sample_once()
+    assert agent.flush()
+    with any_store.session() as s:
+        (device,) = s.scalars(select(Device).where(Device.host_id == "host-a"))
+        assert (device.uuid, device.memory_total) == (remade.uuid, 40 << 30)
+        latest = s.scalar(select(DeviceSample.device_id).order_by(DeviceSample.ts.desc()).limit(1))
+    assert latest == device.id and agent.stats.rows_dropped == 0
 
 
 def test_vanished_processes_are_skipped(sqlite_store, settings):

@@ -8,10 +8,11 @@ import pytest
 from sqlalchemy import func, select
 
 from store.errors import InvalidInput
-from store.ingest import write_sample_batches, write_samples
+from store.ingest import write_sample_batches, write_samples, write_samples_once
 from store.models import DeviceSample, ProcessSample
 from store.registry import DeviceSpec, register_devices, register_host
 from store.samples import DEVICE_SAMPLE_COLUMNS, PROCESS_SAMPLE_COLUMNS, DeviceSampleRow, ProcessSampleRow
+from store.workflows import upsert_workflow
 
 
 def _device(store) -> int:
@@ -129,3 +130,21 @@ def test_a_bad_column_batch_writes_nothing(any_store):
     with any_store.session() as s:
         assert s.scalar(select(func.count()).select_from(DeviceSample)) == 0
         assert s.scalar(select(func.count()).select_from(ProcessSample)) == 0
+
+
+def test_a_batch_written_once_adds_nothing_when_written_again(any_store):
+    """A spooled batch sent again (its agent died before forgetting it) leaves out the rows the store holds."""
+    with any_store.session() as s:
+        register_host(s, "h", hostname="h", source="cpu")
+        upsert_workflow(s, "wf")
+        ids = register_devices(s, "h", [DeviceSpec(0, "u0", "d", 1), DeviceSpec(1, "u1", "d", 1)], source="cpu")
+    device = [DeviceSampleRow(ids[i], 100.0 + t, gpu_util=0.5) for i in (0, 1) for t in range(3)]
+    process = [ProcessSampleRow(ids[0], "wf", "h", pid, 100.0 + t) for pid in (7, 8) for t in range(3)]
+    assert write_samples_once(any_store, device, process) == (6, 6)
+    assert write_samples_once(any_store, device, process) == (0, 0)
+    later = [DeviceSampleRow(ids[1], 103.0)]  # a row of the batch the store lacks still goes in
+    assert write_samples_once(any_store, device + later, [*process, ProcessSampleRow(ids[0], "wf", "h", 9, 101.0)]) \
+        == (1, 1)
+    with any_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(DeviceSample)) == 7
+        assert s.scalar(select(func.count()).select_from(ProcessSample)) == 7

@@ -4,21 +4,36 @@ only when every hour of them is rolled up, and `upgrade` from 0001 keeps every r
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from unittest import mock
 
 import pytest
 from sqlalchemy import event, func, select, text
 
-from analyzer.rollups import apply_retention, rollup
+from analyzer.periodic import rollup_hours
+from analyzer.rollups import _rolled_up_rows, apply_retention, rollup
 from collector.spool import Spool
 from store.db import Store
-from store.errors import DatabaseFull, DatabaseReadOnly, DatabaseUnavailable, PartitionMissing
+from store.errors import DatabaseBusy, DatabaseFull, DatabaseReadOnly, DatabaseUnavailable, PartitionMissing
 from store.ingest import write_samples
 from store.migrations import head_revision, upgrade
 from store.models import DeviceSample, ProcessSample, Workflow
-from store.partitions import DAY, adopt_early_rows, day_of, default_name, ensure_partitions, partition_name, partitions
+from store.partitions import (
+    DAY,
+    Partition,
+    adopt_early_rows,
+    create_day,
+    day_of,
+    default_name,
+    drop_days_before,
+    ensure_partitions,
+    partition_name,
+    partitions,
+)
 from store.registry import DeviceSpec, register_devices, register_host
+from store.settings import Settings
 from store.workflows import upsert_workflow
 
 GIB = 2**30
@@ -62,6 +77,108 @@ def test_rows_land_in_their_day_and_early_rows_move_in_when_their_day_is_made(pg
     assert count(pg_store, partition_name("device_samples", today + 10 * DAY)) == 1
     assert count(pg_store, "device_samples") == 3 == count(pg_store, "process_samples")
     assert ensure_partitions(pg_store, now, now) == []  # idempotent
+
+
+@pytest.mark.pg
+def test_rows_no_day_can_hold_stay_in_the_default_and_stop_no_other_day_from_moving(pg_store: Store,
+                                                                                     fleet_home) -> None:
+    """A clock in milliseconds, or one gone infinite, made a day partition's name fail (year 58000) and with it
+    every hourly rollup, which moves early rows first."""
+    now = time.time()
+    today = day_of(now)
+    device = fleet(pg_store, now)
+    ahead = today + 10 * DAY + 3600
+    write_samples(pg_store, *rows(device, [now * 1000, float("inf"), -1e12, ahead]))
+    summary = rollup_hours(pg_store, Settings(), now=now)
+    assert set(summary["partitions_created"]) == {partition_name(t, today + 10 * DAY)
+                                                  for t in ("device_samples", "process_samples")}
+    assert count(pg_store, partition_name("device_samples", today + 10 * DAY)) == 1
+    assert count(pg_store, default_name("device_samples")) == 3 == count(pg_store, default_name("process_samples"))
+    assert count(pg_store, "device_samples") == 4
+
+
+def waiting_on_a_lock(store: Store, backend: Callable[[], int | None],
+                      done: Callable[[], bool] = lambda: False) -> None:
+    """Return once the backend whose pid `backend` gives (None: not connected yet) waits for a lock, or once its
+    writer is `done` without having waited."""
+    with store.engine.connect() as watch:
+        for _ in range(600):
+            if done():
+                return
+            pid = backend()
+            waiting = pid is not None and watch.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = :p AND wait_event_type = 'Lock'"),
+                {"p": pid}).scalar()
+            watch.rollback()  # pg_stat_activity is read once per transaction
+            if waiting:
+                return
+            time.sleep(0.05)
+    pytest.fail("the other writer never waited for a lock")
+
+
+@pytest.mark.pg
+def test_a_batch_written_while_its_day_is_attached_is_kept_for_the_next_try(pg_store: Store) -> None:
+    """Its row, routed to the default partition before the day was attached, was refused as invalid data: a spooled
+    batch sent then was set aside as poison and lost."""
+    now = time.time()
+    device = fleet(pg_store, now)
+    day = day_of(now) + 5 * DAY  # rows of a day nobody made yet wait in the default partition
+    write_samples(pg_store, *rows(device, [day + 10]))
+    failed: list[BaseException] = []
+
+    pids: list[int] = []
+
+    def note_pid(conn, _record) -> None:
+        cur = conn.cursor()
+        cur.execute("SELECT pg_backend_pid()")
+        pids.append(cur.fetchone()[0])
+        cur.close()
+
+    writer_store = Store(pg_store.url)
+    event.listen(writer_store.engine, "connect", note_pid)
+
+    def write() -> None:
+        try:
+            write_samples(writer_store, *rows(device, [day + 20]))
+        except BaseException as exc:
+            failed.append(exc)
+
+    writer = threading.Thread(target=write)
+    with pg_store.engine.begin() as conn:
+        assert create_day(conn, "device_samples", day)  # holds the default partition locked until it commits
+        writer.start()
+        waiting_on_a_lock(pg_store, lambda: pids[0] if pids else None)  # for the default partition
+    writer.join(30)
+    writer_store.dispose()
+    assert len(failed) == 1 and isinstance(failed[0], DatabaseBusy)  # kept (spooled) and sent again, not set aside
+    assert count(pg_store, "device_samples") == 1
+    write_samples(pg_store, *rows(device, [day + 20]))  # the next try lands in its day
+    assert count(pg_store, partition_name("device_samples", day)) == 2
+
+
+@pytest.mark.pg
+def test_two_rollups_making_the_same_day_at_once_both_succeed(pg_store: Store) -> None:
+    """The second one's CREATE TABLE failed on the catalog's unique name once the first committed."""
+    day = day_of(time.time()) + 6 * DAY
+    outcome: list[object] = []
+
+    pids: list[int] = []
+
+    def second() -> None:
+        try:
+            with pg_store.engine.begin() as conn:
+                pids.append(conn.execute(text("SELECT pg_backend_pid()")).scalar())
+                outcome.append(create_day(conn, "device_samples", day))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    other = threading.Thread(target=second)
+    with pg_store.engine.begin() as conn:
+        assert create_day(conn, "device_samples", day)
+        other.start()
+        waiting_on_a_lock(pg_store, lambda: pids[0] if pids else None)
+    other.join(30)
+    assert outcome == [False]
 
 
 @pytest.mark.pg
@@ -124,6 +241,50 @@ def test_retention_drops_a_whole_day_only_when_every_hour_of_it_is_rolled_up(pg_
     with pg_store.session() as s:
         assert s.scalar(select(func.count()).select_from(DeviceSample)) == 1
         assert s.scalar(select(func.count()).select_from(ProcessSample)) == 1
+
+
+@pytest.mark.pg
+def test_a_late_sample_written_while_retention_drops_its_day_is_not_lost(pg_store: Store) -> None:
+    """A late batch (a spool sent after a long outage) committed between retention's check that the day is rolled up
+    and its drop went with the day, never rolled up."""
+    now = time.time()
+    device = fleet(pg_store, now - 12 * DAY)
+    old_day = day_of(now) - 10 * DAY
+    ensure_partitions(pg_store, old_day, old_day, days_ahead=0)
+    write_samples(pg_store, *rows(device, [old_day + 600.0 * k for k in range(6)]))
+    rollup(pg_store, now, since=old_day)
+    late_row = ([{"device_id": device, "ts": old_day + 30.0, "gpu_util": 0.9}], [])
+    pids: list[int] = []
+    failed: list[BaseException] = []
+    writer_store = Store(pg_store.url)
+    event.listen(writer_store.engine, "connect", lambda conn, _r: pids.append(conn.info.backend_pid))
+
+    def write_late() -> None:
+        try:
+            write_samples(writer_store, *late_row)
+        except BaseException as exc:
+            failed.append(exc)
+
+    writer = threading.Thread(target=write_late)
+
+    def checked_then_a_late_write(conn, part: Partition) -> int | None:
+        rows_held = _rolled_up_rows(conn, part)
+        if part.table == "device_samples":
+            writer.start()
+            # it waits for this day (it went straight in, and was dropped with the day, when nothing held it back)
+            waiting_on_a_lock(pg_store, lambda: pids[0] if pids else None, lambda: not writer.is_alive())
+        return rows_held
+
+    try:
+        drop_days_before(pg_store, old_day + DAY, checked_then_a_late_write)
+        writer.join(30)
+    finally:
+        writer_store.dispose()
+    if failed:  # the writer was the deadlock's victim: the agent keeps the batch and sends it again
+        assert isinstance(failed[0], DatabaseBusy)
+        write_samples(pg_store, *late_row)
+    with pg_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(DeviceSample).where(DeviceSample.gpu_util == 0.9)) == 1
 
 
 @pytest.mark.pg
