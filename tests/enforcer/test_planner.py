@@ -192,6 +192,24 @@ def test_pure_core_keeps_lanes_and_foreign_memory() -> None:
     assert result.devices_freed == [1]
 
 
+def test_pure_core_never_puts_a_job_into_the_lane_of_a_whole_device_holder() -> None:
+    # "holder" holds device 1 whole (no lane in the store, so no gate): its 1 GiB + 20 GiB peak is all its own,
+    # it takes no turns with anyone. The planner counts it as its Salus lane (22.2 GiB) to move others beside it.
+    def plan(capacity: int):
+        devices = [PlanDevice(1, capacity, "h"), PlanDevice(2, capacity, "h")]
+        holdings = [Holding("holder", 1, GIB, ephemeral=20 * GIB, util=0.1),
+                    Holding("small", 2, GIB // 2, ephemeral=5 * GIB, util=0.1, movable=True, rules=("idle_holder",))]
+        return plan_moves(devices, holdings, "pack", max_moves=4)
+
+    # 24 GiB: no room for small's own lane beside it; joining the holder's would put small's 5 GiB peak on top of
+    # the holder's 21 GiB
+    assert plan(24 * GIB).moves == []
+    # 32 GiB: small gets a lane of its own next to the holder
+    roomy = plan(32 * GIB)
+    assert [(m.workflow_id, m.to_device_id, m.new_lane is not None) for m in roomy.moves] == [("small", 1, True)]
+    assert roomy.moves[0].lane_size < 6 * GIB and roomy.devices_freed == [2]
+
+
 def test_cli_enforce_and_lanes(fleet_home, capsys) -> None:
     assert run(["init"]) == 0
     store = Store.from_settings(get_settings())
