@@ -100,6 +100,25 @@ def test_pack_frees_two_devices_and_apply_creates_planned_actions(any_store: Sto
     assert all(h.device_id == ids[2] and h.p_prime == h.lane_size for h in reserved.values())
 
 
+def test_plan_counts_the_room_of_a_job_registered_but_not_started(any_store: Store) -> None:
+    ids = seed(any_store)
+    with any_store.session() as s:
+        # busy-c in a 6 GiB lane, and beside it a 9 GiB lane for a job `fleetlens run` placed a moment ago
+        busy = Lane(device_id=ids[2], size_bytes=6 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        new = Lane(device_id=ids[2], size_bytes=9 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        s.add_all([busy, new])
+        s.flush()
+        s.scalars(select(Placement).where(Placement.workflow_id == "busy-c")).one().lane_id = busy.id
+        upsert_workflow(s, "new-e", now=NOW, managed=True, movable=True, command=["python", "train.py"],
+                        mem_persistent=7 * GIB, mem_ephemeral=GIB, id_source="managed")
+        s.add(Placement(workflow_id="new-e", device_id=ids[2], lane_id=new.id, host_id="h1", pid=None,
+                        state="pending", mem_persistent=7 * GIB, mem_ephemeral=GIB, started_at=NOW))
+    result = make_plan(any_store, "pack", settings=Settings(max_moves_per_cycle=4), now=NOW)
+    # device 2 has 1 GiB left beside its two lanes: neither idle job's lane fits there
+    assert result.moves and all(m.to_device_id != ids[2] for m in result.moves)
+    assert "new-e" not in {m.workflow_id for m in result.moves}  # not started: nothing to move
+
+
 def test_fair_spreads_and_frees_less(sqlite_store: Store) -> None:
     ids = seed(sqlite_store)
     result = make_plan(sqlite_store, "fair", settings=Settings(), now=NOW)
