@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import time
 
+from sqlalchemy.orm import Session
+
 from collector.agent_batch import Batch
 from collector.sources.base import DeviceSource
 from store.db import Store
@@ -15,6 +17,7 @@ from store.registry import (
     mark_device_lost,
     record_processes,
     register_devices,
+    retire_unlisted_devices,
     touch_host,
     touch_open_processes,
     touch_workflows,
@@ -43,11 +46,30 @@ def specs_of(source: DeviceSource, indexes: set[int]) -> list[DeviceSpec]:
 def register_new_devices(store: Store, host_id: str, source: DeviceSource, indexes: set[int],
                          device_ids: dict[int, int]) -> None:
     """Register the devices the source opened since the agent registered (a MIG instance made), adding them to
-    `device_ids`: before the batch holding their first rows is written, which would drop rows of unknown devices."""
+    `device_ids`: before the batch holding their first rows is written, which would drop rows of unknown devices.
+    Devices the source no longer lists (a GPU turned into MIG instances, an instance destroyed, MIG turned off) are
+    retired (store.registry.retire_unlisted_devices) and dropped from `device_ids`, to be registered afresh if they
+    come back."""
     new = {i for i in indexes if i not in device_ids}
-    if new:
+    listed = {d.index for d in source.devices()}
+    unlisted = [i for i in device_ids if i not in listed]
+    if new or unlisted:
         with store.session() as session:
-            device_ids.update(register_devices(session, host_id, specs_of(source, new), source=source.name))
+            if unlisted:
+                retire_unlisted(session, host_id, source, listed, device_ids)
+            if new:
+                device_ids.update(register_devices(session, host_id, specs_of(source, new), source=source.name))
+
+
+def retire_unlisted(session: Session, host_id: str, source: DeviceSource, listed: set[int],
+                    device_ids: dict[int, int]) -> None:
+    """Mark gone the host's devices of this source that it no longer lists, and forget them in `device_ids`."""
+    for index in retire_unlisted_devices(session, host_id, source.name, listed):
+        log.warning("device %d of host %s is no longer listed by the %s source (MIG reconfigured?): nothing is "
+                    "placed on it until it is listed again", index, host_id, source.name)
+        device_ids.pop(index, None)
+    for index in [i for i in device_ids if i not in listed]:
+        device_ids.pop(index, None)
 
 
 def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, device_ids: dict[int, int],
