@@ -15,7 +15,7 @@ in the plan's summary under "refused", each with what the target host's agent sa
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict
 
 import numpy as np
@@ -40,7 +40,8 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
                  ) -> tuple[list[tuple[int, int]], list[JobDemand], dict[int, str]]:
     """Devices ((id, bytes)), every placed workflow's demand up to `now` (with the hosts that can read its
     checkpoint location), and each device's host, from the fleet state: a device's bytes are its free capacity
-    (enforcer.fleet_state's one rule)."""
+    (enforcer.fleet_state's one rule). A job on several devices holds each whole and is not moved (one demand per
+    device, `<workflow>#<k>`, as the simulator gives them)."""
     state = read_fleet_state(session, now=now, settings=settings)
     devices = [(d.device_id, state.free_capacity(d.device_id)) for d in state.devices.values() if d.memory_total]
     hosts = {d.device_id: d.host for d in state.devices.values() if d.memory_total}
@@ -66,9 +67,18 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
     busy = set(session.scalars(select(Action.workflow_id).where(
         Action.state.not_in(("resumed", "rolled_back", "failed")))))
     checkpointed = latest_checkpoint_times(session, now)  # a move redoes the work since the latest one
+    spans = Counter(p.workflow_id for p in state.active())
+    parts: dict[str, int] = defaultdict(int)
     demands = []
     for placement in state.active():
         facts = state.workflows[placement.workflow_id]
+        if spans[facts.workflow_id] > 1:
+            # a multi-device job's devices stay its own, each a part named as the simulator names it
+            k = parts[facts.workflow_id]
+            parts[facts.workflow_id] += 1
+            demands.append(JobDemand(f"{facts.workflow_id}#{k}", placement.device_id, declared_mem=0,
+                                     declared_util=1.0, movable=False, whole=True, gpus=spans[facts.workflow_id]))
+            continue
         pts = series.get((facts.workflow_id, placement.device_id), [])
         arr = np.array(pts, dtype=float).reshape(-1, 3)
         times, mem, util = arr[:, 0], arr[:, 1], np.clip(arr[:, 2], 0.0, 1.0)

@@ -82,6 +82,28 @@ def test_plan_frees_a_device_records_reasons_and_applies(any_store: Store):
             ("a", "planned", plan_id, ids[2]), ("b", "planned", plan_id, ids[2])]
 
 
+def test_a_job_on_two_devices_keeps_both(any_store: Store):
+    with any_store.session() as s:
+        register_host(s, "h1", hostname="h1", source="replay", now=NOW)
+        ids = register_devices(s, "h1", [DeviceSpec(i, f"GPU-{i}", "T4", 16 * GIB) for i in range(3)],
+                               source="replay", now=NOW)
+        upsert_workflow(s, "ddp", now=NOW, managed=True, movable=True, command=["python", "t.py"],
+                        id_source="managed", gpus=2)
+        upsert_workflow(s, "c", now=NOW, managed=True, command=["python", "t.py"], id_source="managed")
+        for name, dev in (("ddp", ids[0]), ("ddp", ids[1]), ("c", ids[2])):
+            s.add(Placement(workflow_id=name, device_id=dev, host_id="h1", pid=100, started_at=NOW - 7200))
+    write_samples(any_store, [], [dict(device_id=dev, workflow_id=name, host_id="h1", pid=100, ts=NOW - 60.0 * k,
+                                       mem_used=2 * GIB, sm_util=0.1, cpu_util=None)
+                                  for k in range(120) for name, dev in (("ddp", ids[0]), ("ddp", ids[1]),
+                                                                        ("c", ids[2]))])
+    _, plan = make_consolidation_plan(any_store, Settings(consolidate_min_history_s=3600.0), now=NOW)
+    # small and idle on each of its devices, but one rank of a two-device job is never moved off on its own
+    assert plan.moves == [] and plan.devices_freed == []
+    assert plan.devices_held == plan.devices_needed == 3
+    assert {j: s.why for j, s in plan.sizes.items()} == {"ddp#0": "whole_device", "ddp#1": "whole_device",
+                                                          "c": "steady"}
+
+
 def test_work_since_the_latest_checkpoint_is_each_moves_cost(any_store: Store):
     ids = seed(any_store)
     with any_store.session() as s:
