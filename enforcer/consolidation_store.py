@@ -41,7 +41,8 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
     """Devices ((id, bytes)), every placed workflow's demand up to `now` (with the hosts that can read its
     checkpoint location), and each device's host, from the fleet state: a device's bytes are its free capacity
     (enforcer.fleet_state's one rule). A job on several devices holds each whole and is not moved (one demand per
-    device, `<workflow>#<k>`, as the simulator gives them)."""
+    device, `<workflow>#<k>`, as the simulator gives them); nor is a job registered but not started (a pending
+    placement), which holds the lane or device admission gave it."""
     state = read_fleet_state(session, now=now, settings=settings)
     devices = [(d.device_id, state.free_capacity(d.device_id)) for d in state.devices.values() if d.memory_total]
     hosts = {d.device_id: d.host for d in state.devices.values() if d.memory_total}
@@ -67,11 +68,22 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
     busy = set(session.scalars(select(Action.workflow_id).where(
         Action.state.not_in(("resumed", "rolled_back", "failed")))))
     checkpointed = latest_checkpoint_times(session, now)  # a move redoes the work since the latest one
-    spans = Counter(p.workflow_id for p in state.active())
+    spans = Counter(p.workflow_id for p in state.placements)
     parts: dict[str, int] = defaultdict(int)
     demands = []
-    for placement in state.active():
+    for placement in state.placements:
         facts = state.workflows[placement.workflow_id]
+        if placement.state != "active" and spans[facts.workflow_id] == 1:
+            # registered, not started yet: no samples, but the room admission gave it is taken; it is not moved
+            if placement.lane_id is None or placement.persistent is None:
+                demands.append(JobDemand(facts.workflow_id, placement.device_id, declared_mem=0, declared_util=1.0,
+                                         movable=False, whole=True))
+            else:  # what NVML will show of it: P + E and its context, as admitted
+                demands.append(JobDemand(
+                    facts.workflow_id, placement.device_id,
+                    declared_mem=placement.persistent + (placement.ephemeral or 0) + state.context_charge(placement),
+                    declared_util=placement.compute_share or 1.0, movable=False))
+            continue
         if spans[facts.workflow_id] > 1:
             # a multi-device job's devices stay its own, each a part named as the simulator names it
             k = parts[facts.workflow_id]

@@ -14,7 +14,7 @@ from store.checkpoints import record_checkpoint, record_probes
 from store.db import Store
 from store.device_memory import known_memory
 from store.ingest import write_samples
-from store.models import Action, Placement, Plan, Workflow
+from store.models import Action, Lane, Placement, Plan, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
 from store.workflows import upsert_workflow
@@ -80,6 +80,25 @@ def test_plan_frees_a_device_records_reasons_and_applies(any_store: Store):
         actions = s.scalars(select(Action).order_by(Action.id)).all()
         assert [(a.workflow_id, a.state, a.plan_id, a.to_device_id) for a in actions] == [
             ("a", "planned", plan_id, ids[2]), ("b", "planned", plan_id, ids[2])]
+
+
+def test_a_job_registered_but_not_started_holds_its_lane(any_store: Store):
+    ids = seed(any_store)
+    with any_store.session() as s:
+        # c in a 6 GiB lane, and beside it a 9 GiB lane `fleetlens run` gave a job a moment ago: 1 GiB is left
+        busy = Lane(device_id=ids[2], size_bytes=6 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        new = Lane(device_id=ids[2], size_bytes=9 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        s.add_all([busy, new])
+        s.flush()
+        s.scalars(select(Placement).where(Placement.workflow_id == "c")).one().lane_id = busy.id
+        upsert_workflow(s, "e", now=NOW, managed=True, movable=True, command=["python", "t.py"],
+                        mem_persistent=7 * GIB, mem_ephemeral=GIB, id_source="managed")
+        s.add(Placement(workflow_id="e", device_id=ids[2], lane_id=new.id, host_id="h1", pid=None, state="pending",
+                        mem_persistent=7 * GIB, mem_ephemeral=GIB, started_at=NOW))
+    _, plan = make_consolidation_plan(any_store, Settings(consolidate_min_history_s=3600.0), now=NOW)
+    # a and b no longer both go next to c: a joins b instead, and e is not moved
+    assert [(m.job_id, m.to_device_id) for m in plan.moves] == [("a", ids[1])]
+    assert plan.sizes["e"].why == "declared" and plan.sizes["e"].mem == 8 * GIB
 
 
 def test_a_job_on_two_devices_keeps_both(any_store: Store):
