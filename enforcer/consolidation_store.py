@@ -51,7 +51,8 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
         select(ProcessSample.workflow_id, ProcessSample.device_id, ProcessSample.ts,
                func.sum(ProcessSample.mem_used), func.max(func.coalesce(ProcessSample.sm_util,
                                                                         ProcessSample.cpu_util)))
-        .where(ProcessSample.ts > since, ProcessSample.ts <= now)
+        # from the window's first instant on, as size_jobs takes it (the simulator hands it every sample)
+        .where(ProcessSample.ts >= since, ProcessSample.ts <= now)
         .group_by(ProcessSample.workflow_id, ProcessSample.device_id, ProcessSample.ts)
         .order_by(ProcessSample.ts)).all()
     series: dict[tuple[str, int], list[tuple[float, float, float]]] = defaultdict(list)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
-from enforcer.consolidate import ConsolidateParams
+from enforcer.consolidate import ConsolidateParams, JobDemand, size_jobs
 from enforcer.consolidation_store import POLICY, consolidation_due, load_demands, make_consolidation_plan
 from enforcer.cycle import run_cycle
 from store.checkpoints import record_checkpoint, record_probes
 from store.db import Store
 from store.device_memory import known_memory
 from store.ingest import write_samples
-from store.models import Action, Lane, Placement, Plan, Workflow
+from store.models import Action, Lane, Placement, Plan, ProcessSample, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
 from store.workflows import upsert_workflow
@@ -58,6 +59,22 @@ def test_demand_comes_from_process_samples(any_store: Store):
     assert float(by["b"].mem.max()) == 3 * GIB
     # the window holds 30 minutes of samples, but the job has been watched for two hours
     assert by["a"].times[-1] - by["a"].times[0] == pytest.approx(119 * 60.0)
+
+
+def test_live_sizing_takes_the_window_as_the_pure_core_does(any_store: Store):
+    ids = seed(any_store)
+    params = ConsolidateParams(window_s=1800.0, min_history_s=3600.0)
+    # b peaked at 10 GiB at the very start of the window
+    with any_store.session() as s:
+        s.execute(update(ProcessSample).where(ProcessSample.workflow_id == "b", ProcessSample.ts == NOW - 1800.0)
+                  .values(mem_used=10 * GIB))
+        _, demands, _ = load_demands(s, Settings(), NOW, params)
+    times = NOW - 60.0 * np.arange(120)[::-1]
+    mem = np.where(times == NOW - 1800.0, 10 * GIB, 3 * GIB).astype(float)
+    # the same samples as the simulator hands them to the pure core: the same size
+    alone = size_jobs([JobDemand("b", ids[1], times, mem, np.full(120, 0.1))], NOW, params)["b"]
+    live = size_jobs([d for d in demands if d.job_id == "b"], NOW, params)["b"]
+    assert alone.mem == live.mem == 10 * GIB
 
 
 def test_plan_frees_a_device_records_reasons_and_applies(any_store: Store):
