@@ -124,7 +124,8 @@ def load_host_fleet(session: Session, host_id: str, settings: Settings) -> tuple
         lane = fleet.device(a.device_id).lanes.get(a.lane.lane_id)
         share = a.share if lane is None else min(a.share, lane.room)
         try:
-            fleet.place_loaded(Job(f"arriving:{a.workflow_id}", persistent=0, util=a.lane.compute_share),
+            fleet.place_loaded(Job(f"arriving:{a.workflow_id}", persistent=0, ephemeral=a.ephemeral,
+                                   util=a.lane.compute_share),
                                a.device_id, a.lane.lane_id, a.lane.size, a.lane.compute_share, p_prime=share)
         except ValueError:
             fleet.set_alive(a.device_id, False)

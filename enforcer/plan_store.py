@@ -71,11 +71,16 @@ def plan_inputs(session: Session, state: FleetState, settings: Settings) -> tupl
             cooling=wf.id in busy,
             readable_hosts=facts.readable_hosts, context=placement.context,
         ))
-    # lanes opened for moves still under way: reserved for the jobs on their way, whatever else happens
+    # lanes opened or joined by moves still under way: reserved for the jobs on their way (until they are there),
+    # whatever else happens
+    placed = {(p.workflow_id, p.lane_id) for p in state.placements}
     for a in state.arriving:
+        if (a.workflow_id, a.lane.lane_id) in placed:
+            continue  # there already: its placement holds it
         holdings.append(Holding(
-            workflow_id=f"arriving:{a.workflow_id}", device_id=a.device_id, persistent=None, util=1.0,
-            lane_id=a.lane.lane_id, lane_size=a.lane.size, compute_share=a.lane.compute_share, p_prime=a.share,
+            workflow_id=f"arriving:{a.workflow_id}", device_id=a.device_id, persistent=None, ephemeral=a.ephemeral,
+            util=1.0, lane_id=a.lane.lane_id, lane_size=a.lane.size, compute_share=a.lane.compute_share,
+            p_prime=a.share,
         ))
     return devices, holdings
 
