@@ -42,7 +42,8 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
     checkpoint location), and each device's host, from the fleet state: a device's bytes are its free capacity
     (enforcer.fleet_state's one rule). A job on several devices holds each whole and is not moved (one demand per
     device, `<workflow>#<k>`, as the simulator gives them); nor is a job registered but not started (a pending
-    placement), which holds the lane or device admission gave it."""
+    placement), which holds the lane or device admission gave it. A job on its way into a lane (a move under way)
+    holds its share of it there (`arriving:<workflow>`)."""
     state = read_fleet_state(session, now=now, settings=settings)
     devices = [(d.device_id, state.free_capacity(d.device_id)) for d in state.devices.values() if d.memory_total]
     hosts = {d.device_id: d.host for d in state.devices.values() if d.memory_total}
@@ -107,6 +108,12 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
                                  moves=moved.get(facts.workflow_id, []),
                                  since_checkpoint_s=0.0 if last_checkpoint is None else now - last_checkpoint,
                                  readable_hosts=facts.readable_hosts))
+    # jobs on their way into a lane (moves under way): the room they will take is theirs already
+    placed = {(p.workflow_id, p.device_id) for p in state.placements}
+    for a in state.arriving:
+        if (a.workflow_id, a.device_id) not in placed:
+            demands.append(JobDemand(f"arriving:{a.workflow_id}", a.device_id, declared_mem=a.share + a.ephemeral,
+                                     declared_util=a.lane.compute_share or 1.0, movable=False))
     return devices, demands, hosts
 
 

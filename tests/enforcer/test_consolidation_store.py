@@ -11,6 +11,7 @@ from sqlalchemy import func, select, update
 from enforcer.consolidate import ConsolidateParams, JobDemand, size_jobs
 from enforcer.consolidation_store import POLICY, consolidation_due, load_demands, make_consolidation_plan
 from enforcer.cycle import run_cycle
+from enforcer.migration import plan_action
 from store.checkpoints import record_checkpoint, record_probes
 from store.db import Store
 from store.device_memory import known_memory
@@ -116,6 +117,21 @@ def test_a_job_registered_but_not_started_holds_its_lane(any_store: Store):
     # a and b no longer both go next to c: a joins b instead, and e is not moved
     assert [(m.job_id, m.to_device_id) for m in plan.moves] == [("a", ids[1])]
     assert plan.sizes["e"].why == "declared" and plan.sizes["e"].mem == 8 * GIB
+
+
+def test_a_job_on_its_way_into_a_lane_holds_its_room_there(any_store: Store):
+    ids = seed(any_store)
+    settings = Settings(consolidate_min_history_s=3600.0)
+    with any_store.session() as s:
+        # a is on its way into a new 9 GiB lane next to c: c's 4.6 GiB lane and b's 3.5 GiB would not fit beside it
+        lane = Lane(device_id=ids[2], size_bytes=9 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        s.add(lane)
+        s.flush()
+        plan_action(s, "a", "pack", ids[0], ids[2], lane.id, now=NOW - 5, message="by hand", settings=settings,
+                    detail={"p_prime": int(2.2 * GIB), "ephemeral": 0, "persistent": 2 * GIB})
+    _, plan = make_consolidation_plan(any_store, settings, now=NOW)
+    assert plan.moves and all(m.to_device_id != ids[2] for m in plan.moves)
+    assert plan.sizes["arriving:a"].mem == 9 * GIB
 
 
 def test_a_job_on_two_devices_keeps_both(any_store: Store):
