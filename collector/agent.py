@@ -22,7 +22,7 @@ import psutil
 from collector import attribution
 from collector.agent_batch import AgentStats, Batch, KnownProcess, device_row, process_metrics, sample_rows
 from collector.agent_hooks import install_job_hooks, make_sdk_handlers
-from collector.agent_store import record_host, register_new_devices, touch_new_workflows
+from collector.agent_store import record_host, register_new_devices, retire_unlisted, touch_new_workflows
 from collector.command_runner import CommandRunner, Outcome
 from collector.job_reaper import REAPER, ReaperHost
 from collector.metrics import serve_agent_metrics
@@ -237,6 +237,8 @@ class Agent:
                               agent_version=AGENT_VERSION, agent_pid=os.getpid())
                 self._device_ids = register_devices(session, self.host_id, specs, source=self.source.name,
                                                     moved_here=True)
+                # what the source listed before and no longer does (MIG turned on or off since) is no device now
+                retire_unlisted(session, self.host_id, self.source, {s.index for s in specs}, self._device_ids)
             self._registered_uuids = {spec.index: spec.uuid for spec in specs}
             self.runner.recover()
         except DatabaseUnavailable as exc:

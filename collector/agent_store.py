@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import time
 
+from sqlalchemy.orm import Session
+
 from collector.agent_batch import Batch
 from collector.sources.base import DeviceSource
 from store.db import Store
@@ -15,6 +17,7 @@ from store.registry import (
     mark_device_lost,
     record_processes,
     register_devices,
+    retire_unlisted_devices,
     touch_host,
     touch_open_processes,
     touch_workflows,
@@ -45,13 +48,34 @@ def register_new_devices(store: Store, host_id: str, source: DeviceSource, index
     """Register the devices the source opened since the agent registered (a MIG instance made), and those whose
     UUID at their index is not the one registered (a MIG instance made in the place of another), adding them to
     `device_ids` and `uuids` (index -> UUID registered): before the batch holding their first rows is written, which
-    would drop rows of unknown devices, or write them to the device that was there before."""
-    specs = [d for d in specs_of(source, {d.index for d in source.devices()})
+    would drop rows of unknown devices, or write them to the device that was there before. Devices the source no
+    longer lists (a GPU turned into MIG instances, an instance destroyed, MIG turned off) are retired
+    (store.registry.retire_unlisted_devices) and dropped from `device_ids` and `uuids`, to be registered afresh if
+    they come back."""
+    listed = {d.index for d in source.devices()}
+    unlisted = [i for i in device_ids if i not in listed]
+    specs = [d for d in specs_of(source, listed)
              if (d.index in indexes and d.index not in device_ids) or uuids.get(d.index, d.uuid) != d.uuid]
-    if specs:
+    if specs or unlisted:
         with store.session() as session:
-            device_ids.update(register_devices(session, host_id, specs, source=source.name, moved_here=True))
+            if unlisted:
+                retire_unlisted(session, host_id, source, listed, device_ids)
+                for index in unlisted:
+                    uuids.pop(index, None)
+            if specs:
+                device_ids.update(register_devices(session, host_id, specs, source=source.name, moved_here=True))
         uuids.update({d.index: d.uuid for d in specs})
+
+
+def retire_unlisted(session: Session, host_id: str, source: DeviceSource, listed: set[int],
+                    device_ids: dict[int, int]) -> None:
+    """Mark gone the host's devices of this source that it no longer lists, and forget them in `device_ids`."""
+    for index in retire_unlisted_devices(session, host_id, source.name, listed):
+        log.warning("device %d of host %s is no longer listed by the %s source (MIG reconfigured?): nothing is "
+                    "placed on it until it is listed again", index, host_id, source.name)
+        device_ids.pop(index, None)
+    for index in [i for i in device_ids if i not in listed]:
+        device_ids.pop(index, None)
 
 
 def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, device_ids: dict[int, int],

@@ -21,10 +21,12 @@ packing with nothing gained, and 20 one-second samples of a service say nothing 
 
 Planning keeps placements. Guard moves first: on a shared device whose jobs' lanes no longer fit (a job's memory
 grew toward its share) or whose jobs ask more compute than `util_cap`, the cheapest jobs move off until it fits,
-before real memory runs out. Then consolidation moves, the device cheapest to drain first (fewest jobs, then least
-work lost): a device is emptied only if all its jobs fit on other devices in use (Salus's lane rule, the compute
-cap) and the device-hours that returns over `horizon_s` outweigh the moves' cost (downtime plus the work since each
-job's last checkpoint). Moves per cycle and per job per day are capped; a device is never planned over its memory.
+before real memory runs out. Only jobs that opted in move: the others are the last to be chosen, and one that still
+does not fit stays where it is (named in `unresolved`), its device neither drained nor filled. Then consolidation
+moves, the device cheapest to drain first (fewest jobs, then least work lost): a device is emptied only if all its
+jobs fit on other devices in use (Salus's lane rule, the compute cap) and the device-hours that returns over
+`horizon_s` outweigh the moves' cost (downtime plus the work since each job's last checkpoint). Moves per cycle
+and per job per day are capped; a device is never planned over its memory.
 
 Storage. Like the planner (enforcer.planner), a job carrying storage facts (`JobDemand.readable_hosts`, which the
 store side reads from the agents' probes) moves only within its own host or to a host that can read its checkpoint
@@ -409,8 +411,9 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
             if not pk.put(i, alone):
                 unresolved[s.job_id] = "its memory outgrew the device it runs on alone"
             continue
-        # a shared device: the costliest to move stay; the cheapest move off until the rest fit
-        members.sort(key=lambda d: (-costs[d.job_id], -sizes[d.job_id].mem, d.job_id))
+        # a shared device: jobs that may not move stay, then the costliest to move; the cheapest move off until the
+        # rest fit
+        members.sort(key=lambda d: (d.movable, -costs[d.job_id], -sizes[d.job_id].mem, d.job_id))
         for d in members:
             s = sizes[d.job_id]
             in_lane = Size(s.job_id, s.mem, s.util, True, s.why)  # co-located already: it keeps a lane
@@ -426,6 +429,11 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
     # guard moves: they go now, whatever the caps, to the device with the most room (shared if the job may share,
     # else alone) among those whose host can read its checkpoints
     for i, job_id, reason in over:
+        if not by_id[job_id].movable:
+            # not opted in to be moved (or a part of a multi-device job): it runs on where it is, over its share
+            unresolved[job_id] = "over its share of a shared device, and it may not be moved"
+            kept.add(i)
+            continue
         allowed = pk.reachable(by_id[job_id].readable_hosts, i)
         to, _ = pk.place_new(sizes[job_id], exclude=kept | {i}, worst=True, allowed=allowed)
         if to is None:

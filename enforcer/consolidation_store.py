@@ -15,7 +15,7 @@ in the plan's summary under "refused", each with what the target host's agent sa
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict
 
 import numpy as np
@@ -40,7 +40,10 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
                  ) -> tuple[list[tuple[int, int]], list[JobDemand], dict[int, str]]:
     """Devices ((id, bytes)), every placed workflow's demand up to `now` (with the hosts that can read its
     checkpoint location), and each device's host, from the fleet state: a device's bytes are its free capacity
-    (enforcer.fleet_state's one rule)."""
+    (enforcer.fleet_state's one rule). A job on several devices holds each whole and is not moved (one demand per
+    device, `<workflow>#<k>`, as the simulator gives them); nor is a job registered but not started (a pending
+    placement), which holds the lane or device admission gave it. A job on its way into a lane (a move under way)
+    holds its share of it there (`arriving:<workflow>`)."""
     state = read_fleet_state(session, now=now, settings=settings)
     devices = [(d.device_id, state.free_capacity(d.device_id)) for d in state.devices.values() if d.memory_total]
     hosts = {d.device_id: d.host for d in state.devices.values() if d.memory_total}
@@ -49,7 +52,8 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
         select(ProcessSample.workflow_id, ProcessSample.device_id, ProcessSample.ts,
                func.sum(ProcessSample.mem_used), func.max(func.coalesce(ProcessSample.sm_util,
                                                                         ProcessSample.cpu_util)))
-        .where(ProcessSample.ts > since, ProcessSample.ts <= now)
+        # from the window's first instant on, as size_jobs takes it (the simulator hands it every sample)
+        .where(ProcessSample.ts >= since, ProcessSample.ts <= now)
         .group_by(ProcessSample.workflow_id, ProcessSample.device_id, ProcessSample.ts)
         .order_by(ProcessSample.ts)).all()
     series: dict[tuple[str, int], list[tuple[float, float, float]]] = defaultdict(list)
@@ -66,9 +70,29 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
     busy = set(session.scalars(select(Action.workflow_id).where(
         Action.state.not_in(("resumed", "rolled_back", "failed")))))
     checkpointed = latest_checkpoint_times(session, now)  # a move redoes the work since the latest one
+    spans = Counter(p.workflow_id for p in state.placements)
+    parts: dict[str, int] = defaultdict(int)
     demands = []
-    for placement in state.active():
+    for placement in state.placements:
         facts = state.workflows[placement.workflow_id]
+        if placement.state != "active" and spans[facts.workflow_id] == 1:
+            # registered, not started yet: no samples, but the room admission gave it is taken; it is not moved
+            if placement.lane_id is None or placement.persistent is None:
+                demands.append(JobDemand(facts.workflow_id, placement.device_id, declared_mem=0, declared_util=1.0,
+                                         movable=False, whole=True))
+            else:  # what NVML will show of it: P + E and its context, as admitted
+                demands.append(JobDemand(
+                    facts.workflow_id, placement.device_id,
+                    declared_mem=placement.persistent + (placement.ephemeral or 0) + state.context_charge(placement),
+                    declared_util=placement.compute_share or 1.0, movable=False))
+            continue
+        if spans[facts.workflow_id] > 1:
+            # a multi-device job's devices stay its own, each a part named as the simulator names it
+            k = parts[facts.workflow_id]
+            parts[facts.workflow_id] += 1
+            demands.append(JobDemand(f"{facts.workflow_id}#{k}", placement.device_id, declared_mem=0,
+                                     declared_util=1.0, movable=False, whole=True, gpus=spans[facts.workflow_id]))
+            continue
         pts = series.get((facts.workflow_id, placement.device_id), [])
         arr = np.array(pts, dtype=float).reshape(-1, 3)
         times, mem, util = arr[:, 0], arr[:, 1], np.clip(arr[:, 2], 0.0, 1.0)
@@ -84,6 +108,12 @@ def load_demands(session: Session, settings: Settings, now: float, params: Conso
                                  moves=moved.get(facts.workflow_id, []),
                                  since_checkpoint_s=0.0 if last_checkpoint is None else now - last_checkpoint,
                                  readable_hosts=facts.readable_hosts))
+    # jobs on their way into a lane (moves under way): the room they will take is theirs already
+    placed = {(p.workflow_id, p.device_id) for p in state.placements}
+    for a in state.arriving:
+        if (a.workflow_id, a.device_id) not in placed:
+            demands.append(JobDemand(f"arriving:{a.workflow_id}", a.device_id, declared_mem=a.share + a.ephemeral,
+                                     declared_util=a.lane.compute_share or 1.0, movable=False))
     return devices, demands, hosts
 
 

@@ -11,7 +11,8 @@ The rule: a device's free capacity is its memory less `unmanaged`, where `unmana
 process samples show workflows not placed on it using, and what the latest device sample shows in use beyond what
 its placements explain (a lane placement explains its P' + E plus its context C, the memory its process holds
 outside the caching allocator, which NVML counts and admission charges beside the lane; a whole-device placement the
-whole device, which is all its holder's; a lane opened for a job on its way, its share of the lane). See
+whole device, which is all its holder's; a lane opened for a job on its way, its share of the lane; a job on its
+way into a lane others hold, the P' and E it was planned with). See
 store.device_memory for the two views, and enforcer.lanes for C. A placement's C is its workflow's measured one
 (store.device_memory.known_context), else its device's default: Settings.context_mb on NVML GPUs, 0 on `cpu` and
 replayed devices (no CUDA context there, or one already inside the replayed figures).
@@ -29,7 +30,7 @@ from sqlalchemy.orm import Session
 from store.checkpoints import readable_hosts_by_workflow
 from store.device_memory import known_context, unplaced_memory
 from store.headroom import charged
-from store.models import Action, Device, Lane, Placement, Team, Workflow
+from store.models import Action, ActionEvent, Device, Lane, Placement, Team, Workflow
 from store.settings import Settings
 from store.workflows import is_movable
 
@@ -81,12 +82,15 @@ class PlacementState:
 
 @dataclass(frozen=True, slots=True)
 class Arriving:
-    """A lane opened for a job whose move is still under way: reserved for it whatever else happens."""
+    """A lane opened or joined for a job whose move is still under way: reserved for it whatever else happens."""
 
     workflow_id: str
     device_id: int
     lane: LaneState
-    share: int  # bytes of the lane reserved for this job (the lane split evenly among those on their way)
+    # bytes of the lane reserved for this job, as its P': in a lane no placed job holds, the lane split evenly among
+    # those on their way; in a lane jobs already hold, the P' the move was planned with (`ephemeral` its E)
+    share: int
+    ephemeral: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +156,7 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
         None if p.mem_persistent is None else int(p.mem_persistent),
         None if p.mem_ephemeral is None else int(p.mem_ephemeral), p.compute_share, p.state, known_context(wf))
         for p, wf in placed_rows]
-    state.arriving = _arriving(session, ids)
+    state.arriving = _arriving(session, ids, state.placements)
     totals = {d.id: int(d.memory_total or 0) for d in rows}
     default = settings.context_bytes if settings is not None else 0
     # the device kinds whose jobs hold a CUDA context NVML counts: GPUs read through NVML
@@ -174,19 +178,35 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
     return state
 
 
-def _arriving(session: Session, device_ids: list[int]) -> list[Arriving]:
+def _arriving(session: Session, device_ids: list[int], placements: list[PlacementState]) -> list[Arriving]:
     rows = session.execute(
-        select(Action.workflow_id, Action.to_device_id, Lane)
+        select(Action.id, Action.workflow_id, Action.to_device_id, Lane)
         .join(Lane, Lane.id == Action.to_lane_id)
         .where(Action.state.not_in(MOVE_OVER), Lane.state == "open", Action.to_device_id.in_(device_ids))
         .order_by(Action.id)).all()
     per_lane: dict[int, int] = defaultdict(int)
-    for _, _, lane in rows:
+    for _, _, _, lane in rows:
         per_lane[lane.id] += 1
-    return [Arriving(workflow_id, device_id,
-                     LaneState(lane.id, lane.device_id, int(lane.size_bytes), float(lane.compute_share)),
-                     int(lane.size_bytes) // per_lane[lane.id])
-            for workflow_id, device_id, lane in rows]
+    # lanes other jobs are placed in: a job joining one is held at its own P' and E, not at the whole lane
+    coming = {(workflow_id, lane.id) for _, workflow_id, _, lane in rows}
+    held = {p.lane_id for p in placements if p.lane_id is not None and (p.workflow_id, p.lane_id) not in coming}
+    planned: dict[int, dict] = {}
+    joining = [action_id for action_id, _, _, lane in rows if lane.id in held]
+    if joining:
+        for event in session.scalars(select(ActionEvent).where(ActionEvent.action_id.in_(joining),
+                                                               ActionEvent.to_state == "planned")
+                                     .order_by(ActionEvent.id.desc())):
+            planned[event.action_id] = dict(event.detail or {})
+    out = []
+    for action_id, workflow_id, device_id, lane in rows:
+        share, ephemeral = int(lane.size_bytes) // per_lane[lane.id], 0
+        detail = planned.get(action_id, {})
+        if lane.id in held and detail.get("p_prime") is not None:
+            share, ephemeral = int(detail["p_prime"]), int(detail.get("ephemeral") or 0)
+        out.append(Arriving(workflow_id, device_id,
+                            LaneState(lane.id, lane.device_id, int(lane.size_bytes), float(lane.compute_share)),
+                            share, ephemeral))
+    return out
 
 
 def _unmanaged(session: Session, state: FleetState, totals: dict[int, int]) -> dict[int, int]:
@@ -199,5 +219,5 @@ def _unmanaged(session: Session, state: FleetState, totals: dict[int, int]) -> d
             if p.lane_id is not None else totals.get(p.device_id, 0)  # a whole device is all its holder's
     for a in state.arriving:
         if a.workflow_id not in placed[a.device_id]:  # not there yet: its share of the lane is spoken for
-            explained[a.device_id] += a.share
+            explained[a.device_id] += a.share + a.ephemeral
     return unplaced_memory(session, list(totals), placed, explained)

@@ -10,7 +10,8 @@ it is done, PACK alternates step by step, FAIR takes the least attained step tim
 The next holder is chosen at `end`, with the releasing job as a candidate that asks now, so the outcome does not
 depend on which thread wins a race. A releasing job that keeps the turn has `reserve_s` to ask again (it may be
 done, or busy between steps) before the turn passes on. A holder that neither ends its step nor asks again within
-its lease (it died mid-step) loses the turn, so a crashed job never blocks its lane for good.
+its lease (it died mid-step) loses the turn, so a crashed job never blocks its lane for good. A job whose process
+ended while it waited for a turn (`release`) never gets it: its handler thread, still blocked in `begin`, gives up.
 
 A long step must not lose its turn while its kernels still run, or its lane-mate's would run beside them. So the
 lease is never shorter than `LEASE_STEPS` times the holder's longest step so far (at least `lease_s`), and a holder
@@ -31,6 +32,11 @@ from enforcer.discipline import Turn, next_turn
 from enforcer.policies import Policy, get_policy
 
 Key = tuple[str, int, int]  # (workflow, pid, rank)
+
+
+class LeftLane(Exception):
+    """The job left the lane (its process ended, or it said bye) while a request of it waited for a turn."""
+
 LEASE_STEPS = 3.0  # a holder's lease is at least this many of its longest step so far
 
 
@@ -69,6 +75,7 @@ class LaneGate:
         self._lanes: dict[str, _LaneState] = {}
         self._lanes_lock = threading.Lock()
         self._stats: dict[Key, _JobStats] = {}
+        self._left: set[Key] = set()  # keys that left (bye, or their process ended) since their last `begin`
         self._seq = itertools.count()
 
     def _lane(self, lane: str) -> _LaneState:
@@ -85,7 +92,10 @@ class LaneGate:
         key: Key = (str(msg["workflow"]), int(msg["pid"]), int(msg.get("rank") or 0))
         step = int(msg.get("step") or 0)
         if phase == "begin":
-            waited = self.begin(lane, key, step)
+            try:
+                waited = self.begin(lane, key, step)
+            except LeftLane as left:
+                return {"ok": False, "granted": False, "error": str(left)}
             return {"ok": True, "granted": True, "waited_s": waited, "lease_s": self.lease_s}
         if phase == "end":
             self.end(lane, key, again=msg.get("again", True) is not False)
@@ -97,9 +107,11 @@ class LaneGate:
     # ---- turn taking -------------------------------------------------------------------------------------
 
     def begin(self, lane: str, key: Key, step: int = 0, timeout: float | None = None) -> float:
-        """Block until `key` holds `lane`'s turn; returns the seconds waited. `timeout` (tests) raises TimeoutError."""
+        """Block until `key` holds `lane`'s turn; returns the seconds waited. `timeout` (tests) raises TimeoutError;
+        LeftLane when the job leaves (`leave`, `release`: its process ended) while it waits."""
         state = self._lane(lane)
         start = time.monotonic()
+        self._left.discard(key)  # asking now: alive
         stats = self._stats.get(key)
         if stats is None:
             stats = self._stats[key] = _JobStats(total_steps=self._lookup_total(key[0]), arrival=next(self._seq))
@@ -111,7 +123,9 @@ class LaneGate:
             state.waiting[key] = self._turn(key, stats)
             while state.holder != key:
                 now = time.monotonic()
-                if key not in state.waiting:  # released meanwhile, yet still asking: it is alive after all
+                if key not in state.waiting:
+                    if key in self._left:  # its process ended (or said bye) while this request waited: no turn
+                        raise LeftLane(f"lane {lane}: {key} left while it waited for its turn")
                     state.waiting[key] = self._turn(key, stats)
                 reserve_over = state.reserved_until is not None and now > state.reserved_until
                 lease_end = self._lease_end(state)
@@ -172,10 +186,13 @@ class LaneGate:
             return True
 
     def leave(self, key: Key) -> None:
-        """A job left (bye, or it died): drop it from every lane, releasing a turn it held."""
+        """A job left (bye, or it died): drop it from every lane, releasing a turn it held; a request of it still
+        waiting for a turn gets none (LeftLane), so a dead job's handler thread never takes its lane's turn."""
+        self._left.add(key)
         for name, state in list(self._lanes.items()):
             with state.cond:
-                state.waiting.pop(key, None)
+                if state.waiting.pop(key, None) is not None:
+                    state.cond.notify_all()
             if state.holder == key:
                 with state.cond:
                     reserved = state.reserved_until is not None

@@ -101,7 +101,7 @@ class Fleet:
         room, demand = -1, 0.0
         for lane in d.lanes.values():
             demand += lane.demand
-            if not lane.exclusive:
+            if lane.joinable:
                 r = lane.size - lane.persistent_sum - lane.max_ephemeral
                 if r > room:
                     room = r
@@ -212,13 +212,15 @@ class Fleet:
         return lanes
 
     def place_loaded(self, job: Job, device_id: int, lane_id: int, lane_size: int, compute_share: float = 1.0,
-                     p_prime: int | None = None, exclusive: bool = False) -> Lane:
-        """Put back a job as the store recorded it (its lane opened if this is the lane's first job), its context
-        charged beside the lane (none in a whole-device lane); ValueError when the device cannot hold it."""
+                     p_prime: int | None = None, exclusive: bool = False, joinable: bool = True) -> Lane:
+        """Put back a job as the store recorded it (its lane opened if this is the lane's first job; `joinable`
+        False: one nobody joins), its context charged beside the lane (none in a whole-device lane); ValueError when
+        the device cannot hold it."""
         i = self.index_of[device_id]
         device = self.devices[i]
         if lane_id not in device.lanes:
-            device.add_lane(lane_size, lane_id=lane_id, compute_share=compute_share, exclusive=exclusive)
+            device.add_lane(lane_size, lane_id=lane_id, compute_share=compute_share, exclusive=exclusive,
+                            joinable=joinable)
         pp = p_prime if p_prime is not None else charged(job.persistent)
         device.add_job(lane_id, job.job_id, pp, max(0, job.ephemeral), job.util, context=device.context_of(job))
         self._where.setdefault(job.job_id, []).append(i)
@@ -226,8 +228,9 @@ class Fleet:
         self._sync(i)
         return device.lanes[lane_id]
 
-    def add_to_new_lane(self, job: Job, device_id: int) -> Lane | None:
-        """Open the lane Salus would give the job on this device, if the device has the room (loading a fleet)."""
+    def add_to_new_lane(self, job: Job, device_id: int, *, joinable: bool = True) -> Lane | None:
+        """Open the lane Salus would give the job on this device, if the device has the room (loading a fleet);
+        `joinable` False: nobody joins it (Lane.joinable)."""
         i = self.index_of[device_id]
         device = self.devices[i]
         if job.job_id in device._job_lane:
@@ -238,7 +241,7 @@ class Fleet:
         if p_prime + e > size or device.free < size + c:
             return None
         # the checks add_lane / add_job make hold by construction here; this path loads whole fleets
-        lane = Lane(next(device._ids), device_id, size)
+        lane = Lane(next(device._ids), device_id, size, joinable=joinable)
         device.lanes[lane.lane_id] = lane
         device.reserved += size
         device.contexts += c

@@ -129,16 +129,19 @@ def whole_device_fits(capacity: int, p_prime: int, ephemeral: int, context: int 
 class Lane:
     """One memory slice of a device and the jobs that take turns in it."""
 
-    __slots__ = ("lane_id", "device_id", "size", "compute_share", "exclusive", "jobs", "persistent_sum",
+    __slots__ = ("lane_id", "device_id", "size", "compute_share", "exclusive", "joinable", "jobs", "persistent_sum",
                  "max_ephemeral", "demand")
 
     def __init__(self, lane_id: int, device_id: int, size: int, compute_share: float = 1.0,
-                 exclusive: bool = False) -> None:
+                 exclusive: bool = False, joinable: bool = True) -> None:
         self.lane_id = lane_id
         self.device_id = device_id
         self.size = size
         self.compute_share = compute_share
         self.exclusive = exclusive  # a whole device held by one job: nobody joins
+        # False: nobody joins either, though it is sized as a lane: its job takes no turns with newcomers (a job that
+        # holds its device whole, which the planner counts as the lane Salus would give it, so others fit beside it)
+        self.joinable = joinable and not exclusive
         self.jobs: dict[str, LaneJob] = {}
         self.persistent_sum = 0
         self.max_ephemeral = 0
@@ -154,8 +157,7 @@ class Lane:
         return self.size - self.used
 
     def fits(self, p_prime: int, ephemeral: int) -> bool:
-        return (not self.exclusive) and lane_fits(self.size, self.persistent_sum, self.max_ephemeral, p_prime,
-                                                  ephemeral)
+        return self.joinable and lane_fits(self.size, self.persistent_sum, self.max_ephemeral, p_prime, ephemeral)
 
     def _add(self, job: LaneJob) -> None:
         self.jobs[job.job_id] = job
@@ -224,7 +226,7 @@ class DeviceLanes:
     @property
     def join_room(self) -> int:
         """The most room of any lane a job may join (-1 when none): a job needs at least its P' of it."""
-        return max((lane.room for lane in self.lanes.values() if not lane.exclusive), default=-1)
+        return max((lane.room for lane in self.lanes.values() if lane.joinable), default=-1)
 
     def lane_of(self, job_id: str) -> Lane | None:
         lane_id = self._job_lane.get(job_id)
@@ -292,8 +294,9 @@ class DeviceLanes:
         return lane
 
     def add_lane(self, size: int, *, lane_id: int | None = None, compute_share: float = 1.0,
-                 exclusive: bool = False) -> Lane:
-        """Open a lane (loading from the store, or from an admission); refuses what the device cannot hold."""
+                 exclusive: bool = False, joinable: bool = True) -> Lane:
+        """Open a lane (loading from the store, or from an admission); refuses what the device cannot hold.
+        `joinable` False: a lane for one job that nobody joins (Lane.joinable)."""
         if size < 0 or size > self.free:
             raise ValueError(f"device {self.device_id}: a lane of {size} bytes does not fit in {self.free} free")
         if exclusive and self.lanes:
@@ -301,7 +304,7 @@ class DeviceLanes:
         lane_id = next(self._ids) if lane_id is None else lane_id
         if lane_id in self.lanes:
             raise ValueError(f"device {self.device_id} already has lane {lane_id}")
-        lane = Lane(lane_id, self.device_id, size, compute_share, exclusive)
+        lane = Lane(lane_id, self.device_id, size, compute_share, exclusive, joinable)
         self.lanes[lane_id] = lane
         self.reserved += size
         return lane
@@ -316,6 +319,8 @@ class DeviceLanes:
             raise ValueError(f"job {job_id!r} is already on device {self.device_id}")
         if lane.exclusive and lane.jobs:
             raise ValueError(f"lane {lane_id} holds a whole device for {next(iter(lane.jobs))!r}")
+        if not lane.joinable and lane.jobs:
+            raise ValueError(f"lane {lane_id} is {next(iter(lane.jobs))!r}'s alone: nobody joins it")
         if not lane_fits(lane.size, lane.persistent_sum, lane.max_ephemeral, p_prime, ephemeral):
             raise ValueError(f"job {job_id!r} ({p_prime} + {ephemeral} bytes) does not fit in lane {lane_id}")
         c = 0 if lane.exclusive else context
@@ -354,5 +359,5 @@ class DeviceLanes:
             assert lane.persistent_sum == sum(j.p_prime for j in lane.jobs.values())
             assert lane.max_ephemeral == max(j.ephemeral for j in lane.jobs.values())
             assert lane.demand == max(j.util for j in lane.jobs.values())
-            assert not (lane.exclusive and len(lane.jobs) > 1)
+            assert not (not lane.joinable and len(lane.jobs) > 1)
             assert not (lane.exclusive and any(j.context for j in lane.jobs.values()))

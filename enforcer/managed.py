@@ -124,7 +124,8 @@ def load_host_fleet(session: Session, host_id: str, settings: Settings) -> tuple
         lane = fleet.device(a.device_id).lanes.get(a.lane.lane_id)
         share = a.share if lane is None else min(a.share, lane.room)
         try:
-            fleet.place_loaded(Job(f"arriving:{a.workflow_id}", persistent=0, util=a.lane.compute_share),
+            fleet.place_loaded(Job(f"arriving:{a.workflow_id}", persistent=0, ephemeral=a.ephemeral,
+                                   util=a.lane.compute_share),
                                a.device_id, a.lane.lane_id, a.lane.size, a.lane.compute_share, p_prime=share)
         except ValueError:
             fleet.set_alive(a.device_id, False)
@@ -237,8 +238,8 @@ def register_managed(
         persistent, ephemeral = memory if memory is not None else (0, 0)
         # C: measured for a job seen before, else each device's default (declared memory is the allocator's)
         context = known_context(existing) if mem_bytes is None else None
-        if not whole:
-            _check_fits_a_device(workflow_id, persistent, ephemeral, context, fleet, devices, host_id)
+        if memory is not None:  # a lane, or whole devices for a job of known memory
+            _check_fits_a_device(workflow_id, persistent, ephemeral, context, fleet, devices, host_id, whole=whole)
         job = Job(workflow_id, persistent=persistent, ephemeral=ephemeral, gpus=gpus or 1, exclusive=whole,
                   util=util, arrival=now, context=context)
         admissions = chosen.place(job, fleet)
@@ -294,9 +295,10 @@ def register_managed(
 
 
 def _check_fits_a_device(workflow_id: str, persistent: int, ephemeral: int, context: int | None, fleet: Fleet,
-                         devices: dict[int, Device], host_id: str) -> None:
+                         devices: dict[int, Device], host_id: str, *, whole: bool = False) -> None:
     """A job no lane on any device could ever hold, even empty (its context beside the lane included), is refused
-    with what it needs, not left to wait for room."""
+    with what it needs, not left to wait for room; so is one asking for whole devices that no device holds (its
+    context inside it: the same sum)."""
     p_prime, _ = lane_request(persistent, ephemeral, 0)
     job = Job(workflow_id, context=context)
     room = [(int(devices[d.device_id].memory_total or 0) - d.context_of(job), d) for d in fleet.devices
@@ -307,7 +309,7 @@ def _check_fits_a_device(workflow_id: str, persistent: int, ephemeral: int, cont
         c = device.context_of(job)
         raise InvalidInput(
             f"{workflow_id!r} needs {p_prime + ephemeral + c} bytes on a device ({p_prime} persistent with headroom, "
-            f"{ephemeral} ephemeral, {c} of CUDA context and workspaces outside its lane), more than any device on "
-            f"host {host_id!r} has ({best[0] + c} on device {device.device_id}); no lane can hold it: "
-            "check --mem-mb, or run it on a bigger device")
+            f"{ephemeral} ephemeral, {c} of CUDA context and workspaces {'on it' if whole else 'outside its lane'}), "
+            f"more than any device on host {host_id!r} has ({best[0] + c} on device {device.device_id}); "
+            f"{'no device' if whole else 'no lane'} can hold it: check --mem-mb, or run it on a bigger device")
 

@@ -23,7 +23,7 @@ from store.checkpoints import latest_checkpoint
 from store.commands import enqueue_command
 from store.headroom import charged
 from store.models import Action, ActionEvent, Checkpoint, Command, Device, Lane, Placement, StepStat, Workflow
-from store.placements import close_empty_lanes
+from store.placements import MOVE_OVER, close_empty_lanes
 from store.settings import Settings
 from store.workflows import spec_refusal
 
@@ -64,6 +64,10 @@ def transition(session: Session, action: Action, state: str, message: str, now: 
     session.add(ActionEvent(action_id=action.id, ts=now, from_state=previous, to_state=state, message=message,
                             detail=detail or {}))
     session.flush()
+    if state in MOVE_OVER and action.to_lane_id is not None:
+        # the move no longer holds its target lane: it closes if the job is not in it (rolled back, failed) and
+        # nobody else is either
+        close_empty_lanes(session, {action.to_lane_id}, now)
     log.info("action %s (%s): %s -> %s: %s", action.id, action.workflow_id, previous, state, message)
 
 

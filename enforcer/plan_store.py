@@ -40,7 +40,8 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
 
 def plan_inputs(session: Session, state: FleetState, settings: Settings) -> tuple[list[PlanDevice], list[Holding]]:
     """The planner's inputs from a fleet state: each device's memory with what it does not manage (`foreign`: the
-    planner holds it, so what it may hand out is the state's free capacity), and a holding per active placement and
+    planner holds it, so what it may hand out is the state's free capacity), and a holding per placement, active or
+    pending (registered, not started yet: it holds its lane or device as admission gave it, and is not moved), and
     per job on its way into a lane."""
     now = state.now
     devices = [PlanDevice(d.device_id, d.memory_total, d.host, d.kind,
@@ -55,7 +56,7 @@ def plan_inputs(session: Session, state: FleetState, settings: Settings) -> tupl
         )
     ))
     holdings = []
-    for placement in state.active():
+    for placement in state.placements:
         wf = session.get(Workflow, placement.workflow_id)
         facts = state.workflows[placement.workflow_id]
         lane = state.lanes.get(placement.lane_id) if placement.lane_id is not None else None
@@ -66,15 +67,20 @@ def plan_inputs(session: Session, state: FleetState, settings: Settings) -> tupl
             util=_util(placement, lane, flagged), lane_id=lane.lane_id if lane is not None else None,
             lane_size=lane.size if lane is not None else None,
             compute_share=lane.compute_share if lane is not None else 1.0, p_prime=placement.p_prime,
-            movable=facts.movable, rules=tuple(sorted({f.rule for f in flagged})),
+            movable=facts.movable and placement.state == "active", rules=tuple(sorted({f.rule for f in flagged})),
             cooling=wf.id in busy,
             readable_hosts=facts.readable_hosts, context=placement.context,
         ))
-    # lanes opened for moves still under way: reserved for the jobs on their way, whatever else happens
+    # lanes opened or joined by moves still under way: reserved for the jobs on their way (until they are there),
+    # whatever else happens
+    placed = {(p.workflow_id, p.lane_id) for p in state.placements}
     for a in state.arriving:
+        if (a.workflow_id, a.lane.lane_id) in placed:
+            continue  # there already: its placement holds it
         holdings.append(Holding(
-            workflow_id=f"arriving:{a.workflow_id}", device_id=a.device_id, persistent=None, util=1.0,
-            lane_id=a.lane.lane_id, lane_size=a.lane.size, compute_share=a.lane.compute_share, p_prime=a.share,
+            workflow_id=f"arriving:{a.workflow_id}", device_id=a.device_id, persistent=None, ephemeral=a.ephemeral,
+            util=1.0, lane_id=a.lane.lane_id, lane_size=a.lane.size, compute_share=a.lane.compute_share,
+            p_prime=a.share,
         ))
     return devices, holdings
 

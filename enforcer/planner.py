@@ -16,7 +16,9 @@ places with room are on hosts that cannot read its checkpoints, the device is ke
 `PlanResult.refused` with the reason. At most `max_moves` moves per plan.
 
 A job that holds a whole device but whose memory profile the SDK measured is taken to live in the lane Salus
-would give it there, so others may be moved next to it; a job of unknown memory keeps its device to itself.
+would give it there, so others may be moved next to it, into lanes of their own: nobody joins that lane, since its
+job is in no lane of the store and takes no turns, so a lane-mate's ephemeral peak would come on top of its own. A
+job of unknown memory keeps its device to itself.
 """
 
 from __future__ import annotations
@@ -216,7 +218,8 @@ def _job(h: Holding) -> Job:
 
 def _place_holding(fleet: Fleet, h: Holding) -> bool:
     """Put a job back where it runs. A lane from the store as recorded; a whole-device holder with a known memory
-    profile as if confined to the lane Salus would give it there; one of unknown memory holds the device whole."""
+    profile as if confined to the lane Salus would give it there (nobody joins it: the job takes no turns); one of
+    unknown memory holds the device whole."""
     device = fleet.device(h.device_id)
     job = _job(h)
     try:
@@ -224,7 +227,7 @@ def _place_holding(fleet: Fleet, h: Holding) -> bool:
             size = h.lane_size if h.lane_size is not None else device.free
             fleet.place_loaded(job, h.device_id, h.lane_id, size, h.compute_share, p_prime=h.p_prime)
             return True
-        if h.persistent is not None and fleet.add_to_new_lane(job, h.device_id) is not None:
+        if h.persistent is not None and fleet.add_to_new_lane(job, h.device_id, joinable=False) is not None:
             return True
         lane = device.add_lane(device.free, exclusive=not device.lanes)
         # it holds the rest of the device, its context included
@@ -274,7 +277,7 @@ def _evacuate(fleet: Fleet, policy: Policy, source: int, holdings: list[Holding]
                 fleet.remove(done.workflow_id)
             for job0, lane, p_prime in before:
                 fleet.place_loaded(job0, source, lane.lane_id, lane.size, lane.compute_share, p_prime=p_prime,
-                                   exclusive=lane.exclusive)
+                                   exclusive=lane.exclusive, joinable=lane.joinable)
             fleet.arrays.alive[i] = was_alive
             return None, refusal
         fleet.bind(admissions, job)

@@ -63,7 +63,7 @@ class Device(Base):
     source: Mapped[str] = mapped_column(String(16))
     memory_total: Mapped[int | None] = mapped_column(BigInteger)
     cpu_cores: Mapped[list[Any] | None]  # cpu source: the cores this device stands for
-    state: Mapped[str] = mapped_column(String(16), default="ok")  # ok | lost
+    state: Mapped[str] = mapped_column(String(16), default="ok")  # ok | lost | gone (no longer listed)
     registered_at: Mapped[float]
     last_seen: Mapped[float]
 

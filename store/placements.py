@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from store.db import Store
 from store.headroom import charged
-from store.models import Device, Lane, Placement, Workflow
+from store.models import Action, Device, Lane, Placement, Workflow
 from store.rows import merge_labels
 
 
@@ -77,11 +77,19 @@ def withdraw_placement(session: Session, workflow_id: str, placement_ids: Sequen
     session.execute(update(Workflow).where(Workflow.id == workflow_id).values(state="failed"))
 
 
+MOVE_OVER = ("resumed", "rolled_back", "failed")  # action states after which a move no longer holds its target lane
+
+
 def close_empty_lanes(session: Session, lane_ids: set[int], now: float) -> None:
-    """Close each of these lanes that no active or pending placement uses any more."""
+    """Close each of these lanes that no active or pending placement uses any more, and no move under way is taking
+    a job into (its lane-mates may all have ended before it arrives: the lane stays reserved for it; the move
+    closes it when it ends, if it is still empty then)."""
     for lane_id in lane_ids:
         busy = session.scalar(select(Placement.id).where(
             Placement.lane_id == lane_id, Placement.state.in_(("active", "pending"))).limit(1))
+        if busy is None:
+            busy = session.scalar(select(Action.id).where(
+                Action.to_lane_id == lane_id, Action.state.not_in(MOVE_OVER)).limit(1))
         if busy is None:
             session.execute(update(Lane).where(Lane.id == lane_id, Lane.state == "open")
                             .values(state="closed", closed_at=now))

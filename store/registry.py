@@ -117,6 +117,23 @@ def register_devices(
     return ids
 
 
+def retire_unlisted_devices(session: Session, host_id: str, source: str, listed: Collection[int], *,
+                            now: float | None = None) -> list[int]:
+    """Mark `gone` the devices of `host_id` that `source` registered and no longer lists (`listed`: the indexes it
+    lists now), and return their indexes. A GPU whose MIG mode was turned on is listed as its MIG devices from then
+    on, and one turned back to a whole GPU as itself: the row the source no longer lists stands for memory that is
+    now another device's (the parent GPU's is its slices'), so nothing may be placed on it. Registering the device
+    again (register_devices) makes it ok again."""
+    now = time.time() if now is None else now
+    rows = list(session.scalars(select(Device).where(Device.host_id == host_id, Device.source == source,
+                                                     Device.state == "ok")))
+    gone = [d for d in rows if d.index not in set(listed)]
+    for d in gone:
+        d.state, d.last_seen = "gone", now
+    session.flush()
+    return [d.index for d in gone]
+
+
 def add_hosts(session: Session, host_ids: Iterable[str], *, source: str, labels: dict[str, Any],
               now: float) -> None:
     """Register hosts the store does not have yet (the caller has checked), in one statement: an importer's

@@ -190,9 +190,12 @@ class Simulation:
             return (f"needs {need / 2**30:.1f} GiB with Salus's headroom (memory {(js.sim.mem or need) / 2**30:.1f}"
                     f" GiB); the largest device has {biggest / 2**30:.1f} GiB")
         if js.job.gpus > 1:
-            most = int(np.bincount(np.asarray(self.node_of)).max())
+            # devices that each hold it, per node: a node of many small devices does not count
+            holding = np.asarray(self.node_of)[self.capacity >= need]
+            most = int(np.bincount(holding).max()) if holding.size else 0
             if js.job.gpus > most:
-                return f"needs {js.job.gpus} devices on one node; the largest node has {most}"
+                return (f"needs {js.job.gpus} devices of {need / 2**30:.1f} GiB on one node; the most any node has is "
+                        f"{most}")
         return ""
 
     def _reschedule(self, t: float, touched: set[int]) -> set[int]:

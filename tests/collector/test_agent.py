@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import collector.agent as agent_module
 from collector.agent import Agent
 from collector.socket_server import connect
 from collector.sources.base import DeviceInfo, ProcessReading
+from enforcer.fleet_state import read_fleet_state
 from store.commands import enqueue_command, get_command
 from store.db import Store
 from store.migrations import upgrade
@@ -258,6 +260,49 @@ def test_a_device_made_again_at_its_index_is_registered_before_its_rows_are_writ
         assert (device.uuid, device.memory_total) == (remade.uuid, 40 << 30)
         latest = s.scalar(select(DeviceSample.device_id).order_by(DeviceSample.ts.desc()).limit(1))
     assert latest == device.id and agent.stats.rows_dropped == 0
+
+
+class ListedSource(StubSource):
+    """A GPU whose MIG mode changes: the source lists the device indexes in `listed` (MIG devices from 1000 on)."""
+
+    def __init__(self, listed: list[int]) -> None:
+        super().__init__(n=0)
+        self.listed = listed
+
+    def devices(self):
+        return [DeviceInfo(i, f"stub-{self.tag}-{i}", "stub device", 1 << 30) for i in self.listed]
+
+    def sample(self):
+        self.n = len(self.listed)
+        return [replace(r, index=i) for r, i in zip(super().sample(), self.listed, strict=True)]
+
+
+def test_a_device_the_source_no_longer_lists_takes_no_jobs(any_store, settings):
+    def usable() -> dict[int, str]:
+        with any_store.session() as s:
+            placeable = {d.index for d in read_fleet_state(s).devices.values()}
+            states = {d.index: d.state for d in s.scalars(select(Device).where(Device.host_id == "host-a"))}
+        assert placeable == {i for i, state in states.items() if state == "ok"}
+        return states
+
+    source = ListedSource([0])
+    agent = make_agent(any_store, settings, source)
+    agent.sample_once()
+    assert agent.flush()
+    source.listed = [1000, 1001]  # MIG turned on: the GPU is two MIG devices now, its memory theirs
+    agent.sample_once()
+    assert agent.flush()
+    assert usable() == {0: "gone", 1000: "ok", 1001: "ok"}
+    source.listed = [0]  # and off again
+    agent.sample_once()
+    assert agent.flush()
+    assert usable() == {0: "ok", 1000: "gone", 1001: "gone"}
+    assert agent.stats.rows_dropped == 0
+    # an agent started after a change retires what its source no longer lists as it registers
+    again = make_agent(any_store, settings, ListedSource([1000]))
+    again.sample_once()
+    assert again.flush()
+    assert usable() == {0: "gone", 1000: "ok", 1001: "gone"}
 
 
 def test_vanished_processes_are_skipped(sqlite_store, settings):

@@ -178,6 +178,17 @@ def test_unmovable_jobs_stay():
     assert plan.moves == []
 
 
+def test_a_guard_move_never_moves_a_job_that_did_not_opt_in():
+    # two jobs that did not opt in ask more compute than the guard allows: neither moves, the device takes nobody
+    stuck = [steady("a", 0, 10, util=0.7, movable=False), steady("b", 0, 10, util=0.6, movable=False)]
+    plan = plan_consolidation(devices(2), [*stuck, steady("c", 1, 5, util=0.1)], NOW, P)
+    assert plan.moves == [] and set(plan.unresolved) == {"b"}
+    # beside one that opted in, that one is moved off, though it has more work to lose
+    mixed = [steady("a", 0, 10, util=0.7, movable=False), steady("b", 0, 10, util=0.6, since_checkpoint_s=900.0)]
+    plan = plan_consolidation(devices(2), mixed, NOW, P)
+    assert [(m.job_id, m.reason) for m in plan.moves] == [("b", "guard_compute")] and plan.unresolved == {}
+
+
 def test_never_plans_a_device_over_its_memory_random_fleets():
     rng = random.Random(7)
     for _ in range(30):

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
-from enforcer.consolidate import ConsolidateParams
+from enforcer.consolidate import ConsolidateParams, JobDemand, size_jobs
 from enforcer.consolidation_store import POLICY, consolidation_due, load_demands, make_consolidation_plan
 from enforcer.cycle import run_cycle
+from enforcer.migration import plan_action
 from store.checkpoints import record_checkpoint, record_probes
 from store.db import Store
 from store.device_memory import known_memory
 from store.ingest import write_samples
-from store.models import Action, Placement, Plan, Workflow
+from store.models import Action, Lane, Placement, Plan, ProcessSample, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
 from store.workflows import upsert_workflow
@@ -60,6 +62,22 @@ def test_demand_comes_from_process_samples(any_store: Store):
     assert by["a"].times[-1] - by["a"].times[0] == pytest.approx(119 * 60.0)
 
 
+def test_live_sizing_takes_the_window_as_the_pure_core_does(any_store: Store):
+    ids = seed(any_store)
+    params = ConsolidateParams(window_s=1800.0, min_history_s=3600.0)
+    # b peaked at 10 GiB at the very start of the window
+    with any_store.session() as s:
+        s.execute(update(ProcessSample).where(ProcessSample.workflow_id == "b", ProcessSample.ts == NOW - 1800.0)
+                  .values(mem_used=10 * GIB))
+        _, demands, _ = load_demands(s, Settings(), NOW, params)
+    times = NOW - 60.0 * np.arange(120)[::-1]
+    mem = np.where(times == NOW - 1800.0, 10 * GIB, 3 * GIB).astype(float)
+    # the same samples as the simulator hands them to the pure core: the same size
+    alone = size_jobs([JobDemand("b", ids[1], times, mem, np.full(120, 0.1))], NOW, params)["b"]
+    live = size_jobs([d for d in demands if d.job_id == "b"], NOW, params)["b"]
+    assert alone.mem == live.mem == 10 * GIB
+
+
 def test_plan_frees_a_device_records_reasons_and_applies(any_store: Store):
     ids = seed(any_store)
     settings = Settings(consolidate_min_history_s=3600.0)
@@ -80,6 +98,62 @@ def test_plan_frees_a_device_records_reasons_and_applies(any_store: Store):
         actions = s.scalars(select(Action).order_by(Action.id)).all()
         assert [(a.workflow_id, a.state, a.plan_id, a.to_device_id) for a in actions] == [
             ("a", "planned", plan_id, ids[2]), ("b", "planned", plan_id, ids[2])]
+
+
+def test_a_job_registered_but_not_started_holds_its_lane(any_store: Store):
+    ids = seed(any_store)
+    with any_store.session() as s:
+        # c in a 6 GiB lane, and beside it a 9 GiB lane `fleetlens run` gave a job a moment ago: 1 GiB is left
+        busy = Lane(device_id=ids[2], size_bytes=6 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        new = Lane(device_id=ids[2], size_bytes=9 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        s.add_all([busy, new])
+        s.flush()
+        s.scalars(select(Placement).where(Placement.workflow_id == "c")).one().lane_id = busy.id
+        upsert_workflow(s, "e", now=NOW, managed=True, movable=True, command=["python", "t.py"],
+                        mem_persistent=7 * GIB, mem_ephemeral=GIB, id_source="managed")
+        s.add(Placement(workflow_id="e", device_id=ids[2], lane_id=new.id, host_id="h1", pid=None, state="pending",
+                        mem_persistent=7 * GIB, mem_ephemeral=GIB, started_at=NOW))
+    _, plan = make_consolidation_plan(any_store, Settings(consolidate_min_history_s=3600.0), now=NOW)
+    # a and b no longer both go next to c: a joins b instead, and e is not moved
+    assert [(m.job_id, m.to_device_id) for m in plan.moves] == [("a", ids[1])]
+    assert plan.sizes["e"].why == "declared" and plan.sizes["e"].mem == 8 * GIB
+
+
+def test_a_job_on_its_way_into_a_lane_holds_its_room_there(any_store: Store):
+    ids = seed(any_store)
+    settings = Settings(consolidate_min_history_s=3600.0)
+    with any_store.session() as s:
+        # a is on its way into a new 9 GiB lane next to c: c's 4.6 GiB lane and b's 3.5 GiB would not fit beside it
+        lane = Lane(device_id=ids[2], size_bytes=9 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        s.add(lane)
+        s.flush()
+        plan_action(s, "a", "pack", ids[0], ids[2], lane.id, now=NOW - 5, message="by hand", settings=settings,
+                    detail={"p_prime": int(2.2 * GIB), "ephemeral": 0, "persistent": 2 * GIB})
+    _, plan = make_consolidation_plan(any_store, settings, now=NOW)
+    assert plan.moves and all(m.to_device_id != ids[2] for m in plan.moves)
+    assert plan.sizes["arriving:a"].mem == 9 * GIB
+
+
+def test_a_job_on_two_devices_keeps_both(any_store: Store):
+    with any_store.session() as s:
+        register_host(s, "h1", hostname="h1", source="replay", now=NOW)
+        ids = register_devices(s, "h1", [DeviceSpec(i, f"GPU-{i}", "T4", 16 * GIB) for i in range(3)],
+                               source="replay", now=NOW)
+        upsert_workflow(s, "ddp", now=NOW, managed=True, movable=True, command=["python", "t.py"],
+                        id_source="managed", gpus=2)
+        upsert_workflow(s, "c", now=NOW, managed=True, command=["python", "t.py"], id_source="managed")
+        for name, dev in (("ddp", ids[0]), ("ddp", ids[1]), ("c", ids[2])):
+            s.add(Placement(workflow_id=name, device_id=dev, host_id="h1", pid=100, started_at=NOW - 7200))
+    write_samples(any_store, [], [dict(device_id=dev, workflow_id=name, host_id="h1", pid=100, ts=NOW - 60.0 * k,
+                                       mem_used=2 * GIB, sm_util=0.1, cpu_util=None)
+                                  for k in range(120) for name, dev in (("ddp", ids[0]), ("ddp", ids[1]),
+                                                                        ("c", ids[2]))])
+    _, plan = make_consolidation_plan(any_store, Settings(consolidate_min_history_s=3600.0), now=NOW)
+    # small and idle on each of its devices, but one rank of a two-device job is never moved off on its own
+    assert plan.moves == [] and plan.devices_freed == []
+    assert plan.devices_held == plan.devices_needed == 3
+    assert {j: s.why for j, s in plan.sizes.items()} == {"ddp#0": "whole_device", "ddp#1": "whole_device",
+                                                          "c": "steady"}
 
 
 def test_work_since_the_latest_checkpoint_is_each_moves_cost(any_store: Store):

@@ -242,3 +242,21 @@ def test_releasing_a_stopped_job_passes_its_turn_on_at_once() -> None:
     assert gate.release("stopped") == 1
     t.join(timeout=10)
     assert done.is_set() and gate.snapshot()["1"]["holder"] == ("other", 2, 0)
+
+
+def test_a_job_whose_process_ended_while_it_waited_never_takes_the_turn() -> None:
+    gate = LaneGate("pack", lease_s=3600)
+    gate.begin("1", ("a", 1, 0))
+    replies: list[dict] = []
+    # b's request blocks in its connection's thread; then b's process ends (the reaper releases it)
+    waiter = threading.Thread(target=lambda: replies.append(
+        gate.handle({"lane": "1", "workflow": "b", "pid": 2, "phase": "begin"})), daemon=True)
+    waiter.start()
+    wait_queued(gate, "1", 1)
+    assert gate.release("b") == 1
+    waiter.join(timeout=10)
+    assert replies and replies[0]["ok"] is False and not replies[0]["granted"]
+    # a's next step is a's at once: the dead b is not handed the turn (it would hold it for the whole lease)
+    gate.end("1", ("a", 1, 0))
+    gate.begin("1", ("a", 1, 0), timeout=5)
+    assert gate.snapshot()["1"] == {"holder": ("a", 1, 0), "waiting": [], "turns": 2}

@@ -146,6 +146,10 @@ def test_a_job_bigger_than_any_device_is_refused_with_what_it_needs(any_store: S
     host(any_store)
     with pytest.raises(InvalidInput, match=r"needs \d+ bytes on a device .* CUDA context .* more than any device"):
         register(any_store, settings(fleet_home), "huge", mem_bytes=8 * GIB)
+    # asking for a whole device does not make it fit: refused the same way, not told to wait for room
+    with pytest.raises(InvalidInput, match=r"needs \d+ bytes on a device .* more than any device .* no device can"):
+        register_managed(any_store, ["python", "train.py"], settings=settings(fleet_home), gpus=1,
+                         workflow_id="huge", cwd=PROJECT_ROOT, mem_bytes=8 * GIB)
     with any_store.session() as session:
         assert session.get(Workflow, "huge") is None  # nothing written
 

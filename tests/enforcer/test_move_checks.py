@@ -11,12 +11,16 @@ import enforcer.migration as migration
 from enforcer.actuators.base import Move, StepOutcome
 from enforcer.actuators.drive import drive_actions
 from enforcer.actuators.registry import ACTUATORS
+from enforcer.fleet_state import read_fleet_state
 from enforcer.migration import MoveRefused, plan_action
+from enforcer.migration_steps import transition
 from enforcer.plan_store import apply_plan, make_plan
 from store.db import Store
 from store.errors import InvalidInput
 from store.models import Action, Device, Lane, Placement, Plan
+from store.placements import end_placements
 from store.settings import Settings
+from store.workflows import upsert_workflow
 from tests.enforcer.test_planner import GIB, NOW, seed
 
 
@@ -116,3 +120,25 @@ def test_target_capacity_counts_the_jobs_placed_there_and_those_on_their_way(sql
         assert [a.id for a in s.scalars(select(Action))] == [first]
     assert len(spy["calls"]) == 4
     assert drive_actions(sqlite_store, settings) == {} and spy["received"] == []  # the one move recorded is over
+
+
+def test_a_lane_stays_reserved_for_a_job_on_its_way_when_its_lane_mates_end(sqlite_store: Store, spy: dict) -> None:
+    ids = seed(sqlite_store)
+    with sqlite_store.session() as s:
+        lane = Lane(device_id=ids[3], size_bytes=8 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        s.add(lane)
+        s.flush()
+        lane_id = lane.id
+        upsert_workflow(s, "mate", now=NOW, managed=True, command=["python", "train.py"], id_source="managed")
+        s.add(Placement(workflow_id="mate", device_id=ids[3], lane_id=lane_id, host_id="h1", pid=7,
+                        mem_persistent=GIB, mem_ephemeral=0, started_at=NOW))
+        action_id = plan_action(s, "idle-a", "pack", ids[0], ids[3], lane_id, now=NOW, message="by hand",
+                                detail={"p_prime": int(2.2 * GIB), "ephemeral": GIB // 2}, settings=Settings()).id
+    end_placements(sqlite_store, "mate", 7, "finished", now=NOW + 1)  # its only job ends before idle-a arrives
+    with sqlite_store.session() as s:
+        assert s.get(Lane, lane_id).state == "open"
+        # still held for idle-a: admission and the planner do not hand its room out
+        assert [(a.workflow_id, a.lane.lane_id) for a in read_fleet_state(s).arriving] == [("idle-a", lane_id)]
+        transition(s, s.get(Action, action_id), "failed", "it never got there", NOW + 2)
+    with sqlite_store.session() as s:  # the move is over, the lane empty: it closes
+        assert s.get(Lane, lane_id).state == "closed" and read_fleet_state(s).arriving == []

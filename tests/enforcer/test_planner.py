@@ -7,6 +7,7 @@ import time
 import pytest
 from sqlalchemy import delete, func, select
 
+from enforcer.migration import plan_action
 from enforcer.plan_store import apply_plan, load_state, make_plan
 from enforcer.planner import Holding, PlanDevice, plan_moves
 from store.db import Store
@@ -100,6 +101,60 @@ def test_pack_frees_two_devices_and_apply_creates_planned_actions(any_store: Sto
     assert all(h.device_id == ids[2] and h.p_prime == h.lane_size for h in reserved.values())
 
 
+def test_plan_counts_the_room_of_a_job_registered_but_not_started(any_store: Store) -> None:
+    ids = seed(any_store)
+    with any_store.session() as s:
+        # busy-c in a 6 GiB lane, and beside it a 9 GiB lane for a job `fleetlens run` placed a moment ago
+        busy = Lane(device_id=ids[2], size_bytes=6 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        new = Lane(device_id=ids[2], size_bytes=9 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        s.add_all([busy, new])
+        s.flush()
+        s.scalars(select(Placement).where(Placement.workflow_id == "busy-c")).one().lane_id = busy.id
+        upsert_workflow(s, "new-e", now=NOW, managed=True, movable=True, command=["python", "train.py"],
+                        mem_persistent=7 * GIB, mem_ephemeral=GIB, id_source="managed")
+        s.add(Placement(workflow_id="new-e", device_id=ids[2], lane_id=new.id, host_id="h1", pid=None,
+                        state="pending", mem_persistent=7 * GIB, mem_ephemeral=GIB, started_at=NOW))
+    result = make_plan(any_store, "pack", settings=Settings(max_moves_per_cycle=4), now=NOW)
+    # device 2 has 1 GiB left beside its two lanes: neither idle job's lane fits there
+    assert result.moves and all(m.to_device_id != ids[2] for m in result.moves)
+    assert "new-e" not in {m.workflow_id for m in result.moves}  # not started: nothing to move
+
+
+def test_a_job_on_its_way_into_a_shared_lane_holds_its_own_share_of_it(any_store: Store) -> None:
+    ids = seed(any_store)
+    settings = Settings(max_moves_per_cycle=4)
+    with any_store.session() as s:
+        # device 2 is two 8 GiB lanes: busy-c's (4.4 + 1 GiB) and a full one
+        shared = Lane(device_id=ids[2], size_bytes=8 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        full = Lane(device_id=ids[2], size_bytes=8 * GIB, compute_share=0.5, state="open", created_at=NOW)
+        s.add_all([shared, full])
+        s.flush()
+        s.scalars(select(Placement).where(Placement.workflow_id == "busy-c")).one().lane_id = shared.id
+        upsert_workflow(s, "filler", now=NOW, managed=True, command=["python", "train.py"], mem_persistent=7 * GIB,
+                        mem_ephemeral=0, id_source="managed")
+        s.add(Placement(workflow_id="filler", device_id=ids[2], lane_id=full.id, host_id="h1", pid=9,
+                        mem_persistent=7 * GIB, mem_ephemeral=0, started_at=NOW))
+        # idle-a is on its way into busy-c's lane, with P' 2.2 GiB and E 0.5 GiB: 0.4 GiB of the lane stay free
+        plan_action(s, "idle-a", "pack", ids[0], ids[2], shared.id, now=NOW, message="by hand", settings=settings,
+                    detail={"p_prime": int(2.2 * GIB), "ephemeral": GIB // 2, "persistent": 2 * GIB})
+        lane_id = shared.id
+    with any_store.session() as s:
+        _, holdings = load_state(s, settings, NOW + 1)
+    held = [(h.lane_id, h.p_prime, h.ephemeral) for h in holdings if h.workflow_id == "arriving:idle-a"]
+    assert held == [(lane_id, int(2.2 * GIB), GIB // 2)]
+    result = make_plan(any_store, "pack", settings=settings, now=NOW + 1)
+    # the planner no longer offers idle-b (2.2 GiB) the room idle-a takes in that lane, so its plan applies
+    assert result.moves and all(m.to_lane_id != lane_id for m in result.moves)
+    assert "placement inconsistent with memory" not in result.skipped
+    apply_plan(any_store, result.plan_id, settings=settings, now=NOW + 2)
+    with any_store.session() as s:  # idle-a got there (its move not over yet): its placement holds it, once
+        s.add(Placement(workflow_id="idle-a", device_id=ids[2], lane_id=lane_id, host_id="h1", pid=11,
+                        mem_persistent=2 * GIB, mem_ephemeral=GIB // 2, started_at=NOW + 3))
+    with any_store.session() as s:
+        _, holdings = load_state(s, settings, NOW + 4)
+    assert [h.lane_id for h in holdings if h.workflow_id in ("idle-a", "arriving:idle-a")].count(lane_id) == 1
+
+
 def test_fair_spreads_and_frees_less(sqlite_store: Store) -> None:
     ids = seed(sqlite_store)
     result = make_plan(sqlite_store, "fair", settings=Settings(), now=NOW)
@@ -190,6 +245,24 @@ def test_pure_core_keeps_lanes_and_foreign_memory() -> None:
     # device 2 has 15 GiB used by others: only device 3 has room for a's lane
     assert [(m.workflow_id, m.to_device_id) for m in result.moves] == [("a", 3)]
     assert result.devices_freed == [1]
+
+
+def test_pure_core_never_puts_a_job_into_the_lane_of_a_whole_device_holder() -> None:
+    # "holder" holds device 1 whole (no lane in the store, so no gate): its 1 GiB + 20 GiB peak is all its own,
+    # it takes no turns with anyone. The planner counts it as its Salus lane (22.2 GiB) to move others beside it.
+    def plan(capacity: int):
+        devices = [PlanDevice(1, capacity, "h"), PlanDevice(2, capacity, "h")]
+        holdings = [Holding("holder", 1, GIB, ephemeral=20 * GIB, util=0.1),
+                    Holding("small", 2, GIB // 2, ephemeral=5 * GIB, util=0.1, movable=True, rules=("idle_holder",))]
+        return plan_moves(devices, holdings, "pack", max_moves=4)
+
+    # 24 GiB: no room for small's own lane beside it; joining the holder's would put small's 5 GiB peak on top of
+    # the holder's 21 GiB
+    assert plan(24 * GIB).moves == []
+    # 32 GiB: small gets a lane of its own next to the holder
+    roomy = plan(32 * GIB)
+    assert [(m.workflow_id, m.to_device_id, m.new_lane is not None) for m in roomy.moves] == [("small", 1, True)]
+    assert roomy.moves[0].lane_size < 6 * GIB and roomy.devices_freed == [2]
 
 
 def test_cli_enforce_and_lanes(fleet_home, capsys) -> None:

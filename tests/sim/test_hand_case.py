@@ -72,3 +72,15 @@ def test_tiresias_two_queues_with_migration_cost():
     assert finish == pytest.approx({"A": 16, "B": 5, "C": 18})
     assert m["jct_mean_s"] == pytest.approx(12)
     assert m["preemptions"] == 2
+
+
+@pytest.mark.parametrize("policy", ["fifo", "pack"])
+def test_a_multi_device_job_no_node_has_enough_big_devices_for_is_reported_not_left_waiting(policy):
+    # node a has 8 devices, but of 16 GiB; node b's are big enough for the job's 40 GiB, but there are 2 of them
+    cluster = [NodeSpec("a", 8, 16 * GIB), NodeSpec("b", 2, 80 * GIB)]
+    big = [SimJob("big", 0.0, 100.0, gpus=4, mem=40 * GIB), SimJob("small", 1.0, 50.0, mem=GIB)]
+    result = Simulation(big, cluster, make_policy(policy), check=True).run()
+    assert_invariants(result)
+    assert result.sim.unplaceable == ["big"]
+    assert "needs 4 devices of 44.0 GiB on one node; the most any node has is 2" in \
+        result.sim.unplaceable_reasons["big"]
