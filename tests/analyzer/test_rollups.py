@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from analyzer.rollups import apply_retention, rollup
 from analyzer.telemetry.hour_summaries import kept_hours
@@ -130,6 +130,38 @@ def test_retention_deletes_only_rolled_up_hours(any_store):
     assert (result.summaries_deleted, stale.summaries_deleted, done.summaries_deleted) == (1, 1, 1)
     with any_store.session() as s:
         assert s.scalar(select(func.count()).select_from(TelemetryHour)) == 0
+
+
+def test_a_sample_that_arrives_while_the_retention_deletes_its_hour_is_not_deleted_unrolled(any_store):
+    """The retention counts an hour's rows, then deletes them: a late sample committed in between was never rolled
+    up, and went with the others."""
+    fleet, busy, _ = _three_hours(any_store)
+    rollup(any_store, now=T0 + 3 * HOUR)
+    late = {"written": False}
+
+    def late_write(conn, cursor, statement, *args) -> None:
+        if not late["written"] and statement.lstrip().upper().startswith("DELETE FROM DEVICE_SAMPLES"):
+            late["written"] = True
+            fleet.run(busy, "busy", 30, 31, util=0.3, mem_gib=70, device_rows=True)  # on another connection
+            fleet.flush()
+
+    event.listen(any_store.engine, "before_cursor_execute", late_write)
+    try:
+        result = apply_retention(any_store, 1 / 24, now=T0 + 3 * HOUR + 60)  # cutoff: T0 + 2 h
+    finally:
+        event.remove(any_store.engine, "before_cursor_execute", late_write)
+    assert late["written"], "the retention deleted no device sample row by row: nothing tested"
+    with any_store.session() as s:
+        at = s.scalar(select(func.count()).select_from(DeviceSample).where(DeviceSample.ts == T0 + 30 * 60))
+    assert at == 3  # both devices' samples of that minute, and the late one: nothing went unrolled
+    assert result.device_samples_deleted == 0
+    # the next run deletes what matches its rollups, and keeps the hour the late sample changed (older than the
+    # cutoff, it is not rolled up again: its raw rows stay, counted in hours_kept)
+    again = apply_retention(any_store, 1 / 24, now=T0 + 3 * HOUR + 60)
+    assert (again.device_samples_deleted, again.hours_kept) == (180, 2)
+    with any_store.session() as s:
+        # the busy device's sample of that minute and the late one; the other device's went with its hour
+        assert s.scalar(select(func.count()).select_from(DeviceSample).where(DeviceSample.ts == T0 + 30 * 60)) == 2
 
 
 def _rollup_of(store, scope: str, subject, hour: float):
