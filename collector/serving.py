@@ -40,10 +40,8 @@ same cap: store.serving_raw).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import numbers
 import time
 import uuid
 from collections import deque
@@ -54,6 +52,7 @@ from typing import Any, NamedTuple
 
 from collector import protocol as p
 from collector.sdk_settings import job_settings
+from collector.serving_minute import Minute, ServedRequest, json_size, seconds, whole
 from store import batch_sizes as bs
 from store import latency_sketch as ls
 from store.errors import InvalidInput
@@ -82,42 +81,6 @@ _WALL_RESOLUTION = time.get_clock_info("time").resolution
 _CLOCK_RATE_SLACK = 1e-3
 
 
-class _Minute:
-    __slots__ = ("n", "dropped", "met", "unjudged", "exec_sum", "exec_sumsq", "wait_sum", "latency_sum",
-                 "batch_sum", "exec_hist", "latency_hist", "by_batch")
-
-    def __init__(self) -> None:
-        self.n = self.dropped = self.batch_sum = 0
-        self.met: int | None = None
-        self.unjudged = False  # a request recorded while its application had no SLO: met stays None
-        self.exec_sum = self.exec_sumsq = self.wait_sum = self.latency_sum = 0.0
-        self.exec_hist: dict[int, int] = {}
-        self.latency_hist: dict[int, int] = {}
-        self.by_batch: dict[int, list] = {}  # batch-size class -> [requests, their batch sizes' sum, exec histogram]
-
-    def record(self, app: str, minute: float) -> dict[str, Any]:
-        return {"app": app, "minute": minute, "n": self.n, "dropped": self.dropped, "met": self.met,
-                "exec_sum": self.exec_sum, "exec_sumsq": self.exec_sumsq, "wait_sum": self.wait_sum,
-                "latency_sum": self.latency_sum, "batch_sum": self.batch_sum,
-                "exec_hist": ls.to_json(self.exec_hist), "latency_hist": ls.to_json(self.latency_hist),
-                "exec_by_batch": {str(c): {"n": k, "batch_sum": b, "hist": ls.to_json(h)}
-                                  for c, (k, b, h) in sorted(self.by_batch.items())}}
-
-
-class _Request(NamedTuple):
-    """One served request, checked: every value valid, so adding it to a minute cannot fail half-way."""
-    app: str
-    arrival: float
-    end: float
-    wait: float
-    exec_s: float
-    latency: float
-    batch_size: int
-    size_class: int
-    exec_bucket: int
-    latency_bucket: int
-
-
 class _Message(NamedTuple):
     """A message for the agent, as built once and sent (again) unchanged, with what it carries for the counts."""
 
@@ -127,41 +90,18 @@ class _Message(NamedTuple):
     raw_over: int  # raw requests counted over the cap
 
 
-def _time(x: Any, app: str, what: str) -> float:
-    """A finite number of seconds as a plain float (numpy's too: the protocol is JSON)."""
-    if type(x) is not float:  # the usual case skips the slower checks below
-        if isinstance(x, bool) or not isinstance(x, numbers.Real):
-            raise InvalidInput(f"serving {app!r}: {what} {x!r} is not a number of seconds")
-        try:
-            x = float(x)
-        except OverflowError:
-            x = math.inf
-    if not math.isfinite(x):
-        raise InvalidInput(f"serving {app!r}: {what} {x!r} is not a finite time")
-    return x
-
-
-def _whole(x: Any, what: str) -> int:
-    """A whole number >= 1 (numpy integers too, as a plain int: the protocol is JSON)."""
-    if type(x) is not int and (isinstance(x, bool) or not isinstance(x, numbers.Integral)):
-        raise InvalidInput(f"serving: {what} {x!r} is not a whole number >= 1")
-    if x < 1:
-        raise InvalidInput(f"serving: {what} {x!r} is not a whole number >= 1")
-    return int(x)
-
-
 class ServingRecorder:
     """Records a serving loop's requests (see the module's docstring). Not thread-safe: one serving loop."""
 
     def __init__(self, workflow: str | None = None, *, slos: dict[str, float] | None = None, devices: int = 1,
                  settings: Settings | None = None, cuda: bool | None = None) -> None:
         self.settings = settings if settings is not None else job_settings()  # the SDK's entry point
-        self.devices = _whole(devices, "devices (a service holds at least one device)")
+        self.devices = whole(devices, "devices (a service holds at least one device)")
         self.workflow_id = workflow or self.settings.workflow or "serving"
         self.slos: dict[str, float] = {}
         for app, slo in (slos or {}).items():
             self.set_slo(app, slo)
-        self._pending: dict[tuple[str, float], _Minute] = {}
+        self._pending: dict[tuple[str, float], Minute] = {}
         # each message carries this recorder's sender token and a sequence number; one the agent did not answer is
         # sent again exactly as it was, under its number, before any newer one, so the agent merges it once
         self._sender = uuid.uuid4().hex
@@ -220,7 +160,7 @@ class ServingRecorder:
     def shed(self, app: str, arrivals: Sequence[float]) -> None:
         """Requests the scheduler dropped (overload, hopeless deadline): counted per minute, never served."""
         app = check_app(app, "serving: a dropped request")
-        times = [_time(a, app, "a dropped request's arrival") for a in arrivals]  # all checked before any counts
+        times = [seconds(a, app, "a dropped request's arrival") for a in arrivals]  # all checked before any counts
         self._add_shed([app] * len(times), times)
         self._maybe_flush()
 
@@ -255,7 +195,7 @@ class ServingRecorder:
         if len(apps) != len(arrivals):
             raise InvalidInput(f"serving: {len(apps)} applications for {len(arrivals)} requests in one batch")
         apps = [check_app(a, "serving: a request") for a in apps]
-        times = [_time(a, name, "arrival") for name, a in zip(apps, arrivals, strict=True)]
+        times = [seconds(a, name, "arrival") for name, a in zip(apps, arrivals, strict=True)]
         torch = self._cuda_torch()
         start_wall = time.time()
         t0 = time.perf_counter()
@@ -293,28 +233,28 @@ class ServingRecorder:
         self._add(reqs)
         self._maybe_flush()
 
-    def _check(self, app: Any, arrival: Any, start: Any, end: Any, batch_size: Any, exec_s: Any) -> _Request:
+    def _check(self, app: Any, arrival: Any, start: Any, end: Any, batch_size: Any, exec_s: Any) -> ServedRequest:
         """One served request checked and its derived values computed; InvalidInput says what is wrong."""
         app = check_app(app, "serving: a request")
-        arrival, start, end = _time(arrival, app, "arrival"), _time(start, app, "start"), _time(end, app, "end")
+        arrival, start, end = seconds(arrival, app, "arrival"), seconds(start, app, "start"), seconds(end, app, "end")
         if start < arrival:
             raise InvalidInput(f"serving {app!r}: started {arrival - start:.6f} s before it arrived (clock went "
                                "backwards?)")
         if end < start:
             raise InvalidInput(f"serving {app!r}: ended {start - end:.6f} s before it started (clock went backwards?)")
-        exec_s = end - start if exec_s is None else _time(exec_s, app, "execution time")
+        exec_s = end - start if exec_s is None else seconds(exec_s, app, "execution time")
         if not exec_s > 0:
             raise InvalidInput(f"serving {app!r}: execution time {exec_s!r} s is not positive (end before start?)")
         slack = (end - start) * _CLOCK_RATE_SLACK + _WALL_RESOLUTION + 2 * math.ulp(max(abs(start), abs(end)))
         if exec_s > end - start + slack:
             raise InvalidInput(f"serving {app!r}: execution time {exec_s:.6f} s is longer than its batch's start to "
                                f"end, {end - start:.6f} s")
-        batch_size = _whole(batch_size, f"{app!r}: batch size")
+        batch_size = whole(batch_size, f"{app!r}: batch size")
         wait = start - arrival
         latency = max(end - arrival, wait + exec_s)  # >= each: a wall clock that did not tick still gives latency
         if not (math.isfinite(latency) and math.isfinite(exec_s * exec_s)):
             raise InvalidInput(f"serving {app!r}: times too far apart (latency {latency!r} s, execution {exec_s!r} s)")
-        return _Request(app, arrival, end, wait, exec_s, latency, batch_size, bs.size_class(batch_size),
+        return ServedRequest(app, arrival, end, wait, exec_s, latency, batch_size, bs.size_class(batch_size),
                         ls.bucket(exec_s), ls.bucket(latency))
 
     def _corrected(self, end: float) -> float:
@@ -328,45 +268,24 @@ class ServingRecorder:
         self._last_end = max(self._last_end, end)
         return self._wall_shift
 
-    def _minute(self, app: str, arrival: float) -> _Minute:
+    def _minute(self, app: str, arrival: float) -> Minute:
         key = (app, arrival - arrival % 60.0)
         m = self._pending.get(key)
         if m is None:
             if len(self._pending) >= MAX_PENDING_MINUTES:
                 self._give_up_oldest()
-            m = self._pending[key] = _Minute()
-            if app in self.slos:
-                m.met = 0
+            m = self._pending[key] = Minute(judged=app in self.slos)
         return m
 
-    def _add(self, reqs: Sequence[_Request]) -> None:
+    def _add(self, reqs: Sequence[ServedRequest]) -> None:
         """Add checked requests to their minutes (nothing here can fail half-way)."""
         for r in reqs:
             arrival = r.arrival + self._corrected(r.end)
-            m = self._minute(r.app, arrival)
-            m.n += 1
-            m.exec_sum += r.exec_s
-            m.exec_sumsq += r.exec_s * r.exec_s
-            m.wait_sum += r.wait
-            m.latency_sum += r.latency
-            m.batch_sum += r.batch_size
-            m.exec_hist[r.exec_bucket] = m.exec_hist.get(r.exec_bucket, 0) + 1
-            c = m.by_batch.get(r.size_class)
-            if c is None:
-                c = m.by_batch[r.size_class] = [0, 0, {}]
-            c[0] += 1
-            c[1] += r.batch_size
-            c[2][r.exec_bucket] = c[2].get(r.exec_bucket, 0) + 1
-            m.latency_hist[r.latency_bucket] = m.latency_hist.get(r.latency_bucket, 0) + 1
+            self._minute(r.app, arrival).add(r, self.slos.get(r.app))
             if self._raw_on:
                 if len(self._raw) == self._raw.maxlen:
                     self.raw_over_cap += 1  # the oldest waiting row gives way to this one (with a cap of 0, this one)
                 self._raw.append([r.app, arrival, r.wait, r.exec_s, r.latency, r.batch_size])
-            slo = self.slos.get(r.app)
-            if slo is None:
-                m.unjudged, m.met = True, None
-            elif not m.unjudged:
-                m.met = (m.met or 0) + (r.latency <= slo)
             self.recorded += 1
 
     def _add_shed(self, apps: Sequence[str], arrivals: Sequence[float]) -> None:
@@ -420,12 +339,12 @@ class ServingRecorder:
             size = requests = 0
             for (app, minute), m in self._pending.items():
                 rec = m.record(app, minute)
-                rec_size = _json_size(rec)
+                rec_size = json_size(rec)
                 if rec_size > MESSAGE_BYTES:  # times over many orders of magnitude in many classes: sent without
                     log.warning("serving: %s's minute %s holds %d bytes of histograms; sent without its batch-size "
                                 "classes", app, minute, rec_size)
                     rec["exec_by_batch"] = None
-                    rec_size = _json_size(rec)
+                    rec_size = json_size(rec)
                 if minutes and (len(minutes) == MINUTES_PER_MESSAGE or size + rec_size > MESSAGE_BYTES):
                     break
                 minutes.append(rec)
@@ -521,11 +440,6 @@ class ServingRecorder:
 def serving(workflow: str | None = None, **kw: Any) -> ServingRecorder:
     """A `ServingRecorder` to use as a context manager around a serving loop."""
     return ServingRecorder(workflow, **kw)
-
-
-def _json_size(rec: dict[str, Any]) -> int:
-    """Bytes a record takes in a message (protocol.encode's compact JSON)."""
-    return len(json.dumps(rec, separators=(",", ":")))
 
 
 def _pid() -> int:

@@ -17,6 +17,7 @@ from analyzer.serving.rules import DYNAMIC_RUNTIME, ServingThresholds, detect_se
 from collector import protocol as p
 from collector import serving as serving_mode
 from collector.serving import ServingRecorder
+from collector.serving_minute import Minute
 from collector.serving_sink import ServingSink
 from enforcer.sim.serving.rightsize import prepare_workflow, rightsize
 from store import batch_sizes as bs
@@ -265,7 +266,7 @@ def test_messages_stay_under_the_line_limit_whatever_batch_sizes_and_times_occur
     full = {k: 1 for k in range(lo, hi + 1)}
     minutes, per_minute = 12, len(full) * len(bs.CLASSES)
     for i in range(minutes):
-        m = serving_mode._Minute()
+        m = Minute(judged=False)
         for c in bs.CLASSES:
             size = bs.class_sizes(c)[0]
             m.by_batch[c] = [len(full), size * len(full), dict(full)]
@@ -274,7 +275,7 @@ def test_messages_stay_under_the_line_limit_whatever_batch_sizes_and_times_occur
             ls.merge(m.exec_hist, full)
             ls.merge(m.latency_hist, full)
         rec._pending[("a", 60.0 * i)] = m
-    huge = serving_mode._Minute()  # one minute with times over the whole range of doubles, in every class
+    huge = Minute(judged=False)  # one minute with times over the whole range of doubles, in every class
     every = {k: 1 for k in range(ls.MIN_BUCKET, ls.MAX_BUCKET + 1, 10)}
     for c in bs.CLASSES:
         huge.by_batch[c] = [len(every), bs.class_sizes(c)[0] * len(every), dict(every)]
