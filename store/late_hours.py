@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,19 +37,6 @@ MARGIN_S = 60.0
 def closed_before(now: float | None = None) -> float:
     """Samples before this time belong to hours that are closed (or close within MARGIN_S): their writes mark them."""
     return math.floor(((time.time() if now is None else now) + MARGIN_S) / HOUR) * HOUR
-
-
-def noting_hours(rows: Iterable[tuple], ts_index: int, before: float, hours: set[float]) -> Iterator[tuple]:
-    """The rows unchanged, adding to `hours` the hour of each row whose time is before `before`. A time that is not
-    a number is left for the database to refuse."""
-    for row in rows:
-        ts = row[ts_index]
-        try:
-            if ts < before:
-                hours.add(math.floor(ts / HOUR) * HOUR)
-        except TypeError:
-            pass
-        yield row
 
 
 def batch_hours(batch: pa.RecordBatch | None, before: float) -> set[float]:
