@@ -9,7 +9,6 @@ Nothing waits: a run that finds the lock taken is told so at once.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,22 +19,19 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from store.db import Store
 
 
-def _key(name: str) -> int:
-    """A signed 64-bit advisory lock key for `name`, the same in every process."""
-    return int.from_bytes(hashlib.sha1(f"fleetlens:{name}".encode()).digest()[:8], "big", signed=True)
-
-
 @contextmanager
 def single_run(store: Store, name: str) -> Iterator[bool]:
     """Hold the lock `name` while the block runs; yields False, holding nothing, when another run holds it."""
     if store.is_postgres:
-        key = _key(name)
+        # the key is the schema's and the name's, as store.partitions.create_day's: stores in two schemas of one
+        # server (a test database's) do not hold each other's locks
         try:
             conn = store.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         except OperationalError as exc:
             raise store.unavailable(exc) from None
         try:
-            held = bool(conn.scalar(text("SELECT pg_try_advisory_lock(:key)"), {"key": key}))
+            held = bool(conn.scalar(text("SELECT pg_try_advisory_lock(hashtext(current_schema() || '.' || :key))"),
+                                    {"key": name}))
         except OperationalError as exc:
             conn.close()
             raise store.unavailable(exc) from None
@@ -44,7 +40,8 @@ def single_run(store: Store, name: str) -> Iterator[bool]:
         finally:
             try:
                 if held:
-                    conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                    conn.execute(text("SELECT pg_advisory_unlock(hashtext(current_schema() || '.' || :key))"),
+                                 {"key": name})
             except DBAPIError:  # the connection is lost, and its session's locks with it
                 pass
             finally:

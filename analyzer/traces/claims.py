@@ -187,8 +187,9 @@ def claim_when_lapsed(store: Store, trace_id: int, policy: ClaimPolicy, *, statu
     deadline = time.monotonic() + policy.lease_s + poll_s
     while time.monotonic() < deadline:
         time.sleep(poll_s)
-        if _claim_state(store, trace_id) != seen:
-            return "held" if _claim_state(store, trace_id)[0] == ANALYZING else "finished"
+        now_seen = _claim_state(store, trace_id)
+        if now_seen != seen:
+            return "held" if now_seen[0] == ANALYZING else "finished"
         got = claim(store, trace_id, policy, statuses=statuses, host_id=host_id)
         if got != "held":
             return got
