@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     # run's (killed: OOM, SIGKILL, its host down) and the next run retakes the trace, at most this many claims in all
     trace_claim_timeout_s: float = Field(120.0, gt=0)
     trace_max_attempts: int = Field(3, ge=1)
+    # a run renews its claim for at most this long: an analysis hung past it (a dead mount, a stuck read) lets its
+    # claim lapse, so the trace is retried and, after the attempts, failed with the reason, never 'analyzing' for good
+    trace_analysis_max_s: float = Field(7200.0, gt=0)
     # streaming trace reader: JSON text decoded per block, and the most memory one trace's kept columns may take
     # (the device's events and the CPU calls the questions name, ~96 bytes each); several ranks are read one after
     # another, so a job's ranks share the same bound

@@ -94,6 +94,12 @@ def _analyze_claimed(claimed: Claim, *, cache_dir: Path, host_id: str | None, th
             if not claimed.finish(session, status="failed", error=f"{path}: {reason}", analyzed_at=time.time()):
                 return _lost(trace_id)
         return {"status": "failed", "error": f"{path}: {reason}", "findings": [], "summary": None}
+    except BaseException:  # Ctrl-C, SIGTERM (SystemExit), a task runner's stop: not the trace's fault, no attempt
+        try:
+            claimed.release()
+        except Exception as exc:  # the database away: the claim lapses instead, counted as a dead run's
+            log.warning("trace %s: its claim could not be given back: %s", trace_id, exc)
+        raise
 
     with store.session() as session:
         if not claimed.finish(session, status="analyzed", error=None, analyzed_at=time.time()):

@@ -146,3 +146,164 @@ def test_a_trace_that_kills_its_analyser_every_time_is_failed_after_the_attempts
     assert str(TRACE.resolve()) in failed.error and "FLEETLENS_TRACE_MEMORY_MB" in failed.error  # the path registered
     assert periodic.analyze_traces(any_store, settings) == {"analyzed": 0, "failed": 0}  # given up for good
     assert periodic.trace_batches(any_store, settings) == []
+
+
+def test_a_run_stopped_by_ctrl_c_gives_the_trace_back_without_counting_an_attempt(any_store, serve_settings,
+                                                                                  monkeypatch) -> None:
+    monkeypatch.setenv("FLEETLENS_TRACE_MAX_ATTEMPTS", "2")
+    settings = get_settings(fresh=True)
+    trace_id = register_trace(any_store, TRACE, workflow_id="wf-interrupted")
+    real = jobs.analyze_one
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs, "analyze_one", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        periodic.analyze_traces(any_store, settings)
+    back = trace(any_store, trace_id)
+    assert (back.status, back.attempts, back.claim_token, back.claimed_at) == ("registered", 0, None, None)
+
+    # a killed run's claim (one attempt), retaken by a run that is then stopped: the row goes back to the killed
+    # run's lapsed claim, so only the kill counts, and the next run still gets its second attempt
+    assert killed_run() == -signal.SIGKILL
+    killed = trace(any_store, trace_id)
+    assert (killed.status, killed.attempts) == ("analyzing", 1)
+    wait_for_lapse(any_store, trace_id, LEASE_S)
+    with pytest.raises(KeyboardInterrupt):
+        periodic.analyze_traces(any_store, settings)
+    back = trace(any_store, trace_id)
+    assert (back.status, back.attempts, back.claim_token, back.claimed_at) == (
+        "analyzing", 1, killed.claim_token, killed.claimed_at)
+    monkeypatch.setattr(jobs, "analyze_one", real)
+    assert periodic.analyze_traces(any_store, settings) == {"analyzed": 1, "failed": 0}
+    done = trace(any_store, trace_id)
+    assert (done.status, done.attempts, done.error) == ("analyzed", 2, None) and findings_of(any_store, trace_id) > 0
+
+
+def test_a_ctrl_c_during_a_new_analysis_leaves_the_earlier_result_standing(any_store, serve_settings,
+                                                                           monkeypatch) -> None:
+    trace_id = register_trace(any_store, TRACE, workflow_id="wf-again")
+    assert periodic.analyze_traces(any_store, serve_settings) == {"analyzed": 1, "failed": 0}
+    before, found = trace(any_store, trace_id), findings_of(any_store, trace_id)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs, "analyze_one", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        jobs.analyze_trace(any_store, trace_id, cache_dir=serve_settings.home / "cache" / "traces",
+                           claims=ClaimPolicy.from_settings(serve_settings))
+    after = trace(any_store, trace_id)
+    assert (after.status, after.error, after.attempts, after.claim_token) == ("analyzed", None, before.attempts, None)
+    assert after.summary == before.summary and findings_of(any_store, trace_id) == found > 0
+
+
+def _hanging(monkeypatch: pytest.MonkeyPatch, calls: list, release: threading.Event) -> None:
+    """The first analysis hangs until `release` (a read stuck on a dead mount); later ones run."""
+    real = jobs.analyze_one
+
+    def analyze_one(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            assert release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "analyze_one", analyze_one)
+
+
+def _wait_for_note(store: Store, trace_id: int) -> Trace:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = trace(store, trace_id)
+        if row.error:
+            return row
+        time.sleep(0.05)
+    raise AssertionError("the hung run never noted why its claim lapses")
+
+
+def test_a_hung_run_lets_its_claim_lapse_and_the_next_run_analyses_the_trace(any_store, serve_settings,
+                                                                            monkeypatch) -> None:
+    monkeypatch.setenv("FLEETLENS_TRACE_ANALYSIS_MAX_S", "1")
+    settings = get_settings(fresh=True)
+    trace_id = register_trace(any_store, TRACE, workflow_id="wf-hung")
+    calls: list = []
+    release = threading.Event()
+    _hanging(monkeypatch, calls, release)
+    hung: dict = {}
+    thread = threading.Thread(target=lambda: hung.update(periodic.analyze_traces(any_store, settings)), name="hung")
+    thread.start()
+    try:
+        noted = _wait_for_note(any_store, trace_id)
+        assert noted.status == "analyzing" and "FLEETLENS_TRACE_ANALYSIS_MAX_S" in noted.error
+        wait_for_lapse(any_store, trace_id, LEASE_S)
+        assert periodic.analyze_traces(any_store, settings) == {"analyzed": 1, "failed": 0}
+    finally:
+        release.set()
+        thread.join(60)
+    assert calls == ["hung", "MainThread"]
+    assert hung == {"analyzed": 0, "failed": 0}  # its late result was dropped: the trace is the next run's
+    done = trace(any_store, trace_id)
+    assert (done.status, done.error, done.attempts) == ("analyzed", None, 2) and findings_of(any_store, trace_id) > 0
+
+
+def test_a_trace_whose_analysis_hangs_every_time_is_failed_with_that_reason(any_store, serve_settings,
+                                                                           monkeypatch) -> None:
+    monkeypatch.setenv("FLEETLENS_TRACE_ANALYSIS_MAX_S", "1")
+    monkeypatch.setenv("FLEETLENS_TRACE_MAX_ATTEMPTS", "1")
+    settings = get_settings(fresh=True)
+    trace_id = register_trace(any_store, TRACE, workflow_id="wf-hangs")
+    calls: list = []
+    release = threading.Event()
+    _hanging(monkeypatch, calls, release)
+    thread = threading.Thread(target=lambda: periodic.analyze_traces(any_store, settings), name="hung")
+    thread.start()
+    try:
+        _wait_for_note(any_store, trace_id)
+        wait_for_lapse(any_store, trace_id, LEASE_S)
+        assert periodic.analyze_traces(any_store, settings) == {"analyzed": 0, "failed": 1}
+    finally:
+        release.set()
+        thread.join(60)
+    failed = trace(any_store, trace_id)
+    assert failed.status == "failed" and "started 1 times and never finished" in failed.error
+    assert "s without finishing and stopped renewing" in failed.error
+    assert "FLEETLENS_TRACE_ANALYSIS_MAX_S" in failed.error and "FLEETLENS_TRACE_MEMORY_MB" not in failed.error
+    assert calls == ["hung"]
+
+
+# `fleetlens serve` whose trace job is in the middle of an analysis when it is stopped
+SERVE_MID_ANALYSIS = """
+import sys, time
+import analyzer.traces.jobs as jobs
+def analyze_one(*args, **kwargs):
+    time.sleep(600)
+jobs.analyze_one = analyze_one
+from ui.cli import main
+sys.argv = ["fleetlens", "serve", "--no-ui", "--no-agent", "--no-metrics"]
+main()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_stopped_mid_analysis_gives_the_trace_back(any_store, serve_settings, sig, tmp_path) -> None:
+    trace_id = register_trace(any_store, TRACE, workflow_id="wf-serve-stopped")
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", SERVE_MID_ANALYSIS], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while trace(any_store, trace_id).status != "analyzing":
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 128 + sig, log.read_text()[-3000:]
+    back = trace(any_store, trace_id)
+    assert (back.status, back.attempts, back.claim_token, back.claimed_at) == ("registered", 0, None, None)

@@ -6,6 +6,7 @@ import time
 
 import typer
 
+from analyzer.traces.claims import release_held
 from store.db import Store
 from store.migrations import upgrade
 from ui.cli.app import app, console, settings
@@ -66,7 +67,8 @@ def serve(
         finally:
             with signals.shielded():
                 children.terminate()  # first: the children's grace runs beside the scheduler's
-                scheduler.stop(timeout=SCHEDULER_STOP_S)
+                if not scheduler.stop(timeout=SCHEDULER_STOP_S):
+                    release_held()  # a trace still analysed goes back as it was: this stop is no attempt of it
                 survivors = children.stop(grace_s=TERM_GRACE_S - SCHEDULER_STOP_S)
     for proc in survivors:
         console.print(f"[red]still running after the stop:[/] {describe(proc)}")
