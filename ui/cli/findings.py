@@ -97,7 +97,7 @@ def detect(
         raise InvalidInput(f"--window-hours must be positive, got {window_hours}")
     th = load_thresholds(thresholds)
     found = detect_findings(open_store(), now=now, window_s=None if window_hours is None else window_hours * 3600,
-                            thresholds=th)
+                            thresholds=th, silent_limit_s=settings().silent_device_limit_s)
     store = open_store()
     serving = detect_serving(store, now=now)  # serving workflows: judged by latency (analyzer/serving)
     frame = findings_frame(store)
