@@ -11,9 +11,12 @@ from analyzer import periodic
 from analyzer.ranking import findings_frame, rank_with_waste
 from analyzer.telemetry import detect
 from analyzer.telemetry.silence import last_reports
+from store.db import Store
+from store.migrations import upgrade
 from store.models import Finding, Placement, Rollup
 from store.settings import Settings
 from tests.analyzer.telemetry_fleet import Fleet
+from ui.cli import run
 
 WINDOW = 3 * 3600
 LIMIT = 12 * 3600
@@ -137,6 +140,24 @@ def test_the_periodic_detection_resolves_a_device_silent_for_days_and_keeps_one_
         fleet.flush()
         periodic.detect_telemetry(sqlite_store, settings, now=fleet.minute((days_silent + 1) * day))
         assert _statuses(sqlite_store, "on-a") == expected, days_silent
+
+
+def test_fleetlens_detect_takes_the_limit_from_its_setting_and_findings_says_why(fleet_home, monkeypatch, capsys):
+    assert run(["init"]) == 0
+    store = Store(f"sqlite:///{fleet_home / 'fleetlens.db'}")
+    upgrade(store)
+    fleet, a, b = _idle_on_a_busy_on_b(store)
+    _b_busy_until(fleet, b, 180, 960)
+    detect_at = ["detect", "--now", str(fleet.minute(960)), "--window-hours", "3"]
+    assert run(detect_at) == 0  # the default limit, three days: kept
+    assert _statuses(store, "on-a") == {"open", "acknowledged"}
+    monkeypatch.setenv("FLEETLENS_SILENT_DEVICE_LIMIT_S", str(LIMIT))
+    assert run(detect_at) == 0
+    assert _statuses(store, "on-a") == {"resolved"}
+    capsys.readouterr()
+    assert run(["findings", "--all"]) == 0
+    assert "(resolved: silent)" in capsys.readouterr().out
+    store.dispose()
 
 
 # -- moved away -----------------------------------------------------------------------------------------------------
