@@ -2,9 +2,12 @@
 now runs elsewhere (analyzer.telemetry.resolution decides with it which of their findings a run resolves).
 
 Every fact is a row of the store: samples and hourly rollups, placements (written by `fleetlens run`, migrations and
-the Slurm import), and the processes other hosts' agents recorded. A device's own clock enters only through its
-samples' times, and only so that it can delay a decision, never hasten it: a sample dated in the future counts as a
-report now.
+the Slurm import), and the processes other hosts' agents recorded. Placements need no clock. A silent host's clock
+enters only through its samples' times: one running a few minutes behind moves a decision by as much (the silence
+limit is days), and one running ahead only delays it, since a sample dated later than the run counts as a report now.
+A move shown by processes compares the silent device's newest sample with another host's process start, two clocks,
+so a process counts only on a host where none of the workflow ran at that sample: a restart where it already ran,
+however the clocks stand, is no move.
 """
 
 from __future__ import annotations
