@@ -100,6 +100,20 @@ def test_without_a_limit_a_silent_device_keeps_its_findings(sqlite_store):
         assert _rows(sqlite_store, "on-a") == before
 
 
+def test_within_the_limit_a_silent_devices_findings_count_at_their_last_detections_cost(sqlite_store):
+    """Once the device's samples have left the ranking's day, nothing bounds its findings but their own evidence: they
+    count at what the last detection that saw the device gave them, however long it stays silent."""
+    fleet, a, b = _idle_on_a_busy_on_b(sqlite_store)
+    costs = []
+    for minute in (1800, 2400, 3000):  # 27, 37 and 47 hours silent
+        _b_busy_until(fleet, b, minute - 60, minute)
+        detect(sqlite_store, now=fleet.minute(minute), window_s=WINDOW, silent_limit_s=3 * 86400)
+        ranked, _ = rank_with_waste(sqlite_store, fleet.minute(minute))
+        row = ranked.set_index("workflow_id").loc["on-a"]
+        costs.append((row["recoverable_gpu_hours_per_day"], row["basis"]))
+    assert costs[0][0] > 0 and costs == [costs[0]] * 3 and costs[0][1] == "detector window"
+
+
 def test_samples_dated_ahead_of_the_run_count_as_a_report(sqlite_store):
     """A host whose clock runs ahead wrote samples later than the run's `now`: it cannot be taken as silent."""
     fleet, a, b = _idle_on_a_busy_on_b(sqlite_store)
