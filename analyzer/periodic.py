@@ -52,7 +52,8 @@ def detect_telemetry(store: Store, settings: Settings, *, now: float | None = No
 
     The fleet's recoverable and held GPU-hours per day come from the one waste function (analyzer.waste).
     """
-    found = detect(store, now, chunk_devices=settings.detect_chunk_devices)
+    found = detect(store, now, chunk_devices=settings.detect_chunk_devices,
+                   silent_limit_s=settings.silent_device_limit_s)
     found = [*found, *detect_serving(store, now=now)]  # serving workflows: judged by latency, not utilisation
     _, w = rank_with_waste(store, now)
     return {"findings": len(found), "by_rule": dict(Counter(f.rule for f in found)),

@@ -3,7 +3,8 @@ names and the evidence fields the planner relies on, typed.
 
 A detector builds its evidence with the rule's model below and stores `as_json()` (the same keys, in the same
 order, as the JSON column holds); the planner reads any finding's evidence back through `MoveEvidence`, whose
-fields are all optional because stored rows (older ones, hand-made ones) may carry a subset.
+fields are all optional because stored rows (older ones, hand-made ones) may carry a subset. A telemetry finding the
+analyzer resolved also carries `resolution` (its reason, and what showed it) until it is found again.
 """
 
 from __future__ import annotations

@@ -124,6 +124,11 @@ class Settings(BaseSettings):
     trace_block_mb: int = Field(2, ge=1)
     trace_memory_mb: int = Field(1024, ge=16)
     detect_chunk_devices: int = Field(400, ge=0)  # devices the detectors read at once (0: the whole fleet)
+    # a device with no sample for this long (its host decommissioned, its agent gone for good) has its telemetry
+    # findings resolved, and they stop counting; a shorter silence (an agent down, a host rebooting) leaves them as
+    # they are. Three detection windows (24 h each by default): a weekend's outage stays within it, and it is shorter
+    # than the retention, whose samples show the silence. 0: never for silence alone
+    silent_device_limit_s: float = Field(3 * 86400.0, ge=0)
 
     # enforcer
     policy: str = "pack"

@@ -90,6 +90,7 @@ def detect(
     thresholds: Thresholds | None = None,
     workflows: list[str] | None = None,
     chunk_devices: int = DEFAULT_CHUNK_DEVICES,
+    silent_limit_s: float | None = None,
 ) -> list[Finding]:
     """Run all telemetry detectors over [now - window_s, now) and record what they find.
 
@@ -104,7 +105,9 @@ def detect(
     finding of these rules that is no longer found is resolved only on evidence that it is gone: its device
     reported in the window without the pattern, or its workflow ended there (analyzer.telemetry.resolution). A
     device that did not report (its host's agent down or cut off, or every agent down) is not judged: its findings,
-    and whoever acknowledged them, outlast the outage. Returns the findings found this run.
+    and whoever acknowledged them, outlast the outage, until the store shows their workflow moved away, or the
+    device has been silent longer than `silent_limit_s` (FLEETLENS_SILENT_DEVICE_LIMIT_S; None: no limit). Returns
+    the findings found this run.
     `chunk_devices` bounds memory: a fleet of more devices is read from its samples in groups of at most that many
     (a workflow's devices always together); 0 reads the whole fleet at once.
     """
@@ -132,5 +135,5 @@ def detect(
         found = upsert_findings(session, [s for s in specs if s.workflow_id in known], now)
         seen = set(window.seen["device_id"].astype("int64")) | set(window.orphan_runs["device_id"].astype("int64"))
         resolve_gone(session, {f.fingerprint for f in found}, start, now, rules=RULES, workflows=workflows,
-                     seen_devices=seen)
+                     seen_devices=seen, silent_limit_s=silent_limit_s)
     return found

@@ -41,6 +41,12 @@ def _trend(x) -> str:
     return f"[red]+{x:,.1f}[/red]" if x > 0 else f"[green]{x:,.1f}[/green]"
 
 
+def _why(evidence) -> str:
+    """': reason' of a finding the analyzer resolved (its evidence's `resolution`), else ''."""
+    reason = evidence.get("resolution", {}).get("reason") if isinstance(evidence, dict) else None
+    return f": {reason}" if reason else ""
+
+
 @app.command()
 def findings(
     workflow: str | None = typer.Option(None, "--workflow", "-w", help="Only this workflow."),
@@ -70,7 +76,7 @@ def findings(
     table.add_column("GPU-h/day", justify="right", no_wrap=True)
     table.add_column("fix", ratio=2)
     for r in frame.head(limit).itertuples():
-        status = "" if r.status == "open" else f" ({r.status})"
+        status = "" if r.status == "open" else f" ({r.status}{_why(r.evidence) if r.status == 'resolved' else ''})"
         head = (f"[{SEVERITY_STYLE.get(r.severity, '')}]{r.severity}[/] [bold]{r.rule}[/bold]{status} "
                 f"{r.workflow_id}" + (f" [dim]({r.team})[/dim]" if r.team else ""))
         cost = _fmt(r.gpu_hours_per_day, 2) + ("" if r.basis in ("rollups", "none") else f"\n[dim]{r.basis}[/dim]")
@@ -97,7 +103,7 @@ def detect(
         raise InvalidInput(f"--window-hours must be positive, got {window_hours}")
     th = load_thresholds(thresholds)
     found = detect_findings(open_store(), now=now, window_s=None if window_hours is None else window_hours * 3600,
-                            thresholds=th)
+                            thresholds=th, silent_limit_s=settings().silent_device_limit_s)
     store = open_store()
     serving = detect_serving(store, now=now)  # serving workflows: judged by latency (analyzer/serving)
     frame = findings_frame(store)
