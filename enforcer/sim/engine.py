@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +30,7 @@ from enforcer.lanes import Admission, Job
 from enforcer.sim.convert import to_lane_job
 from enforcer.sim.metrics import summarize
 from enforcer.sim.model import NodeSpec, SimJob
+from store.errors import InvalidInput
 from store.headroom import PERSISTENT_FACTOR
 
 EPS = 1e-9
@@ -121,6 +123,11 @@ class Simulation:
             for i, j in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.id)))
         ]
         self.by_id = {js.job.job_id: js for js in self.jobs}
+        if len(self.by_id) != len(self.jobs):
+            # the fleet and this index know a job by its id: a second job of one id would take the first's place
+            twice = sorted(k for k, n in Counter(js.job.job_id for js in self.jobs).items() if n > 1)
+            raise InvalidInput(f"job ids {', '.join(map(repr, twice[:5]))} appear more than once in the trace; "
+                               "give each job an id of its own")
         self.waiting: dict[int, JobState] = {}
         self.running: dict[int, JobState] = {}
         self.tracks = [DeviceTrack() for _ in self.fleet.devices]
