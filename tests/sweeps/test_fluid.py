@@ -147,3 +147,13 @@ def test_c_and_d_are_settings(fleet_home, monkeypatch) -> None:
     assert (config.speed.max_share, config.speed.max_span, config.dynamic) == (1, 2, False)
     assert fill({"t0": 100.0}, 8, config.speed) == {"t0": 2.0}
     assert set(fill({f"t{i}": 1.0 for i in range(12)}, 8, config.speed).values()) == {0.0, 1.0}
+
+
+@pytest.mark.parametrize(("field", "value"), [("remaining_steps", float("nan")), ("remaining_steps", float("inf")),
+                                              ("width", float("nan")), ("width", -0.5), ("width", float("inf"))])
+def test_a_trial_state_that_is_no_state_is_refused(field: str, value: float) -> None:
+    # NaN steps used to be height 0 ("no steps left": it waits, never filled); a NaN width "not running", so the
+    # GPUs it holds were filled again
+    with pytest.raises(InvalidInput) as exc:
+        TrialState("t0", "g", **{"remaining_steps": 10.0, "width": 0.0, field: value})
+    assert "'t0'" in str(exc.value) and {"remaining_steps": "steps", "width": "width"}[field] in str(exc.value)
