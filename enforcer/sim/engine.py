@@ -5,10 +5,12 @@ Progress model. A job has `work` seconds to do alone. On a device, the active jo
 run side by side, each active job at the speed enforcer.interference gives it next to the other lanes' active
 jobs (jobs sized by a compute quota -- openb's gpu_milli -- whose quotas add up to at most one device run at
 full speed: that is what the quota buys). Inside a lane, jobs take turns an iteration at a time, so who is
-active is the policy's lane discipline:
-  fifo  the earliest arrival runs until done (Salus's FIFO; PACK fills lanes in arrival order),
-  srtf  the least remaining work runs, preempting at the next iteration (Salus's SRTF),
-  las   least attained service: the jobs with the least device time share the lane equally (Salus's FAIR).
+active is the policy's lane discipline (enforcer.discipline, the live gate's rule):
+  job order        the earliest arrival runs until done (FIFO),
+  round robin      lane-mates alternate, so each has an equal share of the lane's turns (PACK),
+  least remaining  the least remaining work runs, preempting at the next iteration (SRTF; the trace gives each
+                   job's work, where the live gate measures a newcomer with one step first),
+  least attained   the jobs with the least device time share the lane equally (FAIR).
 A job preempted off its devices (Tiresias) pays `migration_cost_s` of extra work when it starts again.
 """
 
