@@ -67,3 +67,21 @@ def test_openb_rows_with_infinite_times_are_skipped_and_counted(tmp_path):
     tr = read_openb(f)
     assert [j.id for j in tr.jobs] == ["p0", "p3"]
     assert tr.report.skipped == {"malformed": 2}
+
+
+
+def test_a_job_of_no_work_has_no_stretch():
+    # with no job finished, the finish column held only None (objects), and a zero-work job's stretch was a
+    # Python division by zero: the summary failed after the whole simulation
+    (alone,) = simulate_jobs([SimJob("huge", 0.0, 0.0, mem=100 * GIB)])
+    assert alone.metrics["unplaceable"] == 1 and alone.metrics["stretch_mean"] == 0.0
+    (mixed,) = simulate_jobs([SimJob("none", 0.0, 0.0, mem=GIB), SimJob("some", 0.0, 4.0, mem=GIB)])
+    stretch = dict(zip(mixed.jobs["id"], mixed.jobs["stretch"], strict=True))
+    assert math.isnan(stretch["none"]) and stretch["some"] == 1.0  # not inf, not counted in the mean
+    assert mixed.metrics["stretch_mean"] == 1.0
+
+
+def simulate_jobs(jobs):
+    result = Simulation(jobs, CLUSTER, make_policy("fifo"), check=True).run()
+    assert_invariants(result)
+    return [result]
