@@ -79,12 +79,16 @@ class SweepController:
         self.starting: dict[str, float] = {}  # trial -> width the engine starts it at, until its first result
         self.promised: dict[str, float] = {}  # trial -> the width of a growth handed out and not placed yet
         self._now = 0.0
+        self._released = 0  # trials added so far: the next one's release order
 
     # ---- events
     def add(self, trial_id: str, group: str, steps: float) -> None:
         if trial_id in self.trials:
             raise InvalidInput(f"trial {trial_id!r} was added twice")
-        self.trials[trial_id] = TrialState(trial_id, group, steps, None, 0.0, True, len(self.trials))
+        # release order counts every trial ever added: the count of trials held now would give a trial added after
+        # one ended the order of one still waiting, and the id, not the release, would decide between them
+        self.trials[trial_id] = TrialState(trial_id, group, steps, None, 0.0, True, self._released)
+        self._released += 1
 
     def started(self, trial_id: str, width: float | None = None) -> None:
         """The engine started (or restarted) the trial with `width` (default: the base width every trial starts at)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from enforcer.sweeps.controller import SweepController
-from enforcer.sweeps.fluid import FluidConfig
+from enforcer.sweeps.fluid import FluidConfig, Kind, plan
 from enforcer.sweeps.speed import SpeedModel
 from store.errors import InvalidInput
 
@@ -159,3 +159,16 @@ def test_a_width_the_engine_reports_that_is_no_width_is_refused(width: float) ->
         with pytest.raises(InvalidInput):
             report()
     assert ctrl.width("a") == 0.0 and ctrl.starting == {}
+
+
+def test_release_order_counts_every_trial_ever_added() -> None:
+    """A trial's release order was the number of trials held when it was added: one added after another ended got
+    the order of one still waiting, and the id decided which was measured first ("a" before "y")."""
+    ctrl = SweepController(FluidConfig(1, SPEED, restart_s=0.0))
+    ctrl.add("x", "g", 10)
+    ctrl.add("y", "g", 10)
+    ctrl.finished("x")
+    ctrl.add("a", "g", 10)
+    assert ctrl.trials["a"].order > ctrl.trials["y"].order
+    decisions = {d.trial_id: d.kind for d in plan(list(ctrl.trials.values()), ctrl.config)}
+    assert decisions == {"y": Kind.PROFILE, "a": Kind.WAIT}  # the one GPU measures the trial released first
