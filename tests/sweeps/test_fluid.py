@@ -131,6 +131,9 @@ def test_bad_settings_and_data_raise_our_error() -> None:
         from_lucid(FLEET, "Nope", 64)
     with pytest.raises(InvalidInput, match="twice"):
         plan([trial("t0", 1.0), trial("t0", 2.0)], FluidConfig(8, SPEED))
+    # a trial bigger than the GPU used to get one "lane alone" (lanes_admitted's floor of 1), as if it fitted
+    with pytest.raises(InvalidInput, match="more than a GPU"):
+        from_lucid(FLEET, "ResNet18", 64, capacity=1 << 30)
 
 
 def test_a_trial_with_no_steps_left_keeps_what_it_holds() -> None:
