@@ -44,8 +44,8 @@ class SimJob:
     steps: int | None = None
 
     def __post_init__(self) -> None:
-        # a NaN time would sit in the event heap and stall the simulation; a negative or zero figure would finish a
-        # job at once or count none of its device time: every such job is refused, by name, before anything runs
+        # a NaN time would sit in the event heap and stall the simulation, negative work would finish the job at once
+        # with nothing served, gpus 0 would count none of its device time: such a job is refused, by name, up front
         bad = []
         if not _finite(self.arrival):
             bad.append(f"arrival {self.arrival!r} is not a finite number of seconds")
