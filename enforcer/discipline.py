@@ -6,6 +6,10 @@
   pack   round robin: steps in the order they were asked for, so lane-mates alternate step by step.
   fair   least attained: the job with the least step time so far goes next (Salus's FAIR).
   srtf   least remaining: the job with the least expected time left goes next, preempting at a step boundary.
+         A job's time left is its declared steps left x its measured step time, so a job that declared its steps
+         but has not taken one yet (`Turn.probe`) takes one step first, to be measured: otherwise it could never
+         be measured while a job with a known time held the lane, and SRTF would be FIFO. A job that declared no
+         steps has no time left to compare: it goes after the others.
 
 A job that just ended a step is a candidate for the next one alongside the waiting jobs (asked now, after them).
 """
@@ -33,6 +37,7 @@ class Turn:
     asked: float  # when it asked for this step (round robin)
     attained_s: float = 0.0
     remaining_s: float | None = None
+    probe: bool = False  # its time left is unknown only for want of a measured step (least remaining: goes first)
 
 
 def sort_key(kind: str, t: Turn) -> tuple:
@@ -41,7 +46,10 @@ def sort_key(kind: str, t: Turn) -> tuple:
     elif kind == LEAST_ATTAINED:
         head = (t.attained_s,)
     elif kind == LEAST_REMAINING:
-        head = (math.inf if t.remaining_s is None else t.remaining_s,)
+        if t.remaining_s is not None:
+            head = (1, t.remaining_s)
+        else:
+            head = (0, 0.0) if t.probe else (2, math.inf)
     else:
         head = ()
     return (*head, t.arrival, str(t.key))
@@ -90,7 +98,7 @@ def step_order(kind: str, jobs: list[StepJob]) -> list[Hashable]:
             continue
         # as the gate knows it: a job's step time is measured, so its remaining time is unknown before its first step
         turns = [Turn(k, by_key[k].arrival, asked[k], done[k] * by_key[k].step_s,
-                      left[k] * by_key[k].step_s if done[k] else None) for k in ready]
+                      left[k] * by_key[k].step_s if done[k] else None, probe=not done[k]) for k in ready]
         chosen = next_turn(kind, turns)
         assert chosen is not None
         k = chosen.key

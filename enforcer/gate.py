@@ -5,7 +5,7 @@ The host's agent hosts one `LaneGate` and hands it the SDK's `gate` messages (co
 the job's turn; the matching `end` chooses who takes the next step by the policy's lane discipline
 (enforcer.discipline, the same rule the simulator follows): FIFO keeps the lane for the job that came first until
 it is done, PACK alternates step by step, FAIR takes the least attained step time, SRTF the least remaining time
-(steps left x its mean step time).
+(steps left x its mean step time; a job that declared its steps takes one step first, to be measured).
 
 The next holder is chosen at `end`, with the releasing job as a candidate that asks now, so the outcome does not
 depend on which thread wins a race. A releasing job that keeps the turn has `reserve_s` to ask again (it may be
@@ -254,6 +254,7 @@ class LaneGate:
             if stats is not None:
                 turn.attained_s = stats.attained_s
                 turn.remaining_s = _remaining(stats)
+                turn.probe = _probe(stats)
         candidates = list(state.waiting.values()) + ([releasing] if releasing is not None else [])
         chosen = next_turn(self.kind, candidates)
         assert chosen is not None
@@ -262,7 +263,7 @@ class LaneGate:
     def _turn(self, key: Key, stats: _JobStats) -> Turn:
         # asked is per request (round robin serves steps first come, first served); arrival is the job's
         return Turn(key, arrival=stats.arrival, asked=float(next(self._seq)), attained_s=stats.attained_s,
-                    remaining_s=_remaining(stats))
+                    remaining_s=_remaining(stats), probe=_probe(stats))
 
     def _lookup_total(self, workflow: str) -> int | None:
         if self._total_steps is None:
@@ -278,3 +279,7 @@ def _remaining(stats: _JobStats) -> float | None:
         return None
     return max(0, stats.total_steps - stats.step) * stats.mean_step_s
 
+
+def _probe(stats: _JobStats) -> bool:
+    """Its steps are declared and none measured yet: its remaining time is one step away (SRTF measures it first)."""
+    return stats.total_steps is not None and stats.mean_step_s is None

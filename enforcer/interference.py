@@ -124,16 +124,16 @@ def _clip01(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else float(x)
 
 
-_PAIR_INDEX: dict[int, dict[tuple[str, str], pd.DataFrame]] = {}
+# the last pairs table indexed, and its index: the table itself is kept (and compared by identity), because an id
+# alone is reused by the next table once the first is freed, which would then read the first table's speeds
+_PAIR_INDEX: list[tuple[pd.DataFrame, dict[tuple[str, str], pd.DataFrame]]] = []
 
 
 def _pair_index(model: InterferenceModel) -> dict[tuple[str, str], pd.DataFrame]:
-    key = id(model.pairs)
-    index = _PAIR_INDEX.get(key)
-    if index is None:
-        index = {k: g.reset_index(drop=True) for k, g in model.pairs.groupby(["model_a", "model_b"], sort=False)}
-        _PAIR_INDEX.clear()
-        _PAIR_INDEX[key] = index
+    if _PAIR_INDEX and _PAIR_INDEX[0][0] is model.pairs:
+        return _PAIR_INDEX[0][1]
+    index = {k: g.reset_index(drop=True) for k, g in model.pairs.groupby(["model_a", "model_b"], sort=False)}
+    _PAIR_INDEX[:] = [(model.pairs, index)]
     return index
 
 

@@ -1,5 +1,7 @@
 """SRTF: the job with the least remaining time (declared steps left x measured seconds per step) takes the next
-iteration; placement packs like PACK. Jobs whose remaining time is unknown go after those whose is known."""
+iteration; placement packs like PACK. Jobs whose remaining time is unknown go after those whose is known, in the
+queue and in a lane, except in a lane a job that declared its steps and has not yet taken one: it takes one step
+first, to be measured (enforcer.discipline)."""
 
 from __future__ import annotations
 

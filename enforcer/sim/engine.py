@@ -5,10 +5,12 @@ Progress model. A job has `work` seconds to do alone. On a device, the active jo
 run side by side, each active job at the speed enforcer.interference gives it next to the other lanes' active
 jobs (jobs sized by a compute quota -- openb's gpu_milli -- whose quotas add up to at most one device run at
 full speed: that is what the quota buys). Inside a lane, jobs take turns an iteration at a time, so who is
-active is the policy's lane discipline:
-  fifo  the earliest arrival runs until done (Salus's FIFO; PACK fills lanes in arrival order),
-  srtf  the least remaining work runs, preempting at the next iteration (Salus's SRTF),
-  las   least attained service: the jobs with the least device time share the lane equally (Salus's FAIR).
+active is the policy's lane discipline (enforcer.discipline, the live gate's rule):
+  job order        the earliest arrival runs until done (FIFO),
+  round robin      lane-mates alternate, so each has an equal share of the lane's turns (PACK),
+  least remaining  the least remaining work runs, preempting at the next iteration (SRTF; the trace gives each
+                   job's work, where the live gate measures a newcomer with one step first),
+  least attained   the jobs with the least device time share the lane equally (FAIR).
 A job preempted off its devices (Tiresias) pays `migration_cost_s` of extra work when it starts again.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +32,7 @@ from enforcer.lanes import Admission, Job
 from enforcer.sim.convert import to_lane_job
 from enforcer.sim.metrics import summarize
 from enforcer.sim.model import NodeSpec, SimJob
+from store.errors import InvalidInput
 from store.headroom import PERSISTENT_FACTOR
 
 EPS = 1e-9
@@ -121,6 +125,11 @@ class Simulation:
             for i, j in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.id)))
         ]
         self.by_id = {js.job.job_id: js for js in self.jobs}
+        if len(self.by_id) != len(self.jobs):
+            # the fleet and this index know a job by its id: a second job of one id would take the first's place
+            twice = sorted(k for k, n in Counter(js.job.job_id for js in self.jobs).items() if n > 1)
+            raise InvalidInput(f"job ids {', '.join(map(repr, twice[:5]))} appear more than once in the trace; "
+                               "give each job an id of its own")
         self.waiting: dict[int, JobState] = {}
         self.running: dict[int, JobState] = {}
         self.tracks = [DeviceTrack() for _ in self.fleet.devices]

@@ -3,7 +3,8 @@
 Definitions (all over the run, from the first arrival to the last completion):
 - devices_needed: the most devices holding at least one job at the same time.
 - device_hours: device-time allocated, i.e. the time each device held at least one job, summed.
-- jct: completion minus arrival; queue_delay: first start minus arrival; stretch: jct / work alone.
+- jct: completion minus arrival; queue_delay: first start minus arrival; stretch: jct / work alone (none for a
+  job of no work).
 - util_mean: device-time-weighted utilisation of the allocated devices, each device's utilisation being the sum
   of its running jobs' demand (measured utilisation, else compute share) times their current speed, capped at 1.
 - fragmentation (the openb literature's GPU fragmentation, simplified): capacity that is unallocated yet sits on
@@ -42,7 +43,8 @@ def summarize(sim) -> SimResult:
                                      "overhead", "preemptions"])
     df["jct"] = df["finish"] - df["arrival"]
     df["queue"] = df["start"] - df["arrival"]
-    df["stretch"] = df["jct"] / df["work"]
+    # a job of no work has no stretch (it is left out of the mean, not counted infinite nor a division error)
+    df["stretch"] = df["jct"].astype("float64") / df["work"].astype("float64").where(df["work"] > 0)
     done = df[df["finish"].notna()]
     t0 = float(df["arrival"].min()) if len(df) else 0.0
     t1 = float(done["finish"].max()) if len(done) else t0

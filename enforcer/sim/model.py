@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
+from numbers import Integral, Real
+
+from store.errors import InvalidInput
 
 GIB = 1024**3
+
+
+def _whole(value: object, least: int) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool) and int(value) >= least
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +43,29 @@ class SimJob:
     util: float | None = None
     steps: int | None = None
 
+    def __post_init__(self) -> None:
+        # a NaN time would sit in the event heap and stall the simulation, negative work would finish the job at once
+        # with nothing served, gpus 0 would count none of its device time: such a job is refused, by name, up front
+        bad = []
+        if not _finite(self.arrival):
+            bad.append(f"arrival {self.arrival!r} is not a finite number of seconds")
+        if not _finite(self.work) or self.work < 0:
+            bad.append(f"work {self.work!r} is not a finite number of seconds >= 0")
+        if not _whole(self.gpus, 1):
+            bad.append(f"gpus {self.gpus!r} is not a whole number >= 1")
+        if not _finite(self.share) or not 0.0 < self.share <= 1.0:
+            bad.append(f"share {self.share!r} is not a fraction of a device in (0, 1]")
+        for name in ("mem", "mem_persistent", "mem_ephemeral"):
+            value = getattr(self, name)
+            if value is not None and not _whole(value, 0):
+                bad.append(f"{name} {value!r} is not a whole number of bytes >= 0")
+        if self.util is not None and (not _finite(self.util) or not 0.0 <= self.util <= 1.0):
+            bad.append(f"util {self.util!r} is not a utilisation in 0..1")
+        if self.steps is not None and not _whole(self.steps, 0):
+            bad.append(f"steps {self.steps!r} is not a whole number >= 0")
+        if bad:
+            raise InvalidInput(f"job {self.id!r}: {'; '.join(bad)}; fix or drop it in the trace")
+
     @property
     def fractional(self) -> bool:
         return self.gpus == 1 and self.share < 1.0
@@ -54,6 +89,11 @@ class NodeSpec:
     devices: int
     mem: int
     model: str = ""
+
+    def __post_init__(self) -> None:
+        if not _whole(self.devices, 0) or not _whole(self.mem, 0):
+            raise InvalidInput(f"node {self.name!r}: {self.devices!r} devices of {self.mem!r} bytes; give a whole "
+                               "number of devices >= 0 and of bytes >= 0")
 
 
 @dataclass(slots=True)

@@ -29,9 +29,10 @@ would take GPUs that growth was promised, unless the engine runs nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-from enforcer.sweeps.fluid import Decision, FluidConfig, Kind, TrialState, plan
+from enforcer.sweeps.fluid import Decision, FluidConfig, Kind, TrialState, check_width, plan
 from store.errors import InvalidInput
 
 
@@ -78,12 +79,16 @@ class SweepController:
         self.starting: dict[str, float] = {}  # trial -> width the engine starts it at, until its first result
         self.promised: dict[str, float] = {}  # trial -> the width of a growth handed out and not placed yet
         self._now = 0.0
+        self._released = 0  # trials added so far: the next one's release order
 
     # ---- events
     def add(self, trial_id: str, group: str, steps: float) -> None:
         if trial_id in self.trials:
             raise InvalidInput(f"trial {trial_id!r} was added twice")
-        self.trials[trial_id] = TrialState(trial_id, group, steps, None, 0.0, True, len(self.trials))
+        # release order counts every trial ever added: the count of trials held now would give a trial added after
+        # one ended the order of one still waiting, and the id, not the release, would decide between them
+        self.trials[trial_id] = TrialState(trial_id, group, steps, None, 0.0, True, self._released)
+        self._released += 1
 
     def started(self, trial_id: str, width: float | None = None) -> None:
         """The engine started (or restarted) the trial with `width` (default: the base width every trial starts at)."""
@@ -93,6 +98,7 @@ class SweepController:
     def pending(self, trial_id: str, width: float) -> None:
         """The engine will start the trial at `width` as soon as that fits, whatever the controller says (Ray Tune
         requests a PENDING trial's placement group itself): counted at that width until its first result."""
+        check_width(trial_id, width)
         t = self.trials.get(trial_id)
         if t is not None and not t.running:
             self.starting[trial_id] = width
@@ -102,6 +108,7 @@ class SweepController:
         trial is not placed yet and this one would put the GPUs counted over the sweep's (it would take GPUs the growth
         was promised), unless the engine runs nothing (`idle`: something must start). Yes otherwise, and it is counted
         at that width from now."""
+        check_width(trial_id, width)
         if self.trials.get(trial_id) is None:
             return True  # not this sweep's to hold back
         waits_for_growth = any(tid != trial_id for tid in self.promised)
@@ -118,6 +125,7 @@ class SweepController:
         """The engine retries a trial that died, from its last checkpoint, at `width`: the placement group it last held
         or was being resized to (Ray Tune keeps it on a retry, it does not go back to the base width). It holds those
         GPUs from now (it waits for them, then runs) and is planned again from its next result."""
+        check_width(trial_id, width)
         self._now = now
         self.add(trial_id, group, 0.0)
         self.trials[trial_id] = replace(self.trials[trial_id], width=width)
@@ -146,6 +154,7 @@ class SweepController:
         """The engine reports a result of the trial: it runs at `width` (Ray: its placement group's GPUs), on `gpus`
         when the trial reports them (ids unique across the cluster: node and GPU). The controller follows the engine;
         a width it did not hand out is recorded as a resize with the reason."""
+        check_width(trial_id, width)
         self._now = now
         back = trial_id not in self.trials
         if back:  # back after a failure without the engine saying so: planned again from here
@@ -170,6 +179,8 @@ class SweepController:
         """A result of a running trial: its measured seconds per step alone (None: not reported) and steps left.
         Returns the width it should run at from now (its current one when nothing changes). Without `running` first,
         a trial's first result finds it at the base width."""
+        if not math.isfinite(steps_left):  # before anything changes: NaN would read as none left
+            raise InvalidInput(f"trial {trial_id!r} reports {steps_left!r} steps left; report a number of steps")
         self._now = now
         back = trial_id not in self.trials
         if back:  # back after a failure (the engine retried it): planned again from here

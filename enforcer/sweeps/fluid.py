@@ -41,6 +41,12 @@ class Kind(StrEnum):
     WAIT = "wait"  # not running: waits, for the reason given
 
 
+def check_width(trial_id: str, width: float) -> None:
+    """Refuse a width that is no number of GPUs >= 0 (0: holds nothing)."""
+    if not math.isfinite(width) or width < 0.0:
+        raise InvalidInput(f"trial {trial_id!r}: width {width!r} is not a number of GPUs >= 0")
+
+
 @dataclass(frozen=True)
 class TrialState:
     """One released, unfinished trial as the allocator sees it."""
@@ -52,6 +58,14 @@ class TrialState:
     width: float = 0.0  # what it holds now; 0: waiting or paused
     checkpointed: bool = True
     order: int = 0  # release order
+
+    def __post_init__(self) -> None:
+        # NaN would read as "no steps left" (max(0, NaN) is 0) or "not running" (NaN > 0 is false): a trial ended
+        # or GPUs counted free without anyone saying so. Fewer than 0 steps left is a round overrun: none left.
+        if not math.isfinite(self.remaining_steps):
+            raise InvalidInput(f"trial {self.trial_id!r}: steps left {self.remaining_steps!r} is not a number of "
+                               "steps; report the steps left in its round")
+        check_width(self.trial_id, self.width)
 
     @property
     def measured(self) -> bool:

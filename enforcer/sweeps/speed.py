@@ -113,6 +113,10 @@ def from_lucid(data_dir: Path, model: str, batch_size: int, *, max_share: int = 
                            f"{', '.join(sorted(single.model.unique()))}")
     util = float(rows.gpu_util.iloc[0]) / 100.0
     memory = int(float(rows.gmem.iloc[0]) * MIB)
+    if memory > capacity:
+        # data-parallel copies hold the whole model on each GPU: no width runs it, and one lane "alone" would hide it
+        raise InvalidInput(f"{model} at batch size {batch_size} takes {memory / 2**30:.1f} GiB, more than a GPU of "
+                           f"{capacity / 2**30:.1f} GiB: give the capacity of the sweep's GPUs or a smaller batch")
     k_max = min(max_share, lanes_admitted(memory, 0, capacity, max_share))
     model_ = interference if interference is not None else InterferenceModel.from_csv(Path(data_dir))
     speeds = [1.0]

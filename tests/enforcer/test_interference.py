@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from enforcer.interference import BUILTIN_WEIGHTS, InterferenceModel, holdout_error, load_pairs, slowdown
@@ -63,3 +64,22 @@ def test_missing_file_and_missing_columns(tmp_path) -> None:
     (tmp_path / "lucid_single_data.csv").write_text((FLEET / "lucid_single_data.csv").read_text())
     with pytest.raises(InvalidInput, match="lacks columns.*model2"):
         InterferenceModel.from_csv(tmp_path)
+
+
+def _model_measuring(speed: float) -> InterferenceModel:
+    pairs = pd.DataFrame({"pair": [0, 0], "model_a": ["x", "y"], "model_b": ["y", "x"], "ua": [0.5, 0.5],
+                          "ub": [0.5, 0.5], "speed": [speed, speed], "speed_b": [speed, speed]})
+    return InterferenceModel(pairs=pairs)
+
+
+def test_each_model_reads_its_own_measured_pairs(monkeypatch) -> None:
+    """The measured-pair index was cached by the table's id, and CPython gives a freed table's id to the next: a
+    model built after another was freed read the other's speeds. Every table here gets one id, as if reused."""
+    import enforcer.interference as interference
+
+    monkeypatch.setattr(interference, "id", lambda _obj: 1, raising=False)
+    assert _model_measuring(0.9).measured("x", "y") == (0.9, 0.9)
+    assert _model_measuring(0.3).measured("x", "y") == (0.3, 0.3)
+    for k in range(50):  # and as it happens: models made and freed one after the other
+        speed = 0.2 + k / 100
+        assert _model_measuring(speed).measured("x", "y") == pytest.approx((speed, speed))

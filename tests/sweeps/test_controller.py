@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from enforcer.sweeps.controller import SweepController
-from enforcer.sweeps.fluid import FluidConfig
+from enforcer.sweeps.fluid import FluidConfig, Kind, plan
 from enforcer.sweeps.speed import SpeedModel
 from store.errors import InvalidInput
 
@@ -131,3 +131,44 @@ def test_more_trials_than_the_fleet_holds_each_keep_a_record() -> None:
     ctrl.finished("t0")
     assert ctrl.on_result("t2", 1.0, 9) == 1.0  # started by the engine once t0's GPU was free
     assert [e.kind for e in ctrl.events].count("wait") == 2  # a reason is recorded once, not on every result
+
+
+@pytest.mark.parametrize("steps_left", [float("nan"), float("inf")])
+def test_a_result_whose_steps_left_are_no_number_is_refused(steps_left: float) -> None:
+    """NaN steps left used to read as "no steps left" (max(0, NaN) is 0): the trial silently ended its round with
+    the GPUs it held and was never re-filled."""
+    ctrl = SweepController(FluidConfig(4, SPEED, restart_s=0.0))
+    ctrl.add("a", "g", 10)
+    with pytest.raises(InvalidInput) as exc:
+        ctrl.on_result("a", 10.0, steps_left)
+    assert "'a'" in str(exc.value) and "steps" in str(exc.value)
+    assert ctrl.trials["a"].remaining_steps == 10  # nothing was taken from the bad result
+    with pytest.raises(InvalidInput):
+        ctrl.add("b", "g", steps_left)
+
+
+@pytest.mark.parametrize("width", [float("nan"), -1.0, float("inf")])
+def test_a_width_the_engine_reports_that_is_no_width_is_refused(width: float) -> None:
+    """A NaN width read as "not running" (NaN > 0 is false): the trial's GPUs were counted free and handed out
+    again."""
+    ctrl = SweepController(FluidConfig(4, SPEED, restart_s=0.0))
+    ctrl.add("a", "g", 10)
+    for report in (lambda: ctrl.running("a", width), lambda: ctrl.started("a", width),
+                   lambda: ctrl.pending("a", width), lambda: ctrl.may_start("a", width),
+                   lambda: ctrl.retried("b", "g", width)):
+        with pytest.raises(InvalidInput):
+            report()
+    assert ctrl.width("a") == 0.0 and ctrl.starting == {}
+
+
+def test_release_order_counts_every_trial_ever_added() -> None:
+    """A trial's release order was the number of trials held when it was added: one added after another ended got
+    the order of one still waiting, and the id decided which was measured first ("a" before "y")."""
+    ctrl = SweepController(FluidConfig(1, SPEED, restart_s=0.0))
+    ctrl.add("x", "g", 10)
+    ctrl.add("y", "g", 10)
+    ctrl.finished("x")
+    ctrl.add("a", "g", 10)
+    assert ctrl.trials["a"].order > ctrl.trials["y"].order
+    decisions = {d.trial_id: d.kind for d in plan(list(ctrl.trials.values()), ctrl.config)}
+    assert decisions == {"y": Kind.PROFILE, "a": Kind.WAIT}  # the one GPU measures the trial released first

@@ -131,6 +131,9 @@ def test_bad_settings_and_data_raise_our_error() -> None:
         from_lucid(FLEET, "Nope", 64)
     with pytest.raises(InvalidInput, match="twice"):
         plan([trial("t0", 1.0), trial("t0", 2.0)], FluidConfig(8, SPEED))
+    # a trial bigger than the GPU used to get one "lane alone" (lanes_admitted's floor of 1), as if it fitted
+    with pytest.raises(InvalidInput, match="more than a GPU"):
+        from_lucid(FLEET, "ResNet18", 64, capacity=1 << 30)
 
 
 def test_a_trial_with_no_steps_left_keeps_what_it_holds() -> None:
@@ -147,3 +150,13 @@ def test_c_and_d_are_settings(fleet_home, monkeypatch) -> None:
     assert (config.speed.max_share, config.speed.max_span, config.dynamic) == (1, 2, False)
     assert fill({"t0": 100.0}, 8, config.speed) == {"t0": 2.0}
     assert set(fill({f"t{i}": 1.0 for i in range(12)}, 8, config.speed).values()) == {0.0, 1.0}
+
+
+@pytest.mark.parametrize(("field", "value"), [("remaining_steps", float("nan")), ("remaining_steps", float("inf")),
+                                              ("width", float("nan")), ("width", -0.5), ("width", float("inf"))])
+def test_a_trial_state_that_is_no_state_is_refused(field: str, value: float) -> None:
+    # NaN steps used to be height 0 ("no steps left": it waits, never filled); a NaN width "not running", so the
+    # GPUs it holds were filled again
+    with pytest.raises(InvalidInput) as exc:
+        TrialState("t0", "g", **{"remaining_steps": 10.0, "width": 0.0, field: value})
+    assert "'t0'" in str(exc.value) and {"remaining_steps": "steps", "width": "width"}[field] in str(exc.value)

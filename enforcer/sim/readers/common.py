@@ -6,6 +6,7 @@ import gzip
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from store.errors import InvalidInput
@@ -75,9 +76,10 @@ def read_csv(
 
 
 def numeric(df: pd.DataFrame, columns: Sequence[str], optional: Sequence[str] = ()) -> tuple[pd.DataFrame, int]:
-    """`df` with `columns` parsed as numbers; rows where a required one does not parse are dropped and counted."""
+    """`df` with `columns` parsed as numbers; rows where a required one does not parse to a finite number ("inf"
+    parses, and is no time, size or count) are dropped and counted."""
     out = df.copy()
     for c in list(columns) + list(optional):
         out[c] = pd.to_numeric(out[c].str.strip() if out[c].dtype == object else out[c], errors="coerce")
-    bad = out[list(columns)].isna().any(axis=1)
+    bad = ~np.isfinite(out[list(columns)].astype("float64")).all(axis=1)
     return out[~bad], int(bad.sum())

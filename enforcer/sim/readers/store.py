@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from sqlalchemy import func, select
 
 from enforcer.fleet_state import read_fleet_state
@@ -37,7 +39,7 @@ def read_store(store: Store) -> Trace:
     jobs = []
     for w in workflows:
         work = steps.get(w.id) or (w.last_seen - w.created_at)
-        if not work or work <= 0:
+        if not work or not math.isfinite(work) or work <= 0:
             report.skip("no_duration")
             continue
         peak, util = samples.get(w.id, (None, None))
