@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -199,27 +201,35 @@ def test_a_ctrl_c_during_a_new_analysis_leaves_the_earlier_result_standing(any_s
     assert after.summary == before.summary and findings_of(any_store, trace_id) == found > 0
 
 
-def _hanging(monkeypatch: pytest.MonkeyPatch, calls: list, release: threading.Event) -> None:
-    """The first analysis hangs until `release` (a read stuck on a dead mount); later ones run."""
-    real = jobs.analyze_one
+@contextmanager
+def hung_run(store: Store, settings: Settings, trace_id: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
+    """A run of serve's trace job whose analysis hangs (a read stuck on a dead mount) in a thread named "hung", until
+    it has noted why and let its claim lapse; yields {"calls": threads that called the analysis, "noted": the row
+    then, "result": the hung run's result once the block ends}, and lets the analysis go on when the block ends."""
+    real, calls, release = jobs.analyze_one, [], threading.Event()
 
-    def analyze_one(*args, **kwargs):
+    def analyze_one(*args, **kwargs):  # the first analysis hangs; later ones run
         calls.append(threading.current_thread().name)
         if len(calls) == 1:
             assert release.wait(60)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(jobs, "analyze_one", analyze_one)
-
-
-def _wait_for_note(store: Store, trace_id: int) -> Trace:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        row = trace(store, trace_id)
-        if row.error:
-            return row
-        time.sleep(0.05)
-    raise AssertionError("the hung run never noted why its claim lapses")
+    out: dict = {"calls": calls, "result": {}}
+    thread = threading.Thread(target=lambda: out["result"].update(periodic.analyze_traces(store, settings)),
+                              name="hung")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not trace(store, trace_id).error:
+            assert time.monotonic() < deadline, "the hung run never noted why its claim lapses"
+            time.sleep(0.05)
+        out["noted"] = trace(store, trace_id)
+        wait_for_lapse(store, trace_id, LEASE_S)
+        yield out
+    finally:
+        release.set()
+        thread.join(60)
 
 
 def test_a_hung_run_lets_its_claim_lapse_and_the_next_run_analyses_the_trace(any_store, serve_settings,
@@ -227,22 +237,11 @@ def test_a_hung_run_lets_its_claim_lapse_and_the_next_run_analyses_the_trace(any
     monkeypatch.setenv("FLEETLENS_TRACE_ANALYSIS_MAX_S", "1")
     settings = get_settings(fresh=True)
     trace_id = register_trace(any_store, TRACE, workflow_id="wf-hung")
-    calls: list = []
-    release = threading.Event()
-    _hanging(monkeypatch, calls, release)
-    hung: dict = {}
-    thread = threading.Thread(target=lambda: hung.update(periodic.analyze_traces(any_store, settings)), name="hung")
-    thread.start()
-    try:
-        noted = _wait_for_note(any_store, trace_id)
-        assert noted.status == "analyzing" and "FLEETLENS_TRACE_ANALYSIS_MAX_S" in noted.error
-        wait_for_lapse(any_store, trace_id, LEASE_S)
+    with hung_run(any_store, settings, trace_id, monkeypatch) as hung:
+        assert hung["noted"].status == "analyzing" and "FLEETLENS_TRACE_ANALYSIS_MAX_S" in hung["noted"].error
         assert periodic.analyze_traces(any_store, settings) == {"analyzed": 1, "failed": 0}
-    finally:
-        release.set()
-        thread.join(60)
-    assert calls == ["hung", "MainThread"]
-    assert hung == {"analyzed": 0, "failed": 0}  # its late result was dropped: the trace is the next run's
+    assert hung["calls"] == ["hung", "MainThread"]
+    assert hung["result"] == {"analyzed": 0, "failed": 0}  # its late result was dropped: the trace is the next run's
     done = trace(any_store, trace_id)
     assert (done.status, done.error, done.attempts) == ("analyzed", None, 2) and findings_of(any_store, trace_id) > 0
 
@@ -253,23 +252,13 @@ def test_a_trace_whose_analysis_hangs_every_time_is_failed_with_that_reason(any_
     monkeypatch.setenv("FLEETLENS_TRACE_MAX_ATTEMPTS", "1")
     settings = get_settings(fresh=True)
     trace_id = register_trace(any_store, TRACE, workflow_id="wf-hangs")
-    calls: list = []
-    release = threading.Event()
-    _hanging(monkeypatch, calls, release)
-    thread = threading.Thread(target=lambda: periodic.analyze_traces(any_store, settings), name="hung")
-    thread.start()
-    try:
-        _wait_for_note(any_store, trace_id)
-        wait_for_lapse(any_store, trace_id, LEASE_S)
+    with hung_run(any_store, settings, trace_id, monkeypatch) as hung:
         assert periodic.analyze_traces(any_store, settings) == {"analyzed": 0, "failed": 1}
-    finally:
-        release.set()
-        thread.join(60)
     failed = trace(any_store, trace_id)
     assert failed.status == "failed" and "started 1 times and never finished" in failed.error
     assert "s without finishing and stopped renewing" in failed.error
     assert "FLEETLENS_TRACE_ANALYSIS_MAX_S" in failed.error and "FLEETLENS_TRACE_MEMORY_MB" not in failed.error
-    assert calls == ["hung"]
+    assert hung["calls"] == ["hung"]
 
 
 # `fleetlens serve` whose trace job is in the middle of an analysis when it is stopped
