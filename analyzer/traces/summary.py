@@ -55,10 +55,8 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
     # totals count every call in the file, also those outside the step windows
     kinds = calls["kind"].value_counts()
     sync_totals = {k: int(kinds.get(k, 0)) for k in ("stream_sync", "device_sync", "event_sync", "item")}
-    sync_totals["item"] = max(sync_totals["item"], int(kinds.get("local_scalar_dense", 0)))
     sync_totals["total"] = sum(sync_totals.values())
-    first_calls = (calls[calls["kind"].ne("local_scalar_dense")].groupby("name")["ts_us"].apply(
-        lambda s: [round(v / 1e3, 3) for v in s.head(3)]).to_dict())
+    first_calls = (calls.groupby("name")["ts_us"].apply(lambda s: [round(v / 1e3, 3) for v in s.head(3)]).to_dict())
     return _clean({
         "path": t.path,
         "rank": t.rank,

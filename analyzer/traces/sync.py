@@ -1,42 +1,89 @@
-"""Synchronisation calls per step: stream/device/event syncs and .item()-style reads of a GPU scalar."""
+"""Synchronisation calls per step: stream/device/event syncs and .item()-style reads of a GPU scalar.
+
+One synchronisation is counted once. A device .item() runs aten::_local_scalar_dense inside it, and that runs the
+device-to-host copy and the cudaStreamSynchronize that waits for it: the four calls are one wait, counted as one
+.item(). An .item() of a CPU tensor (a Python float kept in a tensor) waits for nothing: on a trace with a device
+timeline it is known by having neither a synchronising runtime call nor a device-to-host copy inside it, and is
+not counted. Without a device timeline nothing tells the two apart, and every .item() counts.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from analyzer.traces.events import SYNC_NAMES
+from analyzer.traces.events import SYNC_NAMES, gpu_events
 from analyzer.traces.parse import ParsedTrace
 
-KINDS = ["stream_sync", "device_sync", "event_sync", "item", "local_scalar_dense"]
+KINDS = ["stream_sync", "device_sync", "event_sync", "item"]
+ITEM_KINDS = ("item", "local_scalar_dense")
+COPY_CATS = ["gpu_memcpy", "Memcpy"]
+
+
+def _inside(ts: np.ndarray, end: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """For each interval [ts, end] (sorted by ts, disjoint): whether any time of x falls in it."""
+    if not len(x) or not len(ts):
+        return np.zeros(len(ts), bool)
+    x = np.sort(x)
+    return np.searchsorted(x, end, side="right") > np.searchsorted(x, ts, side="left")
+
+
+def _outermost(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Positions (in ts order) of the intervals not inside an earlier-starting one: .item() holds
+    _local_scalar_dense, and an .item() may sit inside another operator's .item()."""
+    order = np.lexsort((-end, ts))  # an outer call first when two start together
+    e = end[order]
+    before = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]])
+    return np.sort(order[e > before])
 
 
 def sync_calls(t: ParsedTrace) -> pd.DataFrame:
-    """Every synchronising CPU call: step, kind, name, ts (us from trace start), dur (us)."""
+    """Every synchronisation on the CPU, counted once: step, kind, name, ts (us from trace start), dur (us)."""
     df = t.df
     codes = {i: SYNC_NAMES[str(n)] for i, n in enumerate(df["s_name"].cat.categories) if str(n) in SYNC_NAMES}
     calls = df[df["s_name"].cat.codes.isin(list(codes)) & df["stream"].lt(0)]
+    kind = calls["s_name"].cat.codes.map(codes).to_numpy().astype(object)
+    ts, end = calls["ts"].to_numpy(float), calls["end"].to_numpy(float)
+    is_item = np.isin(kind, ITEM_KINDS)
+    items = np.flatnonzero(is_item)
+    items = items[np.argsort(ts[items], kind="stable")]
+    items = items[_outermost(ts[items], end[items])]
+    syncs = np.flatnonzero(~is_item)
+    g = gpu_events(t)
+    keep_sync = np.ones(len(syncs), bool)
+    if len(g):
+        # the .item()s that waited for the device: a runtime sync or a device-to-host copy's launch inside them
+        copies = g[g["s_cat"].isin(COPY_CATS) & g["s_name"].astype(str).str.startswith("Memcpy DtoH")]
+        waits = np.concatenate([ts[syncs], copies["launch_ts"].dropna().to_numpy(float)])
+        items = items[_inside(ts[items], end[items], waits)]
+        # a sync inside a device .item() is that .item()'s own wait
+        if len(items):
+            s_ts = ts[syncs]
+            at = np.searchsorted(ts[items], s_ts, side="right") - 1
+            keep_sync = ~((at >= 0) & (s_ts <= end[items][np.clip(at, 0, None)]))
+    rows = np.sort(np.concatenate([items, syncs[keep_sync]]))
+    kind[items] = "item"
+    chosen = calls.iloc[rows]
     return pd.DataFrame({
-        "step": calls["iteration"].to_numpy(),
-        "kind": calls["s_name"].cat.codes.map(codes).to_numpy(),
-        "name": calls["s_name"].astype(object).to_numpy(),
-        "ts_us": (calls["ts"] - t.facts["t0"]).to_numpy(),
-        "dur_us": calls["dur"].to_numpy(),
+        "step": chosen["iteration"].to_numpy(),
+        "kind": kind[rows],
+        "name": chosen["s_name"].astype(object).to_numpy(),
+        "ts_us": (chosen["ts"] - t.facts["t0"]).to_numpy(),
+        "dur_us": chosen["dur"].to_numpy(),
     }).sort_values("ts_us").reset_index(drop=True)
 
 
 def sync_per_step(t: ParsedTrace) -> pd.DataFrame:
-    """One row per step: how many calls of each kind, and the CPU time they blocked (us)."""
+    """One row per step: how many synchronisations of each kind, and the CPU time they blocked (us)."""
     calls = sync_calls(t)
     steps = t.steps[["step"]].copy()
     counts = calls.pivot_table(index="step", columns="kind", values="dur_us", aggfunc="size", fill_value=0)
-    # .item() runs _local_scalar_dense inside it: count the outer call, block time once
-    blocking = calls[calls["kind"].ne("local_scalar_dense")].groupby("step")["dur_us"].sum()
+    blocking = calls.groupby("step")["dur_us"].sum()
     out = steps.merge(counts, left_on="step", right_index=True, how="left").fillna(0)
     for kind in KINDS:
         if kind not in out:
             out[kind] = 0
         out[kind] = out[kind].astype(int)
-    out["item"] = out[["item", "local_scalar_dense"]].max(axis=1)
-    out["total"] = out[["stream_sync", "device_sync", "event_sync", "item"]].sum(axis=1)
+    out["total"] = out[KINDS].sum(axis=1)
     out["blocked_us"] = out["step"].map(blocking).fillna(0.0)
     return out[["step", *KINDS, "total", "blocked_us"]]

@@ -165,27 +165,65 @@ def test_straggler_is_quiet_for_traces_of_different_jobs():
     assert res.straggler is None and not [f for f in res.findings if f.rule == "trace.straggler"]
 
 
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::item")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
-def _syncs_per_step(raw: R.Raw) -> float:
-    steps = raw.steps
-    calls = [e for n in SYNC_CALLS for e in raw.cpu(n)]
-    within = [e for e in calls if any(s <= e["ts"] < t for s, t in steps)]
-    return len(within) / len(steps)
+def _synchronisations(raw: R.Raw) -> tuple[list[dict], list[dict]]:
+    """(the .item() calls that waited for the device, the runtime syncs of no such .item()), from the raw events.
+
+    A device .item() holds its device-to-host copy and the cudaStreamSynchronize that waits for it, on its thread;
+    an .item() of a CPU tensor holds no runtime call at all."""
+    runtime = [e for e in raw.events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
+
+    def within(outer: dict, e: dict) -> bool:
+        return e["tid"] == outer["tid"] and outer["ts"] <= e["ts"] <= outer["ts"] + outer["dur"]
+
+    items = [i for i in raw.cpu("aten::item")
+             if any(within(i, e) for e in runtime if e["name"] in ("cudaMemcpyAsync", "cudaStreamSynchronize"))]
+    syncs = [e for n in SYNC_CALLS for e in raw.cpu(n) if not any(within(i, e) for i in items)]
+    return items, syncs
+
+
+def _in_steps(raw: R.Raw, calls: list[dict]) -> list[dict]:
+    return [e for e in calls if any(s <= e["ts"] < t for s, t in raw.steps)]
 
 
 def test_sync_heavy_fires_on_stream_syncs_every_step(analysed):
-    per_step = _syncs_per_step(R.load(RANK3))
-    assert per_step == pytest.approx(15.0, abs=0.01)
+    raw = R.load(RANK3)
+    items, syncs = _synchronisations(raw)
+    # 30 .item() calls: 24 read a device scalar (each holding the stream sync it waits in), 6 a CPU scalar
+    assert len(raw.cpu("aten::item")) == 30 and len(items) == 24
+    assert len(raw.cpu("cudaStreamSynchronize")) == 60 and len(syncs) == 37
+    per_step = len(_in_steps(raw, items + syncs)) / len(raw.steps)
+    assert per_step == pytest.approx(10.0, abs=0.01)
     _, rules = analysed(RANK3)
     f = rules["trace.sync_heavy"]
     assert f.evidence["calls_per_step"] == pytest.approx(per_step, abs=0.01)
-    assert f.evidence["stream_syncs"] == len(R.load(RANK3).cpu("cudaStreamSynchronize")) == 60
+    assert f.evidence["stream_syncs"] == 36 and f.evidence["item_calls"] == 24 and f.evidence["device_syncs"] == 1
+    # the time blocked counts each wait once: an .item() and the sync inside it are one wait
+    blocked = sum(e - s for s, e in R.spans(_in_steps(raw, items + syncs))) / len(raw.steps)
+    assert f.evidence["blocked_ms_per_step"] == pytest.approx(blocked / 1e3, abs=1e-3)
+
+
+def test_sync_heavy_does_not_count_reads_of_cpu_scalars(analysed):
+    raw = R.load(RANK0_16)
+    # 945 .item() calls, none holding a runtime call: Python numbers kept in CPU tensors, no wait for the device
+    assert len(raw.cpu("aten::item")) == 945
+    items, syncs = _synchronisations(raw)
+    assert items == [] and len(syncs) == 76
+    summary, rules = analysed(RANK0_16)
+    assert summary["sync"]["totals"] == {"stream_sync": 75, "device_sync": 1, "event_sync": 0, "item": 0,
+                                         "total": 76}
+    f = rules["trace.sync_heavy"]
+    assert f.evidence["calls_per_step"] == pytest.approx(len(_in_steps(raw, syncs)) / len(raw.steps), abs=0.01)
+    assert ".item()" not in f.title
+    blocked = sum(e - s for s, e in R.spans(_in_steps(raw, syncs))) / len(raw.steps)
+    assert f.evidence["blocked_ms_per_step"] == pytest.approx(blocked / 1e3, abs=1e-3)
 
 
 def test_sync_heavy_is_quiet_with_few_syncs(analysed):
-    per_step = _syncs_per_step(R.load(SAMPLED[0]))
+    raw = R.load(SAMPLED[0])
+    per_step = len(_in_steps(raw, [e for part in _synchronisations(raw) for e in part])) / len(raw.steps)
     assert per_step < TH["sync_heavy"]["calls_per_step_min"]
     _, rules = analysed(SAMPLED[0])
     assert "trace.sync_heavy" not in rules
