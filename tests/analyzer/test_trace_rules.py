@@ -100,16 +100,17 @@ def test_launch_bound_is_quiet_where_kernels_are_not_tiny(analysed):
 
 
 def _overlap(raw: R.Raw) -> tuple[float, float]:
+    """Overlap ratio and exposed communication (us) inside the step windows, from the raw events."""
     comm, comp = R.spans(raw.device("comm")), R.spans(raw.device("comp"))
-    comm_us = R.length(comm)
-    overlap = comm_us + R.length(comp) - R.length(comm + comp)
+    comm_us = R.inside(comm, raw.steps)
+    overlap = comm_us + R.inside(comp, raw.steps) - R.inside(comm + comp, raw.steps)
     return overlap / comm_us, comm_us - overlap
 
 
 def test_comm_overlap_fires_when_collectives_are_exposed(analysed):
     raw = R.load(RANK0_16)
     ratio, exposed_us = _overlap(raw)
-    assert ratio == pytest.approx(0.0136, abs=1e-4)  # 1 % of NCCL time hidden under compute
+    assert ratio == pytest.approx(0.0144, abs=1e-4)  # 1 % of NCCL time hidden under compute
     summary, rules = analysed(RANK0_16)
     assert summary["overlap"]["overlap_ratio"] == pytest.approx(ratio, abs=1e-4)
     f = rules["trace.comm_overlap"]
@@ -118,6 +119,22 @@ def test_comm_overlap_fires_when_collectives_are_exposed(analysed):
     assert f.evidence["exposed_communication_ms_per_step"] == pytest.approx(exposed_us / n_steps / 1e3, rel=1e-3)
     assert f.cost_s_per_step == pytest.approx(exposed_us / n_steps / 1e6, rel=1e-3)
     assert all("nccl" in k["name"].lower() for k in f.evidence["top_comm_kernels"])
+
+
+def test_comm_overlap_costs_only_the_exposed_communication_inside_the_steps(analysed):
+    raw = R.load(RANK0_16)
+    # the last step's collectives run on 158 ms past its end: 23 ms of exposed communication outside every step
+    device_end = max(e for _, e in R.spans(raw.device()))
+    assert device_end - raw.steps[-1][1] == pytest.approx(158_246, abs=1)
+    comm, comp = R.spans(raw.device("comm")), R.spans(raw.device("comp"))
+    exposed_all = R.length(comm + comp) - R.length(comp)
+    _, exposed_in = _overlap(raw)
+    assert exposed_all - exposed_in == pytest.approx(23_284, abs=1)
+    summary, rules = analysed(RANK0_16)
+    f = rules["trace.comm_overlap"]
+    # a share of the steps' wall time, as the step breakdown counts it (communication not under computation)
+    assert f.cost_fraction == pytest.approx(summary["fractions"]["communication"], abs=1e-6)
+    assert f.cost_fraction == pytest.approx(exposed_in / sum(e - s for s, e in raw.steps), rel=1e-6)
 
 
 def test_overlap_ratio_is_the_raw_events_on_the_8rank_trace(analysed):
