@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzer.traces.events import MATMUL_RE, TENSOR_CORE_RE, gpu_events
+from analyzer.traces.events import gpu_events
+from analyzer.traces.names import MATMUL_RE, NOT_TENSOR_CORE_RE, TENSOR_CORE_RE
 from analyzer.traces.parse import ParsedTrace
 
 
@@ -72,7 +73,8 @@ def tensor_core_usage(t: ParsedTrace) -> dict:
         return {"computation_us": 0.0, "tensor_core_us": 0.0, "tensor_core_share": None, "matmul_us": 0.0,
                 "matmul_share": None, "matmul_without_tensor_cores_us": 0.0, "top_non_tc_matmul": []}
     cats = comp["s_name"].astype("category").cat.remove_unused_categories()
-    is_tc = cats.map({n: bool(TENSOR_CORE_RE.search(str(n))) for n in cats.cat.categories}).astype(bool)
+    is_tc = cats.map({n: bool(TENSOR_CORE_RE.search(str(n))) and not NOT_TENSOR_CORE_RE.search(str(n))
+                      for n in cats.cat.categories}).astype(bool)
     is_mm = cats.map({n: bool(MATMUL_RE.search(str(n))) for n in cats.cat.categories}).astype(bool)
     total = float(comp["dur"].sum())
     non_tc_mm = comp[is_mm & ~is_tc]

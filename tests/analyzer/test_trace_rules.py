@@ -4,6 +4,7 @@ trace that lacks the pattern (the raw events show it is absent)."""
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import time
@@ -269,6 +270,30 @@ def test_tensor_cores_rule_fires_on_fp32_gemms():
     _, found = analyze_one(TRACES / ALEXNET)
     f = next(f for f in found if f.rule == "trace.no_tensor_cores")
     assert f.evidence["matmul_without_tensor_cores_ms"] == pytest.approx(non_tc_us / 1e3, abs=1e-3)
+
+
+# a real cuBLAS FP32 GEMM on A100 and H100 without TF32: an xmma kernel that multiplies with FFMA, no tensor cores
+FFMA_GEMM = ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4_alignc4_"
+             "execute_kernel__5x_cublas")
+
+
+def test_tensor_cores_rule_knows_fp32_xmma_kernels_run_without_tensor_cores(tmp_path):
+    # the AlexNet trace with its FP32 sgemm as cuBLAS names it on recent CUDA: still FP32, still no tensor cores
+    raw = R.load(ALEXNET)
+    old = "ampere_sgemm_32x32_sliced1x4_tn"
+    for e in raw.events:
+        if e.get("name") == old:
+            e["name"] = FFMA_GEMM
+    path = tmp_path / "alexnet_ffma.json"
+    path.write_text(json.dumps({**raw.meta, "traceEvents": raw.events}))
+    gemm = [e for e in raw.device("comp") if "gemm" in e["name"]]
+    ffma_us = sum(e["dur"] for e in gemm if e["name"] == FFMA_GEMM)
+    non_tc_us = sum(e["dur"] for e in gemm if "tf32" not in e["name"])
+    assert ffma_us == pytest.approx(2621, abs=1) and non_tc_us / sum(e["dur"] for e in gemm) > 0.5
+    _, found = analyze_one(path)
+    f = next(f for f in found if f.rule == "trace.no_tensor_cores")
+    assert f.evidence["matmul_without_tensor_cores_ms"] == pytest.approx(non_tc_us / 1e3, abs=1e-3)
+    assert f.evidence["top_kernels"][0]["name"] == FFMA_GEMM
 
 
 def test_tensor_cores_rule_is_quiet_where_matmuls_already_use_them(analysed):
