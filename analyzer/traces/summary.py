@@ -80,6 +80,7 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
         "sync": {"per_step": _records(sy), "totals": sync_totals,
                  "per_step_mean": float(sy["total"].mean()) if len(sy) else 0.0,
                  "blocked_us_per_step": float(sy["blocked_us"].mean()) if len(sy) else 0.0,
+                 "idle_after_us_per_step": float(sy["idle_after_us"].mean()) if len(sy) else 0.0,
                  "first_calls_ms": first_calls},
         "dataloader": {"per_step": _records(dl), "share": float(dl["dataloader_us"].sum() / bd["step_us"].sum())
                        if float(bd["step_us"].sum()) > 0 else 0.0,

@@ -5,6 +5,11 @@ device-to-host copy and the cudaStreamSynchronize that waits for it: the four ca
 .item(). An .item() of a CPU tensor (a Python float kept in a tensor) waits for nothing: on a trace with a device
 timeline it is known by having neither a synchronising runtime call nor a device-to-host copy inside it, and is
 not counted. Without a device timeline nothing tells the two apart, and every .item() counts.
+
+While the CPU blocks in a synchronisation the device is busy: it works off the queue the CPU waits on. What a
+synchronisation costs the device is what follows when the device drains that queue during the call: it then stands
+idle until the CPU, released, launches again. That idle stretch (one that begins inside a synchronising call and
+lasts past its return, counted once however many calls end in it) is each step's `idle_after_us`.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzer.traces.events import SYNC_NAMES, gpu_events
+from analyzer.traces.events import SYNC_NAMES, clipped_total, gpu_events, merge_intervals, step_windows
 from analyzer.traces.parse import ParsedTrace
 
 KINDS = ["stream_sync", "device_sync", "event_sync", "item"]
@@ -73,8 +78,27 @@ def sync_calls(t: ParsedTrace) -> pd.DataFrame:
     }).sort_values("ts_us").reset_index(drop=True)
 
 
+def _idle_after(t: ParsedTrace, calls: pd.DataFrame) -> np.ndarray:
+    """Per step: the device's idle time (us) in the stretches that begin while a synchronising call blocks."""
+    w0, w1 = step_windows(t)
+    g = gpu_events(t)
+    if g.empty or calls.empty:
+        return np.zeros(len(w0))
+    s, e = merge_intervals(g["ts"].to_numpy(float), g["end"].to_numpy(float))
+    gap_start, gap_end = e[:-1], s[1:]  # every idle stretch between two busy ones
+    c0 = calls["ts_us"].to_numpy(float) + float(t.facts["t0"])
+    c1 = c0 + calls["dur_us"].to_numpy(float)
+    # the stretch the call returns in: it began during the call (not before: then the device was idle already, the
+    # host's doing) and lasts past the return (else the device went on with other streams' work)
+    at = np.clip(np.searchsorted(gap_start, c1, side="right") - 1, 0, None)
+    hit = (gap_start[at] >= c0) & (gap_start[at] <= c1) & (gap_end[at] >= c1) if len(gap_start) else at < 0
+    drained = np.unique(at[hit])
+    return clipped_total(gap_start[drained], gap_end[drained], w0, w1)
+
+
 def sync_per_step(t: ParsedTrace) -> pd.DataFrame:
-    """One row per step: how many synchronisations of each kind, and the CPU time they blocked (us)."""
+    """One row per step: how many synchronisations of each kind, the CPU time they blocked (us), and the device's
+    idle time after the ones it drained its queue in (us)."""
     calls = sync_calls(t)
     steps = t.steps[["step"]].copy()
     counts = calls.pivot_table(index="step", columns="kind", values="dur_us", aggfunc="size", fill_value=0)
@@ -86,4 +110,5 @@ def sync_per_step(t: ParsedTrace) -> pd.DataFrame:
         out[kind] = out[kind].astype(int)
     out["total"] = out[KINDS].sum(axis=1)
     out["blocked_us"] = out["step"].map(blocking).fillna(0.0)
-    return out[["step", *KINDS, "total", "blocked_us"]]
+    out["idle_after_us"] = _idle_after(t, calls)
+    return out[["step", *KINDS, "total", "blocked_us", "idle_after_us"]]

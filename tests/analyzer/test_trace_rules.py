@@ -239,6 +239,40 @@ def test_sync_heavy_does_not_count_reads_of_cpu_scalars(analysed):
     assert f.evidence["blocked_ms_per_step"] == pytest.approx(blocked / 1e3, abs=1e-3)
 
 
+def _drained_idle(raw: R.Raw, calls: list[dict]) -> float:
+    """Device idle time inside the steps, in the stretches between device work that begin while one of the calls
+    blocks and last past its return (the device ran dry of the work the CPU waited for, then waited for the CPU),
+    each stretch once."""
+    busy = R.union(R.spans(raw.device()))
+    gaps = [(a, b) for (_, a), (b, _) in zip(busy, busy[1:], strict=False)]
+    drained = {(a, b) for a, b in gaps for c0, c1 in R.spans(calls) if c0 <= a <= c1 <= b}
+    return R.inside(sorted(drained), raw.steps)
+
+
+def test_sync_heavy_costs_the_device_idle_after_its_syncs_not_the_cpu_time_blocked(analysed):
+    raw = R.load(RANK0_16)
+    items, syncs = _synchronisations(raw)
+    n_steps, step_us = len(raw.steps), statistics.mean(e - s for s, e in raw.steps)
+    idle_us = _drained_idle(raw, items + syncs) / n_steps
+    blocked_us = sum(e - s for s, e in R.spans(_in_steps(raw, items + syncs))) / n_steps
+    # the CPU blocks 0.6 ms a step, while the GPU works off its queue; the GPU then idles 5.8 ms a step for new work
+    assert (round(blocked_us / 1e3, 1), round(idle_us / 1e3, 1)) == (0.6, 5.8)
+    summary, rules = analysed(RANK0_16)
+    f = rules["trace.sync_heavy"]
+    assert f.cost_s_per_step == pytest.approx(idle_us / 1e6, rel=1e-6)
+    assert f.cost_fraction == pytest.approx(idle_us / step_us, rel=1e-6)
+    assert f.evidence["device_idle_after_ms_per_step"] == pytest.approx(idle_us / 1e3, abs=1e-3)
+    assert f.evidence["blocked_ms_per_step"] == pytest.approx(blocked_us / 1e3, abs=1e-3)
+    # on the 8-rank trace the syncs block the CPU 8 % of each step, yet the GPU runs dry in them for 0.4 %
+    raw = R.load(RANK3)
+    items, syncs = _synchronisations(raw)
+    idle_us = _drained_idle(raw, items + syncs) / len(raw.steps)
+    _, rules = analysed(RANK3)
+    f = rules["trace.sync_heavy"]
+    assert f.cost_s_per_step == pytest.approx(idle_us / 1e6, rel=1e-6)
+    assert f.evidence["blocked_fraction"] > 0.07 and f.cost_fraction < 0.005 and f.severity == "low"
+
+
 def test_sync_heavy_is_quiet_with_few_syncs(analysed):
     raw = R.load(SAMPLED[0])
     per_step = len(_in_steps(raw, [e for part in _synchronisations(raw) for e in part])) / len(raw.steps)
