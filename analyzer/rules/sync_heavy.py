@@ -38,7 +38,7 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
         rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=idle_s, evidence=evidence,
         title=f"{sy['per_step_mean']:.0f} synchronising calls per step ({', '.join(parts)} in the trace)"
               + (f"; the GPU drains its queue in them and waits {idle_s * 1e3:.1f} ms per step for new work"
-                 if idle_s > 0 else ""),
+                 if idle_s >= 5e-5 else ""),
         location=steps_location(s, first),
         fix="Keep the CPU ahead of the GPU: drop torch.cuda.synchronize() from the loop, read losses/metrics "
             "with .item()/.cpu() every N steps (accumulate them on the GPU), use non_blocking=True copies from "

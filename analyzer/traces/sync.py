@@ -9,7 +9,8 @@ not counted. Without a device timeline nothing tells the two apart, and every .i
 While the CPU blocks in a synchronisation the device is busy: it works off the queue the CPU waits on. What a
 synchronisation costs the device is what follows when the device drains that queue during the call: it then stands
 idle until the CPU, released, launches again. That idle stretch (one that begins inside a synchronising call and
-lasts past its return, counted once however many calls end in it) is each step's `idle_after_us`.
+lasts past its return, counted once however many calls end in it) is each step's `idle_after_us`, unless a copy into
+pageable host memory ends as it begins: that stretch is the copy's hidden sync, costed by analyzer.rules.pageable_dtoh.
 """
 
 from __future__ import annotations
@@ -86,12 +87,21 @@ def _idle_after(t: ParsedTrace, calls: pd.DataFrame) -> np.ndarray:
         return np.zeros(len(w0))
     s, e = merge_intervals(g["ts"].to_numpy(float), g["end"].to_numpy(float))
     gap_start, gap_end = e[:-1], s[1:]  # every idle stretch between two busy ones
+    if not len(gap_start):
+        return np.zeros(len(w0))
     c0 = calls["ts_us"].to_numpy(float) + float(t.facts["t0"])
     c1 = c0 + calls["dur_us"].to_numpy(float)
     # the stretch the call returns in: it began during the call (not before: then the device was idle already, the
     # host's doing) and lasts past the return (else the device went on with other streams' work)
     at = np.clip(np.searchsorted(gap_start, c1, side="right") - 1, 0, None)
-    hit = (gap_start[at] >= c0) & (gap_start[at] <= c1) & (gap_end[at] >= c1) if len(gap_start) else at < 0
+    hit = (gap_start[at] >= c0) & (gap_start[at] <= c1) & (gap_end[at] >= c1)
+    # a stretch that begins as a copy into pageable memory ends is that copy's (the rule pageable_dtoh costs it): the
+    # .item() or .cpu() that waits for such a copy is one wait, its cost counted once
+    pageable = g[g["s_cat"].isin(COPY_CATS) & g["s_name"].astype(str).str.match(r"Memcpy DtoH.*Pageable")]
+    ends = np.sort(pageable["end"].to_numpy(float))
+    k = np.clip(np.searchsorted(ends, gap_start[at] - 0.5), 0, max(len(ends) - 1, 0))
+    if len(ends):
+        hit &= np.abs(ends[k] - gap_start[at]) >= 0.5  # absolute: timestamps are ~1e12 us
     drained = np.unique(at[hit])
     return clipped_total(gap_start[drained], gap_end[drained], w0, w1)
 

@@ -243,10 +243,13 @@ def _drained_idle(raw: R.Raw, calls: list[dict]) -> float:
     """Device idle time inside the steps, in the stretches between device work that begin while one of the calls
     blocks and last past its return (the device ran dry of the work the CPU waited for, then waited for the CPU),
     each stretch once."""
+    return R.inside(sorted(_drained_gaps(raw, calls)), raw.steps)
+
+
+def _drained_gaps(raw: R.Raw, calls: list[dict]) -> set[tuple[float, float]]:
     busy = R.union(R.spans(raw.device()))
     gaps = [(a, b) for (_, a), (b, _) in zip(busy, busy[1:], strict=False)]
-    drained = {(a, b) for a, b in gaps for c0, c1 in R.spans(calls) if c0 <= a <= c1 <= b}
-    return R.inside(sorted(drained), raw.steps)
+    return {(a, b) for a, b in gaps for c0, c1 in R.spans(calls) if c0 <= a <= c1 <= b}
 
 
 def test_sync_heavy_costs_the_device_idle_after_its_syncs_not_the_cpu_time_blocked(analysed):
@@ -263,14 +266,30 @@ def test_sync_heavy_costs_the_device_idle_after_its_syncs_not_the_cpu_time_block
     assert f.cost_fraction == pytest.approx(idle_us / step_us, rel=1e-6)
     assert f.evidence["device_idle_after_ms_per_step"] == pytest.approx(idle_us / 1e3, abs=1e-3)
     assert f.evidence["blocked_ms_per_step"] == pytest.approx(blocked_us / 1e3, abs=1e-3)
-    # on the 8-rank trace the syncs block the CPU 8 % of each step, yet the GPU runs dry in them for 0.4 %
+
+
+def test_sync_heavy_leaves_the_idle_after_a_pageable_readback_to_pageable_dtoh(analysed):
     raw = R.load(RANK3)
     items, syncs = _synchronisations(raw)
-    idle_us = _drained_idle(raw, items + syncs) / len(raw.steps)
+    n_steps = len(raw.steps)
+    # the syncs block the CPU 8 % of each step; the GPU runs dry in them for 0.4 %, nearly all of it right after a
+    # copy into pageable memory (the copy an .item() or .cpu() waits for): that idle is pageable_dtoh's finding
+    drained_us = _drained_idle(raw, items + syncs) / n_steps
+    busy = R.union(R.spans(raw.device()))
+    gaps = [(a, b) for (_, a), (b, _) in zip(busy, busy[1:], strict=False)]
+    copy_ends = {e for _, e in R.spans([c for c in raw.device("memory")
+                                        if c["name"] == "Memcpy DtoH (Device -> Pageable)"])}
+    after_copy = [(a, b) for a, b in gaps if a in copy_ends]
+    after_copy_us = R.inside(after_copy, raw.steps) / n_steps
+    assert drained_us == pytest.approx(342.7, abs=0.1) and after_copy_us == pytest.approx(1079.5, abs=0.1)
     _, rules = analysed(RANK3)
-    f = rules["trace.sync_heavy"]
-    assert f.cost_s_per_step == pytest.approx(idle_us / 1e6, rel=1e-6)
-    assert f.evidence["blocked_fraction"] > 0.07 and f.cost_fraction < 0.005 and f.severity == "low"
+    sync, dtoh = rules["trace.sync_heavy"], rules["trace.pageable_dtoh"]
+    assert sync.evidence["blocked_fraction"] > 0.07 and sync.severity == "low"
+    assert dtoh.cost_s_per_step == pytest.approx(after_copy_us / 1e6, rel=1e-6)
+    # together they cost the union of the two idle claims, each stretch once
+    union_us = R.inside(sorted(set(after_copy) | _drained_gaps(raw, items + syncs)), raw.steps) / n_steps
+    assert sync.cost_s_per_step + dtoh.cost_s_per_step == pytest.approx(union_us / 1e6, rel=1e-6)
+    assert sync.cost_s_per_step * 1e6 < 1.0
 
 
 def test_sync_heavy_is_quiet_with_few_syncs(analysed):
