@@ -30,6 +30,10 @@ SYNC_NAMES = {
     "aten::item": "item",
     "aten::_local_scalar_dense": "local_scalar_dense",
 }
+# Kernel launch calls: CUDA runtime (cudaLaunchKernel, cudaLaunchKernelExC) and driver (cuLaunchKernel,
+# cuLaunchKernelEx: Triton), HIP (hipLaunchKernel, hipExtLaunchKernel, and hipModuleLaunchKernel /
+# hipExtModuleLaunchKernel: Triton and rocBLAS on ROCm), graph launches and cooperative launches
 LAUNCH_RE = re.compile(
-    r"(cuda|hip|cu|hipExtModule|mtia)LaunchKernel|cudaLaunchKernelExC|cudaGraphLaunch|LaunchCooperative"
+    r"(cuda|hip|cu|hipExt|hipModule|hipExtModule|mtia)LaunchKernel|cudaLaunchKernelExC|(cuda|cu|hip)GraphLaunch"
+    r"|LaunchCooperative"
 )
