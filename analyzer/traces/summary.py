@@ -84,7 +84,8 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
                  "first_calls_ms": first_calls},
         "dataloader": {"per_step": _records(dl), "share": float(dl["dataloader_us"].sum() / bd["step_us"].sum())
                        if float(bd["step_us"].sum()) > 0 else 0.0,
-                       "us_per_step": float(dl["dataloader_us"].mean())},
+                       "us_per_step": float(dl["dataloader_us"].mean()),
+                       "device_idle_us_per_step": float(dl["device_idle_us"].mean()) if gpu else None},
         "tensor_cores": tensor_core_usage(t),
         "arithmetic": _arithmetic(t, bd, gpu),
     })

@@ -412,6 +412,53 @@ def test_input_pipeline_is_quiet_when_batches_are_ready(analysed):
     assert "trace.input_pipeline" not in rules
 
 
+LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def _loader_on_gpu_trace(path, optimizer_during_loader: bool) -> None:
+    """A Kineto trace of three 40 ms steps on an A100: each step fetches its batch for 20 ms, then runs a 15 ms
+    kernel; with optimizer_during_loader the previous step's 20.1 ms of queued kernels run during the fetch."""
+    events, t, corr = [], 1_000_000, 1
+
+    def kernel(name: str, launch: int, start: int, dur: int) -> None:
+        nonlocal corr
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": launch, "dur": 10, "args": {"correlation": corr}})
+        events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": start, "dur": dur,
+                       "args": {"stream": 7, "correlation": corr, "device": 0}})
+        corr += 1
+
+    for step in range(1, 4):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t, "dur": 40_000})
+        events.append({"ph": "X", "cat": "user_annotation", "name": LOADER, "pid": 1, "tid": 1, "ts": t + 100,
+                       "dur": 20_000})
+        if optimizer_during_loader:
+            kernel("void optimizer_kernel()", t + 50, t + 70, 20_100)
+        kernel("void forward_kernel()", t + 20_200, t + 20_220, 15_000)
+        t += 40_000
+    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+
+
+def test_input_pipeline_on_a_gpu_costs_the_gpu_idle_while_the_batch_is_fetched(tmp_path):
+    starved, fed = tmp_path / "starved.json", tmp_path / "fed.json"
+    _loader_on_gpu_trace(starved, optimizer_during_loader=False)
+    _loader_on_gpu_trace(fed, optimizer_during_loader=True)
+    # both fetch for half of each step
+    assert _dataloader_share(R.load(starved)) == _dataloader_share(R.load(fed)) == 0.5
+    # in the second the queued optimizer kernels cover the fetch: the GPU waits for no batch, and the rule is quiet
+    summary, found = analyze_one(fed)
+    assert summary["dataloader"]["share"] == pytest.approx(0.5)
+    assert "trace.input_pipeline" not in {f.rule for f in found}
+    assert summary["dataloader"]["device_idle_us_per_step"] == pytest.approx(0.0)
+    # the GPU idles through every fetch of the first: the whole 20 ms a step is lost
+    summary, found = analyze_one(starved)
+    f = next(f for f in found if f.rule == "trace.input_pipeline")
+    assert f.cost_s_per_step == pytest.approx(0.020, rel=1e-6) and f.cost_fraction == pytest.approx(0.5)
+    assert f.evidence["device_idle_during_loader_ms_per_step"] == pytest.approx(20.0)
+
+
 def test_pageable_dtoh_fires_with_the_cpu_time_each_copy_blocks(analysed):
     raw = R.load(RANK0_16)
     copies = [e for e in raw.device("memory") if e["name"] == "Memcpy DtoH (Device -> Pageable)"]
