@@ -55,8 +55,13 @@ def test_host_bound_fires_on_the_nccl_trace_with_its_idle_time(analysed):
     f = rules["trace.host_bound"]
     assert f.evidence["idle_fraction"] == pytest.approx(idle, abs=1e-3)
     step_s = statistics.mean(e - s for s, e in raw.steps) / 1e6
-    assert f.cost_s_per_step == pytest.approx(idle * step_s, rel=1e-3)
-    assert f.cost_fraction == pytest.approx(idle, abs=1e-3) and f.severity == "high"
+    # the idle time the launch-bound finding costs is not costed again here
+    launch_s = rules["trace.launch_bound"].cost_s_per_step
+    assert launch_s > 0 and set(f.evidence["idle_ms_per_step_explained_by"]) == {"trace.launch_bound",
+                                                                                  "trace.sync_heavy"}
+    assert f.cost_s_per_step + launch_s + rules["trace.sync_heavy"].cost_s_per_step == pytest.approx(
+        idle * step_s, rel=1e-3)
+    assert f.cost_fraction == pytest.approx(idle - launch_s / step_s, abs=1e-3) and f.severity == "high"
 
 
 def test_host_bound_is_quiet_where_the_gpu_is_kept_busy(analysed):
@@ -457,6 +462,23 @@ def test_input_pipeline_on_a_gpu_costs_the_gpu_idle_while_the_batch_is_fetched(t
     f = next(f for f in found if f.rule == "trace.input_pipeline")
     assert f.cost_s_per_step == pytest.approx(0.020, rel=1e-6) and f.cost_fraction == pytest.approx(0.5)
     assert f.evidence["device_idle_during_loader_ms_per_step"] == pytest.approx(20.0)
+
+
+def test_idle_time_is_costed_once_by_the_findings_that_claim_it(tmp_path):
+    # the GPU idles 25 ms of each 40 ms step: 20 ms while the batch is fetched, 5 ms after the forward kernel; the
+    # input pipeline names the cause of the 20 ms, host_bound keeps the 5 ms, and together they cost the 25 ms once
+    starved = tmp_path / "starved.json"
+    _loader_on_gpu_trace(starved, optimizer_during_loader=False)
+    raw = R.load(starved)
+    assert _idle_fraction(raw) == pytest.approx(0.625)
+    summary, found = analyze_one(starved)
+    rules = {f.rule: f for f in found}
+    host, loader = rules["trace.host_bound"], rules["trace.input_pipeline"]
+    assert loader.cost_s_per_step == pytest.approx(0.020) and host.cost_s_per_step == pytest.approx(0.005)
+    assert host.evidence["idle_fraction"] == pytest.approx(0.625)
+    assert host.evidence["idle_ms_per_step_explained_by"] == {"trace.input_pipeline": pytest.approx(20.0)}
+    assert sum(f.cost_fraction for f in found) == pytest.approx(0.625)
+    assert (host.severity, loader.severity) == ("medium", "high")
 
 
 def test_pageable_dtoh_fires_with_the_cpu_time_each_copy_blocks(analysed):
