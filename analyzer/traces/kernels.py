@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzer.traces.events import gpu_events
+from analyzer.traces.events import clipped_total, gpu_events, merge_intervals, step_windows
 from analyzer.traces.names import MATMUL_RE, NOT_TENSOR_CORE_RE, TENSOR_CORE_RE
 from analyzer.traces.parse import ParsedTrace
 
@@ -71,7 +71,8 @@ def tensor_core_usage(t: ParsedTrace) -> dict:
     comp = g[g["kind"].eq("COMPUTATION") & g["s_cat"].isin(["kernel", "Kernel"])]
     if comp.empty:
         return {"computation_us": 0.0, "tensor_core_us": 0.0, "tensor_core_share": None, "matmul_us": 0.0,
-                "matmul_share": None, "matmul_without_tensor_cores_us": 0.0, "top_non_tc_matmul": []}
+                "matmul_share": None, "matmul_without_tensor_cores_us": 0.0,
+                "matmul_without_tensor_cores_wall_us": 0.0, "top_non_tc_matmul": []}
     cats = comp["s_name"].astype("category").cat.remove_unused_categories()
     is_tc = cats.map({n: bool(TENSOR_CORE_RE.search(str(n))) and not NOT_TENSOR_CORE_RE.search(str(n))
                       for n in cats.cat.categories}).astype(bool)
@@ -80,6 +81,9 @@ def tensor_core_usage(t: ParsedTrace) -> dict:
     non_tc_mm = comp[is_mm & ~is_tc]
     top = (non_tc_mm.assign(name=non_tc_mm["s_name"].astype(object)).groupby("name")["dur"].sum()
            .sort_values(ascending=False).head(5))
+    # the wall time those kernels take inside the steps: kernels running side by side on several streams count once
+    w0, w1 = merge_intervals(*step_windows(t))
+    ws, we = merge_intervals(non_tc_mm["ts"].to_numpy(float), non_tc_mm["end"].to_numpy(float))
     return {
         "computation_us": total,
         "tensor_core_us": float(comp.loc[is_tc, "dur"].sum()),
@@ -87,5 +91,6 @@ def tensor_core_usage(t: ParsedTrace) -> dict:
         "matmul_us": float(comp.loc[is_mm, "dur"].sum()),
         "matmul_share": float(comp.loc[is_mm, "dur"].sum()) / total if total else None,
         "matmul_without_tensor_cores_us": float(non_tc_mm["dur"].sum()),
+        "matmul_without_tensor_cores_wall_us": float(clipped_total(ws, we, w0, w1).sum()),
         "top_non_tc_matmul": [{"name": n, "total_us": float(v)} for n, v in top.items()],
     }

@@ -354,6 +354,32 @@ def test_tensor_cores_rule_knows_fp32_xmma_kernels_run_without_tensor_cores(tmp_
     assert f.evidence["top_kernels"][0]["name"] == FFMA_GEMM
 
 
+def test_tensor_cores_cost_counts_fp32_gemms_side_by_side_on_two_streams_once(tmp_path):
+    # three 40 ms steps on an A100, each running two 20 ms FP32 sgemms at once on two streams: 40 ms of kernel time,
+    # 20 ms of the step's wall time; TF32 at amp_speedup saves a share of the 20 ms, not of the 40
+    events, corr, t = [], 1, 1_000_000
+    for step in range(1, 4):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t, "dur": 40_000})
+        for stream in (7, 13):
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": t + 100 + stream, "dur": 5, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": stream,
+                           "ts": t + 1_000, "dur": 20_000, "args": {"stream": stream, "correlation": corr}})
+            corr += 1
+        t += 40_000
+    path = tmp_path / "two_streams.json"
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+    summary, found = analyze_one(path)
+    f = next(f for f in found if f.rule == "trace.no_tensor_cores")
+    assert f.evidence["matmul_without_tensor_cores_ms"] == pytest.approx(120.0)  # kernel time, 3 steps
+    saved = 1 - 1 / TH["tensor_cores"]["amp_speedup"]
+    assert f.cost_s_per_step == pytest.approx(0.020 * saved) and f.cost_fraction == pytest.approx(0.5 * saved)
+    # the device's busy time counts them once too
+    assert summary["fractions"]["computation"] == pytest.approx(0.5)
+
+
 def test_tensor_cores_rule_is_quiet_where_matmuls_already_use_them(analysed):
     raw = R.load(RANK3)
     # the matmuls (cuBLAS/CUTLASS gemm kernels; fbgemm is embedding work, not a matmul) run mostly on tensor cores
