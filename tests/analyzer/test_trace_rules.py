@@ -319,6 +319,28 @@ def test_pageable_htod_fires_with_its_bytes_and_time(analysed):
     assert f.cost_s_per_step == pytest.approx(total_us / len(raw.steps) / 1e6 * (1 - 1 / speedup), rel=1e-3)
 
 
+def test_pageable_htod_costs_only_the_copies_inside_the_steps(tmp_path):
+    # two 40 ms steps, a 10 ms copy from pageable memory in the first and another after the last step has ended:
+    # the cost is a share of step time, so only the copy inside the steps counts
+    events, t = [], 1_000_000
+    for step in (1, 2):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t + (step - 1) * 40_000, "dur": 40_000})
+    for corr, start in ((1, t + 1_000), (2, t + 85_000)):
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1,
+                       "ts": start - 20, "dur": 10_030, "args": {"correlation": corr}})
+        events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
+                       "ts": start, "dur": 10_000, "args": {"stream": 7, "correlation": corr, "bytes": 64 << 20}})
+    path = tmp_path / "pageable.json"
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+    _, found = analyze_one(path)
+    f = next(f for f in found if f.rule == "trace.pageable_memcpy")
+    assert f.evidence["pageable_htod_copies"] == 2 and f.evidence["pageable_htod_ms"] == pytest.approx(20.0)
+    saved = 1 - 1 / TH["pageable_memcpy"]["pinned_speedup"]
+    assert f.cost_s_per_step == pytest.approx(0.010 / 2 * saved) and f.cost_fraction == pytest.approx(0.125 * saved)
+
+
 def test_tensor_cores_rule_fires_on_fp32_gemms():
     raw = R.load(ALEXNET)
     gemm = [e for e in raw.device("comp") if "gemm" in e["name"]]
