@@ -49,9 +49,12 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
     steps = t.steps.assign(start_ms=(t.steps["ts"] - t0) / 1e3, end_ms=(t.steps["end"] - t0) / 1e3)
     n_steps = len(steps)
     step_us_mean = float(bd["step_us"].mean())
-    busy = None
+    busy = not_waiting = None
     if gpu:
         busy = float((bd["computation_us"] + bd["memory_us"]).mean())
+        # everything but exposed communication: how long the rank takes to reach its collectives (a rank slowed by
+        # its host is idle longer, not busier)
+        not_waiting = float((bd["step_us"] - bd["communication_us"]).mean())
     # totals count every call in the file, also those outside the step windows
     kinds = calls["kind"].value_counts()
     sync_totals = {k: int(kinds.get(k, 0)) for k in ("stream_sync", "device_sync", "event_sync", "item")}
@@ -71,6 +74,7 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
         "n_steps": n_steps,
         "step_us_mean": step_us_mean,
         "busy_us_per_step": busy,
+        "not_waiting_us_per_step": not_waiting,
         "breakdown": _records(bd),
         "fractions": mean_fractions(bd),
         "top_kernels": _records(top_kernels(t, top_n)),
