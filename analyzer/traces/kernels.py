@@ -39,15 +39,21 @@ def launch_stats(t: ParsedTrace, tiny_kernel_us: float = 10.0) -> dict:
     k = _kernels(t)
     steps = max(len(t.steps), 1)
     calls, cpu_us = t.facts["launch_calls"], t.facts["launch_us"]  # every launch call, also those without a kernel
+    # per step: the kernels that start inside a step (not those still running after the last one ends)
+    w0, w1 = merge_intervals(*step_windows(t))
+    starts = k["ts"].to_numpy(float)
+    at = np.searchsorted(w0, starts, side="right") - 1
+    in_steps = (at >= 0) & (starts < w1[np.clip(at, 0, None)]) if len(w0) else np.zeros(len(k), bool)
+    tiny = k["dur"].lt(tiny_kernel_us).to_numpy()
     res = {
         "kernels": int(len(k)),
-        "kernels_per_step": len(k) / steps,
+        "kernels_per_step": float(in_steps.sum()) / steps,
         "launch_calls": int(calls),
         "launch_cpu_mean_us": cpu_us / calls if calls else None,
         "launch_cpu_total_us": float(cpu_us),
         "tiny_kernel_us": tiny_kernel_us,
         "tiny_kernels": int(k["dur"].lt(tiny_kernel_us).sum()) if len(k) else 0,
-        "tiny_kernels_per_step": float(k["dur"].lt(tiny_kernel_us).sum()) / steps if len(k) else 0.0,
+        "tiny_kernels_per_step": float((tiny & in_steps).sum()) / steps,
         "tiny_share": float(k["dur"].lt(tiny_kernel_us).mean()) if len(k) else 0.0,
         "kernel_mean_us": float(k["dur"].mean()) if len(k) else None,
         "kernel_median_us": float(k["dur"].median()) if len(k) else None,
