@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from analyzer.traces.events import clipped_total, gpu_events, merge_intervals, step_windows
+from analyzer.traces.events import clipped_total, covered_until, gpu_events, merge_intervals, step_windows
 from analyzer.traces.parse import ParsedTrace
 
 # Kineto names copies "Memcpy HtoD (Pageable -> Device)"; ROCm says "Host" where CUDA says Pageable/Pinned
@@ -25,16 +25,19 @@ def _host_memory(direction: str, src: str | None, dst: str | None) -> str:
 
 
 def _idle_after(t: ParsedTrace, ends: np.ndarray) -> np.ndarray:
-    """For each copy ending at `ends`: how long the device then stays idle, when the copy ends its busy stretch
-    (a copy that blocks the CPU drains the queue: the device waits until the CPU launches again)."""
+    """For each copy ending at `ends`: how long the device then stays idle inside the steps, when the copy ends its
+    busy stretch (a copy that blocks the CPU drains the queue: the device waits until the CPU launches again)."""
     g = gpu_events(t)
     s, e = merge_intervals(g["ts"].to_numpy(float), g["end"].to_numpy(float))
     if len(s) == 0:
         return np.zeros(len(ends))
     k = np.clip(np.searchsorted(s, ends, side="right") - 1, 0, len(s) - 1)
     last_of_run = (np.abs(e[k] - ends) < 0.5) & (k + 1 < len(s))  # absolute: timestamps are ~1e12 us
-    gap = np.where(last_of_run, s[np.clip(k + 1, 0, len(s) - 1)] - e[k], 0.0)
-    return np.clip(gap, 0.0, None)
+    # only the idle time inside the steps: the cost is a share of step time
+    w0, w1 = merge_intervals(*step_windows(t))
+    nxt = s[np.clip(k + 1, 0, len(s) - 1)]
+    gap = covered_until(w0, w1, nxt) - covered_until(w0, w1, e[k])
+    return np.where(last_of_run, np.clip(gap, 0.0, None), 0.0)
 
 
 def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:

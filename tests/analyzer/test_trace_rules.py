@@ -601,6 +601,38 @@ def test_pageable_dtoh_fires_with_the_cpu_time_each_copy_blocks(analysed):
     assert "pageable_dtoh_copies" not in htod.evidence and "pinned" in f.fix and f.fix != htod.fix
 
 
+def test_pageable_dtoh_costs_the_idle_time_inside_the_steps(tmp_path):
+    # two 40 ms steps, each ending its device work with a readback into pageable memory; after the first the device
+    # waits 10 ms for the next kernel, after the second (at the end of the last step) until a kernel 120 ms later:
+    # only the 5 ms of that wait inside the step are the step's cost
+    events, corr, t = [], 1, 1_000_000
+
+    def device(cat: str, name: str, start: int, dur: int) -> None:
+        nonlocal corr
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync" if cat == "gpu_memcpy"
+                       else "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": start - 30, "dur": 20 + dur,
+                       "args": {"correlation": corr}})
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": start, "dur": dur,
+                       "args": {"stream": 7, "correlation": corr, "bytes": 4}})
+        corr += 1
+
+    for step in (1, 2):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t + (step - 1) * 40_000, "dur": 40_000})
+    device("kernel", "void step_kernel()", t + 1_000, 18_000)
+    device("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", t + 19_000, 1_000)
+    device("kernel", "void step_kernel()", t + 30_000, 44_000)
+    device("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", t + 74_000, 1_000)
+    device("kernel", "void next_kernel()", t + 200_000, 1_000)
+    path = tmp_path / "readback.json"
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+    _, found = analyze_one(path)
+    f = next(f for f in found if f.rule == "trace.pageable_dtoh")
+    assert f.evidence["device_idle_after_ms"] == pytest.approx(15.0)
+    assert f.cost_s_per_step == pytest.approx(0.0075) and f.cost_fraction == pytest.approx(0.1875)
+
+
 def test_pageable_dtoh_is_quiet_without_readbacks(analysed):
     raw = R.load(ALEXNET)
     assert not [e for e in raw.device("memory") if "DtoH" in e["name"]]
