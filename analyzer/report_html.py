@@ -40,7 +40,7 @@ def _figures(result: AnalysisResult) -> list[go.Figure]:
         v = result.straggler
         figs.append(go.Figure(go.Bar(x=[f"rank {r}" for r in v["per_rank_us"]],
                                      y=[us / 1e3 for us in v["per_rank_us"].values()]),
-                              layout={"title": f"busy time per step by rank (ms): "
+                              layout={"title": f"time per step to reach the collectives by rank (ms): "
                                                f"{'straggler' if v['is_straggler'] else 'no straggler'}"}))
     return figs
 

@@ -31,6 +31,7 @@ from analyzer.rules.base import (
     steps_location,
 )
 from analyzer.rules.devices import for_device, not_judged
+from analyzer.rules.idle_share import share_idle
 
 __all__ = ["DEFAULT_THRESHOLDS", "SECTIONS", "TraceFinding", "load_thresholds", "per_rank_rules", "rules_not_judged",
            "run_rules", "run_set_rules", "severity_for", "steps_location"]
@@ -56,9 +57,11 @@ def run_rules(summary: dict[str, Any], th: dict[str, dict[str, float]] | None = 
             continue
         f = rule.check(summary, th)
         if f is not None:
-            f.severity = severity_for(f.cost_fraction, th)
             f.fix = for_device(f.rule, f.fix, kind)
             found.append(f)
+    share_idle(summary, found)  # an idle second is costed once, by the finding that names its cause
+    for f in found:
+        f.severity = severity_for(f.cost_fraction, th)
     return found
 
 

@@ -1,8 +1,11 @@
 """Rule: one rank of a multi-rank job is slower than the rest, and every collective waits for it.
 
 In synchronous training every rank's step time ends up the same (the collectives wait for the slowest),
-so the verdict compares each rank's busy GPU time per step (computation + memory, i.e. not waiting in
-communication); CPU-only ranks are compared on step time.
+so the verdict compares how long each rank takes per step to reach its collectives: its step time less its
+exposed communication (the time its device waits in a collective for the others). That is computation and memory
+copies, and the idle time too: a rank slowed by its host (a slow input pipeline, CPU contention) is no busier on
+its device, it launches late while the others wait in their collectives. CPU-only ranks are compared on step time;
+summaries written before this measure existed, on busy device time.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ def straggler_verdict(summaries: list[dict[str, Any]], threshold: float = 0.10) 
     by_rank = {s["rank"]: s for s in summaries}
     if len(by_rank) < 2:
         return None
-    metric = "busy_us_per_step" if all(s["has_gpu"] for s in by_rank.values()) else "step_us_mean"
+    metric = "step_us_mean"
+    if all(s["has_gpu"] for s in by_rank.values()):
+        metric = ("not_waiting_us_per_step" if all(s.get("not_waiting_us_per_step") is not None
+                                                   for s in by_rank.values()) else "busy_us_per_step")
     values = {r: float(s[metric] or 0.0) for r, s in by_rank.items()}
     step_us = {r: float(s["step_us_mean"] or 0.0) for r, s in by_rank.items()}
     slowest = max(values, key=values.get)
@@ -53,10 +59,11 @@ def check_set(summaries: list[dict[str, Any]], th: dict) -> TraceFinding | None:
         rule=RULE, subject="ranks", step_s=step_s, cost_s_per_step=v["cost_us_per_step"] / 1e6,
         evidence={k: v[k] for k in ("metric", "per_rank_us", "step_us_mean", "slowest_rank", "median_others_us",
                                     "excess", "threshold")},
-        title=f"Rank {slow} is a straggler: {v['excess']:.0%} more work per step than the median of the "
-              f"other {len(v['ranks']) - 1} ranks",
-        location=f"rank {slow} ({Path(v['paths'][slow] or '').name}); compare its busy time per step "
-                 f"with ranks {', '.join(str(r) for r in v['ranks'] if str(r) != slow)}",
+        title=f"Rank {slow} is a straggler: it takes {v['excess']:.0%} longer per step to reach its collectives than "
+              f"the median of the other {len(v['ranks']) - 1} ranks, which wait "
+              f"{v['cost_us_per_step'] / 1e3:.1f} ms per step for it",
+        location=f"rank {slow} ({Path(v['paths'][slow] or '').name}); compare its time per step outside exposed "
+                 f"communication with ranks {', '.join(str(r) for r in v['ranks'] if str(r) != slow)}",
         fix="Balance the work: check that rank's input shard sizes and sequence lengths, its host (CPU "
             "contention, thermal throttling, a slower GPU or link), and uneven model partitioning; move it off "
             "a noisy host.",

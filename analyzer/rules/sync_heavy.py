@@ -16,6 +16,7 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
     blocked_fraction = blocked_s / step_s if step_s else 0.0
     if sy["per_step_mean"] < t["calls_per_step_min"] or blocked_fraction < t["blocked_fraction_min"]:
         return None
+    idle_s = min((sy.get("idle_after_us_per_step") or 0.0) / 1e6, step_s)  # no device timeline: nothing measured
     tot = sy["totals"]
     evidence = {
         "calls_per_step": round(sy["per_step_mean"], 2),
@@ -25,6 +26,7 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
         "item_calls": tot["item"],
         "blocked_ms_per_step": round(blocked_s * 1e3, 3),
         "blocked_fraction": round(blocked_fraction, 4),
+        "device_idle_after_ms_per_step": round(idle_s * 1e3, 3),
         "steps": s["n_steps"],
         "threshold_calls_per_step": t["calls_per_step_min"],
     }
@@ -33,8 +35,10 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
              ("item", ".item()")) if tot[k]]
     first = "; ".join(f"{name} at {', '.join(f'{v:.1f}' for v in ts)} ms" for name, ts in sy["first_calls_ms"].items())
     return TraceFinding(
-        rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=blocked_s, evidence=evidence,
-        title=f"{sy['per_step_mean']:.0f} synchronising calls per step ({', '.join(parts)} in the trace)",
+        rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=idle_s, evidence=evidence,
+        title=f"{sy['per_step_mean']:.0f} synchronising calls per step ({', '.join(parts)} in the trace)"
+              + (f"; the GPU drains its queue in them and waits {idle_s * 1e3:.1f} ms per step for new work"
+                 if idle_s >= 5e-5 else ""),
         location=steps_location(s, first),
         fix="Keep the CPU ahead of the GPU: drop torch.cuda.synchronize() from the loop, read losses/metrics "
             "with .item()/.cpu() every N steps (accumulate them on the GPU), use non_blocking=True copies from "

@@ -19,7 +19,9 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
         return None
     step_s = s["step_us_mean"] / 1e6
     steps = max(s["n_steps"], 1)
-    cost = non_tc / steps / 1e6 * (1 - 1 / t["amp_speedup"])
+    # on the wall time they take inside the steps, not their summed kernel time (side by side on several streams)
+    wall = tc.get("matmul_without_tensor_cores_wall_us", non_tc)
+    cost = wall / steps / 1e6 * (1 - 1 / t["amp_speedup"])
     names = [k["name"] for k in tc["top_non_tc_matmul"][:3]]
     return TraceFinding(
         rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=cost,

@@ -16,8 +16,12 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
     if not ar or ar["share"] is None or not s["steps"] or s["steps"][0]["name"] in NOT_STEPS:
         return None
     step_s = s["step_us_mean"] / 1e6
-    # waiting for the next batch is the input pipeline's finding, not per-step overhead
-    loader = s["dataloader"]["share"] or 0.0
+    # waiting for the next batch is the input pipeline's finding, not per-step overhead (on a device: the device's idle
+    # time during the fetch, as that rule counts it)
+    dl = s["dataloader"]
+    idle = dl.get("device_idle_us_per_step")
+    loader = (idle / s["step_us_mean"] if ar["basis"] == "device" and idle is not None and s["step_us_mean"]
+              else dl["share"] or 0.0)
     overhead = max(0.0, 1 - ar["share"] - loader)
     if (step_s * 1e3 > t["step_ms_max"] or ar["share"] > t["arithmetic_share_max"]
             or overhead < t["overhead_share_min"]):

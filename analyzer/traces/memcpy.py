@@ -7,13 +7,13 @@ import re
 import numpy as np
 import pandas as pd
 
-from analyzer.traces.events import gpu_events, merge_intervals
+from analyzer.traces.events import clipped_total, covered_until, gpu_events, merge_intervals, step_windows
 from analyzer.traces.parse import ParsedTrace
 
 # Kineto names copies "Memcpy HtoD (Pageable -> Device)"; ROCm says "Host" where CUDA says Pageable/Pinned
 MEMCPY_RE = re.compile(r"^Memcpy\s+(\w+)\s*(?:\((\w+)\s*->\s*(\w+)\))?")
 COLUMNS = ["direction", "host_memory", "count", "bytes", "total_us", "bandwidth_gbps", "first_ts_us", "cpu_call_us",
-           "idle_after_us"]
+           "idle_after_us", "in_steps_us"]
 
 
 def _host_memory(direction: str, src: str | None, dst: str | None) -> str:
@@ -25,16 +25,19 @@ def _host_memory(direction: str, src: str | None, dst: str | None) -> str:
 
 
 def _idle_after(t: ParsedTrace, ends: np.ndarray) -> np.ndarray:
-    """For each copy ending at `ends`: how long the device then stays idle, when the copy ends its busy stretch
-    (a copy that blocks the CPU drains the queue: the device waits until the CPU launches again)."""
+    """For each copy ending at `ends`: how long the device then stays idle inside the steps, when the copy ends its
+    busy stretch (a copy that blocks the CPU drains the queue: the device waits until the CPU launches again)."""
     g = gpu_events(t)
     s, e = merge_intervals(g["ts"].to_numpy(float), g["end"].to_numpy(float))
     if len(s) == 0:
         return np.zeros(len(ends))
     k = np.clip(np.searchsorted(s, ends, side="right") - 1, 0, len(s) - 1)
     last_of_run = (np.abs(e[k] - ends) < 0.5) & (k + 1 < len(s))  # absolute: timestamps are ~1e12 us
-    gap = np.where(last_of_run, s[np.clip(k + 1, 0, len(s) - 1)] - e[k], 0.0)
-    return np.clip(gap, 0.0, None)
+    # only the idle time inside the steps: the cost is a share of step time
+    w0, w1 = merge_intervals(*step_windows(t))
+    nxt = s[np.clip(k + 1, 0, len(s) - 1)]
+    gap = covered_until(w0, w1, nxt) - covered_until(w0, w1, e[k])
+    return np.where(last_of_run, np.clip(gap, 0.0, None), 0.0)
 
 
 def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
@@ -55,11 +58,17 @@ def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
     cpu_call = cp["launch_dur"].fillna(0.0)
     frame = pd.DataFrame({"direction": parts["direction"], "host_memory": host, "bytes": nbytes,
                           "dur": cp["dur"], "ts": cp["ts"] - t.facts["t0"], "cpu_call": cpu_call,
-                          "idle_after": _idle_after(t, cp["end"].to_numpy(float))})
+                          "idle_after": _idle_after(t, cp["end"].to_numpy(float)),
+                          "start": cp["ts"].to_numpy(float), "end": cp["end"].to_numpy(float)})
     out = (frame.groupby(["direction", "host_memory"])
            .agg(count=("dur", "size"), bytes=("bytes", "sum"), total_us=("dur", "sum"), first_ts_us=("ts", "min"),
                 cpu_call_us=("cpu_call", "sum"), idle_after_us=("idle_after", "sum"))
            .reset_index())
+    # the wall time each kind of copy takes inside the steps (copies side by side on several streams count once)
+    w0, w1 = merge_intervals(*step_windows(t))
+    wall = {key: float(clipped_total(*merge_intervals(part["start"].to_numpy(), part["end"].to_numpy()), w0, w1).sum())
+            for key, part in frame.groupby(["direction", "host_memory"])}
+    out["in_steps_us"] = [wall[(d, h)] for d, h in zip(out["direction"], out["host_memory"], strict=True)]
     # bytes per microsecond is MB/s; /1e3 gives GB/s
     out["bandwidth_gbps"] = out["bytes"] / out["total_us"].where(out["total_us"] > 0) / 1e3
     out.loc[out["bytes"] <= 0, "bandwidth_gbps"] = None  # the trace did not record sizes (ROCm)

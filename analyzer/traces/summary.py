@@ -49,16 +49,17 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
     steps = t.steps.assign(start_ms=(t.steps["ts"] - t0) / 1e3, end_ms=(t.steps["end"] - t0) / 1e3)
     n_steps = len(steps)
     step_us_mean = float(bd["step_us"].mean())
-    busy = None
+    busy = not_waiting = None
     if gpu:
         busy = float((bd["computation_us"] + bd["memory_us"]).mean())
+        # everything but exposed communication: how long the rank takes to reach its collectives (a rank slowed by
+        # its host is idle longer, not busier)
+        not_waiting = float((bd["step_us"] - bd["communication_us"]).mean())
     # totals count every call in the file, also those outside the step windows
     kinds = calls["kind"].value_counts()
     sync_totals = {k: int(kinds.get(k, 0)) for k in ("stream_sync", "device_sync", "event_sync", "item")}
-    sync_totals["item"] = max(sync_totals["item"], int(kinds.get("local_scalar_dense", 0)))
     sync_totals["total"] = sum(sync_totals.values())
-    first_calls = (calls[calls["kind"].ne("local_scalar_dense")].groupby("name")["ts_us"].apply(
-        lambda s: [round(v / 1e3, 3) for v in s.head(3)]).to_dict())
+    first_calls = (calls.groupby("name")["ts_us"].apply(lambda s: [round(v / 1e3, 3) for v in s.head(3)]).to_dict())
     return _clean({
         "path": t.path,
         "rank": t.rank,
@@ -73,6 +74,7 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
         "n_steps": n_steps,
         "step_us_mean": step_us_mean,
         "busy_us_per_step": busy,
+        "not_waiting_us_per_step": not_waiting,
         "breakdown": _records(bd),
         "fractions": mean_fractions(bd),
         "top_kernels": _records(top_kernels(t, top_n)),
@@ -82,10 +84,12 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
         "sync": {"per_step": _records(sy), "totals": sync_totals,
                  "per_step_mean": float(sy["total"].mean()) if len(sy) else 0.0,
                  "blocked_us_per_step": float(sy["blocked_us"].mean()) if len(sy) else 0.0,
+                 "idle_after_us_per_step": float(sy["idle_after_us"].mean()) if len(sy) else 0.0,
                  "first_calls_ms": first_calls},
         "dataloader": {"per_step": _records(dl), "share": float(dl["dataloader_us"].sum() / bd["step_us"].sum())
                        if float(bd["step_us"].sum()) > 0 else 0.0,
-                       "us_per_step": float(dl["dataloader_us"].mean())},
+                       "us_per_step": float(dl["dataloader_us"].mean()),
+                       "device_idle_us_per_step": float(dl["device_idle_us"].mean()) if gpu else None},
         "tensor_cores": tensor_core_usage(t),
         "arithmetic": _arithmetic(t, bd, gpu),
     })

@@ -112,3 +112,22 @@ def test_unknown_device_kind_is_stated_and_not_guessed(tmp_path):
     assert dk["kind"] == "unknown" and "no known runtime call names" in dk["why"]
     assert "trace.no_tensor_cores" in res.summaries[0]["rules_not_judged"]
     assert "unknown device" in _report(res)
+
+
+def test_hip_module_launches_are_launch_calls(tmp_path):
+    # Triton kernels on ROCm are launched by hipModuleLaunchKernel: the MI250 trace with its hipLaunchKernel calls
+    # named so keeps every launch and its CPU time
+    with gzip.open(TRACES / "amd_mi250_minitoy.json.gz", "rb") as fh:
+        record = json.loads(fh.read())
+    launches = [e for e in record["traceEvents"] if e.get("name") in ("hipLaunchKernel", "hipExtModuleLaunchKernel")]
+    for e in launches:
+        if e["name"] == "hipLaunchKernel":
+            e["name"] = "hipModuleLaunchKernel"
+    path = tmp_path / "mi250_module_launch.json"
+    path.write_text(json.dumps(record))
+    summary, _ = analyze_one(path)
+    la = summary["launch"]
+    assert la["launch_calls"] == len(launches) == 14
+    # the frame's times are whole microseconds: up to 2 us less per call
+    assert la["launch_cpu_total_us"] == pytest.approx(sum(e["dur"] for e in launches), abs=2 * len(launches))
+    assert set(la["launch_names"]) == {"hipModuleLaunchKernel", "hipExtModuleLaunchKernel"}
