@@ -201,10 +201,15 @@ def write_sample_batches(
 
 
 def write_sample_batches_on(
-    conn: Connection, is_postgres: bool, device: pa.RecordBatch | None = None, process: pa.RecordBatch | None = None
+    conn: Connection, is_postgres: bool, device: pa.RecordBatch | None = None, process: pa.RecordBatch | None = None,
+    *, late: set[float] | None = None,
 ) -> tuple[int, int]:
     """write_samples_on for samples held as columns: Arrow record batches named by the tables' columns (a column a
-    batch lacks is NULL; values are cast to the column's type, so integral floats may stand for BIGINT)."""
+    batch lacks is NULL; values are cast to the column's type, so integral floats may stand for BIGINT).
+
+    With `late`, the closed hours the batches reach are added to it instead of marked: the caller marks them
+    (store.late_hours.mark) later in the same transaction. A writer that holds its transaction open while it waits
+    for another's commit must: a mark holds its hour's row until the commit, and the other may need that row."""
     write = _copy_batch if is_postgres else _executemany_batch
     cursor = conn.connection.driver_connection.cursor()
     try:
@@ -216,7 +221,11 @@ def write_sample_batches_on(
     finally:
         cursor.close()
     before = late_hours.closed_before()
-    late_hours.mark(conn, is_postgres, late_hours.batch_hours(device, before) | late_hours.batch_hours(process, before))
+    hours = late_hours.batch_hours(device, before) | late_hours.batch_hours(process, before)
+    if late is None:
+        late_hours.mark(conn, is_postgres, hours)
+    else:
+        late.update(hours)
     return counts[0], counts[1]
 
 

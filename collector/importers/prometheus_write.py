@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from collector.dcgm_names import POD
 from collector.importers.dcgm_frames import Parsed, device_batch, process_batch
 from collector.importers.dcgm_labels import SOURCE, synthetic_pid
+from store import late_hours
 from store.db import Store
 from store.ingest import sample_errors, write_sample_batches_on
 from store.models import Device, Host, Process, Workflow
@@ -94,10 +95,14 @@ def write_window(store: Store, url: str, w: Window, until: float, step: float, s
             device_ids = _add_new_devices(s, url, w.parsed, mem_total, until, registry)
             turn.registered.set_result(None)
             dev_ids = np.array([device_ids.get((d.host, d.index), -1) for d in w.parsed.devices], dtype=np.int64)
+            late: set[float] = set()
             n_dev, n_proc = write_sample_batches_on(s.connection(), store.is_postgres,
                                                     device_batch(w.wide, w.keep, dev_ids),
-                                                    process_batch(w.procs, w.wide, dev_ids, w.parsed))
+                                                    process_batch(w.procs, w.wide, dev_ids, w.parsed), late=late)
             _wait(turn.before_committed)
+            # marked only now, in window order: a window that marked an hour before the one ahead of it had would
+            # hold that hour's row while it waits for that window's commit, and that window would wait for the row
+            late_hours.mark(s.connection(), store.is_postgres, late)
             _register(s, url, w.parsed, mem_total, w.wide, w.procs, until, step, seen)
         return n_dev, n_proc, hi
     except BaseException as exc:

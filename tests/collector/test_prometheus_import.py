@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 from collector.importers.dcgm_labels import MIG_INDEX_BASE, PID_BASE
 from collector.importers.prometheus import ImportRunning, import_from_settings, import_prometheus
+from store import late_hours
 from store.db import Store
 from store.errors import DatabaseUnavailable, InvalidInput, UpstreamUnavailable
 from store.migrations import upgrade
@@ -400,6 +401,32 @@ def test_a_window_after_a_failed_one_is_not_kept_though_it_was_written_alongside
     # the second window's first row waits long enough for the third to be copied
     _drop_sessions_writing(pg_store, f"NEW.ts > {edge!r} AND NEW.ts <= {next_edge!r}", pause_s=2.0)
     _import_fails_keeping_nothing_after(pg_store, prom, edge, _settings(prometheus_window_s=1500))
+
+
+@pytest.mark.pg
+def test_windows_written_together_mark_their_late_hours_in_window_order(prom, pg_store, monkeypatch):
+    """Two windows are written at once on PostgreSQL, and the later one waits for the earlier's commit holding its
+    transaction open. Had it marked an hour they share first, it would hold that hour's row while the earlier one,
+    waiting for the row, never commits: the import hung. Here the first window's mark waits until the second has
+    marked (up to 5 s, under a 5 s lock timeout), as the writers' threads may order it; the import must go through."""
+    real = late_hours.mark
+    shared = threading.Event()  # the second window (T0+1500..T0+3000, two hours) has marked the hour it shares
+
+    def mark(conn, is_postgres, hours):
+        hours = set(hours)
+        if len(hours) == 1 and not shared.is_set():  # the first window (T0..T0+1500, the hour before T0+2820)
+            shared.wait(5)
+            conn.exec_driver_sql("SET LOCAL lock_timeout = '5s'")
+        real(conn, is_postgres, hours)
+        if len(hours) == 2:
+            shared.set()
+
+    monkeypatch.setattr(late_hours, "mark", mark)
+    done = _import(pg_store, prom.url, settings=_settings(prometheus_window_s=1500))
+    assert done.device_samples == 2 * N + (N - len(GAP))
+    hour = 3600.0
+    first = T0 - T0 % hour
+    assert late_hours.marks(pg_store, END + hour) == {first: 1 + 1, first + hour: 1 + 1}  # each window's, once
 
 
 def test_the_cyclic_collector_is_off_while_importing_and_back_after(prom, store, monkeypatch):
