@@ -75,10 +75,11 @@ def test_host_bound_is_quiet_where_the_gpu_is_kept_busy(analysed):
 def _launch_figures(raw: R.Raw) -> tuple[float, float, float]:
     """Tiny kernels per step (those starting inside a step), their share of all kernels, and the mean launch time."""
     kernels = [e for e in raw.device() if e["cat"] == "kernel"]
-    n_steps = max(len(raw.steps), 1)
+    steps = raw.steps  # read once: it is worked out from the events at each reading
+    n_steps = max(len(steps), 1)
     tiny = [e for e in kernels if e["dur"] < TH["common"]["tiny_kernel_us"]]
     # without ProfilerStep spans (a micro-benchmark) the one step spans all the device's work
-    tiny_in_steps = [s for s, _ in R.spans(tiny) if not raw.steps or any(a <= s < b for a, b in raw.steps)]
+    tiny_in_steps = [s for s, _ in R.spans(tiny) if not steps or any(a <= s < b for a, b in steps)]
     launches = [e for e in raw.events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"
                 and e["name"] in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel")]
     return len(tiny_in_steps) / n_steps, len(tiny) / len(kernels), statistics.mean(e["dur"] for e in launches)
