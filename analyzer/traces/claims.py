@@ -154,9 +154,14 @@ class Claim:
 
     def release(self) -> bool:
         """Give the claim back unfinished (the run was stopped on purpose): the row is put back as it was before it,
-        so this claim is not counted as an attempt. False if this run no longer held it."""
-        with self.store.session() as session:
-            held = session.execute(self._mine().values(**self.prior)).rowcount == 1
+        so this claim is not counted as an attempt. False if this run no longer held it, or the database is away
+        (then the claim lapses as a dead run's would, one attempt)."""
+        try:
+            with self.store.session() as session:
+                held = session.execute(self._mine().values(**self.prior)).rowcount == 1
+        except Exception as exc:
+            log.warning("trace %s: its claim could not be given back: %s", self.trace_id, exc)
+            return False
         if held:
             log.info("trace %s: this run stopped before the analysis ended; its claim is given back", self.trace_id)
         return held
@@ -227,13 +232,7 @@ def release_held() -> int:
     time: they die with the process); how many were given back."""
     with _HELD_LOCK:
         held = list(_HELD.values())
-    released = 0
-    for claimed in held:
-        try:
-            released += claimed.release()
-        except Exception as exc:  # the database away: the claim lapses as a dead run's would, one attempt
-            log.warning("trace %s: its claim could not be given back: %s", claimed.trace_id, exc)
-    return released
+    return sum(claimed.release() for claimed in held)
 
 
 def claim_when_lapsed(store: Store, trace_id: int, policy: ClaimPolicy, *, statuses: Iterable[str] = ("registered",),

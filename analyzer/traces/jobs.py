@@ -95,10 +95,7 @@ def _analyze_claimed(claimed: Claim, *, cache_dir: Path, host_id: str | None, th
                 return _lost(trace_id)
         return {"status": "failed", "error": f"{path}: {reason}", "findings": [], "summary": None}
     except BaseException:  # Ctrl-C, SIGTERM (SystemExit), a task runner's stop: not the trace's fault, no attempt
-        try:
-            claimed.release()
-        except Exception as exc:  # the database away: the claim lapses instead, counted as a dead run's
-            log.warning("trace %s: its claim could not be given back: %s", trace_id, exc)
+        claimed.release()
         raise
 
     with store.session() as session:
