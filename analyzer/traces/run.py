@@ -57,12 +57,40 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def job_ranks(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The summaries that are distinct ranks of one distributed job (same world size), else []."""
-    by_world: dict[int, dict[int, dict[str, Any]]] = {}
+    """The summaries that are distinct ranks of one distributed job, else []: one world size, captured together
+    (their capture windows overlap, one after another), each rank once. Of several such sets, the one with the most
+    ranks. Summaries stored before capture windows were kept are grouped by world size alone, as they were."""
+    by_world: dict[int, list[dict[str, Any]]] = {}
     for s in summaries:
-        if s.get("world_size") and s["world_size"] > 1:
-            by_world.setdefault(s["world_size"], {})[s["rank"]] = s
-    best = max(by_world.values(), key=len, default={})
+        if s.get("world_size") and s["world_size"] > 1 and s.get("rank") is not None:
+            by_world.setdefault(s["world_size"], []).append(s)
+    captures: list[list[dict[str, Any]]] = []
+    for members in by_world.values():
+        untimed = [s for s in members if not s.get("window_us")]
+        if untimed:
+            captures.append(untimed)
+        current: list[dict[str, Any]] = []
+        end = 0.0
+        for s in sorted((s for s in members if s.get("window_us")), key=lambda s: s["window_us"][0]):
+            start, stop = s["window_us"]
+            if current and start > end:  # begins after every capture so far ended: another job, or another time
+                captures.append(current)
+                current = []
+            end = max(end, stop) if current else stop
+            current.append(s)
+        if current:
+            captures.append(current)
+    best: dict[int, dict[str, Any]] = {}
+    for capture in captures:
+        ranks: dict[int, dict[str, Any]] = {}
+        for s in capture:
+            if s["rank"] in ranks:
+                log.warning("%s and %s are both rank %s of one capture; comparing the first",
+                            ranks[s["rank"]].get("path"), s.get("path"), s["rank"])
+                continue
+            ranks[s["rank"]] = s
+        if len(ranks) > len(best):
+            best = ranks
     return list(best.values()) if len(best) >= 2 else []
 
 

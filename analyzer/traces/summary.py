@@ -37,6 +37,15 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return _clean(df.astype(object).where(df.notna(), None).to_dict("records"))
 
 
+def clock_window(t: ParsedTrace) -> list[float]:
+    """The capture's first and last microsecond on the host's clock, so that ranks captured together can be told
+    from ranks of other captures: Kineto writes event times relative to `baseTimeNanoseconds` when the file has
+    one, else on the clock itself."""
+    base = t.meta.get("baseTimeNanoseconds")
+    offset = float(base) / 1e3 if isinstance(base, (int, float)) and math.isfinite(base) else 0.0
+    return [float(t.facts["t0"]) + offset, float(t.facts["t_end"]) + offset]
+
+
 def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny_kernel_us: float = 10.0,
               top_n: int = 10) -> dict[str, Any]:
     """Everything the rules, the reports and the charts need about one rank."""
@@ -70,6 +79,7 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
         "warnings": list(t.warnings),
         "events": int(t.facts["events"]),
         "trace_start_us": t0,
+        "window_us": clock_window(t),
         "steps": _records(steps[["step", "name", "start_ms", "end_ms", "dur"]].rename(columns={"dur": "dur_us"})),
         "n_steps": n_steps,
         "step_us_mean": step_us_mean,

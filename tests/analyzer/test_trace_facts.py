@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+
 from analyzer.traces.run import analyze_one, analyze_paths
 from tests.analyzer.conftest import raw_events
 from tests.conftest import TRACES
@@ -103,3 +107,36 @@ def test_unrelated_files_are_not_compared_as_ranks():
     res = analyze_paths([TRACES / "a100_triton_kernel.json.gz", TRACES / "cpu_only_gloo_rank34.json.gz"])
     assert res.straggler is None
     assert not [f for f in res.findings if f.rule == "trace.straggler"]
+
+
+def _captured_a_day_later(name: str, out: Path) -> Path:
+    """A copy of a shared trace as if the same rank of another job had been captured a day later: Kineto's
+    `baseTimeNanoseconds` moves every event time by one day."""
+    with gzip.open(TRACES / name, "rt") as fh:
+        doc = json.load(fh)
+    assert "baseTimeNanoseconds" not in doc  # its times are on the clock itself
+    doc["baseTimeNanoseconds"] = 86_400 * 10**9
+    path = out / f"later_{name}"
+    with gzip.open(path, "wt") as fh:
+        json.dump(doc, fh)
+    return path
+
+
+def test_ranks_are_compared_only_with_ranks_captured_at_the_same_time(tmp_path):
+    rank0, rank1 = TRACES / "sampled_128rank_rank0.json.gz", TRACES / "sampled_128rank_rank1.json.gz"
+    later1 = _captured_a_day_later("sampled_128rank_rank1.json.gz", tmp_path)
+    together = analyze_paths([rank0, rank1])
+    w0, w1 = (s["window_us"] for s in together.summaries)
+    assert w0[0] < w1[1] and w1[0] < w0[1]  # the two ranks' captures overlap
+
+    # a folder with this job's two ranks and another capture's rank 1: the same world size, but not compared
+    mixed = analyze_paths([rank0, rank1, later1])
+    assert len(mixed.summaries) == 3
+    assert mixed.summaries[2]["window_us"][0] > w1[1] + 86_000e6
+    assert mixed.straggler == together.straggler and mixed.straggler["ranks"] == [0, 1]
+    assert mixed.straggler["per_rank_us"] == together.straggler["per_rank_us"]
+
+    # rank 0 of one capture and rank 1 of another are not one job
+    apart = analyze_paths([rank0, later1])
+    assert apart.straggler is None
+    assert not [f for f in apart.findings if f.rule == "trace.straggler"]
