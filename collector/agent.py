@@ -20,7 +20,15 @@ from typing import Any
 import psutil
 
 from collector import attribution
-from collector.agent_batch import AgentStats, Batch, KnownProcess, device_row, process_metrics, sample_rows
+from collector.agent_batch import (
+    AgentStats,
+    Batch,
+    KnownProcess,
+    device_row,
+    finite,
+    process_metrics,
+    sample_rows,
+)
 from collector.agent_hooks import install_job_hooks, make_sdk_handlers
 from collector.agent_store import record_host, register_new_devices, retire_unlisted, touch_new_workflows
 from collector.command_runner import CommandRunner, Outcome
@@ -292,6 +300,7 @@ class Agent:
         seen: dict[int, KnownProcess] = {}
         lost: set[int] = set()
         found: set[int] = set()
+        nonfinite = 0
         for reading in readings:
             if reading.lost:
                 if reading.index not in self._lost:
@@ -304,13 +313,22 @@ class Agent:
                 found.add(reading.index)
             elif self._registered and reading.index not in self._device_ids:
                 found.add(reading.index)  # a device the source opened since (a MIG instance made): register it
-            device_rows.append(device_row(reading))
+            row, bad = device_row(reading)
+            device_rows.append(row)
+            nonfinite += bad
             for p in reading.processes:
                 proc = self._proc(p, now)
                 if proc is None:
                     continue
                 seen[proc.pid] = proc
-                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *process_metrics(p)])
+                metrics, bad = finite(process_metrics(p))
+                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *metrics])
+                nonfinite += bad
+        if nonfinite:
+            if not self.stats.nonfinite_values:
+                log.warning("%s reported %d NaN or infinite metric values on host %s; stored as not reported (the "
+                            "agent's nonfinite_values counts them)", self.source.name, nonfinite, self.host_id)
+            self.stats.nonfinite_values += nonfinite
         self.latest = readings
         if isinstance(self._sdk_handler, SdkHandlers):  # NVML's half of each process's context measurement
             self._sdk_handler.note_process_memory(

@@ -87,7 +87,7 @@ def decode(line: bytes | str) -> dict[str, Any]:
     if len(line) > MAX_LINE:
         raise ProtocolError(f"message of {len(line)} bytes is over the {MAX_LINE}-byte limit")
     try:
-        message = json.loads(line)
+        message = socket_server.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"message is not JSON ({exc})") from None
     if not isinstance(message, dict):
