@@ -106,3 +106,17 @@ def test_the_sdk_socket_refuses_nan_with_an_error_reply(tmp_path: Path, constant
         server.stop()
     assert b'"ok":false' in bad and constant.lstrip("-").encode() in bad
     assert b'"ok":true' in good
+
+
+def test_a_nan_metric_is_stored_as_not_reported_on_either_database(any_store: Store, fleet_home: Path) -> None:
+    """With the database up, SQLite kept a NaN as NULL and PostgreSQL as NaN, which every mean over the column (the
+    rollups' sm_active_mean) then was."""
+    agent = Agent(any_store, Settings(), BadValueSource(math.nan), host_id="h-up", serve_socket=False)
+    try:
+        agent.sample_once()
+        assert agent.flush()
+    finally:
+        agent.stop()
+    with any_store.session() as s:
+        assert s.scalars(select(DeviceSample.sm_active).where(DeviceSample.gpu_util == 0.5)).all() == [None, None]
+        assert s.scalars(select(ProcessSample.sm_util)).all() == [None, None]
