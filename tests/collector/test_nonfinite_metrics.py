@@ -12,14 +12,16 @@ from sqlalchemy import select
 
 import collector.sources.nvml as nvml_mod
 from collector.agent import Agent
+from collector.sdk_handlers import SdkHandlers
 from collector.socket_server import SocketServer, connect
 from collector.sources.nvml import NvmlSource
 from collector.spool import Spool
 from store.db import Store
 from store.migrations import upgrade
-from store.models import DeviceSample, ProcessSample
+from store.models import DeviceSample, ProcessSample, StepStat
 from store.settings import Settings
 from tests.collector.agent_helpers import StubSource, count_samples, wait_for
+from tests.collector.test_context_memory import batch
 from tests.fakes.fake_pynvml import FakeGPU, FakeNVML, GiB
 
 
@@ -120,3 +122,22 @@ def test_a_nan_metric_is_stored_as_not_reported_on_either_database(any_store: St
     with any_store.session() as s:
         assert s.scalars(select(DeviceSample.sm_active).where(DeviceSample.gpu_util == 0.5)).all() == [None, None]
         assert s.scalars(select(ProcessSample.sm_util)).all() == [None, None]
+
+
+def test_a_step_summary_with_a_value_that_is_no_number_is_refused_and_the_others_are_written(
+        sqlite_store: Store, fleet_home: Path) -> None:
+    """The database refused the whole write of the queued step summaries for one bad value: every job's were
+    dropped with it."""
+    handlers = SdkHandlers(sqlite_store, "h1", Settings(), sync_interval_s=3600)
+    try:
+        bad = batch(1000.0, None)
+        bad["mean_s"] = "slow"
+        reply = handlers.handle({"op": "steps", "v": 1, "workflow": "bad", "pid": 1, "batches": [bad]})
+        assert reply["ok"] is False and "mean_s" in reply["error"]
+        assert handlers.handle({"op": "steps", "v": 1, "workflow": "good", "pid": 2,
+                                "batches": [batch(1000.0, None)]}).get("ok") is not False
+        handlers.flush()
+    finally:
+        handlers.close()
+    with sqlite_store.session() as s:
+        assert s.scalars(select(StepStat.workflow_id)).all() == ["good"]
