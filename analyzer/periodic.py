@@ -34,11 +34,12 @@ def rollup_hours(store: Store, settings: Settings, *, now: float | None = None) 
 
 
 def retain(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:
-    """Drop raw samples older than `settings.retention_days`, of hours already rolled up only."""
+    """Drop raw samples older than `settings.retention_days`, of hours already rolled up (or that samples reached too
+    late for any rollup: `late_samples_deleted`)."""
     result = apply_retention(store, settings.retention_days, now)
     return {"cutoff": result.cutoff, "device_samples_deleted": result.device_samples_deleted,
             "process_samples_deleted": result.process_samples_deleted, "hours_kept": result.hours_kept,
-            "partitions_dropped": list(result.partitions_dropped)}
+            "late_samples_deleted": result.late_samples_deleted, "partitions_dropped": list(result.partitions_dropped)}
 
 
 def rollup_and_retain(store: Store, settings: Settings, *, now: float | None = None) -> dict[str, Any]:

@@ -87,10 +87,14 @@ class RetentionResult:
     cutoff: float
     device_samples_deleted: int
     process_samples_deleted: int
-    hours_kept: int  # (subject, hour) pairs older than the cutoff kept because they are not rolled up
+    hours_kept: int  # (subject, hour) pairs older than the cutoff kept because the rollup has not reached them yet
     partitions_dropped: tuple[str, ...] = ()  # PostgreSQL: whole days dropped (their rows are in the counts)
     summaries_deleted: int = 0  # kept hours of the detectors (telemetry_hours) older than the cutoff
     serving_requests_deleted: int = 0  # opt-in raw serving requests older than the cutoff (the minutes keep them)
+    # rows (in the two counts above too) of hours the rollup had passed that differ from their rollups: samples that
+    # came after their hour was rolled up, too late for any rollup to take them (before its look-back, the
+    # retention's days): past the retention, they would otherwise stay for good
+    late_samples_deleted: int = 0
 
 
 def hour_of(ts: float) -> float:
@@ -361,11 +365,15 @@ def _upsert_copied(store: Store, rows: list[dict]) -> None:
 
 
 def apply_retention(store: Store, retention_days: float, now: float | None = None) -> RetentionResult:
-    """Delete raw samples older than `retention_days`, but only of hours already rolled up unchanged.
+    """Delete raw samples older than `retention_days`, but only of hours already rolled up unchanged, or that no
+    rollup will take any more.
 
-    A (device, hour) of device samples goes only when a device rollup of that hour exists and counted
-    exactly the rows still there; likewise a (workflow, hour) of process samples. Anything else stays
-    (roll it up, then run the retention again).
+    A (device, hour) of device samples goes when a device rollup of that hour exists and counted exactly the rows
+    still there; likewise a (workflow, hour) of process samples. An hour the rollup has not reached yet stays (roll it
+    up, then run the retention again). An hour the rollup has passed whose rows differ from its rollups holds samples
+    that came after it was rolled up, older than the rollup's look-back (the retention's days, as the periodic jobs
+    and `fleetlens rollup` run it): no rollup rolls it up again, so its rows go too, counted in
+    `late_samples_deleted`.
     """
     if retention_days is None or not 0 < retention_days < math.inf:
         raise InvalidInput(f"retention_days must be a positive, finite number of days, got {retention_days!r}")
@@ -374,8 +382,18 @@ def apply_retention(store: Store, retention_days: float, now: float | None = Non
     # PostgreSQL: a day whose every hour is rolled up goes as one partition; what is left goes row by row
     dropped = drop_days_before(store, cutoff, _rolled_up_rows)
     by_table = {t: sum(n for name, n in dropped.items() if name.startswith(t + "_")) for t in SAMPLE_TABLES}
-    dev_deleted, dev_kept = _retain(store, DeviceSample, DeviceSample.device_id, "device", cutoff, int)
-    proc_deleted, proc_kept = _retain(store, ProcessSample, ProcessSample.workflow_id, "workflow", cutoff, str)
+    with store.session() as session:
+        last = session.scalar(select(func.max(Rollup.hour)))
+    # the rollup rolls up from the hour after its last (analyzer.rollups._default_since): an hour before that it
+    # has passed, and rolls up again only if marked late and within its look-back
+    passed = -math.inf if last is None else float(last) + HOUR
+    dev_deleted, dev_kept, dev_late = _retain(store, DeviceSample, DeviceSample.device_id, "device", cutoff, passed,
+                                              int)
+    proc_deleted, proc_kept, proc_late = _retain(store, ProcessSample, ProcessSample.workflow_id, "workflow", cutoff,
+                                                 passed, str)
+    if dev_late or proc_late:
+        log.warning("retention: %d device and %d process samples of hours before %.0f came after their hours were "
+                    "rolled up, too late for any rollup; deleted with their hours", dev_late, proc_late, cutoff)
     # the detectors' kept hours live as long as the samples they summarise: the table stays a week of hours
     with store.session() as session:
         summaries = session.execute(delete(TelemetryHour).where(TelemetryHour.hour < cutoff)).rowcount
@@ -383,7 +401,7 @@ def apply_retention(store: Store, retention_days: float, now: float | None = Non
         raw_requests = delete_raw_before(session, cutoff)
     return RetentionResult(cutoff, dev_deleted + by_table["device_samples"],
                            proc_deleted + by_table["process_samples"], dev_kept + proc_kept, tuple(sorted(dropped)),
-                           summaries, raw_requests)
+                           summaries, raw_requests, dev_late + proc_late)
 
 
 def _rolled_up_rows(conn, part: Partition) -> int | None:
@@ -400,14 +418,17 @@ def _rolled_up_rows(conn, part: Partition) -> int | None:
     return sum(raw.values())
 
 
-def _retain(store: Store, model, subject_col, scope: str, cutoff: float, to_subject) -> tuple[int, int]:
+def _retain(store: Store, model, subject_col, scope: str, cutoff: float, passed: float,
+            to_subject) -> tuple[int, int, int]:
+    """(rows deleted, (subject, hour) pairs kept, rows deleted that no rollup counted) before `cutoff`; `passed`:
+    the hours before it the rollup has passed."""
     hour = _hour_expr(store, model.ts).label("hour")
     with store.session() as session:
         raw = session.execute(
             select(hour, subject_col, func.count()).where(model.ts < cutoff).group_by(hour, subject_col)
         ).all()
         if not raw:
-            return 0, 0
+            return 0, 0, 0
         rolled = {
             (float(h), s): n
             for h, s, n in session.execute(
@@ -416,14 +437,17 @@ def _retain(store: Store, model, subject_col, scope: str, cutoff: float, to_subj
         }
         deletable: dict[float, list] = {}
         counted: dict[tuple[float, object], int] = {}
+        late: dict[float, list] = {}
         kept = 0
         for h, subject, n in raw:
             if rolled.get((float(h), str(subject))) == n:
                 deletable.setdefault(float(h), []).append(to_subject(subject))
                 counted[(float(h), to_subject(subject))] = n
+            elif float(h) < passed:
+                late.setdefault(float(h), []).append(to_subject(subject))
             else:
                 kept += 1
-        deleted = 0
+        deleted = late_deleted = 0
         for h, subjects in deletable.items():
             for i in range(0, len(subjects), 500):
                 chunk = subjects[i:i + 500]
@@ -436,6 +460,11 @@ def _retain(store: Store, model, subject_col, scope: str, cutoff: float, to_subj
                     session.rollback()
                     log.warning("retention of %s: samples of hour %.0f arrived while it ran; nothing deleted, the "
                                 "next run tries again", model.__tablename__, h)
-                    return 0, len(raw)
+                    return 0, len(raw), 0
                 deleted += result.rowcount
-    return deleted, kept
+        # every row of such an hour goes, one that came while this ran too: no rollup would take it either
+        for h, subjects in late.items():
+            for i in range(0, len(subjects), 500):
+                late_deleted += session.execute(delete(model).where(
+                    model.ts >= h, model.ts < h + HOUR, subject_col.in_(subjects[i:i + 500]))).rowcount
+    return deleted + late_deleted, kept, late_deleted

@@ -20,7 +20,15 @@ from typing import Any
 import psutil
 
 from collector import attribution
-from collector.agent_batch import AgentStats, Batch, KnownProcess, device_row, process_metrics, sample_rows
+from collector.agent_batch import (
+    AgentStats,
+    Batch,
+    KnownProcess,
+    device_row,
+    finite,
+    process_metrics,
+    sample_rows,
+)
 from collector.agent_hooks import install_job_hooks, make_sdk_handlers
 from collector.agent_store import record_host, register_new_devices, retire_unlisted, touch_new_workflows
 from collector.command_runner import CommandRunner, Outcome
@@ -47,6 +55,9 @@ from store.settings import Settings
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
+# the processes cached for attribution are pruned to those the devices listed in the last this many rounds: a process
+# that ended leaves (one that comes back is looked up again); kept for good, the cache grew with every pid ever seen
+PROC_FORGET_ROUNDS = 60
 STOP_THREADS_S = 8.0  # after SIGTERM/SIGINT the threads get this long; the last flush follows (all within 15 s)
 def _default_attribute(pid: int) -> tuple[str, str] | None:
     """(workflow id, how it was found) for `pid`, from collector.attribution."""
@@ -103,6 +114,7 @@ class Agent:
         self._batch = Batch()
         self._batch_lock = threading.Lock()
         self._procs: dict[int, KnownProcess] = {}
+        self._procs_listed: set[int] = set()  # the pids the devices listed since the cache was last pruned
         self._lost: set[int] = set()
         self._device_ids: dict[int, int] = {}
         self._registered_uuids: dict[int, str] = {}  # device index -> the UUID registered for it
@@ -292,6 +304,7 @@ class Agent:
         seen: dict[int, KnownProcess] = {}
         lost: set[int] = set()
         found: set[int] = set()
+        nonfinite = 0
         for reading in readings:
             if reading.lost:
                 if reading.index not in self._lost:
@@ -304,14 +317,28 @@ class Agent:
                 found.add(reading.index)
             elif self._registered and reading.index not in self._device_ids:
                 found.add(reading.index)  # a device the source opened since (a MIG instance made): register it
-            device_rows.append(device_row(reading))
+            row, bad = device_row(reading)
+            device_rows.append(row)
+            nonfinite += bad
             for p in reading.processes:
                 proc = self._proc(p, now)
                 if proc is None:
                     continue
                 seen[proc.pid] = proc
-                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *process_metrics(p)])
+                metrics, bad = finite(process_metrics(p))
+                process_rows.append([reading.index, proc.workflow_id, p.pid, reading.ts, *metrics])
+                nonfinite += bad
+        if nonfinite:
+            if not self.stats.nonfinite_values:
+                log.warning("%s reported %d NaN or infinite metric values on host %s; stored as not reported (the "
+                            "agent's nonfinite_values counts them)", self.source.name, nonfinite, self.host_id)
+            self.stats.nonfinite_values += nonfinite
         self.latest = readings
+        self._procs_listed.update(seen)
+        if self.stats.rounds % PROC_FORGET_ROUNDS == PROC_FORGET_ROUNDS - 1:
+            # a new dict in place of the old: /metrics reads the cache from another thread
+            self._procs = {pid: proc for pid, proc in self._procs.items() if pid in self._procs_listed}
+            self._procs_listed = set()
         if isinstance(self._sdk_handler, SdkHandlers):  # NVML's half of each process's context measurement
             self._sdk_handler.note_process_memory(
                 [(p.pid, p.mem_used, r.ts) for r in readings if not r.lost for p in r.processes])

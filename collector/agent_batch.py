@@ -3,6 +3,7 @@ saw, and the counters a test or `--once` reads back."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ class AgentStats:
     # the database is not taken for down (commands go on being polled)
     busy_writes: int = 0
     rows_dropped: int = 0  # rows that could not be written (unknown device)
+    # metric values a source read as NaN or infinite (a GPM rate over no time, say): each is stored as not reported
+    # (NULL), its row kept; one in a batch made the spool refuse the whole batch, and the flush lose it
+    nonfinite_values: int = 0
     sample_errors: int = 0
     commands: list[Outcome] = field(default_factory=list)
     # seconds each fresh batch took to write, the latest ones (a load test reads the percentiles)
@@ -86,8 +90,23 @@ class Batch:
         }
 
 
-def device_row(r: DeviceReading) -> list[Any]:
-    return [r.index, r.ts, *device_metrics(r)]
+def finite(values: tuple[Any, ...]) -> tuple[list[Any], int]:
+    """The metric values with each NaN or infinite one made None (not reported, as store.samples has a metric a
+    source could not read), and how many were. JSON (the spool) has no NaN, and the two databases would keep one
+    differently (SQLite as NULL, PostgreSQL as NaN, which every mean over it then is)."""
+    out = list(values)
+    bad = 0
+    for i, v in enumerate(out):
+        if isinstance(v, float) and not math.isfinite(v):
+            out[i] = None
+            bad += 1
+    return out, bad
+
+
+def device_row(r: DeviceReading) -> tuple[list[Any], int]:
+    """The reading's batch row, and how many of its metrics were not finite (made None)."""
+    metrics, bad = finite(device_metrics(r))
+    return [r.index, r.ts, *metrics], bad
 
 
 def row_getter(columns: tuple[str, ...], names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:

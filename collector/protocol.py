@@ -87,7 +87,7 @@ def decode(line: bytes | str) -> dict[str, Any]:
     if len(line) > MAX_LINE:
         raise ProtocolError(f"message of {len(line)} bytes is over the {MAX_LINE}-byte limit")
     try:
-        message = json.loads(line)
+        message = socket_server.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"message is not JSON ({exc})") from None
     if not isinstance(message, dict):
@@ -115,6 +115,10 @@ def check_request(message: dict[str, Any]) -> str:
         for batch in batches:
             if not isinstance(batch, dict) or any(batch.get(f) is None for f in BATCH_FIELDS):
                 raise ProtocolError(f"each steps batch needs {', '.join(BATCH_FIELDS)}")
+            # a value the database refuses would make it refuse the step rows of every job queued with it
+            wrong = [f for f in BATCH_FIELDS if isinstance(batch[f], bool) or not isinstance(batch[f], int | float)]
+            if wrong:
+                raise ProtocolError(f"steps batch fields {', '.join(wrong)} must be numbers")
     if op == SERVING and not isinstance(message["minutes"], list):
         raise ProtocolError("serving.minutes must be a list")
     return op

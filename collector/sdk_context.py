@@ -33,6 +33,7 @@ class ContextMeter:
         self._reserved: dict[int, tuple[str, float, int]] = {}  # pid -> (workflow, ts, reserved bytes)
         self._paired: dict[int, tuple[float, float]] = {}  # pid -> the (nvml ts, reserved ts) last paired
         self._pairs: dict[tuple[str, int], deque[int]] = {}
+        self._ended: dict[str, int] = {}  # workflow -> the largest C of its processes that ended
 
     def note_nvml(self, pid: int, used: int | None, ts: float) -> str | None:
         """NVML's used memory of a process; the workflow whose C this may have changed, or None."""
@@ -66,12 +67,26 @@ class ContextMeter:
         return int(statistics.median_low(pairs)) if pairs else None
 
     def workflow_context(self, workflow: str) -> int | None:
-        """C of the workflow's processes: the largest of their medians (None: never measured)."""
+        """C of the workflow's processes, those that ended here too: the largest of their medians (None: never
+        measured)."""
         values = [self.process_context(wf, pid) for wf, pid in self._pairs if wf == workflow]
+        values.append(self._ended.get(workflow))
         return max((v for v in values if v is not None), default=None)
 
     def forget(self, pid: int) -> None:
-        """Drop a process that ended (its pid may be reused); its workflow's figure stays as measured."""
+        """Drop a process that ended (its pid may be reused); its workflow's figure stays as measured, its median
+        kept as one figure per workflow (`forget_workflow` drops it)."""
         self._nvml.pop(pid, None)
         self._reserved.pop(pid, None)
         self._paired.pop(pid, None)
+        for key in [k for k in self._pairs if k[1] == pid]:
+            median = self.process_context(*key)
+            del self._pairs[key]
+            if median is not None:
+                self._ended[key[0]] = max(self._ended.get(key[0], median), median)
+
+    def forget_workflow(self, workflow: str) -> None:
+        """Drop what is kept of a workflow none of whose processes runs here any more (its figure is in the store)."""
+        self._ended.pop(workflow, None)
+        for key in [k for k in self._pairs if k[0] == workflow]:
+            del self._pairs[key]

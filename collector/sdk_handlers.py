@@ -30,6 +30,8 @@ from collector.sdk_context import ContextMeter
 from collector.sdk_memory import (
     ProcessMemory,
     as_int,
+    fold_ended,
+    forget_workflow,
     note_memory,
     record_workflow_memory,
     workflow_memory,
@@ -50,6 +52,8 @@ PROFILE_JOIN_WINDOW_S = 30.0
 JOB_FORGET_S = 600.0  # a job silent this long is dropped from `jobs()` and no longer polled for in the store
 MAX_QUEUED_STEP_ROWS = 200_000  # step summaries waiting for the database; past this the oldest are dropped
 MAX_QUEUED_OPS = 10_000
+# goodbyes kept for take_outcome: the reaper takes those of the jobs it started at once; nobody asks for the others
+MAX_KEPT_OUTCOMES = 4096
 
 
 class LaneGate(Protocol):
@@ -103,6 +107,9 @@ class SdkHandlers:
         self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
         self._dropped_rows = 0
         self._outcomes: dict[tuple[str, int], str] = {}  # (wf, pid) -> what the job said in its goodbye
+        # processes that said goodbye or went silent: what is kept of them goes once their workflow's figures are
+        # written (_prune_ended); kept for good, a long-lived agent's memory grew with every job it ever served
+        self._ended: set[tuple[str, int]] = set()
         # (wf, pid) -> the last step of the step summaries taken from that process: a summary the job sends again
         # (our reply came after its timeout, so it kept the summary) is taken once
         self._taken_steps: dict[tuple[str, int], int] = {}
@@ -249,6 +256,7 @@ class SdkHandlers:
         # What is written is taken off the queues first, so a summary or a memory change that arrives during the
         # write stays queued for the next one; on DatabaseUnavailable it all goes back in front, in order.
         with self._lock:
+            self._prune_ended()
             rows = list(self._step_rows)
             self._step_rows.clear()
             dirty = set(self._dirty_mem)
@@ -447,7 +455,10 @@ class SdkHandlers:
             self._jobs.pop((wf, pid), None)
             self._taken_steps.pop((wf, pid), None)
             self._outcomes[(wf, pid)] = outcome
+            while len(self._outcomes) > MAX_KEPT_OUTCOMES:  # the oldest, which nobody took
+                del self._outcomes[next(iter(self._outcomes))]
             self._context.forget(pid)
+            self._ended.add((wf, pid))
         if int(msg.get("rank") or 0) == 0 and outcome in ("finished", "failed"):
             touch = touch_fields(msg)
 
@@ -475,8 +486,24 @@ class SdkHandlers:
     def _forget_silent(self, now: float) -> None:
         for key in [k for k, job in self._jobs.items() if now - job["last_seen"] > JOB_FORGET_S]:
             del self._jobs[key]
-            self._mem.pop(key, None)
             self._taken_steps.pop(key, None)
+            self._context.forget(key[1])
+            self._ended.add(key)
+
+    def _prune_ended(self) -> None:
+        """What is kept of processes that ended, once their workflow's figures are written (it is not dirty): folded
+        into the workflow's figures while another of its processes runs here, else dropped with the workflow's (the
+        store holds them; a process of it that starts here later begins afresh, as after an agent restart). Call
+        under the lock."""
+        for key in [k for k in self._ended if k[0] not in self._dirty_mem]:
+            self._ended.discard(key)
+            if key in self._jobs:  # silent a while, then heard from again: it runs
+                continue
+            wf = key[0]
+            fold_ended(self._mem, key)
+            if not any(k[0] == wf for k in self._jobs):
+                forget_workflow(self._mem, wf)
+                self._context.forget_workflow(wf)
 
     def _checkpoint_answer(self, msg: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
         with self._lock:

@@ -14,6 +14,8 @@ from store.rows import merge_labels
 
 # (workflow, pid) -> P, E, source, and how many steps the memory was seen for
 ProcessMemory = dict[tuple[str, int], tuple[int | None, int | None, str, int]]
+# the pid under which a workflow's processes that ended are kept, folded into one entry: pid 0 is no job's process
+ENDED_PID = 0
 
 
 def note_memory(mem: ProcessMemory, key: tuple[str, int], batches: list[dict[str, Any]]) -> bool:
@@ -35,6 +37,27 @@ def note_memory(mem: ProcessMemory, key: tuple[str, int], batches: list[dict[str
         return False
     mem[key] = (persistent, ephemeral, source, steps)
     return mem[key] != before
+
+
+def fold_ended(mem: ProcessMemory, key: tuple[str, int]) -> None:
+    """Fold the figures of a process that ended into its workflow's entry of ended processes (ENDED_PID), so that the
+    workflow's figures still count it and no entry per process stays. Call under the lock."""
+    if key[1] == ENDED_PID or key not in mem:
+        return
+    figures = mem.pop(key)
+    ended = (key[0], ENDED_PID)
+    kept = mem.get(ended)
+    if kept is None:
+        mem[ended] = figures
+        return
+    persistent, ephemeral, source, steps = largest([kept, figures])
+    mem[ended] = (persistent, ephemeral, source or figures[2], steps)
+
+
+def forget_workflow(mem: ProcessMemory, wf: str) -> None:
+    """Drop every entry of a workflow none of whose processes runs here any more. Call under the lock."""
+    for key in [k for k in mem if k[0] == wf]:
+        del mem[key]
 
 
 def workflow_memory(mem: ProcessMemory, wf: str) -> tuple[int | None, int | None, str | None, int]:

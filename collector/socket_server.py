@@ -92,9 +92,19 @@ class _Connection(socketserver.BaseRequestHandler):
             self.server.track(sock, False)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number; send a number, or leave the field out")
+
+
+def loads(line: bytes | str) -> Any:
+    """One line of JSON, refusing NaN and Infinity: Python's json reads them, but they are no JSON, and a step summary
+    holding one made the agent's database write refuse every job's summaries queued with it."""
+    return json.loads(line, parse_constant=_no_constant)
+
+
 def _reply(handler: MessageHandler, line: bytes) -> bytes:
     try:
-        msg = json.loads(line)
+        msg = loads(line)
     except ValueError as exc:
         return _encode({"ok": False, "error": f"not a JSON line: {exc}"})
     if not isinstance(msg, dict):

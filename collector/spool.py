@@ -81,9 +81,15 @@ class Spool:
         folder cannot take it: a full disk).
 
         Past the bound the oldest batches are dropped, and a batch that cannot be written is dropped; each drop is
-        counted and logged.
+        counted and logged. It never raises for the batch: a caller putting it there because the database is away
+        must go on (and carry on flushing) whatever the batch holds.
         """
-        data = zlib.compress(json.dumps(batch, separators=(",", ":"), allow_nan=False).encode(), 1)
+        try:
+            data = zlib.compress(json.dumps(batch, separators=(",", ":"), allow_nan=False).encode(), 1)
+        except (TypeError, ValueError) as exc:  # a NaN or a value JSON cannot hold: the writer should have said None
+            with self._lock:
+                self._count_drop(rows, f"a batch holds a value the spool cannot keep ({exc})")
+            return None
         with self._lock:
             if len(data) > self.max_bytes:
                 self._count_drop(rows, f"a batch of {len(data)} bytes is larger than the whole spool")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,9 @@ class Lost(Exception):
 
 
 def as_fraction(percent: float | None) -> float | None:
-    if percent is None:
+    """A percentage as a fraction 0..1; None for none, and for NaN or infinity (a GPM rate over no time): NaN went
+    through min and max unchanged, and a batch holding it could not be spooled."""
+    if percent is None or not math.isfinite(float(percent)):
         return None
     return min(max(float(percent) / 100.0, 0.0), 1.0)
 

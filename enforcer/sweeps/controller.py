@@ -29,10 +29,9 @@ would take GPUs that growth was promised, unless the engine runs nothing.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-from enforcer.sweeps.fluid import Decision, FluidConfig, Kind, TrialState, check_width, plan
+from enforcer.sweeps.fluid import Decision, FluidConfig, Kind, TrialState, check_steps, check_width, plan
 from store.errors import InvalidInput
 
 
@@ -85,6 +84,7 @@ class SweepController:
     def add(self, trial_id: str, group: str, steps: float) -> None:
         if trial_id in self.trials:
             raise InvalidInput(f"trial {trial_id!r} was added twice")
+        check_steps(trial_id, steps)
         # release order counts every trial ever added: the count of trials held now would give a trial added after
         # one ended the order of one still waiting, and the id, not the release, would decide between them
         self.trials[trial_id] = TrialState(trial_id, group, steps, None, 0.0, True, self._released)
@@ -138,6 +138,8 @@ class SweepController:
         the engine resumes it (`may_start`, `pending`) for a round whose steps it reports then (`steps_left`: what it
         reported at the pause, for the record). A pause to resize is not this: the trial keeps the width it was
         handed."""
+        if steps_left is not None:
+            check_steps(trial_id, steps_left)
         self._now = now
         t = self.trials.get(trial_id)
         if t is None or not t.running:
@@ -179,8 +181,7 @@ class SweepController:
         """A result of a running trial: its measured seconds per step alone (None: not reported) and steps left.
         Returns the width it should run at from now (its current one when nothing changes). Without `running` first,
         a trial's first result finds it at the base width."""
-        if not math.isfinite(steps_left):  # before anything changes: NaN would read as none left
-            raise InvalidInput(f"trial {trial_id!r} reports {steps_left!r} steps left; report a number of steps")
+        check_steps(trial_id, steps_left)  # before anything changes: NaN or a negative count would read as none left
         self._now = now
         back = trial_id not in self.trials
         if back:  # back after a failure (the engine retried it): planned again from here

@@ -41,6 +41,15 @@ class Kind(StrEnum):
     WAIT = "wait"  # not running: waits, for the reason given
 
 
+def check_steps(trial_id: str, steps: float) -> None:
+    """Refuse steps left that are no number of steps >= 0, as a trial reports them: NaN read as none left (max(0, NaN)
+    is 0), and so did a negative count, which no round has (a trial's miscount, not an overrun): the trial was taken
+    to have ended its round, and kept the GPUs it held without any word."""
+    if not math.isfinite(steps) or steps < 0.0:
+        raise InvalidInput(f"trial {trial_id!r} reports {steps!r} steps left; report the steps left in its round, "
+                           "a number >= 0")
+
+
 def check_width(trial_id: str, width: float) -> None:
     """Refuse a width that is no number of GPUs >= 0 (0: holds nothing)."""
     if not math.isfinite(width) or width < 0.0:
@@ -61,7 +70,8 @@ class TrialState:
 
     def __post_init__(self) -> None:
         # NaN would read as "no steps left" (max(0, NaN) is 0) or "not running" (NaN > 0 is false): a trial ended
-        # or GPUs counted free without anyone saying so. Fewer than 0 steps left is a round overrun: none left.
+        # or GPUs counted free without anyone saying so. Below 0 (the simulator's rounding, a hair under) is none left;
+        # what a trial reports is refused below 0 before it gets here (check_steps, in the controller).
         if not math.isfinite(self.remaining_steps):
             raise InvalidInput(f"trial {self.trial_id!r}: steps left {self.remaining_steps!r} is not a number of "
                                "steps; report the steps left in its round")

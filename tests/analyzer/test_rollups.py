@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import event, func, select
 
+from analyzer import periodic
 from analyzer.rollups import apply_retention, rollup
 from analyzer.telemetry.hour_summaries import kept_hours
 from analyzer.telemetry.thresholds import load_thresholds
@@ -14,6 +15,7 @@ from store.db import Store
 from store.errors import InvalidInput
 from store.migrations import upgrade
 from store.models import DeviceSample, ProcessSample, Rollup, TelemetryHour
+from store.settings import Settings
 from tests.analyzer.telemetry_fleet import GIB, T0, Fleet
 
 HOUR = 3600.0
@@ -111,23 +113,21 @@ def test_retention_deletes_only_rolled_up_hours(any_store):
     with any_store.session() as s:
         assert s.scalar(select(func.min(DeviceSample.ts))) == T0 + HOUR  # the second hour was not rolled up
 
-    # a sample arrives late for the second hour after it was rolled up: its hour is kept until re-rolled
+    # a sample arrives late for the second hour after it was rolled up: the next rollup rolls the hour up again (it
+    # is marked, within the look-back), and the retention then deletes it whole, the late sample with it
     rollup(any_store, now=T0 + 2 * HOUR)
     fleet.run(busy, "busy", 90, 91, util=0.3, mem_gib=70)
     fleet.flush()
-    stale = apply_retention(any_store, 1 / 24, now=now)
-    assert stale.device_samples_deleted == 60  # the other device's hour matched its rollup
-    assert stale.process_samples_deleted == 120  # workflows a and b; busy's hour changed
-    rollup(any_store, now=T0 + 2 * HOUR, since=T0 + HOUR)
+    assert rollup(any_store, now=T0 + 2 * HOUR).rerolled_hours == (T0 + HOUR,)
     done = apply_retention(any_store, 1 / 24, now=now)
-    assert (done.device_samples_deleted, done.process_samples_deleted) == (61, 61)
+    assert (done.device_samples_deleted, done.process_samples_deleted, done.late_samples_deleted) == (121, 181, 0)
     with any_store.session() as s:
         assert s.scalar(select(func.min(DeviceSample.ts))) == T0 + 2 * HOUR
         assert s.scalar(select(func.min(ProcessSample.ts))) == T0 + 2 * HOUR
     assert len(_rows(any_store)) == 10  # rollups themselves are never deleted
     # the detectors' kept hours go with their samples: none is kept from before the cutoff (T0 + 2 h); the first
     # hour, its samples deleted, is not rolled up (nor summarised) again
-    assert (result.summaries_deleted, stale.summaries_deleted, done.summaries_deleted) == (1, 1, 1)
+    assert (result.summaries_deleted, done.summaries_deleted) == (1, 1)
     with any_store.session() as s:
         assert s.scalar(select(func.count()).select_from(TelemetryHour)) == 0
 
@@ -155,13 +155,14 @@ def test_a_sample_that_arrives_while_the_retention_deletes_its_hour_is_not_delet
         at = s.scalar(select(func.count()).select_from(DeviceSample).where(DeviceSample.ts == T0 + 30 * 60))
     assert at == 3  # both devices' samples of that minute, and the late one: nothing went unrolled
     assert result.device_samples_deleted == 0
-    # the next run deletes what matches its rollups, and keeps the hour the late sample changed (older than the
-    # cutoff, it is not rolled up again: its raw rows stay, counted in hours_kept)
+    # the hour the late sample changed is older than the cutoff: no rollup rolls it up again, so its rows are past
+    # the retention, counted as late: its process rows in this run (the process samples' turn came after the late
+    # write), its device rows in the next, with what matches its rollups
+    assert result.late_samples_deleted == 61
     again = apply_retention(any_store, 1 / 24, now=T0 + 3 * HOUR + 60)
-    assert (again.device_samples_deleted, again.hours_kept) == (180, 2)
+    assert (again.device_samples_deleted, again.hours_kept, again.late_samples_deleted) == (241, 0, 61)
     with any_store.session() as s:
-        # the busy device's sample of that minute and the late one; the other device's went with its hour
-        assert s.scalar(select(func.count()).select_from(DeviceSample).where(DeviceSample.ts == T0 + 30 * 60)) == 2
+        assert s.scalar(select(func.count()).select_from(DeviceSample).where(DeviceSample.ts < T0 + 2 * HOUR)) == 0
 
 
 def _rollup_of(store, scope: str, subject, hour: float):
@@ -285,3 +286,30 @@ def test_an_in_memory_sqlite_store_is_rolled_up_in_the_calling_thread():
             assert s.scalar(select(func.count()).select_from(TelemetryHour)) == 3
     finally:
         store.dispose()
+
+
+def test_a_sample_late_for_an_hour_past_the_retention_is_deleted_not_kept_for_good(any_store, fleet_home):
+    """A spool sent days late reaches an hour whose samples the retention has deleted: the rollup does not roll it up
+    again (past its look-back, the retention's days) and its rows no longer match its rollups. They stayed for good,
+    counted in hours_kept by every run."""
+    settings = Settings(retention_days=2 / 24)
+    fleet = Fleet(any_store)
+    dev = fleet.device()
+    fleet.workflow("w")
+    fleet.run(dev, "w", 0, 240, util=0.5, mem_gib=40)
+    fleet.flush()
+    now = T0 + 4 * HOUR + 60  # cutoff: T0 + 2 h
+    first = periodic.rollup_and_retain(any_store, settings, now=now)
+    assert first["retention"]["device_samples_deleted"] == 120
+    before = _rows(any_store)
+    fleet.run(dev, "w", 30, 31, util=0.9, mem_gib=40, pid=7)  # late, for the first hour
+    fleet.flush()
+    for _ in range(2):  # the run that finds them deletes them; the next finds nothing left
+        again = periodic.rollup_and_retain(any_store, settings, now=now)
+        with any_store.session() as s:
+            left = [s.scalar(select(func.count()).select_from(m).where(m.ts < T0 + 2 * HOUR))
+                    for m in (DeviceSample, ProcessSample)]
+        assert left == [0, 0]
+        assert again["retention"]["hours_kept"] == 0
+    assert again["retention"]["late_samples_deleted"] == 0
+    pd.testing.assert_frame_equal(before, _rows(any_store))  # the hour's rollups stay as they were

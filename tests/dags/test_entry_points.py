@@ -147,7 +147,9 @@ def test_the_hourly_rollup_rolls_up_again_the_hours_of_the_retention_that_late_s
                 Rollup.scope == "workflow", Rollup.subject == "spooled", Rollup.hour == T0 + 2 * HOUR))
         assert held == pytest.approx(1.0)
         assert second["rollup"]["rerolled_hours"] == [T0 + 2 * HOUR] and second["rollup"]["hours"] == 0
-        # the first hour is past the look-back: not rolled up again, and its late samples are kept, not deleted
-        assert second["retention"]["device_samples_deleted"] == 0 and second["retention"]["hours_kept"] == 2
+        # the first hour is past the look-back: not rolled up again; its late samples are past the retention, and go
+        retained = second["retention"]
+        assert (retained["device_samples_deleted"], retained["process_samples_deleted"]) == (60, 60)
+        assert (retained["hours_kept"], retained["late_samples_deleted"]) == (0, 120)
     finally:
         store.dispose()

@@ -244,6 +244,27 @@ def test_retention_drops_a_whole_day_only_when_every_hour_of_it_is_rolled_up(pg_
 
 
 @pytest.mark.pg
+def test_a_sample_late_for_a_day_the_retention_dropped_is_deleted_by_the_next_run(pg_store: Store) -> None:
+    """A spool sent after its day's partition was dropped lands in the default partition; no rollup takes it (its day
+    is past the look-back), and the retention kept it there for good."""
+    now = time.time()
+    device = fleet(pg_store, now - 5 * DAY)
+    old_day = day_of(now) - 4 * DAY
+    ensure_partitions(pg_store, old_day, old_day, days_ahead=0)
+    write_samples(pg_store, *rows(device, [old_day + 60.0 * m for m in range(0, 24 * 60, 10)]))
+    write_samples(pg_store, *rows(device, [now - 60]))
+    rollup(pg_store, now, since=old_day)
+    assert apply_retention(pg_store, 2.0, now).partitions_dropped
+    write_samples(pg_store, *rows(device, [old_day + 3 * 3600.0 + 30]))  # late, for the dropped day
+    rollup(pg_store, now, recheck_days=2.0)  # as the periodic job runs them: the look-back is the retention's
+    late = apply_retention(pg_store, 2.0, now)
+    with pg_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(DeviceSample).where(DeviceSample.ts < late.cutoff)) == 0
+        assert s.scalar(select(func.count()).select_from(ProcessSample).where(ProcessSample.ts < late.cutoff)) == 0
+    assert (late.device_samples_deleted, late.process_samples_deleted, late.late_samples_deleted) == (1, 1, 2)
+
+
+@pytest.mark.pg
 def test_a_late_sample_written_while_retention_drops_its_day_is_not_lost(pg_store: Store) -> None:
     """A late batch (a spool sent after a long outage) committed between retention's check that the day is rolled up
     and its drop went with the day, never rolled up."""

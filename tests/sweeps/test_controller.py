@@ -133,7 +133,7 @@ def test_more_trials_than_the_fleet_holds_each_keep_a_record() -> None:
     assert [e.kind for e in ctrl.events].count("wait") == 2  # a reason is recorded once, not on every result
 
 
-@pytest.mark.parametrize("steps_left", [float("nan"), float("inf")])
+@pytest.mark.parametrize("steps_left", [float("nan"), float("inf"), -5.0])
 def test_a_result_whose_steps_left_are_no_number_is_refused(steps_left: float) -> None:
     """NaN steps left used to read as "no steps left" (max(0, NaN) is 0): the trial silently ended its round with
     the GPUs it held and was never re-filled."""
@@ -172,3 +172,20 @@ def test_release_order_counts_every_trial_ever_added() -> None:
     assert ctrl.trials["a"].order > ctrl.trials["y"].order
     decisions = {d.trial_id: d.kind for d in plan(list(ctrl.trials.values()), ctrl.config)}
     assert decisions == {"y": Kind.PROFILE, "a": Kind.WAIT}  # the one GPU measures the trial released first
+
+
+def test_negative_steps_left_are_refused_and_the_sweep_goes_on_as_it_was() -> None:
+    """A trial reporting -5 steps left (its own miscount) was read as a round overrun, none left: it was taken to have
+    ended its round, kept the GPUs it held, and nothing said why."""
+    ctrl = SweepController(FluidConfig(4, SPEED, restart_s=0.0))
+    ctrl.add("a", "g", 10)
+    ctrl.add("b", "g", 10)
+    ctrl.on_result("a", 10.0, 8)
+    ctrl.on_result("b", 10.0, 8)
+    trials, planned, events = dict(ctrl.trials), dict(ctrl.planned), list(ctrl.events)
+    for report in (lambda: ctrl.on_result("a", 10.0, -5.0), lambda: ctrl.paused("a", "rung", -5.0)):
+        with pytest.raises(InvalidInput) as exc:
+            report()
+        assert "'a'" in str(exc.value) and "-5.0 steps left" in str(exc.value)
+    assert (ctrl.trials, ctrl.planned, ctrl.events) == (trials, planned, events)  # nothing was taken from it
+    assert ctrl.on_result("a", 10.0, 7) == ctrl.width("a") and ctrl.trials["a"].remaining_steps == 7

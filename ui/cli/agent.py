@@ -63,6 +63,8 @@ def agent(
         f"agent {the_agent.host_id} stopped after {stats.rounds} rounds: {stats.batches_written} batches written, "
         f"{stats.batches_spooled} spooled, {stats.batches_resent} resent, {len(the_agent.spool)} still spooled; "
         "the jobs it launched go on (the next agent here takes them up)"
+        + (f"; {stats.nonfinite_values} metric values read as NaN or infinite were stored as not reported"
+           if stats.nonfinite_values else "")
     )
     if the_agent.stop_signal is not None:
         raise typer.Exit(128 + the_agent.stop_signal)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports them

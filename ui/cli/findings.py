@@ -163,6 +163,7 @@ def rollup_cmd(
         kept = apply_retention(store, days, now=now)
         out.update(retention_days=days, cutoff=kept.cutoff, device_samples_deleted=kept.device_samples_deleted,
                    process_samples_deleted=kept.process_samples_deleted, hours_kept_not_rolled_up=kept.hours_kept,
+                   late_samples_deleted=kept.late_samples_deleted,
                    detector_hours_deleted=kept.summaries_deleted,
                    serving_requests_deleted=kept.serving_requests_deleted)
     if as_json:
