@@ -447,6 +447,55 @@ def test_tensor_cores_cost_counts_fp32_gemms_side_by_side_on_two_streams_once(tm
     assert summary["fractions"]["computation"] == pytest.approx(0.5)
 
 
+def _h100_trace(path, gemm: str) -> None:
+    """Three 40 ms steps on an H100, each a 20 ms cuBLASLt GEMM (`gemm`) and a 5 ms elementwise kernel."""
+    events, corr, t = [], 1, 1_000_000
+    for step in range(1, 4):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t, "dur": 40_000})
+        for name, start, dur in ((gemm, 1_000, 20_000), ("void at::native::vectorized_elementwise_kernel<4>()",
+                                                          21_000, 5_000)):
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": t + start - 500, "dur": 5, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": t + start,
+                           "dur": dur, "args": {"stream": 7, "correlation": corr}})
+            corr += 1
+        t += 40_000
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+
+
+# cuBLASLt's Hopper GEMMs (CUDA 12.8+): the letters after "nvjet_" are the types, h FP16, t BF16, s FP32; an FP32
+# one says "tf32" when it computes in TF32 on the tensor cores
+NVJET_ON_TENSOR_CORES = ["nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", "nvjet_tst_128x128_64x4_1x2_h_bz_coopA_TNT",
+                         "nvjet_sss_tf32_128x256_TNT", "nvjet_sm90_hss_320x128"]
+
+
+@pytest.mark.parametrize("gemm", NVJET_ON_TENSOR_CORES)
+def test_nvjet_gemms_in_half_precision_or_tf32_count_as_matmuls_on_tensor_cores(tmp_path, gemm):
+    path = tmp_path / "h100.json"
+    _h100_trace(path, gemm)
+    summary, found = analyze_one(path)
+    tc = summary["tensor_cores"]
+    assert tc["matmul_share"] == pytest.approx(0.8) and tc["tensor_core_share"] == pytest.approx(0.8)
+    assert tc["matmul_without_tensor_cores_us"] == 0.0
+    assert "trace.no_tensor_cores" not in {f.rule for f in found}
+
+
+def test_nvjet_gemms_in_plain_fp32_are_a_tensor_core_opportunity(tmp_path):
+    path = tmp_path / "h100_fp32.json"
+    gemm = "nvjet_sss_128x256_64x4_2x1_v_bz_NNT"
+    _h100_trace(path, gemm)
+    summary, found = analyze_one(path)
+    assert summary["tensor_cores"]["matmul_share"] == pytest.approx(0.8)
+    assert summary["tensor_cores"]["tensor_core_share"] == pytest.approx(0.0)
+    f = next(f for f in found if f.rule == "trace.no_tensor_cores")
+    assert f.evidence["matmul_without_tensor_cores_ms"] == pytest.approx(60.0)
+    assert f.evidence["top_kernels"][0]["name"] == gemm
+    saved = 1 - 1 / TH["tensor_cores"]["amp_speedup"]
+    assert f.cost_s_per_step == pytest.approx(0.020 * saved) and "allow_tf32" in f.fix
+
+
 def test_tensor_cores_rule_is_quiet_where_matmuls_already_use_them(analysed):
     raw = R.load(RANK3)
     # the matmuls (cuBLAS/CUTLASS gemm kernels; fbgemm is embedding work, not a matmul) run mostly on tensor cores
