@@ -386,6 +386,47 @@ def test_pageable_htod_costs_only_the_copies_inside_the_steps(tmp_path):
     assert f.cost_s_per_step == pytest.approx(0.010 / 2 * saved) and f.cost_fraction == pytest.approx(0.125 * saved)
 
 
+def _symbol_copies_trace(path, names: list[str]) -> None:
+    """Two 40 ms steps, each with one 10 ms copy of each name (64 MiB) inside it."""
+    events, corr, t = [], 1, 1_000_000
+    for step in (1, 2):
+        start = t + (step - 1) * 40_000
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": 40_000})
+        for i, name in enumerate(names):
+            at = start + 1_000 + i * 12_000
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1,
+                           "ts": at - 20, "dur": 10_030, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "gpu_memcpy", "name": name, "pid": 0, "tid": 7, "ts": at, "dur": 10_000,
+                           "args": {"stream": 7, "correlation": corr, "bytes": 64 << 20}})
+            corr += 1
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+
+
+def test_copies_to_and_from_device_variables_are_read_by_their_host_memory(tmp_path):
+    # CUPTI names a __device__ variable's memory "Device Static" and a __managed__ one's "Managed Static", two words:
+    # cudaMemcpyToSymbol from pageable memory is a pageable copy like any other
+    path = tmp_path / "symbols.json"
+    _symbol_copies_trace(path, ["Memcpy HtoD (Pageable -> Device Static)", "Memcpy DtoH (Device Static -> Pinned)",
+                                "Memcpy HtoD (Managed Static -> Device)"])
+    summary, found = analyze_one(path)
+    kinds = {(r["direction"], r["host_memory"]): r["count"] for r in summary["memcpy"]}
+    assert kinds == {("HtoD", "pageable"): 2, ("DtoH", "pinned"): 2, ("HtoD", "managed"): 2}
+    f = next(f for f in found if f.rule == "trace.pageable_memcpy")
+    assert f.evidence["pageable_htod_copies"] == 2 and f.evidence["pageable_htod_bytes"] == 2 * (64 << 20)
+    saved = 1 - 1 / TH["pageable_memcpy"]["pinned_speedup"]
+    assert f.cost_s_per_step == pytest.approx(0.010 * saved)
+
+
+def test_copies_to_device_variables_from_pinned_memory_get_no_pageable_finding(tmp_path):
+    path = tmp_path / "pinned_symbols.json"
+    _symbol_copies_trace(path, ["Memcpy HtoD (Pinned -> Device Static)"])
+    summary, found = analyze_one(path)
+    assert [(r["direction"], r["host_memory"], r["count"]) for r in summary["memcpy"]] == [("HtoD", "pinned", 2)]
+    assert "trace.pageable_memcpy" not in {f.rule for f in found}
+
+
 def test_tensor_cores_rule_fires_on_fp32_gemms():
     raw = R.load(ALEXNET)
     gemm = [e for e in raw.device("comp") if "gemm" in e["name"]]
