@@ -14,9 +14,11 @@ import pytest
 from analyzer.rules import load_thresholds
 from analyzer.traces.run import analyze_one, analyze_paths
 from tests.analyzer import raw_trace as R
+from tests.analyzer.conftest import every_cost_thresholds
 from tests.conftest import TRACES
 
 TH = load_thresholds()
+EVERY_COST = every_cost_thresholds()
 NCCL = "a100_2rank_nccl.json.gz"
 RANK0_16 = "a100_80gb_16rank_rank0_training.json.gz"
 RANK3 = "a100_8rank_rank3_training.json.gz"
@@ -26,13 +28,15 @@ SAMPLED = ["sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz"]
 
 @pytest.fixture(scope="module")
 def analysed(trace_cache):
-    cache: dict[str, tuple[dict, dict]] = {}
+    """(summary, findings by rule) of a shared trace; with every_cost=True also the findings too small to report."""
+    cache: dict[tuple[str, bool], tuple[dict, dict]] = {}
 
-    def get(name: str):
-        if name not in cache:
-            summary, found = analyze_one(TRACES / name, cache_dir=trace_cache)
-            cache[name] = (summary, {f.rule: f for f in found})
-        return cache[name]
+    def get(name: str, every_cost: bool = False):
+        if (name, every_cost) not in cache:
+            summary, found = analyze_one(TRACES / name, cache_dir=trace_cache,
+                                         thresholds=EVERY_COST if every_cost else None)
+            cache[name, every_cost] = (summary, {f.rule: f for f in found})
+        return cache[name, every_cost]
 
     return get
 
@@ -55,12 +59,12 @@ def test_host_bound_fires_on_the_nccl_trace_with_its_idle_time(analysed):
     f = rules["trace.host_bound"]
     assert f.evidence["idle_fraction"] == pytest.approx(idle, abs=1e-3)
     step_s = statistics.mean(e - s for s, e in raw.steps) / 1e6
-    # the idle time the launch-bound finding costs is not costed again here
+    # the idle time the launch-bound finding costs is not costed again here (its 8 syncs a step cost nothing: the
+    # device never runs dry in them, and sync_heavy is not reported)
     launch_s = rules["trace.launch_bound"].cost_s_per_step
-    assert launch_s > 0 and set(f.evidence["idle_ms_per_step_explained_by"]) == {"trace.launch_bound",
-                                                                                  "trace.sync_heavy"}
-    assert f.cost_s_per_step + launch_s + rules["trace.sync_heavy"].cost_s_per_step == pytest.approx(
-        idle * step_s, rel=1e-3)
+    assert launch_s > 0 and set(f.evidence["idle_ms_per_step_explained_by"]) == {"trace.launch_bound"}
+    assert "trace.sync_heavy" not in rules
+    assert f.cost_s_per_step + launch_s == pytest.approx(idle * step_s, rel=1e-3)
     assert f.cost_fraction == pytest.approx(idle - launch_s / step_s, abs=1e-3) and f.severity == "high"
 
 
@@ -256,7 +260,7 @@ def _in_steps(raw: R.Raw, calls: list[dict]) -> list[dict]:
     return [e for e in calls if any(s <= e["ts"] < t for s, t in raw.steps)]
 
 
-def test_sync_heavy_fires_on_stream_syncs_every_step(analysed):
+def test_sync_heavy_counts_the_syncs_of_every_step(analysed):
     raw = R.load(RANK3)
     items, syncs = _synchronisations(raw)
     # 30 .item() calls: 24 read a device scalar (each holding the stream sync it waits in), 6 a CPU scalar
@@ -264,7 +268,7 @@ def test_sync_heavy_fires_on_stream_syncs_every_step(analysed):
     assert len(raw.cpu("cudaStreamSynchronize")) == 60 and len(syncs) == 37
     per_step = len(_in_steps(raw, items + syncs)) / len(raw.steps)
     assert per_step == pytest.approx(10.0, abs=0.01)
-    _, rules = analysed(RANK3)
+    _, rules = analysed(RANK3, every_cost=True)
     f = rules["trace.sync_heavy"]
     assert f.evidence["calls_per_step"] == pytest.approx(per_step, abs=0.01)
     assert f.evidence["stream_syncs"] == 36 and f.evidence["item_calls"] == 24 and f.evidence["device_syncs"] == 1
@@ -279,7 +283,7 @@ def test_sync_heavy_does_not_count_reads_of_cpu_scalars(analysed):
     assert len(raw.cpu("aten::item")) == 945
     items, syncs = _synchronisations(raw)
     assert items == [] and len(syncs) == 76
-    summary, rules = analysed(RANK0_16)
+    summary, rules = analysed(RANK0_16, every_cost=True)
     assert summary["sync"]["totals"] == {"stream_sync": 75, "device_sync": 1, "event_sync": 0, "item": 0,
                                          "total": 76}
     f = rules["trace.sync_heavy"]
@@ -310,7 +314,7 @@ def test_sync_heavy_costs_the_device_idle_after_its_syncs_not_the_cpu_time_block
     blocked_us = sum(e - s for s, e in R.spans(_in_steps(raw, items + syncs))) / n_steps
     # the CPU blocks 0.6 ms a step, while the GPU works off its queue; the GPU then idles 5.8 ms a step for new work
     assert (round(blocked_us / 1e3, 1), round(idle_us / 1e3, 1)) == (0.6, 5.8)
-    summary, rules = analysed(RANK0_16)
+    summary, rules = analysed(RANK0_16, every_cost=True)
     f = rules["trace.sync_heavy"]
     assert f.cost_s_per_step == pytest.approx(idle_us / 1e6, rel=1e-6)
     assert f.cost_fraction == pytest.approx(idle_us / step_us, rel=1e-6)
@@ -332,7 +336,7 @@ def test_sync_heavy_leaves_the_idle_after_a_pageable_readback_to_pageable_dtoh(a
     after_copy = [(a, b) for a, b in gaps if a in copy_ends]
     after_copy_us = R.inside(after_copy, raw.steps) / n_steps
     assert drained_us == pytest.approx(342.7, abs=0.1) and after_copy_us == pytest.approx(1079.5, abs=0.1)
-    _, rules = analysed(RANK3)
+    _, rules = analysed(RANK3, every_cost=True)
     sync, dtoh = rules["trace.sync_heavy"], rules["trace.pageable_dtoh"]
     assert sync.evidence["blocked_fraction"] > 0.07 and sync.severity == "low"
     assert dtoh.cost_s_per_step == pytest.approx(after_copy_us / 1e6, rel=1e-6)
@@ -340,6 +344,70 @@ def test_sync_heavy_leaves_the_idle_after_a_pageable_readback_to_pageable_dtoh(a
     union_us = R.inside(sorted(set(after_copy) | _drained_gaps(raw, items + syncs)), raw.steps) / n_steps
     assert sync.cost_s_per_step + dtoh.cost_s_per_step == pytest.approx(union_us / 1e6, rel=1e-6)
     assert sync.cost_s_per_step * 1e6 < 1.0
+
+
+def _syncs_trace(path, drain: bool) -> None:
+    """Three 40 ms steps, each four rounds of a 5 ms kernel, a cudaStreamSynchronize and 5 ms of host work before the
+    next launch. drain: the sync is called while the kernel runs and returns as it ends (the device runs dry in it,
+    then waits for the host); else it is called a millisecond after the kernel ended and returns at once."""
+    events, corr, t = [], 1, 1_000_000
+    for step in range(1, 4):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t + (step - 1) * 40_000, "dur": 40_000})
+    for base in [t + i * 10_000 for i in range(13)]:  # twelve rounds in the steps, a last kernel after them
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": base, "dur": 5, "args": {"correlation": corr}})
+        events.append({"ph": "X", "cat": "kernel", "name": "void step_kernel()", "pid": 0, "tid": 7,
+                       "ts": base + 50, "dur": 5_000, "args": {"stream": 7, "correlation": corr}})
+        corr += 1
+        sync = (base + 100, 4_960) if drain else (base + 6_050, 10)
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1,
+                       "ts": sync[0], "dur": sync[1], "args": {"correlation": corr}})
+        corr += 1
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+
+
+def test_sync_heavy_fires_where_the_device_runs_dry_in_the_syncs(tmp_path):
+    path = tmp_path / "drain.json"
+    _syncs_trace(path, drain=True)
+    summary, found = analyze_one(path)
+    rules = {f.rule: f for f in found}
+    f = rules["trace.sync_heavy"]
+    assert f.evidence["calls_per_step"] == 4 and f.evidence["stream_syncs"] == 13
+    # after each sync the device waits 5 ms for the host's next launch: 20 ms of each 40 ms step
+    assert f.cost_s_per_step == pytest.approx(0.020, rel=0.01) and f.severity == "high"
+    assert "trace.host_bound" not in rules  # the idle time is all the syncs'
+
+
+def test_sync_heavy_is_quiet_where_its_syncs_cost_the_device_nothing(tmp_path):
+    # as many syncs, called once the device is idle already: they wait for nothing, and the idle time is the host's
+    path = tmp_path / "cheap.json"
+    _syncs_trace(path, drain=False)
+    summary, found = analyze_one(path, thresholds=EVERY_COST)
+    sync = next(f for f in found if f.rule == "trace.sync_heavy")
+    assert sync.evidence["calls_per_step"] == 4 and sync.cost_s_per_step == 0.0
+    summary, found = analyze_one(path)
+    rules = {f.rule: f for f in found}
+    assert "trace.sync_heavy" not in rules
+    assert rules["trace.host_bound"].cost_fraction == pytest.approx(summary["fractions"]["idle"])
+
+
+# findings that the count of copies or syncs alone used to report, costing under 5 % of step time: (trace, rule, its
+# cost as a share of step time)
+IMMATERIAL = [(NCCL, "trace.sync_heavy", 0.0), (RANK0_16, "trace.sync_heavy", 0.0271),
+              (RANK3, "trace.sync_heavy", 0.00001), (ALEXNET, "trace.sync_heavy", 0.0019),
+              (RANK0_16, "trace.pageable_memcpy", 0.00004), (ALEXNET, "trace.pageable_memcpy", 0.0021),
+              (RANK0_16, "trace.pageable_dtoh", 0.0052), (RANK3, "trace.pageable_dtoh", 0.0139)]
+
+
+@pytest.mark.parametrize(("name", "rule", "share"), IMMATERIAL)
+def test_findings_costing_an_immaterial_share_of_step_time_are_not_reported(analysed, name, rule, share):
+    assert TH["common"]["material_cost_fraction"] == 0.05
+    _, every = analysed(name, every_cost=True)
+    assert every[rule].cost_fraction == pytest.approx(share, abs=1e-4)
+    _, rules = analysed(name)
+    assert rule not in rules
 
 
 def test_sync_heavy_is_quiet_with_few_syncs(analysed):
@@ -350,11 +418,11 @@ def test_sync_heavy_is_quiet_with_few_syncs(analysed):
     assert "trace.sync_heavy" not in rules
 
 
-def test_pageable_htod_fires_with_its_bytes_and_time(analysed):
+def test_pageable_htod_measures_its_bytes_and_time(analysed):
     raw = R.load(RANK0_16)
     copies = [e for e in raw.device("memory") if e["name"] == "Memcpy HtoD (Pageable -> Device)"]
     assert len(copies) == 45
-    _, rules = analysed(RANK0_16)
+    _, rules = analysed(RANK0_16, every_cost=True)
     f = rules["trace.pageable_memcpy"]
     assert f.evidence["pageable_htod_copies"] == 45
     assert f.evidence["pageable_htod_bytes"] == sum(e["args"]["bytes"] for e in copies)
@@ -664,7 +732,18 @@ def test_idle_time_is_costed_once_by_the_findings_that_claim_it(tmp_path):
     assert (host.severity, loader.severity) == ("medium", "high")
 
 
-def test_pageable_dtoh_fires_with_the_cpu_time_each_copy_blocks(analysed):
+def test_host_bound_is_not_reported_when_the_findings_naming_a_cause_explain_its_idle_time(analysed):
+    # the MI250 toy's steps are tiny: 99 % of each 4.7 ms step is per-step overhead with the device idle, which
+    # tiny_steps costs; host_bound, which costs only the idle time no finding explains, had 0 ms of it left
+    summary, every = analysed("amd_mi250_minitoy.json.gz", every_cost=True)
+    assert summary["fractions"]["idle"] > TH["host_bound"]["idle_fraction_min"]
+    assert every["trace.host_bound"].cost_s_per_step == pytest.approx(0.0, abs=1e-9)
+    assert every["trace.tiny_steps"].cost_fraction == pytest.approx(summary["fractions"]["idle"], abs=1e-3)
+    _, rules = analysed("amd_mi250_minitoy.json.gz")
+    assert set(rules) == {"trace.tiny_steps"}
+
+
+def test_pageable_dtoh_measures_the_cpu_time_each_copy_blocks(analysed):
     raw = R.load(RANK0_16)
     copies = [e for e in raw.device("memory") if e["name"] == "Memcpy DtoH (Device -> Pageable)"]
     by_corr = {e["args"]["correlation"]: e for e in raw.events
@@ -672,7 +751,7 @@ def test_pageable_dtoh_fires_with_the_cpu_time_each_copy_blocks(analysed):
     calls = [by_corr[c["args"]["correlation"]] for c in copies]
     assert len(copies) == 30 and {c["name"] for c in calls} == {"cudaMemcpyAsync"}
     blocked_us = sum(R.spans(calls)[i][1] - R.spans(calls)[i][0] for i in range(len(calls)))
-    _, rules = analysed(RANK0_16)
+    _, rules = analysed(RANK0_16, every_cost=True)
     f = rules["trace.pageable_dtoh"]
     assert f.evidence["pageable_dtoh_copies"] == 30
     assert f.evidence["pageable_dtoh_bytes"] == sum(c["args"]["bytes"] for c in copies)
