@@ -59,7 +59,7 @@ def run_rules(summary: dict[str, Any], th: dict[str, dict[str, float]] | None = 
         if f is not None:
             f.fix = for_device(f.rule, f.fix, kind)
             found.append(f)
-    share_idle(summary, found)  # an idle second is costed once, by the finding that names its cause
+    found = share_idle(summary, found, th)  # an idle second is costed once, by the finding that names its cause
     for f in found:
         f.severity = severity_for(f.cost_fraction, th)
     return found

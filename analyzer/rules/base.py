@@ -12,7 +12,8 @@ from store.findings import FindingSpec
 
 DEFAULT_THRESHOLDS = Path(__file__).with_name("thresholds.toml")
 SECTIONS = {
-    "common": ["high_cost_fraction", "medium_cost_fraction", "consecutive_kernel_delay_us", "tiny_kernel_us"],
+    "common": ["high_cost_fraction", "medium_cost_fraction", "consecutive_kernel_delay_us", "tiny_kernel_us",
+               "material_cost_fraction"],
     "host_bound": ["idle_fraction_min"],
     "input_pipeline": ["dataloader_share_min"],
     "launch_bound": ["tiny_share_min", "tiny_kernels_per_step_min", "launch_idle_fraction_min"],
@@ -80,6 +81,11 @@ class TraceFinding:
                            title=self.title, fix=self.fix, evidence=evidence, location=self.location,
                            cost_s_per_step=self.cost_s_per_step, gpu_hours_per_day=self.gpu_hours_per_day(gpus),
                            trace_id=trace_id, subject=self.subject)
+
+
+def is_material(cost_s_per_step: float, step_s: float, th: dict[str, dict[str, float]]) -> bool:
+    """Whether a cost is worth a finding: at least [common] material_cost_fraction of step time."""
+    return step_s > 0 and cost_s_per_step / step_s >= th["common"]["material_cost_fraction"]
 
 
 def severity_for(cost_fraction: float, th: dict[str, dict[str, float]]) -> str:

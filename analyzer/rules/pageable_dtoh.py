@@ -1,10 +1,13 @@
-"""Rule: device-to-host copies into pageable memory: each one makes the CPU wait for the device (a hidden sync)."""
+"""Rule: device-to-host copies into pageable memory: each one makes the CPU wait for the device (a hidden sync).
+
+Reported when the device idle time after them is a material share of step time ([common] material_cost_fraction).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from analyzer.rules.base import TraceFinding, steps_location
+from analyzer.rules.base import TraceFinding, is_material, steps_location
 
 RULE = "trace.pageable_dtoh"
 
@@ -23,6 +26,8 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
     idle_us = sum(r.get("idle_after_us") or 0.0 for r in rows)
     nbytes = sum(r["bytes"] for r in rows)
     cost = min(idle_us / steps / 1e6, step_s)
+    if not is_material(cost, step_s, th):
+        return None
     evidence = {
         "pageable_dtoh_copies": count,
         "pageable_dtoh_bytes": nbytes,

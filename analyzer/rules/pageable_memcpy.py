@@ -1,13 +1,14 @@
 """Rule: host-to-device copies from pageable memory (slow, and they serialise with the CPU).
 
-The other direction, device to pageable host memory, is its own rule (pageable_dtoh).
+Reported when pinning them would save a material share of step time ([common] material_cost_fraction), not for
+any one copy. The other direction, device to pageable host memory, is its own rule (pageable_dtoh).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from analyzer.rules.base import TraceFinding, steps_location
+from analyzer.rules.base import TraceFinding, is_material, steps_location
 
 RULE = "trace.pageable_memcpy"
 
@@ -25,6 +26,8 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
     # on the wall time the copies take inside the steps (side by side on several streams they count once)
     wall_us = sum(r.get("in_steps_us", r["total_us"]) for r in rows)
     cost = wall_us / steps / 1e6 * (1 - 1 / th["pageable_memcpy"]["pinned_speedup"])
+    if not is_material(cost, step_s, th):
+        return None
     evidence = {
         "pageable_htod_copies": count,
         "pageable_htod_bytes": nbytes,

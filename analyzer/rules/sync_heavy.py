@@ -1,10 +1,15 @@
-"""Rule: the CPU waits for the GPU many times per step (stream/device syncs, .item(), .cpu())."""
+"""Rule: the CPU waits for the GPU many times per step (stream/device syncs, .item(), .cpu()).
+
+Reported when the syncs cost a material share of step time ([common] material_cost_fraction): the device idle time
+after them; on a trace without a device timeline, where that cannot be measured, the CPU time blocked in them. A sync
+the device does not run dry in (it still has queued work) costs the device nothing, however often it comes.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from analyzer.rules.base import TraceFinding, steps_location
+from analyzer.rules.base import TraceFinding, is_material, steps_location
 
 RULE = "trace.sync_heavy"
 
@@ -17,6 +22,8 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
     if sy["per_step_mean"] < t["calls_per_step_min"] or blocked_fraction < t["blocked_fraction_min"]:
         return None
     idle_s = min((sy.get("idle_after_us_per_step") or 0.0) / 1e6, step_s)  # no device timeline: nothing measured
+    if not is_material(idle_s if s["has_gpu"] else blocked_s, step_s, th):
+        return None
     tot = sy["totals"]
     evidence = {
         "calls_per_step": round(sy["per_step_mean"], 2),

@@ -10,17 +10,22 @@ import pandas as pd
 from analyzer.traces.events import clipped_total, covered_until, gpu_events, merge_intervals, step_windows
 from analyzer.traces.parse import ParsedTrace
 
-# Kineto names copies "Memcpy HtoD (Pageable -> Device)"; ROCm says "Host" where CUDA says Pageable/Pinned
-MEMCPY_RE = re.compile(r"^Memcpy\s+(\w+)\s*(?:\((\w+)\s*->\s*(\w+)\))?")
+# Kineto names copies "Memcpy HtoD (Pageable -> Device)"; ROCm says "Host" where CUDA says Pageable/Pinned. A memory
+# kind may be two words: CUPTI's "Device Static" (a __device__ variable: cudaMemcpyToSymbol / FromSymbol) and
+# "Managed Static" (a __managed__ variable)
+MEMCPY_RE = re.compile(r"^Memcpy\s+(\w+)\s*(?:\(\s*([^()]+?)\s*->\s*([^()]+?)\s*\))?")
+# the host memory each kind names; the device's own kinds (Device, Device Static, Array) name none
+HOST_KINDS = {"Pageable": "pageable", "Pinned": "pinned", "Managed": "managed", "Managed Static": "managed",
+              "Host": "host"}
 COLUMNS = ["direction", "host_memory", "count", "bytes", "total_us", "bandwidth_gbps", "first_ts_us", "cpu_call_us",
            "idle_after_us", "in_steps_us"]
 
 
 def _host_memory(direction: str, src: str | None, dst: str | None) -> str:
-    ends = {x for x in (src, dst) if x and x != "Device"}
-    for kind in ("Pageable", "Pinned", "Managed", "Host"):
+    ends = {HOST_KINDS[x] for x in (src, dst) if x in HOST_KINDS}
+    for kind in ("pageable", "pinned", "managed", "host"):
         if kind in ends:
-            return kind.lower()
+            return kind
     return "device" if direction == "DtoD" else "unknown"
 
 

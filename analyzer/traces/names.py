@@ -5,18 +5,24 @@ from __future__ import annotations
 import re
 
 # Tensor-core kernels by name: NVIDIA HMMA/IMMA paths (xmma, *_tensorop, sm80+ cutlass/cuBLASLt, wgmma, tf32/fp16
-# gemm variants, flash attention) and AMD MFMA (rocBLAS/Tensile "Cijk_..._MI<m>x<n>x<k>").
+# gemm variants, flash attention), cuBLASLt's nvjet GEMMs (CUDA 12.8+ on Hopper and Blackwell: warpgroup-MMA kernels
+# such as "nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT") and AMD MFMA (rocBLAS/Tensile "Cijk_..._MI<m>x<n>x<k>").
 TENSOR_CORE_RE = re.compile(
     r"xmma|hmma|imma|wgmma|tensorop|_s1688|_h1688|_s16816|_h16816|_i8816|sm8\d_|sm9\d_|cutlass.*(?:tf32|f16|bf16)"
-    r"|gemm.*(?:tf32|fp16|bf16|f16|_h\d)|flash_?(?:fwd|bwd|attn)|fmha|_MI\d+x\d+x\d+",
+    r"|gemm.*(?:tf32|fp16|bf16|f16|_h\d)|flash_?(?:fwd|bwd|attn)|fmha|nvjet|_MI\d+x\d+x\d+",
     re.IGNORECASE,
 )
 # ... unless the name says the kernel multiplies with plain FP32 FMA instructions (SIMT): cuBLAS/cuDNN's FP32 xmma
 # kernels on Ampere and Hopper ("sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...") and CUTLASS's simt kernels; these
-# are what TF32 or AMP would move onto the tensor cores (TF32 ones read "tf32f32_tf32f32_f32")
-NOT_TENSOR_CORE_RE = re.compile(r"ffma|simt|(?<!t)f32f32_f32f32_f32", re.IGNORECASE)
-# Kernels that do matrix multiplies or convolutions: where tensor cores apply at all
-MATMUL_RE = re.compile(r"(?<!fb)gemm|gemv|conv|fprop|dgrad|wgrad|matmul|Cijk_|xmma|cutlass|fmha|flash", re.IGNORECASE)
+# are what TF32 or AMP would move onto the tensor cores (TF32 ones read "tf32f32_tf32f32_f32"). An nvjet kernel names
+# its types after "nvjet_" (optionally "sm<NN>_"), one letter each: h FP16, t BF16, s FP32, q FP8 ("hsh": FP16 in
+# and out, FP32 accumulate; "tst": BF16 with FP32 accumulate); an all-FP32 one computes in TF32 on the tensor cores
+# only when the name says so ("nvjet_sss_tf32_..."): without it, it is FP32 the tensor cores do not run
+NVJET_FP32_RE = r"nvjet_(?:sm\d+_)?s+_(?!.*tf32)"
+NOT_TENSOR_CORE_RE = re.compile(rf"ffma|simt|(?<!t)f32f32_f32f32_f32|{NVJET_FP32_RE}", re.IGNORECASE)
+# Kernels that do matrix multiplies or convolutions: where tensor cores apply at all (every nvjet kernel is a GEMM)
+MATMUL_RE = re.compile(r"(?<!fb)gemm|gemv|conv|fprop|dgrad|wgrad|matmul|Cijk_|xmma|cutlass|fmha|flash|nvjet",
+                       re.IGNORECASE)
 SYNC_NAMES = {
     "cudaStreamSynchronize": "stream_sync",
     "hipStreamSynchronize": "stream_sync",

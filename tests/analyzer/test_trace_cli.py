@@ -17,7 +17,7 @@ ALEXNET = TRACES / "a100_alexnet_microbench.json.gz"
 def test_terminal_report(fleet_home, capsys):
     assert run(["analyze", str(ALEXNET)]) == 0
     out = capsys.readouterr().out
-    assert "trace.pageable_memcpy" in out and "memory copies" in out and "top kernels" in out
+    assert "trace.host_bound" in out and "memory copies" in out and "top kernels" in out
 
 
 def test_json_output(fleet_home, capsys):
@@ -33,7 +33,7 @@ def test_html_is_one_self_contained_page(fleet_home, tmp_path, capsys):
     text = page.read_text()
     assert text.startswith("<!DOCTYPE html>") and "plotly" in text.lower()
     assert '<script src="http' not in text  # plotly.js is inline
-    assert "trace.pageable_memcpy" in text
+    assert "trace.host_bound" in text
 
 
 def test_html_into_a_missing_folder_is_one_line_and_exit_2(fleet_home, tmp_path, capsys):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from analyzer.traces.run import analyze_one, analyze_paths
-from tests.analyzer.conftest import raw_events
+from tests.analyzer.conftest import every_cost_thresholds, raw_events
 from tests.conftest import TRACES
 
 
@@ -15,13 +15,14 @@ def _rules(found) -> dict:
     return {f.rule: f for f in found}
 
 
-def test_alexnet_pageable_copies_and_stream_syncs_fire_both_rules():
+def test_alexnet_pageable_copies_and_stream_syncs_are_found_by_both_rules():
     events = raw_events("a100_alexnet_microbench.json.gz")
     pageable = [e for e in events if e.get("name") == "Memcpy HtoD (Pageable -> Device)"]
     syncs = [e for e in events if e.get("name") == "cudaStreamSynchronize"]
     assert len(pageable) == 16 and len(syncs) == 16  # checked by hand in the raw JSON
 
-    summary, found = analyze_one(TRACES / "a100_alexnet_microbench.json.gz")
+    # each costs under 1 % of the benchmark's 12.9 s span, too little to report by default (test_trace_rules.py)
+    summary, found = analyze_one(TRACES / "a100_alexnet_microbench.json.gz", thresholds=every_cost_thresholds())
     rules = _rules(found)
     page = rules["trace.pageable_memcpy"]
     assert page.evidence["pageable_htod_copies"] == 16

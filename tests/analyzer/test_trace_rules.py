@@ -14,9 +14,11 @@ import pytest
 from analyzer.rules import load_thresholds
 from analyzer.traces.run import analyze_one, analyze_paths
 from tests.analyzer import raw_trace as R
+from tests.analyzer.conftest import every_cost_thresholds
 from tests.conftest import TRACES
 
 TH = load_thresholds()
+EVERY_COST = every_cost_thresholds()
 NCCL = "a100_2rank_nccl.json.gz"
 RANK0_16 = "a100_80gb_16rank_rank0_training.json.gz"
 RANK3 = "a100_8rank_rank3_training.json.gz"
@@ -26,13 +28,15 @@ SAMPLED = ["sampled_128rank_rank0.json.gz", "sampled_128rank_rank1.json.gz"]
 
 @pytest.fixture(scope="module")
 def analysed(trace_cache):
-    cache: dict[str, tuple[dict, dict]] = {}
+    """(summary, findings by rule) of a shared trace; with every_cost=True also the findings too small to report."""
+    cache: dict[tuple[str, bool], tuple[dict, dict]] = {}
 
-    def get(name: str):
-        if name not in cache:
-            summary, found = analyze_one(TRACES / name, cache_dir=trace_cache)
-            cache[name] = (summary, {f.rule: f for f in found})
-        return cache[name]
+    def get(name: str, every_cost: bool = False):
+        if (name, every_cost) not in cache:
+            summary, found = analyze_one(TRACES / name, cache_dir=trace_cache,
+                                         thresholds=EVERY_COST if every_cost else None)
+            cache[name, every_cost] = (summary, {f.rule: f for f in found})
+        return cache[name, every_cost]
 
     return get
 
@@ -55,12 +59,12 @@ def test_host_bound_fires_on_the_nccl_trace_with_its_idle_time(analysed):
     f = rules["trace.host_bound"]
     assert f.evidence["idle_fraction"] == pytest.approx(idle, abs=1e-3)
     step_s = statistics.mean(e - s for s, e in raw.steps) / 1e6
-    # the idle time the launch-bound finding costs is not costed again here
+    # the idle time the launch-bound finding costs is not costed again here (its 8 syncs a step cost nothing: the
+    # device never runs dry in them, and sync_heavy is not reported)
     launch_s = rules["trace.launch_bound"].cost_s_per_step
-    assert launch_s > 0 and set(f.evidence["idle_ms_per_step_explained_by"]) == {"trace.launch_bound",
-                                                                                  "trace.sync_heavy"}
-    assert f.cost_s_per_step + launch_s + rules["trace.sync_heavy"].cost_s_per_step == pytest.approx(
-        idle * step_s, rel=1e-3)
+    assert launch_s > 0 and set(f.evidence["idle_ms_per_step_explained_by"]) == {"trace.launch_bound"}
+    assert "trace.sync_heavy" not in rules
+    assert f.cost_s_per_step + launch_s == pytest.approx(idle * step_s, rel=1e-3)
     assert f.cost_fraction == pytest.approx(idle - launch_s / step_s, abs=1e-3) and f.severity == "high"
 
 
@@ -256,7 +260,7 @@ def _in_steps(raw: R.Raw, calls: list[dict]) -> list[dict]:
     return [e for e in calls if any(s <= e["ts"] < t for s, t in raw.steps)]
 
 
-def test_sync_heavy_fires_on_stream_syncs_every_step(analysed):
+def test_sync_heavy_counts_the_syncs_of_every_step(analysed):
     raw = R.load(RANK3)
     items, syncs = _synchronisations(raw)
     # 30 .item() calls: 24 read a device scalar (each holding the stream sync it waits in), 6 a CPU scalar
@@ -264,7 +268,7 @@ def test_sync_heavy_fires_on_stream_syncs_every_step(analysed):
     assert len(raw.cpu("cudaStreamSynchronize")) == 60 and len(syncs) == 37
     per_step = len(_in_steps(raw, items + syncs)) / len(raw.steps)
     assert per_step == pytest.approx(10.0, abs=0.01)
-    _, rules = analysed(RANK3)
+    _, rules = analysed(RANK3, every_cost=True)
     f = rules["trace.sync_heavy"]
     assert f.evidence["calls_per_step"] == pytest.approx(per_step, abs=0.01)
     assert f.evidence["stream_syncs"] == 36 and f.evidence["item_calls"] == 24 and f.evidence["device_syncs"] == 1
@@ -279,7 +283,7 @@ def test_sync_heavy_does_not_count_reads_of_cpu_scalars(analysed):
     assert len(raw.cpu("aten::item")) == 945
     items, syncs = _synchronisations(raw)
     assert items == [] and len(syncs) == 76
-    summary, rules = analysed(RANK0_16)
+    summary, rules = analysed(RANK0_16, every_cost=True)
     assert summary["sync"]["totals"] == {"stream_sync": 75, "device_sync": 1, "event_sync": 0, "item": 0,
                                          "total": 76}
     f = rules["trace.sync_heavy"]
@@ -310,7 +314,7 @@ def test_sync_heavy_costs_the_device_idle_after_its_syncs_not_the_cpu_time_block
     blocked_us = sum(e - s for s, e in R.spans(_in_steps(raw, items + syncs))) / n_steps
     # the CPU blocks 0.6 ms a step, while the GPU works off its queue; the GPU then idles 5.8 ms a step for new work
     assert (round(blocked_us / 1e3, 1), round(idle_us / 1e3, 1)) == (0.6, 5.8)
-    summary, rules = analysed(RANK0_16)
+    summary, rules = analysed(RANK0_16, every_cost=True)
     f = rules["trace.sync_heavy"]
     assert f.cost_s_per_step == pytest.approx(idle_us / 1e6, rel=1e-6)
     assert f.cost_fraction == pytest.approx(idle_us / step_us, rel=1e-6)
@@ -332,7 +336,7 @@ def test_sync_heavy_leaves_the_idle_after_a_pageable_readback_to_pageable_dtoh(a
     after_copy = [(a, b) for a, b in gaps if a in copy_ends]
     after_copy_us = R.inside(after_copy, raw.steps) / n_steps
     assert drained_us == pytest.approx(342.7, abs=0.1) and after_copy_us == pytest.approx(1079.5, abs=0.1)
-    _, rules = analysed(RANK3)
+    _, rules = analysed(RANK3, every_cost=True)
     sync, dtoh = rules["trace.sync_heavy"], rules["trace.pageable_dtoh"]
     assert sync.evidence["blocked_fraction"] > 0.07 and sync.severity == "low"
     assert dtoh.cost_s_per_step == pytest.approx(after_copy_us / 1e6, rel=1e-6)
@@ -340,6 +344,70 @@ def test_sync_heavy_leaves_the_idle_after_a_pageable_readback_to_pageable_dtoh(a
     union_us = R.inside(sorted(set(after_copy) | _drained_gaps(raw, items + syncs)), raw.steps) / n_steps
     assert sync.cost_s_per_step + dtoh.cost_s_per_step == pytest.approx(union_us / 1e6, rel=1e-6)
     assert sync.cost_s_per_step * 1e6 < 1.0
+
+
+def _syncs_trace(path, drain: bool) -> None:
+    """Three 40 ms steps, each four rounds of a 5 ms kernel, a cudaStreamSynchronize and 5 ms of host work before the
+    next launch. drain: the sync is called while the kernel runs and returns as it ends (the device runs dry in it,
+    then waits for the host); else it is called a millisecond after the kernel ended and returns at once."""
+    events, corr, t = [], 1, 1_000_000
+    for step in range(1, 4):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t + (step - 1) * 40_000, "dur": 40_000})
+    for base in [t + i * 10_000 for i in range(13)]:  # twelve rounds in the steps, a last kernel after them
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": base, "dur": 5, "args": {"correlation": corr}})
+        events.append({"ph": "X", "cat": "kernel", "name": "void step_kernel()", "pid": 0, "tid": 7,
+                       "ts": base + 50, "dur": 5_000, "args": {"stream": 7, "correlation": corr}})
+        corr += 1
+        sync = (base + 100, 4_960) if drain else (base + 6_050, 10)
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1,
+                       "ts": sync[0], "dur": sync[1], "args": {"correlation": corr}})
+        corr += 1
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+
+
+def test_sync_heavy_fires_where_the_device_runs_dry_in_the_syncs(tmp_path):
+    path = tmp_path / "drain.json"
+    _syncs_trace(path, drain=True)
+    summary, found = analyze_one(path)
+    rules = {f.rule: f for f in found}
+    f = rules["trace.sync_heavy"]
+    assert f.evidence["calls_per_step"] == 4 and f.evidence["stream_syncs"] == 13
+    # after each sync the device waits 5 ms for the host's next launch: 20 ms of each 40 ms step
+    assert f.cost_s_per_step == pytest.approx(0.020, rel=0.01) and f.severity == "high"
+    assert "trace.host_bound" not in rules  # the idle time is all the syncs'
+
+
+def test_sync_heavy_is_quiet_where_its_syncs_cost_the_device_nothing(tmp_path):
+    # as many syncs, called once the device is idle already: they wait for nothing, and the idle time is the host's
+    path = tmp_path / "cheap.json"
+    _syncs_trace(path, drain=False)
+    summary, found = analyze_one(path, thresholds=EVERY_COST)
+    sync = next(f for f in found if f.rule == "trace.sync_heavy")
+    assert sync.evidence["calls_per_step"] == 4 and sync.cost_s_per_step == 0.0
+    summary, found = analyze_one(path)
+    rules = {f.rule: f for f in found}
+    assert "trace.sync_heavy" not in rules
+    assert rules["trace.host_bound"].cost_fraction == pytest.approx(summary["fractions"]["idle"])
+
+
+# findings that the count of copies or syncs alone used to report, costing under 5 % of step time: (trace, rule, its
+# cost as a share of step time)
+IMMATERIAL = [(NCCL, "trace.sync_heavy", 0.0), (RANK0_16, "trace.sync_heavy", 0.0271),
+              (RANK3, "trace.sync_heavy", 0.00001), (ALEXNET, "trace.sync_heavy", 0.0019),
+              (RANK0_16, "trace.pageable_memcpy", 0.00004), (ALEXNET, "trace.pageable_memcpy", 0.0021),
+              (RANK0_16, "trace.pageable_dtoh", 0.0052), (RANK3, "trace.pageable_dtoh", 0.0139)]
+
+
+@pytest.mark.parametrize(("name", "rule", "share"), IMMATERIAL)
+def test_findings_costing_an_immaterial_share_of_step_time_are_not_reported(analysed, name, rule, share):
+    assert TH["common"]["material_cost_fraction"] == 0.05
+    _, every = analysed(name, every_cost=True)
+    assert every[rule].cost_fraction == pytest.approx(share, abs=1e-4)
+    _, rules = analysed(name)
+    assert rule not in rules
 
 
 def test_sync_heavy_is_quiet_with_few_syncs(analysed):
@@ -350,11 +418,11 @@ def test_sync_heavy_is_quiet_with_few_syncs(analysed):
     assert "trace.sync_heavy" not in rules
 
 
-def test_pageable_htod_fires_with_its_bytes_and_time(analysed):
+def test_pageable_htod_measures_its_bytes_and_time(analysed):
     raw = R.load(RANK0_16)
     copies = [e for e in raw.device("memory") if e["name"] == "Memcpy HtoD (Pageable -> Device)"]
     assert len(copies) == 45
-    _, rules = analysed(RANK0_16)
+    _, rules = analysed(RANK0_16, every_cost=True)
     f = rules["trace.pageable_memcpy"]
     assert f.evidence["pageable_htod_copies"] == 45
     assert f.evidence["pageable_htod_bytes"] == sum(e["args"]["bytes"] for e in copies)
@@ -384,6 +452,47 @@ def test_pageable_htod_costs_only_the_copies_inside_the_steps(tmp_path):
     assert f.evidence["pageable_htod_copies"] == 2 and f.evidence["pageable_htod_ms"] == pytest.approx(20.0)
     saved = 1 - 1 / TH["pageable_memcpy"]["pinned_speedup"]
     assert f.cost_s_per_step == pytest.approx(0.010 / 2 * saved) and f.cost_fraction == pytest.approx(0.125 * saved)
+
+
+def _symbol_copies_trace(path, names: list[str]) -> None:
+    """Two 40 ms steps, each with one 10 ms copy of each name (64 MiB) inside it."""
+    events, corr, t = [], 1, 1_000_000
+    for step in (1, 2):
+        start = t + (step - 1) * 40_000
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": 40_000})
+        for i, name in enumerate(names):
+            at = start + 1_000 + i * 12_000
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1,
+                           "ts": at - 20, "dur": 10_030, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "gpu_memcpy", "name": name, "pid": 0, "tid": 7, "ts": at, "dur": 10_000,
+                           "args": {"stream": 7, "correlation": corr, "bytes": 64 << 20}})
+            corr += 1
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+
+
+def test_copies_to_and_from_device_variables_are_read_by_their_host_memory(tmp_path):
+    # CUPTI names a __device__ variable's memory "Device Static" and a __managed__ one's "Managed Static", two words:
+    # cudaMemcpyToSymbol from pageable memory is a pageable copy like any other
+    path = tmp_path / "symbols.json"
+    _symbol_copies_trace(path, ["Memcpy HtoD (Pageable -> Device Static)", "Memcpy DtoH (Device Static -> Pinned)",
+                                "Memcpy HtoD (Managed Static -> Device)"])
+    summary, found = analyze_one(path)
+    kinds = {(r["direction"], r["host_memory"]): r["count"] for r in summary["memcpy"]}
+    assert kinds == {("HtoD", "pageable"): 2, ("DtoH", "pinned"): 2, ("HtoD", "managed"): 2}
+    f = next(f for f in found if f.rule == "trace.pageable_memcpy")
+    assert f.evidence["pageable_htod_copies"] == 2 and f.evidence["pageable_htod_bytes"] == 2 * (64 << 20)
+    saved = 1 - 1 / TH["pageable_memcpy"]["pinned_speedup"]
+    assert f.cost_s_per_step == pytest.approx(0.010 * saved)
+
+
+def test_copies_to_device_variables_from_pinned_memory_get_no_pageable_finding(tmp_path):
+    path = tmp_path / "pinned_symbols.json"
+    _symbol_copies_trace(path, ["Memcpy HtoD (Pinned -> Device Static)"])
+    summary, found = analyze_one(path)
+    assert [(r["direction"], r["host_memory"], r["count"]) for r in summary["memcpy"]] == [("HtoD", "pinned", 2)]
+    assert "trace.pageable_memcpy" not in {f.rule for f in found}
 
 
 def test_tensor_cores_rule_fires_on_fp32_gemms():
@@ -445,6 +554,55 @@ def test_tensor_cores_cost_counts_fp32_gemms_side_by_side_on_two_streams_once(tm
     assert f.cost_s_per_step == pytest.approx(0.020 * saved) and f.cost_fraction == pytest.approx(0.5 * saved)
     # the device's busy time counts them once too
     assert summary["fractions"]["computation"] == pytest.approx(0.5)
+
+
+def _h100_trace(path, gemm: str) -> None:
+    """Three 40 ms steps on an H100, each a 20 ms cuBLASLt GEMM (`gemm`) and a 5 ms elementwise kernel."""
+    events, corr, t = [], 1, 1_000_000
+    for step in range(1, 4):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": t, "dur": 40_000})
+        for name, start, dur in ((gemm, 1_000, 20_000), ("void at::native::vectorized_elementwise_kernel<4>()",
+                                                          21_000, 5_000)):
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": t + start - 500, "dur": 5, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": t + start,
+                           "dur": dur, "args": {"stream": 7, "correlation": corr}})
+            corr += 1
+        t += 40_000
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+
+
+# cuBLASLt's Hopper GEMMs (CUDA 12.8+): the letters after "nvjet_" are the types, h FP16, t BF16, s FP32; an FP32
+# one says "tf32" when it computes in TF32 on the tensor cores
+NVJET_ON_TENSOR_CORES = ["nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", "nvjet_tst_128x128_64x4_1x2_h_bz_coopA_TNT",
+                         "nvjet_sss_tf32_128x256_TNT", "nvjet_sm90_hss_320x128"]
+
+
+@pytest.mark.parametrize("gemm", NVJET_ON_TENSOR_CORES)
+def test_nvjet_gemms_in_half_precision_or_tf32_count_as_matmuls_on_tensor_cores(tmp_path, gemm):
+    path = tmp_path / "h100.json"
+    _h100_trace(path, gemm)
+    summary, found = analyze_one(path)
+    tc = summary["tensor_cores"]
+    assert tc["matmul_share"] == pytest.approx(0.8) and tc["tensor_core_share"] == pytest.approx(0.8)
+    assert tc["matmul_without_tensor_cores_us"] == 0.0
+    assert "trace.no_tensor_cores" not in {f.rule for f in found}
+
+
+def test_nvjet_gemms_in_plain_fp32_are_a_tensor_core_opportunity(tmp_path):
+    path = tmp_path / "h100_fp32.json"
+    gemm = "nvjet_sss_128x256_64x4_2x1_v_bz_NNT"
+    _h100_trace(path, gemm)
+    summary, found = analyze_one(path)
+    assert summary["tensor_cores"]["matmul_share"] == pytest.approx(0.8)
+    assert summary["tensor_cores"]["tensor_core_share"] == pytest.approx(0.0)
+    f = next(f for f in found if f.rule == "trace.no_tensor_cores")
+    assert f.evidence["matmul_without_tensor_cores_ms"] == pytest.approx(60.0)
+    assert f.evidence["top_kernels"][0]["name"] == gemm
+    saved = 1 - 1 / TH["tensor_cores"]["amp_speedup"]
+    assert f.cost_s_per_step == pytest.approx(0.020 * saved) and "allow_tf32" in f.fix
 
 
 def test_tensor_cores_rule_is_quiet_where_matmuls_already_use_them(analysed):
@@ -574,7 +732,18 @@ def test_idle_time_is_costed_once_by_the_findings_that_claim_it(tmp_path):
     assert (host.severity, loader.severity) == ("medium", "high")
 
 
-def test_pageable_dtoh_fires_with_the_cpu_time_each_copy_blocks(analysed):
+def test_host_bound_is_not_reported_when_the_findings_naming_a_cause_explain_its_idle_time(analysed):
+    # the MI250 toy's steps are tiny: 99 % of each 4.7 ms step is per-step overhead with the device idle, which
+    # tiny_steps costs; host_bound, which costs only the idle time no finding explains, had 0 ms of it left
+    summary, every = analysed("amd_mi250_minitoy.json.gz", every_cost=True)
+    assert summary["fractions"]["idle"] > TH["host_bound"]["idle_fraction_min"]
+    assert every["trace.host_bound"].cost_s_per_step == pytest.approx(0.0, abs=1e-9)
+    assert every["trace.tiny_steps"].cost_fraction == pytest.approx(summary["fractions"]["idle"], abs=1e-3)
+    _, rules = analysed("amd_mi250_minitoy.json.gz")
+    assert set(rules) == {"trace.tiny_steps"}
+
+
+def test_pageable_dtoh_measures_the_cpu_time_each_copy_blocks(analysed):
     raw = R.load(RANK0_16)
     copies = [e for e in raw.device("memory") if e["name"] == "Memcpy DtoH (Device -> Pageable)"]
     by_corr = {e["args"]["correlation"]: e for e in raw.events
@@ -582,7 +751,7 @@ def test_pageable_dtoh_fires_with_the_cpu_time_each_copy_blocks(analysed):
     calls = [by_corr[c["args"]["correlation"]] for c in copies]
     assert len(copies) == 30 and {c["name"] for c in calls} == {"cudaMemcpyAsync"}
     blocked_us = sum(R.spans(calls)[i][1] - R.spans(calls)[i][0] for i in range(len(calls)))
-    _, rules = analysed(RANK0_16)
+    _, rules = analysed(RANK0_16, every_cost=True)
     f = rules["trace.pageable_dtoh"]
     assert f.evidence["pageable_dtoh_copies"] == 30
     assert f.evidence["pageable_dtoh_bytes"] == sum(c["args"]["bytes"] for c in copies)
