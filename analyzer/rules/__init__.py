@@ -1,7 +1,9 @@
 """Trace antipattern rules: one module per rule, thresholds in thresholds.toml, findings as FindingSpecs.
 
-Each rule module has RULE (its name) and `check(summary, th) -> TraceFinding | None` over one rank's
-summary (analyzer.traces.summary); set rules (straggler) have `check_set(summaries, th)`. What the rules
+Each rule module has RULE (its name), `check(summary, th) -> TraceFinding | None` over one rank's
+summary (analyzer.traces.summary) and `advice(api)`, its fix in the words of a device's API
+(analyzer.rules.devices); set rules (straggler) have `check_set(summaries, th)`. A finding is returned only when
+its cost is a material share of step time (`is_material`, [common] material_cost_fraction). What the rules
 share lives in analyzer.rules.base, so the rule modules never import this package back. A rule that cannot
 judge a trace (no kernel timeline, CPU only, ...) is not run on it; `rules_not_judged` says why.
 """
@@ -30,7 +32,7 @@ from analyzer.rules.base import (
     severity_for,
     steps_location,
 )
-from analyzer.rules.devices import for_device, not_judged
+from analyzer.rules.devices import not_judged
 from analyzer.rules.idle_share import share_idle
 
 __all__ = ["DEFAULT_THRESHOLDS", "SECTIONS", "TraceFinding", "load_thresholds", "per_rank_rules", "rules_not_judged",
@@ -44,12 +46,12 @@ def per_rank_rules() -> list:
 
 
 def run_rules(summary: dict[str, Any], th: dict[str, dict[str, float]] | None = None) -> list[TraceFinding]:
-    """Every per-rank rule that can judge this rank's trace; findings carry their severity and the device's advice.
+    """Every per-rank rule that can judge this rank's trace; findings carry their severity and advice in the words of
+    the trace's device (analyzer.rules.devices.device_api).
 
     The rules that cannot judge it are in `rules_not_judged(summary)`, with the reason.
     """
     th = th or load_thresholds()
-    kind = (summary.get("device_kind") or {}).get("kind", "cuda")
     skip = rules_not_judged(summary)
     found = []
     for rule in per_rank_rules():
@@ -57,7 +59,6 @@ def run_rules(summary: dict[str, Any], th: dict[str, dict[str, float]] | None = 
             continue
         f = rule.check(summary, th)
         if f is not None:
-            f.fix = for_device(f.rule, f.fix, kind)
             found.append(f)
     found = share_idle(summary, found, th)  # an idle second is costed once, by the finding that names its cause
     for f in found:

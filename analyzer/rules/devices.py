@@ -1,50 +1,55 @@
-"""What a rule can judge on which device, and its advice in the words of that device's API.
+"""What a rule can judge on which device, and the words of that device's API its advice is written in.
 
-The rules' fixes are written for CUDA; on ROCm/HIP and MTIA the same advice names that stack's calls.
-A rule that cannot judge a trace (no kernel timeline, no device at all, kernel names it cannot read) says why.
+Each rule writes its advice from `device_api(summary)`: the device's name, its graph capture (CUDA graphs, HIP graphs;
+none on MTIA and CPU, where torch.compile is what applies), its synchronize and event calls and its collectives
+library, so no advice names a CUDA call on a device that has none. A rule that cannot judge a trace (no kernel
+timeline, no device at all, kernel names it cannot read) says why.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 NEEDS_TIMELINE = ("trace.host_bound", "trace.launch_bound", "trace.pageable_memcpy", "trace.pageable_dtoh",
                   "trace.no_tensor_cores", "trace.comm_overlap")
 TENSOR_CORE_KINDS = ("cuda", "rocm")
 
-ROCM = [
-    ("torch.cuda.synchronize()", "torch.cuda.synchronize() (hipDeviceSynchronize on ROCm)"),
-    ("CUDA graphs", "HIP graphs (torch.cuda.graphs on ROCm)"),
-    ("replay the step as a CUDA graph", "replay the step as a HIP graph"),
-    ("NCCL_DEBUG=INFO", "NCCL_DEBUG=INFO (read by RCCL)"),
-    ("torch.cuda.Event()", "torch.cuda.Event() (a HIP event on ROCm)"),
-]
-MTIA = [
-    ("torch.cuda.synchronize()", "torch.mtia.synchronize()"),
-    ("capture the step with CUDA graphs / torch.compile", "compile the step with torch.compile"),
-    (" (or mode='reduce-overhead' to replay the step as a CUDA graph)", ""),
-    ("torch.cuda.Event().synchronize()", "torch.mtia.Event().synchronize()"),
-    ("check the interconnect (NCCL_DEBUG=INFO) if collectives are slow",
-     "check the interconnect and the MTIA collectives backend if collectives are slow"),
-]
-ROCM_TENSOR_CORES = (
-    "Let matmuls use the matrix cores (MFMA): train with torch.autocast('cuda', dtype=torch.bfloat16) (on ROCm "
-    "'cuda' is the AMD GPU), or torch.set_float32_matmul_precision('high') where the GPU has XF32 (MI300); keep "
-    "matrix dimensions multiples of 16."
-)
+
+@dataclass(frozen=True)
+class DeviceApi:
+    """The names a rule's advice uses on one kind of device (None: the device has no such thing)."""
+
+    kind: str
+    device: str                    # what the advice calls the device
+    graph: str | None              # the step captured and replayed as one graph
+    synchronize: str               # the call that makes the CPU wait for the device
+    event: str                     # an event the CPU waits on instead
+    collectives_debug: str         # how to see why collectives are slow
+    input_offload: str | None      # a library that decodes and augments batches on the device
 
 
-def for_device(rule: str, fix: str, kind: str) -> str:
-    """The fix as it reads on this kind of device."""
-    if kind == "rocm":
-        if rule == "trace.no_tensor_cores":
-            return ROCM_TENSOR_CORES
-        for cuda, hip in ROCM:
-            fix = fix.replace(cuda, hip)
-    elif kind == "mtia":
-        for cuda, mtia in MTIA:
-            fix = fix.replace(cuda, mtia)
-    return fix
+DEVICE_APIS = {
+    "cuda": DeviceApi("cuda", "GPU", "a CUDA graph", "torch.cuda.synchronize()", "torch.cuda.Event()",
+                      "check the interconnect (NCCL_DEBUG=INFO)", "DALI"),
+    "rocm": DeviceApi("rocm", "GPU", "a HIP graph (torch.cuda.graphs run as HIP graphs on ROCm)",
+                      "torch.cuda.synchronize() (hipDeviceSynchronize on ROCm)",
+                      "torch.cuda.Event() (a HIP event on ROCm)",
+                      "check the interconnect (RCCL logs with NCCL_DEBUG=INFO)", "rocAL"),
+    "mtia": DeviceApi("mtia", "MTIA device", None, "torch.mtia.synchronize()", "torch.mtia.Event()",
+                      "check the interconnect and the MTIA collectives backend", None),
+    "cpu": DeviceApi("cpu", "CPU", None, "explicit synchronize calls", "an event",
+                     "check the network between the hosts (Gloo)", None),
+    "unknown": DeviceApi("unknown", "device", None, "the device runtime's synchronize calls",
+                         "an event of the device runtime", "check the interconnect and the collectives library",
+                         None),
+}
+
+
+def device_api(summary: dict[str, Any]) -> DeviceApi:
+    """The API words of the trace's device (CUDA for a summary written before device kinds were told apart)."""
+    kind = (summary.get("device_kind") or {}).get("kind", "cuda")
+    return DEVICE_APIS.get(kind, DEVICE_APIS["unknown"])
 
 
 def not_judged(summary: dict[str, Any], rules: list[str]) -> dict[str, str]:

@@ -1,10 +1,14 @@
-"""Rule: the GPU sits idle for much of each step (host bound): the CPU does not feed it fast enough."""
+"""Rule: the GPU sits idle for much of each step (host bound): the CPU does not feed it fast enough.
+
+It fires on [host_bound] idle_fraction_min; its cost, the idle time no other finding explains, is gated on [common]
+material_cost_fraction once the other findings have claimed theirs (analyzer.rules.idle_share)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from analyzer.rules.base import TraceFinding, steps_location
+from analyzer.rules.devices import DeviceApi, device_api
 
 RULE = "trace.host_bound"
 
@@ -32,8 +36,14 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
         title=f"GPU idle {fr['idle']:.0%} of each step ({idle_s * 1e3:.1f} ms of {step_s * 1e3:.1f} ms), "
               f"mostly {cause.replace('_', ' ')}",
         location=steps_location(s, f"most idle: step {worst['step']} ({worst['idle_us'] / 1e3:.1f} ms idle)"),
-        fix="Find what the CPU does between launches in the idle stretches (python overhead, data preparation, "
-            "logging, synchronisation); move it off the training loop (DataLoader workers, async logging), "
-            "batch more work per launch, or capture the step with CUDA graphs / torch.compile; "
-            "if the GPU cannot be kept busy, share it (a lane) with another job.",
+        fix=advice(device_api(s)),
     )
+
+
+def advice(api: DeviceApi) -> str:
+    capture = (f"capture the step as {api.graph} or compile it with torch.compile" if api.graph
+               else "compile the step with torch.compile")
+    return ("Find what the CPU does between launches in the idle stretches (python overhead, data preparation, "
+            "logging, synchronisation); move it off the training loop (DataLoader workers, async logging), "
+            f"batch more work per launch, or {capture}; if the {api.device} cannot be kept busy, share it (a lane) "
+            "with another job.")

@@ -4,7 +4,8 @@ The input pipeline, a readback into pageable memory, a sync that drains the queu
 (on a device) each cost device time standing idle, and host_bound costs all of it. Summed as they were, one idle
 second counted once per finding that names a cause for it, and twice with host_bound. Here the specific findings
 keep their cost, scaled down together if they add up to more than the idle time, and host_bound keeps the idle time
-none of them explains. When that is not a material share of step time ([common] material_cost_fraction), host_bound
+none of them explains. A specific finding whose share, once scaled down, is no longer a material share of step time
+([common] material_cost_fraction) is left out. When the idle time left to host_bound is not material, host_bound
 is not reported: the findings that name the causes say what to change (tiny steps on a device, whose per-step
 overhead is all of the idle time the input pipeline does not explain, always left it 0 ms).
 """
@@ -35,10 +36,14 @@ def share_idle(summary: dict[str, Any], found: list[TraceFinding], th: dict[str,
         for f in specific:
             f.evidence["cost_ms_per_step_before_sharing_idle"] = round(f.cost_s_per_step * 1e3, 3)
             f.cost_s_per_step *= scale
+        # a finding whose share of the idle time is no longer material is left out; the others explain the idle
+        dropped = [id(f) for f in specific if not is_material(f.cost_s_per_step, f.step_s, th)]
+        found = [f for f in found if id(f) not in dropped]
+        specific = [f for f in specific if id(f) not in dropped]
     host = next((f for f in found if f.rule == HOST_BOUND), None)
     if host is None:
         return found
-    explained = min(claimed, idle_s)
+    explained = min(sum(f.cost_s_per_step for f in specific), idle_s)  # an idle share left out is host_bound's
     host.cost_s_per_step = max(0.0, idle_s - explained)
     if not is_material(host.cost_s_per_step, host.step_s, th):
         return [f for f in found if f is not host]

@@ -1,13 +1,15 @@
 """Rule: the step waits for the next batch from the DataLoader (input pipeline bound).
 
 On a device it is judged and costed by the time the device stands idle while the host fetches the batch (the device
-may be busy with queued work meanwhile: then the loader costs nothing); on a CPU-only trace, by the fetch itself."""
+may be busy with queued work meanwhile: then the loader costs nothing); on a CPU-only trace, by the fetch itself.
+That cost must reach [input_pipeline] dataloader_share_min and [common] material_cost_fraction of the step."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from analyzer.rules.base import TraceFinding, steps_location
+from analyzer.rules.base import TraceFinding, is_material, steps_location
+from analyzer.rules.devices import DeviceApi, device_api
 
 RULE = "trace.input_pipeline"
 
@@ -18,7 +20,8 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
     loader_s = dl["us_per_step"] / 1e6
     idle_us = dl.get("device_idle_us_per_step") if s["has_gpu"] else None
     cost = loader_s if idle_us is None else idle_us / 1e6
-    if step_s <= 0 or cost / step_s < th["input_pipeline"]["dataloader_share_min"]:
+    if (step_s <= 0 or cost / step_s < th["input_pipeline"]["dataloader_share_min"]
+            or not is_material(cost, step_s, th)):
         return None
     worst = max(dl["per_step"], key=lambda r: r["dataloader_us"])
     return TraceFinding(
@@ -31,7 +34,15 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
               + (f"; the GPU waits {cost * 1e3:.1f} ms of it" if idle_us is not None else ""),
         location=steps_location(s, f"enumerate(DataLoader)#...__next__ spans; longest in step {worst['step']} "
                                    f"({worst['dataloader_us'] / 1e3:.1f} ms)"),
-        fix="Prepare batches ahead of the GPU: DataLoader(num_workers=<cores per GPU>, persistent_workers=True, "
-            "prefetch_factor=4, pin_memory=True); move decoding/augmentation to the GPU (e.g. DALI) or "
-            "pre-process the dataset offline.",
+        fix=advice(device_api(s)),
     )
+
+
+def advice(api: DeviceApi) -> str:
+    if api.kind == "cpu":
+        return ("Prepare batches ahead of the step: DataLoader(num_workers=<spare cores>, persistent_workers=True, "
+                "prefetch_factor=4), or pre-process the dataset offline.")
+    offload = f" (e.g. {api.input_offload})" if api.input_offload else ""
+    return (f"Prepare batches ahead of the {api.device}: DataLoader(num_workers=<cores per {api.device}>, "
+            f"persistent_workers=True, prefetch_factor=4, pin_memory=True); move decoding/augmentation to the "
+            f"{api.device}{offload} or pre-process the dataset offline.")

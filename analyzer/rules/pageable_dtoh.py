@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.rules.base import TraceFinding, is_material, steps_location
+from analyzer.rules.devices import DeviceApi, device_api
 
 RULE = "trace.pageable_dtoh"
 
@@ -47,8 +48,12 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
               f"{idle_us / steps / 1e3:.1f} ms per step for new work",
         location=steps_location(s, f"'Memcpy DtoH (Device -> Pageable)' on the GPU, the copy call on the CPU, "
                                    f"first at {first / 1e3:.1f} ms"),
-        fix="Stop reading device results every step: keep losses/metrics on the device and read them every N steps "
+        fix=advice(device_api(s)),
+    )
+
+
+def advice(api: DeviceApi) -> str:
+    return ("Stop reading device results every step: keep losses/metrics on the device and read them every N steps "
             "(.item()/.cpu()/.tolist() each force this copy); when a result is needed, copy it into a pinned buffer "
             "(torch.empty(..., pin_memory=True); buf.copy_(t, non_blocking=True)) and read it after an event "
-            "(torch.cuda.Event().synchronize()) a step later.",
-    )
+            f"({api.event} recorded after the copy, then its synchronize()) a step later.")

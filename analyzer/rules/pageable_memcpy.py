@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.rules.base import TraceFinding, is_material, steps_location
+from analyzer.rules.devices import DeviceApi, device_api
 
 RULE = "trace.pageable_memcpy"
 
@@ -45,6 +46,10 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
               f"{total_us / 1e3:.1f} ms at {evidence['pageable_htod_gbps'] or 0:.1f} GB/s)",
         location=steps_location(s, f"'Memcpy HtoD (Pageable -> Device)' on the GPU (cudaMemcpyAsync on the CPU), "
                                    f"first at {first / 1e3:.1f} ms"),
-        fix="Copy from pinned memory: DataLoader(pin_memory=True), or tensor.pin_memory() once for tensors "
-            "reused every step, then .to(device, non_blocking=True) so the copy overlaps compute.",
+        fix=advice(device_api(s)),
     )
+
+
+def advice(api: DeviceApi) -> str:
+    return ("Copy from pinned memory: DataLoader(pin_memory=True), or tensor.pin_memory() once for tensors reused "
+            f"every step, then .to(device, non_blocking=True) so the copy overlaps the {api.device}'s compute.")

@@ -5,7 +5,9 @@ so the verdict compares how long each rank takes per step to reach its collectiv
 exposed communication (the time its device waits in a collective for the others). That is computation and memory
 copies, and the idle time too: a rank slowed by its host (a slow input pipeline, CPU contention) is no busier on
 its device, it launches late while the others wait in their collectives. CPU-only ranks are compared on step time;
-summaries written before this measure existed, on busy device time.
+summaries written before this measure existed, on busy device time. A straggler is reported when the others' wait for
+it is a material share of its step time ([common] material_cost_fraction): [straggler] excess_min compares the ranks'
+time outside exposed communication, which can be a small part of the step.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from analyzer.rules.base import TraceFinding
+from analyzer.rules.base import TraceFinding, is_material
+from analyzer.rules.devices import DeviceApi, device_api
 
 RULE = "trace.straggler"
 
@@ -55,6 +58,8 @@ def check_set(summaries: list[dict[str, Any]], th: dict) -> TraceFinding | None:
         return None
     slow = str(v["slowest_rank"])
     step_s = v["step_us_mean"][slow] / 1e6
+    if not is_material(v["cost_us_per_step"] / 1e6, step_s, th):
+        return None
     return TraceFinding(
         rule=RULE, subject="ranks", step_s=step_s, cost_s_per_step=v["cost_us_per_step"] / 1e6,
         evidence={k: v[k] for k in ("metric", "per_rank_us", "step_us_mean", "slowest_rank", "median_others_us",
@@ -64,7 +69,11 @@ def check_set(summaries: list[dict[str, Any]], th: dict) -> TraceFinding | None:
               f"{v['cost_us_per_step'] / 1e3:.1f} ms per step for it",
         location=f"rank {slow} ({Path(v['paths'][slow] or '').name}); compare its time per step outside exposed "
                  f"communication with ranks {', '.join(str(r) for r in v['ranks'] if str(r) != slow)}",
-        fix="Balance the work: check that rank's input shard sizes and sequence lengths, its host (CPU "
-            "contention, thermal throttling, a slower GPU or link), and uneven model partitioning; move it off "
-            "a noisy host.",
+        fix=advice(device_api(summaries[0])),
     )
+
+
+def advice(api: DeviceApi) -> str:
+    return ("Balance the work: check that rank's input shard sizes and sequence lengths, its host (CPU contention, "
+            f"thermal throttling, a slower {api.device} or link), and uneven model partitioning; move it off a noisy "
+            "host.")

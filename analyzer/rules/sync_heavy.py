@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.rules.base import TraceFinding, is_material, steps_location
+from analyzer.rules.devices import DeviceApi, device_api
 
 RULE = "trace.sync_heavy"
 
@@ -47,7 +48,11 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
               + (f"; the GPU drains its queue in them and waits {idle_s * 1e3:.1f} ms per step for new work"
                  if idle_s >= 5e-5 else ""),
         location=steps_location(s, first),
-        fix="Keep the CPU ahead of the GPU: drop torch.cuda.synchronize() from the loop, read losses/metrics "
-            "with .item()/.cpu() every N steps (accumulate them on the GPU), use non_blocking=True copies from "
-            "pinned memory, and avoid data-dependent shapes (nonzero, masked_select) that force a sync.",
+        fix=advice(device_api(s)),
     )
+
+
+def advice(api: DeviceApi) -> str:
+    return (f"Keep the CPU ahead of the {api.device}: drop {api.synchronize} from the loop, read losses/metrics "
+            f"with .item()/.cpu() every N steps (accumulate them on the {api.device}), use non_blocking=True copies "
+            "from pinned memory, and avoid data-dependent shapes (nonzero, masked_select) that force a sync.")

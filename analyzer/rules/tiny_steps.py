@@ -1,11 +1,15 @@
 """Rule: steps too small to be worth their fixed cost: per-step overhead (Python, dispatch, launches, the
-optimizer's bookkeeping) takes most of each step and the arithmetic only a sliver."""
+optimizer's bookkeeping) takes most of each step and the arithmetic only a sliver.
+
+Its cost is that overhead, at least [tiny_steps] overhead_share_min of the step, and never less than [common]
+material_cost_fraction."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from analyzer.rules.base import TraceFinding, steps_location
+from analyzer.rules.base import TraceFinding, is_material, steps_location
+from analyzer.rules.devices import DeviceApi, device_api
 
 RULE = "trace.tiny_steps"
 NOT_STEPS = ("whole trace", "GPU active span")  # a micro-benchmark: its one "step" is no training step
@@ -27,6 +31,8 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
             or overhead < t["overhead_share_min"]):
         return None
     overhead_s = step_s * overhead
+    if not is_material(overhead_s, step_s, th):  # with overhead_share_min below the material share
+        return None
     where = "device busy time" if ar["basis"] == "device" else "time in matrix/convolution operators"
     ops = "kernels" if ar["basis"] == "device" else "matrix ops"
     evidence = {
@@ -49,7 +55,12 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
               f"({ar['us_per_step']:.0f} us in {ar['ops_per_step']:.0f} {ops}); per-step overhead takes "
               f"{overhead:.0%}",
         location=steps_location(s, f"{where} against each step's wall time"),
-        fix="Do more work per step: raise the batch size (scale the learning rate with it) or accumulate several "
-            "micro-batches per optimizer step; fuse the small ops with torch.compile(model) (on a GPU, "
-            "mode='reduce-overhead' replays the step as a CUDA graph) and use a fused optimizer (foreach=True).",
+        fix=advice(device_api(s)),
     )
+
+
+def advice(api: DeviceApi) -> str:
+    graph = f" (mode='reduce-overhead' replays the step as {api.graph})" if api.graph else ""
+    return ("Do more work per step: raise the batch size (scale the learning rate with it) or accumulate several "
+            f"micro-batches per optimizer step; fuse the small ops with torch.compile(model){graph} and use a fused "
+            "optimizer (foreach=True).")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,18 @@ def rank3(trace_cache: Path):
     from analyzer.traces.run import analyze_one
 
     return analyze_one(TRACES / "a100_8rank_rank3_training.json.gz", cache_dir=trace_cache)
+
+
+# words of NVIDIA's stack only: advice for another device must not name them (NCCL_DEBUG is RCCL's variable too)
+CUDA_ONLY = (r"CUDA", r"\bcuda[A-Z]\w*", r"(?i)cudnn", r"(?i)cublas", r"(?i)tensor cores?", r"(?i)nvidia", r"\bDALI\b",
+             r"\bNCCL\b(?!_DEBUG)")
+# on a device that is no GPU at all, PyTorch's CUDA namespace and the word GPU do not apply either
+NOT_A_GPU = (r"(?i)cuda", r"\bNCCL", r"\bGPU\b", r"\bHIP\b")
+
+
+def words_of_other_devices(text: str, kind: str) -> list[str]:
+    """The words in a finding's advice that belong to another device's API than the trace's (kind: device_kind)."""
+    if kind == "cuda":
+        return []
+    patterns = CUDA_ONLY + (NOT_A_GPU if kind != "rocm" else ())
+    return [m.group(0) for p in patterns for m in re.finditer(p, text)]

@@ -14,6 +14,7 @@ from analyzer.rules import load_thresholds
 from analyzer.traces.run import analyze_one
 from collector.examples.train import build_model, parse_args
 from tests.analyzer import raw_trace as R
+from tests.analyzer.conftest import words_of_other_devices
 from ui.serve.demo import HEALTHY_HIDDEN
 
 TH = load_thresholds()
@@ -60,6 +61,9 @@ def test_tiny_steps_job_is_told_its_steps_are_too_small(tmp_path):
     assert f.cost_fraction == pytest.approx(1 - share, abs=0.005)
     assert "Steps too small" in f.title and "batch size" in f.fix
     assert summary["device_kind"]["kind"] == "cpu"
+    # a CPU has no graph to replay the step as: the advice names none (it used to say "a CUDA graph")
+    assert [words_of_other_devices(f.fix, "cpu") for f in found] == [[] for _ in found]
+    assert "torch.compile" in f.fix
 
 
 def test_healthy_job_gets_no_finding(tmp_path):

@@ -16,8 +16,10 @@ import pytest
 from rich.console import Console
 
 from analyzer.report import print_report
+from analyzer.rules import launch_bound, per_rank_rules, straggler, tiny_steps
+from analyzer.rules.devices import DEVICE_APIS, not_judged
 from analyzer.traces.run import analyze_one, analyze_paths
-from tests.analyzer.conftest import every_cost_thresholds
+from tests.analyzer.conftest import every_cost_thresholds, words_of_other_devices
 from tests.conftest import TRACES
 
 ALEXNET = TRACES / "a100_alexnet_microbench.json.gz"
@@ -88,15 +90,16 @@ def test_counter_mode_capture_has_no_kernel_timeline_and_says_so(tmp_path):
     assert "CUPTI counters only" in _report(res)
 
 
-def test_mtia_capture_gets_mtia_advice(tmp_path):
-    def mtia(record):
-        record["deviceProperties"] = [{"id": 0, "name": "MTIA v2"}]
-        for e in record["traceEvents"]:
-            if str(e.get("name", "")).startswith("cuda"):
-                e["name"] = "mtia" + e["name"][4:]
+def _mtia(record):
+    record["deviceProperties"] = [{"id": 0, "name": "MTIA v2"}]
+    for e in record["traceEvents"]:
+        if str(e.get("name", "")).startswith("cuda"):
+            e["name"] = "mtia" + e["name"][4:]
 
+
+def test_mtia_capture_gets_mtia_advice(tmp_path):
     # AlexNet's syncs cost under 1 % of its span: reported only when every finding is
-    summary, found = analyze_one(_copy(tmp_path, "mtia.json", mtia), thresholds=every_cost_thresholds())
+    summary, found = analyze_one(_copy(tmp_path, "mtia.json", _mtia), thresholds=every_cost_thresholds())
     assert summary["device_kind"]["kind"] == "mtia"
     assert "tensor-core kernels are known by NVIDIA and AMD" in summary["rules_not_judged"]["trace.no_tensor_cores"]
     sync = next(f for f in found if f.rule == "trace.sync_heavy")
@@ -134,3 +137,31 @@ def test_hip_module_launches_are_launch_calls(tmp_path):
     # the frame's times are whole microseconds: up to 2 us less per call
     assert la["launch_cpu_total_us"] == pytest.approx(sum(e["dur"] for e in launches), abs=2 * len(launches))
     assert set(la["launch_names"]) == {"hipModuleLaunchKernel", "hipExtModuleLaunchKernel"}
+
+
+@pytest.mark.parametrize("kind", ["rocm", "mtia", "cpu", "unknown"])
+def test_every_rules_advice_names_the_devices_own_api(kind):
+    # each rule's advice as it reads on this device, for every rule that can judge such a trace
+    api = DEVICE_APIS[kind]
+    judged = [r for r in per_rank_rules() + [straggler]
+              if r.RULE not in not_judged({"device_kind": {"kind": kind, "kernel_timeline": True}}, [r.RULE])]
+    assert straggler in judged and tiny_steps in judged
+    for rule in judged:
+        assert words_of_other_devices(rule.advice(api), kind) == [], rule.RULE
+    if kind == "rocm":
+        assert "HIP graph" in tiny_steps.advice(api) and "HIP graph" in launch_bound.advice(api)
+
+
+@pytest.mark.parametrize(("kind", "trace"), [("rocm", "amd_mi250_minitoy.json.gz"), ("mtia", "mtia")])
+def test_findings_on_a_non_cuda_trace_advise_no_cuda_only_call(tmp_path, kind, trace):
+    # every finding, however little it costs; the CPU-only kind is checked on the demo's tiny-steps job
+    # (test_demo_jobs.py): the shared CPU traces have no finding
+    path = _copy(tmp_path, "mtia.json", _mtia) if trace == "mtia" else TRACES / trace
+    summary, found = analyze_one(path, thresholds=every_cost_thresholds())
+    assert summary["device_kind"]["kind"] == kind
+    assert len(found) >= 2
+    for f in found:
+        assert words_of_other_devices(f.fix, kind) == [], f.rule
+    if kind == "rocm":
+        steps = next(f for f in found if f.rule == "trace.tiny_steps")
+        assert "replays the step as a HIP graph" in steps.fix  # it used to say "as a CUDA graph"

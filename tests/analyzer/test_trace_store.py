@@ -63,8 +63,8 @@ def test_parsed_trace_is_cached_by_path_size_mtime(tmp_path):
 
 def test_a_later_trace_of_the_rank_resolves_what_it_no_longer_shows(sqlite_store, tmp_path):
     # rank 0 of a workflow profiled twice: the later trace shows tiny_steps (which explains all of its idle time), not
-    # the earlier trace's host_bound or missing tensor cores, which are then resolved (no longer open, no longer
-    # counted); analysed the other way round, the earlier trace resolves nothing of the later one's
+    # the earlier trace's host_bound, which is then resolved (no longer open, no longer counted); analysed the other
+    # way round, the earlier trace resolves nothing of the later one's
     def status(wf: str) -> dict[str, str]:
         with sqlite_store.session() as s:
             return {f.rule: f.status for f in s.scalars(select(Finding).where(Finding.workflow_id == wf))}
@@ -76,6 +76,5 @@ def test_a_later_trace_of_the_rank_resolves_what_it_no_longer_shows(sqlite_store
                for path in (ALEXNET, TRACES / "amd_mi250_minitoy.json.gz")]
         for i in order:
             assert analyze_trace(sqlite_store, ids[i], cache_dir=tmp_path)["status"] == "analyzed"
-    assert status("in-order") == {"trace.tiny_steps": "open", "trace.host_bound": "resolved",
-                                  "trace.no_tensor_cores": "resolved"}
-    assert set(status("reversed").values()) == {"open"} and len(status("reversed")) == 3
+    assert status("in-order") == {"trace.tiny_steps": "open", "trace.host_bound": "resolved"}
+    assert set(status("reversed").values()) == {"open"} and len(status("reversed")) == 2
