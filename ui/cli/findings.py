@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,7 @@ from analyzer.telemetry import detect as detect_findings
 from analyzer.telemetry import load_thresholds
 from analyzer.waste import held_from_rollups, waste
 from store.errors import InvalidInput
-from ui.cli.app import app, console, finite, open_store, settings
+from ui.cli.app import app, check_filters, console, finite, open_store, settings
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
@@ -58,6 +59,7 @@ def findings(
 ) -> None:
     """List findings (trace and telemetry), the costliest first; costs and the total from the one waste function."""
     store = open_store()
+    check_filters(store, workflow=workflow, team=team)
     frame = findings_frame(store, workflow_id=workflow, rule=rule, team=team, include_resolved=include_resolved)
     # the GPU-hours held are those of the workflows listed (of the team, or the one workflow), as `rank` counts them
     w = waste(frame, held_from_rollups(store, team=team, workflow=workflow))
@@ -150,6 +152,11 @@ def rollup_cmd(
 ) -> None:
     """Roll raw samples up into hourly rows per workflow and device, then drop raw samples past the retention."""
     since, now = finite("--since", since), finite("--now", now)
+    if now is not None and now > time.time():
+        # a rollup at a future time rolls up hours still open, and its retention deletes every raw sample before that
+        # time less the retention: a --now in milliseconds would empty the sample tables
+        raise InvalidInput(f"--now {now:g} is in the future; give an epoch second no later than now "
+                           f"({time.time():.0f}), or leave it out")
     days = settings().retention_days if retention_days is None else finite("--retention-days", retention_days)
     if not keep_raw and not 0 < days < math.inf:
         raise InvalidInput(f"retention_days must be a positive, finite number of days, got {days}")
@@ -187,6 +194,7 @@ def rank(
     """Rank workflows (or teams) by recoverable GPU-hours per day, with the trend of their wasted GPU-hours."""
     now, period_hours = finite("--now", now), finite("--period-hours", period_hours)
     store = open_store()
+    check_filters(store, team=team)
     period_s = period_hours * 3600
     ranked, w = rank_with_waste(store, now, period_s, team=None if teams else team)
     frame = (teams_of(ranked) if teams else ranked).head(limit)

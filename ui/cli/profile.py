@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import math
 import time
 
 import typer
@@ -26,7 +27,7 @@ def profile(
     no_wait: bool = typer.Option(False, "--no-wait", help="make the request and return at once"),
 ) -> None:
     """Trace the next N steps of a running job (torch.profiler, via its host's agent) and print the trace path."""
-    if timeout <= 0:
+    if not 0 < timeout < math.inf:  # NaN too: its deadline never comes
         raise InvalidInput(f"--timeout must be a positive number of seconds, not {timeout:g}")
     s = settings()
     store = open_store()

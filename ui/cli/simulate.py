@@ -39,6 +39,9 @@ def simulate_cmd(
         raise InvalidInput(f"--trace {trace!r}: expected KIND:PATH with KIND one of {', '.join(KINDS)}")
     if not path.strip() and kind.strip().lower() != "store":  # only the store has a default (the configured one)
         raise InvalidInput(f"--trace {trace!r}: give the {kind.strip()} file or folder after the colon, as KIND:PATH")
+    if html is not None and (not html.parent.is_dir() or html.is_dir()):  # said before the simulation, not after
+        raise InvalidInput(f"--html {html}: " + (f"the folder {html.parent} does not exist" if not html.parent.is_dir()
+                                                 else "is a folder; give a file name"))
     if consolidate:
         _consolidate(kind.strip().lower(), Path(path), nodes, device_gib)
         return
