@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 
 from collector.recordings.load import load_into_store
-from store.models import Action, DeviceSample, Host, ProcessSample, Workflow
+from store.models import Action, DeviceSample, Finding, Host, ProcessSample, Workflow
 from tests.conftest import FLEET, TRACES
 from ui.cli import run
 
@@ -31,14 +31,22 @@ def _samples(store) -> tuple[int, int]:
                 s.scalar(select(func.count()).select_from(ProcessSample)))
 
 
-def test_rollup_at_a_future_time_is_refused_and_keeps_every_sample(cli_store, capsys):
-    load_into_store(cli_store, FLEET, containers=2, end_at=time.time())
-    before = _samples(cli_store)
-    assert before[0] > 0
-    # epoch milliseconds for seconds: its retention would have deleted every raw sample
-    _refused(["rollup", "--now", str(time.time() * 1000)], capsys, "is in the future")
-    assert _samples(cli_store) == before
-    assert run(["rollup", "--keep-raw", "--now", str(time.time() - 60)]) == 0  # the present still rolls up
+def _open_findings(store) -> int:
+    with store.session() as s:
+        return s.scalar(select(func.count()).select_from(Finding).where(Finding.status == "open"))
+
+
+@pytest.mark.parametrize("command", ["rollup", "detect", "rank"])
+def test_a_now_in_the_future_is_refused_and_changes_nothing(cli_store, capsys, command):
+    load_into_store(cli_store, FLEET, containers=10, end_at=time.time())
+    assert run(["detect"]) == 0
+    before = _samples(cli_store), _open_findings(cli_store)
+    assert before[0][0] > 0 and before[1] > 0
+    # epoch milliseconds for seconds: the rollup's retention deleted every raw sample, and the detectors resolved
+    # every open finding (each device silent for ages by then)
+    _refused([command, "--now", str(time.time() * 1000)], capsys, "is in the future")
+    assert (_samples(cli_store), _open_findings(cli_store)) == before
+    assert run([command, "--now", str(time.time() - 60)]) == 0  # the present still does
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import typer
 from rich.console import Console
@@ -43,6 +44,17 @@ def finite(option: str, value: float | None) -> float | None:
     """The value of a numeric option, refused with a one-line error when it is NaN or infinite (Typer takes "nan")."""
     if value is not None and not math.isfinite(value):
         raise InvalidInput(f"{option} must be a finite number, got {value}")
+    return value
+
+
+def not_future(option: str, value: float | None) -> float | None:
+    """An epoch second no later than now, refused otherwise. A --now in the future (milliseconds for seconds) would
+    have the detectors resolve every open finding, its devices silent for ages, and the rollup's retention delete every
+    raw sample."""
+    value = finite(option, value)
+    if value is not None and value > time.time():
+        raise InvalidInput(f"{option} {value:.0f} is in the future; give an epoch second no later than now "
+                           f"({time.time():.0f}), or leave it out")
     return value
 
 
