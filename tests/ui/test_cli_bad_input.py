@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
 from collector.recordings.load import load_into_store
-from store.models import Action, DeviceSample, Finding, Host, ProcessSample, Workflow
+from store.models import Action, DeviceSample, Finding, Host, ProcessSample, ProfileRequest, Workflow
+from store.workflows import upsert_workflow
 from tests.conftest import FLEET, TRACES
 from ui.cli import run
 
+FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
 SALUS = f"salus:{FLEET / 'salus_workloads.csv'}"
 
 
@@ -123,3 +130,27 @@ def test_analyze_refuses_a_folder_as_the_html_report_before_analysing(fleet_home
     out = _refused(["analyze", str(TRACES / "a100_triton_kernel.json.gz"), "--html", str(tmp_path)], capsys,
                    "is a folder")
     assert out == ""  # refused before the analysis, not after its report
+
+
+def test_ctrl_c_while_profile_waits_says_so_and_withdraws_the_request(cli_store, fleet_home):
+    with cli_store.session() as s:
+        upsert_workflow(s, "train-1")
+    env = {"PATH": os.environ["PATH"], "HOME": str(fleet_home), "FLEETLENS_HOME": str(fleet_home),
+           "FLEETLENS_DB_URL": os.environ["FLEETLENS_DB_URL"], "FLEETLENS_SECRET": "test-secret"}
+    if "PYTHONPATH" in os.environ:  # the code under test, not the installed one
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    # as a terminal's Ctrl-C: SIGINT to a process that did not inherit it ignored
+    proc = subprocess.Popen([FLEETLENS, "profile", "train-1", "--timeout", "60"], env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert "profile request #1" in proc.stderr.readline()  # the request is stored; the command waits for a job
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "fleetlens: interrupted" and "Traceback" not in err
+    with cli_store.session() as s:
+        request = s.get(ProfileRequest, 1)
+        assert request.status == "expired" and "withdrawn" in request.error  # no job traces steps nobody awaits
