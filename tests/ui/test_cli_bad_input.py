@@ -92,9 +92,16 @@ def test_export_into_a_folder_or_of_an_unknown_host_writes_nothing(cli_store, tm
     (["--jobs", "5", "--migration-cost", "nan"], "migration's cost must be a finite number"),
     (["--jobs", "5", "--migration-cost", "-5"], "migration's cost must be a finite number"),
     (["--jobs", "5", "--html", "/"], "is a folder"),
+    (["--jobs", "5", "--seed", "-1"], "the random seed must be 0 or more, not -1"),
 ])
 def test_simulate_refuses_bad_numbers(fleet_home, capsys, options, expected):
     assert _refused(["simulate", "--trace", SALUS, *options], capsys, expected) == ""
+
+
+@pytest.mark.parametrize("gib", ["nan", "-1", "0"])
+def test_simulate_consolidate_refuses_a_device_size_that_is_not_positive(fleet_home, capsys, gib):
+    argv = ["simulate", "--trace", f"alibaba:{FLEET}", "--consolidate", "--device-gib", gib]
+    assert _refused(argv, capsys, f"--device-gib must be a positive number of GiB, not {float(gib)}") == ""
 
 
 @pytest.mark.parametrize("mem", ["nan", "inf", "-5"])

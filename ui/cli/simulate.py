@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -79,6 +80,8 @@ def _print_reasons(title: str, reasons: dict[str, str]) -> None:
 
 def _consolidate(kind: str, path: Path, nodes: str | None, device_gib: float) -> None:
     """The demand replay: one table of figures, then every job that was not placed (or was stopped) and why."""
+    if not 0 < device_gib < math.inf:
+        raise InvalidInput(f"--device-gib must be a positive number of GiB, not {device_gib}")
     if kind == "alibaba":
         tr: DemandTrace = read_alibaba_demand(path)
         devices = [(i, int(device_gib * 2**30)) for i in range(len(tr.jobs))]

@@ -70,6 +70,8 @@ def read_salus(
     """
     if n_jobs < 1:
         raise InvalidInput(f"a Salus workload needs at least one job, not {n_jobs} (--jobs)")
+    if seed < 0:  # numpy's generator takes no negative seed
+        raise InvalidInput(f"the random seed must be 0 or more, not {seed} (--seed)")
     if not 0 < load < math.inf:  # NaN too: its arrivals would all be NaN
         raise InvalidInput(f"the offered load must be a positive number, not {load} (--load)")
     workloads, report = read_salus_workloads(path)
