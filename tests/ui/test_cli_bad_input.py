@@ -104,6 +104,14 @@ def test_simulate_consolidate_refuses_a_device_size_that_is_not_positive(fleet_h
     assert _refused(argv, capsys, f"--device-gib must be a positive number of GiB, not {float(gib)}") == ""
 
 
+@pytest.mark.parametrize("host_id", ["", "  "])
+def test_agent_refuses_a_blank_host_id(cli_store, capsys, host_id):
+    _refused(["agent", "--once", "--source", "cpu", "--no-socket", "--host-id", host_id], capsys,
+             "is blank; give this host's name")
+    with cli_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(Host)) == 0  # no host '' with samples of its own
+
+
 @pytest.mark.parametrize("mem", ["nan", "inf", "-5"])
 def test_run_refuses_a_memory_that_is_not_a_positive_number(cli_store, capsys, mem):
     _refused(["run", "--mem-mb", mem, "--", "true"], capsys, f"--mem-mb must be a positive number of MB, not {mem}")
