@@ -141,6 +141,18 @@ def fail(
     return request
 
 
+def withdraw(session: Session, request_id: int, error: str, *, now: float | None = None) -> bool:
+    """Expire a request no job has taken up yet, with the reason; False if it is no longer pending (a job claimed it
+    first: its trace still lands). One UPDATE ... WHERE status = pending, so it never undoes a claim."""
+    now = time.time() if now is None else now
+    return bool(session.execute(
+        update(ProfileRequest)
+        .where(ProfileRequest.id == request_id, ProfileRequest.status == PENDING)
+        .values(status=EXPIRED, error=error, completed_at=now)
+        .execution_options(synchronize_session=False)
+    ).rowcount)
+
+
 def register_trace(
     session: Session,
     workflow_id: str | None,

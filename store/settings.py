@@ -8,8 +8,9 @@ import secrets
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic import AliasChoices, Field, SecretStr, StringConstraints, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from store.errors import ConfigError
@@ -23,7 +24,9 @@ class Settings(BaseSettings):
     # PostgreSQL connections each process keeps open; 0: one per use, closed after (many agents, one server)
     db_pool_size: int = Field(5, ge=0)
     secret: SecretStr | None = None
-    host_id: str = Field(default_factory=socket.gethostname)
+    # a blank one would record this host's samples as a host named ''
+    host_id: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] = Field(
+        default_factory=socket.gethostname)
 
     # collector
     source: str = "auto"  # auto | nvml | cpu | replay

@@ -17,7 +17,7 @@ from sqlalchemy import and_, or_, select
 
 from collector.recordings.export_format import EXPORT_COLUMNS, FIELDS, FORMAT, JSON_FIELDS, VERSION, format_of
 from store.db import Store
-from store.errors import InvalidInput
+from store.errors import InvalidInput, NotFound
 from store.models import Device, DeviceSample, Host, Process, ProcessSample, Workflow
 from store.samples import DEVICE_METRICS, PROCESS_METRICS
 
@@ -93,6 +93,15 @@ def _records(
             yield "process_sample", rec
 
 
+def _check_hosts(store: Store, hosts: list[str]) -> None:
+    """Refuse hosts the store does not know: a misspelt --host would otherwise export an empty file."""
+    with store.session() as session:
+        known = set(session.scalars(select(Host.id).where(Host.id.in_(hosts))))
+    missing = sorted(set(hosts) - known)
+    if missing:
+        raise NotFound(f"no host {', '.join(map(repr, missing))} in the store; nothing exported")
+
+
 def write_export(
     store: Store,
     path: str | Path,
@@ -112,6 +121,10 @@ def write_export(
         raise InvalidInput(f"the export range starts ({start}) after it ends ({end})")
     if not path.parent.exists():
         raise InvalidInput(f"cannot write {path}: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise InvalidInput(f"cannot write {path}: it is a folder; give a file name, e.g. {path / 'export.jsonl.gz'}")
+    if hosts:
+        _check_hosts(store, hosts)
     fmt = format_of(path)
     counts = dict.fromkeys(FIELDS, 0)
     tmp = path.with_name(f".{path.name}.partial")
@@ -140,6 +153,9 @@ def write_export(
                     writer.writerow(row)
                     counts[kind] += 1
         tmp.replace(path)
+    except OSError as exc:  # the disk full, the folder not writable: said in one line, nothing left behind
+        tmp.unlink(missing_ok=True)
+        raise InvalidInput(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

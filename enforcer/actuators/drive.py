@@ -19,7 +19,7 @@ from enforcer.actuators.registry import actuator_for
 from enforcer.migration import TERMINAL, MigrationOptions
 from store.db import Store
 from store.errors import DatabaseUnavailable, FleetlensError, NotFound
-from store.models import Action
+from store.models import Action, Plan
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ def _chosen(store: Store, ids: list[int] | None, plan_id: int | None) -> dict[in
             if missing:
                 raise NotFound(f"no action {', '.join(map(str, missing))} in the store")
             return found
+        if plan_id is not None and session.get(Plan, plan_id) is None:
+            raise NotFound(f"no plan {plan_id} in the store; `fleetlens enforce` prints the id of each plan it makes")
         query = query.where(Action.state.not_in(TERMINAL))
         if plan_id is not None:
             query = query.where(Action.plan_id == plan_id)

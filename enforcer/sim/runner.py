@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -64,6 +65,9 @@ def simulate(
     check: bool = False,
 ) -> list[SimResult]:
     """Run each policy over the trace on `cluster` (default: the trace's own). Results in the order given."""
+    if not 0 <= migration_cost_s < math.inf:
+        raise InvalidInput(f"a migration's cost must be a finite number of seconds, 0 or more, not {migration_cost_s} "
+                           "(--migration-cost)")
     cluster = cluster or trace.cluster
     if not cluster:
         raise InvalidInput(f"the {trace.kind} trace does not say what cluster it ran on; give --nodes N[xD[xGIB]]")

@@ -177,8 +177,8 @@ def test_cli_errors_are_one_line(cli_store, capsys, tmp_path):
     assert "window-hours" in capsys.readouterr().err
     assert run(["rollup", "--retention-days", "0"]) == 2
     assert "retention_days" in capsys.readouterr().err
-    assert run(["findings", "--workflow", "nobody"]) == 0
-    assert "no findings match" in capsys.readouterr().out
+    assert run(["findings", "--workflow", "nobody"]) == 2  # a typo is not a workflow without findings
+    assert "no workflow 'nobody' in the store" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args", [

@@ -58,6 +58,7 @@ def test_status_masks_the_password(pg_url, capsys, fleet_home, monkeypatch):
         ({"FLEETLENS_UI_PORT": "abc"}, "FLEETLENS_UI_PORT is 'abc'"),
         ({"FLEETLENS_DB_POOL_SIZE": "-1"}, "FLEETLENS_DB_POOL_SIZE is '-1'"),
         ({"RANK": "first"}, "FLEETLENS_RANK or RANK is 'first'"),
+        ({"FLEETLENS_HOST_ID": "  "}, "FLEETLENS_HOST_ID is '  '"),
         ({"FLEETLENS_PROMETHEUS_TEAMS": "ml=search"}, "FLEETLENS_PROMETHEUS_TEAMS must be JSON"),
     ],
 )

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import typer
 from typer._click.exceptions import ClickException  # typer 0.29 carries its own click
@@ -26,10 +30,38 @@ from ui.cli import slurm as _slurm  # noqa: F401  (registers slurm-import)
 from ui.cli.app import app, err_console
 
 
+class _Interrupts:
+    """Whether Ctrl-C stopped the command. Typer turns the KeyboardInterrupt into a bare exit code 130, so the line
+    that says so is printed from what this handler saw. Commands that handle SIGINT themselves (agent, serve, demo,
+    ui) put their own handler in place while they run and say how they stopped."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def handler(self, signum, frame) -> None:
+        self.seen = True
+        signal.default_int_handler(signum, frame)
+
+    @contextmanager
+    def watched(self) -> Iterator[None]:
+        # only where Python's own handler is in place: a SIGINT ignored (a background job of a script) stays ignored
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            yield
+            return
+        signal.signal(signal.SIGINT, self.handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run one command and return its exit code; a user's error is one line on stderr and exit code 2."""
+    interrupts = _Interrupts()
     try:
-        result = app(args=argv, standalone_mode=False)
+        with interrupts.watched():
+            result = app(args=argv, standalone_mode=False)
     except FleetlensError as exc:
         err_console.print(f"fleetlens: {exc}", highlight=False, soft_wrap=True, markup=False)
         return exc.exit_code
@@ -42,6 +74,8 @@ def run(argv: list[str] | None = None) -> int:
         # click turns a KeyboardInterrupt into Abort; ui.serve.processes.Stopped carries 143 for SIGTERM
         err_console.print("fleetlens: interrupted")
         return int(getattr(exc, "exit_code", None) or getattr(exc.__cause__, "exit_code", None) or 130)
+    if interrupts.seen and result == 130:
+        err_console.print("fleetlens: interrupted")
     return result if isinstance(result, int) else 0
 
 

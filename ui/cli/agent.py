@@ -37,6 +37,8 @@ def agent(
     for name, value in (("--interval", interval), ("--flush-interval", flush_interval), ("--duration", duration)):
         if value is not None and not 0 < value < math.inf:  # NaN too: an interval of NaN sampled without a pause
             raise ConfigError(f"{name} must be a positive number of seconds, not {value}")
+    if host_id is not None and not host_id.strip():  # the store would record the samples of a host named ''
+        raise ConfigError(f"--host-id {host_id!r} is blank; give this host's name, or leave it out for the hostname")
     overrides = {
         k: v
         for k, v in {

@@ -59,6 +59,8 @@ def analyze(
     """Find why a training job wastes its GPU, from its PyTorch profiler traces. Exit code 2 if any trace failed."""
     if html is not None and not html.parent.is_dir():  # said before the analysis, not after it
         raise InvalidInput(f"cannot write the HTML report {html}: folder {html.parent} does not exist")
+    if html is not None and html.is_dir():
+        raise InvalidInput(f"cannot write the HTML report {html}: it is a folder; give a file name")
     s = settings()
     cache_dir = None if no_cache else s.home / "cache" / "traces"
     if store:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import math
+import time
 
 import typer
 from rich.console import Console
+from sqlalchemy import select
 
 from store.db import Store
-from store.errors import InvalidInput
+from store.errors import InvalidInput, NotFound
 from store.migrations import check_schema
+from store.models import Workflow
 from store.settings import Settings, get_settings
+from store.workflows import get_workflow
 
 app = typer.Typer(
     name="fleetlens",
@@ -41,3 +45,24 @@ def finite(option: str, value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise InvalidInput(f"{option} must be a finite number, got {value}")
     return value
+
+
+def not_future(option: str, value: float | None) -> float | None:
+    """An epoch second no later than now, refused otherwise. A --now in the future (milliseconds for seconds) would
+    have the detectors resolve every open finding, its devices silent for ages, and the rollup's retention delete every
+    raw sample."""
+    value = finite(option, value)
+    if value is not None and value > time.time():
+        raise InvalidInput(f"{option} {value:.0f} is in the future; give an epoch second no later than now "
+                           f"({time.time():.0f}), or leave it out")
+    return value
+
+
+def check_filters(store: Store, workflow: str | None = None, team: str | None = None) -> None:
+    """Refuse a --workflow or --team the store has never recorded: a typo would otherwise list nothing, as a clean
+    fleet does."""
+    with store.session() as session:
+        if workflow is not None:
+            get_workflow(session, workflow)
+        if team is not None and session.scalar(select(Workflow.id).where(Workflow.team == team).limit(1)) is None:
+            raise NotFound(f"no workflow of team {team!r} in the store; `fleetlens rank --teams` lists the teams")

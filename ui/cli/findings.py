@@ -18,7 +18,7 @@ from analyzer.telemetry import detect as detect_findings
 from analyzer.telemetry import load_thresholds
 from analyzer.waste import held_from_rollups, waste
 from store.errors import InvalidInput
-from ui.cli.app import app, console, finite, open_store, settings
+from ui.cli.app import app, check_filters, console, finite, not_future, open_store, settings
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
 
@@ -58,6 +58,7 @@ def findings(
 ) -> None:
     """List findings (trace and telemetry), the costliest first; costs and the total from the one waste function."""
     store = open_store()
+    check_filters(store, workflow=workflow, team=team)
     frame = findings_frame(store, workflow_id=workflow, rule=rule, team=team, include_resolved=include_resolved)
     # the GPU-hours held are those of the workflows listed (of the team, or the one workflow), as `rank` counts them
     w = waste(frame, held_from_rollups(store, team=team, workflow=workflow))
@@ -98,7 +99,7 @@ def detect(
 ) -> None:
     """Run the telemetry detectors over the store's samples, and the serving rules over serving workflows'
     requests; record their findings."""
-    now, window_hours = finite("--now", now), finite("--window-hours", window_hours)
+    now, window_hours = not_future("--now", now), finite("--window-hours", window_hours)
     if window_hours is not None and window_hours <= 0:
         raise InvalidInput(f"--window-hours must be positive, got {window_hours}")
     th = load_thresholds(thresholds)
@@ -149,7 +150,7 @@ def rollup_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Roll raw samples up into hourly rows per workflow and device, then drop raw samples past the retention."""
-    since, now = finite("--since", since), finite("--now", now)
+    since, now = finite("--since", since), not_future("--now", now)
     days = settings().retention_days if retention_days is None else finite("--retention-days", retention_days)
     if not keep_raw and not 0 < days < math.inf:
         raise InvalidInput(f"retention_days must be a positive, finite number of days, got {days}")
@@ -185,8 +186,9 @@ def rank(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Rank workflows (or teams) by recoverable GPU-hours per day, with the trend of their wasted GPU-hours."""
-    now, period_hours = finite("--now", now), finite("--period-hours", period_hours)
+    now, period_hours = not_future("--now", now), finite("--period-hours", period_hours)
     store = open_store()
+    check_filters(store, team=team)
     period_s = period_hours * 3600
     ranked, w = rank_with_waste(store, now, period_s, team=None if teams else team)
     frame = (teams_of(ranked) if teams else ranked).head(limit)

@@ -4,6 +4,7 @@ Prometheus, and publish fleetlens's findings and plans for Prometheus to scrape.
 from __future__ import annotations
 
 import logging
+import math
 import re
 
 import typer
@@ -67,5 +68,9 @@ def metrics_serve(
     host, port = s.metrics_serve_host, s.metrics_serve_port if port is None else port
     if listen_address is not None:
         host, port = parse_listen_address(listen_address)
+    if not 0 <= port <= 65535:
+        raise InvalidInput(f"--port {port} is not a TCP port; use 0..65535")
+    if duration is not None and not 0 < duration < math.inf:  # NaN or 0 would stop at once, having served nothing
+        raise InvalidInput(f"--duration must be a positive number of seconds, not {duration}")
     console.print(f"fleet metrics at http://{host or '0.0.0.0'}:{port}/metrics")
     serve_fleet_metrics(open_store(), s, port=port, duration=duration, addr=host)

@@ -41,6 +41,8 @@ def run(
         command = command[1:]
     if not command:
         raise InvalidInput("no command to run; put it after `--`, e.g. `fleetlens run -- python train.py`")
+    if mem_mb is not None and not 0 < mem_mb < math.inf:  # a negative figure would be stored as the job's memory
+        raise InvalidInput(f"--mem-mb must be a positive number of MB, not {mem_mb}")
     s = settings()
     get_policy(policy or s.policy)  # one line for an unknown policy, before the database is touched
     store = open_store()
@@ -71,6 +73,7 @@ def move(
     """Move one managed job by checkpoint and relaunch (what an applied plan does for each of its moves)."""
     if lane_mb is not None and not 0 < lane_mb < math.inf:
         raise InvalidInput(f"--lane-mb must be a positive number of MB, not {lane_mb}")
+    _check_timeout(timeout)  # before the move is recorded: a bad one would leave it planned and not driven
     store = open_store()
     action_id = start_migration(store, workflow, to_device, to_lane_id=to_lane, settings=settings(),
                                 new_lane_size=None if lane_mb is None else int(lane_mb * 2**20))
@@ -85,12 +88,18 @@ def drive(
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait at most."),
 ) -> None:
     """Carry out planned migrations (checkpoint, stop, relaunch, resume) until each is done, rolled back or failed."""
+    _check_timeout(timeout)
     store = open_store()
     states = drive_actions(store, settings(), plan_id=plan, timeout_s=timeout)
     if not states:
         console.print("no unfinished actions")
         return
     _show(store, states)
+
+
+def _check_timeout(timeout: float) -> None:
+    if not 0 <= timeout < math.inf:  # NaN too: its deadline never comes, and the drive would never end
+        raise InvalidInput(f"--timeout must be a finite number of seconds, 0 or more, not {timeout}")
 
 
 def _show(store, states: dict[int, str]) -> None:

@@ -3,6 +3,7 @@ meet the SLOs under the measured load, with which scheduler."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def show_cmd(window: float = typer.Option(3600.0, "--window", help="seconds back
     """Each serving application's requests, latency quantiles (to 1 %), execution-time CV and SLO attainment over
     the window. The execution time is the batch's: its CV within one batch size is the model's own variation; over
     all sizes it includes what batching does."""
+    _check_window(window)
     store = open_store()
     now = time.time()
     with store.session() as s:
@@ -77,6 +79,11 @@ def show_cmd(window: float = typer.Option(3600.0, "--window", help="seconds back
         console.print(kept)
 
 
+def _check_window(window: float) -> None:
+    if not 0 < window < math.inf:
+        raise InvalidInput(f"--window must be a positive number of seconds, not {window}")
+
+
 def _print(rs: RightSize, held: str) -> None:
     table = Table(title=f"devices that meet every SLO for {rs.target:.0%} of {rs.requests} requests")
     table.add_column("scheduler")
@@ -107,6 +114,9 @@ def rightsize_cmd(
     scheduler: list[str] = typer.Option(None, "--scheduler", help=f"one of {', '.join(SCHEDULERS)} (repeat)"),
 ) -> None:
     """How many devices meet the SLOs under the measured load and distributions, and with which scheduler."""
+    _check_window(window)
+    if not 0 < k < math.inf:  # NaN too: every SLO would be NaN, met by no request
+        raise InvalidInput(f"--k must be a positive number (SLO = k x the application's median), not {k}")
     schedulers = tuple(scheduler or SCHEDULERS)
     bad = [s for s in schedulers if s not in SCHEDULERS]
     if bad:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -39,6 +40,9 @@ def simulate_cmd(
         raise InvalidInput(f"--trace {trace!r}: expected KIND:PATH with KIND one of {', '.join(KINDS)}")
     if not path.strip() and kind.strip().lower() != "store":  # only the store has a default (the configured one)
         raise InvalidInput(f"--trace {trace!r}: give the {kind.strip()} file or folder after the colon, as KIND:PATH")
+    if html is not None and (not html.parent.is_dir() or html.is_dir()):  # said before the simulation, not after
+        raise InvalidInput(f"--html {html}: " + (f"the folder {html.parent} does not exist" if not html.parent.is_dir()
+                                                 else "is a folder; give a file name"))
     if consolidate:
         _consolidate(kind.strip().lower(), Path(path), nodes, device_gib)
         return
@@ -76,6 +80,8 @@ def _print_reasons(title: str, reasons: dict[str, str]) -> None:
 
 def _consolidate(kind: str, path: Path, nodes: str | None, device_gib: float) -> None:
     """The demand replay: one table of figures, then every job that was not placed (or was stopped) and why."""
+    if not 0 < device_gib < math.inf:
+        raise InvalidInput(f"--device-gib must be a positive number of GiB, not {device_gib}")
     if kind == "alibaba":
         tr: DemandTrace = read_alibaba_demand(path)
         devices = [(i, int(device_gib * 2**30)) for i in range(len(tr.jobs))]

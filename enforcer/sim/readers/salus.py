@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,12 @@ def read_salus(
     memory; Salus's profiles show most of it is ephemeral (per-iteration), so P = `persistent_fraction` x peak
     and E = the rest. The cluster is one device of `device_mem` bytes.
     """
+    if n_jobs < 1:
+        raise InvalidInput(f"a Salus workload needs at least one job, not {n_jobs} (--jobs)")
+    if seed < 0:  # numpy's generator takes no negative seed
+        raise InvalidInput(f"the random seed must be 0 or more, not {seed} (--seed)")
+    if not 0 < load < math.inf:  # NaN too: its arrivals would all be NaN
+        raise InvalidInput(f"the offered load must be a positive number, not {load} (--load)")
     workloads, report = read_salus_workloads(path)
     if not workloads:
         raise InvalidInput(f"Salus workloads file {path} has no usable row (skipped: {dict(report.skipped)})")
