@@ -33,6 +33,10 @@ store side reads from the agents' probes) moves only within its own host or to a
 location. When the only device with room is elsewhere, the move is not planned: a guard move's job stays where it
 is, a device that would need such a move is not emptied, and the job is named in `ConsolidationPlan.refused` with
 the reason. Without storage facts (the simulator) any device will do.
+
+Silent hosts. The devices of a host not heard from lately (`not_heard_from`, which the store side reads with the
+fleet state) are neither drained nor filled: its agent could not checkpoint a job there nor start one, so such a
+move would only stall until its commands time out. Their movable jobs are counted in `ConsolidationPlan.skipped`.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import numpy as np
 
 from enforcer.lane_fleet import Fleet
 from enforcer.lanes import Admission, Job, lane_request
-from enforcer.planner import unreadable_refusal
+from enforcer.planner import NOT_HEARD_FROM, unreadable_refusal
 from store.errors import InvalidInput
 from store.headroom import LANE_FACTOR, PERSISTENT_FACTOR
 from store.settings import Settings
@@ -139,6 +143,8 @@ class ConsolidationPlan:
     packing: Packing | None = None  # the devices once the moves are done
     # jobs kept where they run because the only room was on hosts that cannot read their checkpoint location
     refused: list[dict[str, Any]] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # movable jobs left where they are, counted by why
+    not_heard_from: dict[str, float] = field(default_factory=dict)  # silent hosts, seconds since heard: left alone
 
     def summary(self) -> dict:
         reasons: dict[str, int] = {}
@@ -146,7 +152,8 @@ class ConsolidationPlan:
             reasons[m.reason] = reasons.get(m.reason, 0) + 1
         return {"moves": len(self.moves), "by_reason": reasons, "devices_held": self.devices_held,
                 "devices_needed": self.devices_needed, "devices_freed": len(self.devices_freed),
-                "unresolved": len(self.unresolved), "refused": self.refused}
+                "unresolved": len(self.unresolved), "refused": self.refused, "skipped": self.skipped,
+                "not_heard_from": self.not_heard_from}
 
 
 def size_job(d: JobDemand, now: float, p: ConsolidateParams) -> Size:
@@ -383,15 +390,22 @@ class Packing:
 
 def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand], now: float,
                        params: ConsolidateParams | None = None, *, guard_only: bool = False,
-                       hosts: Mapping[int, str] | None = None) -> ConsolidationPlan:
+                       hosts: Mapping[int, str] | None = None,
+                       not_heard_from: Mapping[str, float] | None = None) -> ConsolidationPlan:
     """Moves for one cycle: guard moves for devices running out, then (unless `guard_only`: a check between
     cycles when a job's memory passed what it was planned at) moves that free whole devices. `hosts` (device id
-    -> host) with the jobs' `readable_hosts` keeps every move where the job's checkpoints can be read."""
+    -> host) with the jobs' `readable_hosts` keeps every move where the job's checkpoints can be read;
+    `not_heard_from` (host -> seconds since it was heard from) names the silent hosts, whose devices are neither
+    drained nor filled (their agents could neither checkpoint a job nor start one)."""
     p = params or ConsolidateParams()
     pk = Packing(devices, p.util_cap, hosts)
     sizes = size_jobs(demands, now, p)
     by_id = {d.job_id: d for d in demands}
     pos_of = pk.fleet.index_of
+    silent = dict(not_heard_from or {})
+    quiet = {pos_of[d] for d, host in (hosts or {}).items() if host in silent and d in pos_of}
+    for i in quiet:
+        pk.fleet.arrays.alive[i] = False  # no job goes to one of its devices, empty or not
 
     # a move's cost: its downtime plus the work since the job's last checkpoint
     costs = {d.job_id: p.downtime_s + max(0.0, d.since_checkpoint_s) for d in demands}
@@ -425,10 +439,18 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
     moves: list[ConsolidationMove] = []
     moved: set[str] = set()
     refused: list[dict[str, Any]] = []
-    kept: set[int] = set()  # devices where a job that could not go stays over its share: neither drained nor filled
+    # devices neither drained nor filled: where a job that could not go stays over its share, and a silent host's
+    kept: set[int] = set(quiet)
+    skipped: dict[str, int] = {}
+    left = sum(1 for d in demands if d.movable and d.device_id in pos_of and pos_of[d.device_id] in quiet)
+    if left:
+        skipped[NOT_HEARD_FROM] = left
     # guard moves: they go now, whatever the caps, to the device with the most room (shared if the job may share,
     # else alone) among those whose host can read its checkpoints
     for i, job_id, reason in over:
+        if i in quiet:
+            unresolved[job_id] = "over its share of a shared device, on a host not heard from lately"
+            continue
         if not by_id[job_id].movable:
             # not opted in to be moved (or a part of a multi-device job): it runs on where it is, over its share
             unresolved[job_id] = "over its share of a shared device, and it may not be moved"
@@ -503,4 +525,5 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
                                            "free_device", costs[j], gain_h / len(targets)))
             moved.add(j)
         budget -= len(targets)
-    return ConsolidationPlan(moves, sizes, held, int((pk.n_jobs > 0).sum()), freed, unresolved, pk, refused)
+    return ConsolidationPlan(moves, sizes, held, int((pk.n_jobs > 0).sum()), freed, unresolved, pk, refused,
+                             skipped, silent)

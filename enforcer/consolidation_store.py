@@ -9,7 +9,8 @@ of the device's cores). The plan is recorded in `plans` like the planner's, so a
 Each job comes with the hosts that recently said they can read its checkpoint location (the same facts, from the
 same helper, as the planner's: store.checkpoints.readable_hosts_by_workflow), and each device with its host, so
 consolidation plans no move a target agent could not resume from; the jobs it keeps for that reason are listed
-in the plan's summary under "refused", each with what the target host's agent said.
+in the plan's summary under "refused", each with what the target host's agent said. The hosts not heard from lately
+(the fleet state's `not_heard_from`) are left alone: no job is moved onto or off their devices.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from enforcer.consolidate import ConsolidateParams, ConsolidationPlan, JobDemand, lane_bytes, plan_consolidation
-from enforcer.fleet_state import read_fleet_state
+from enforcer.fleet_state import FleetState, read_fleet_state
 from enforcer.plan_store import apply_plan, explain_refusals
 from enforcer.planner import Move
 from store.checkpoints import latest_checkpoint_times
@@ -36,15 +37,16 @@ POLICY = "consolidate"
 DAY_S = 86400.0
 
 
-def load_demands(session: Session, settings: Settings, now: float, params: ConsolidateParams
-                 ) -> tuple[list[tuple[int, int]], list[JobDemand], dict[int, str]]:
+def load_demands(session: Session, settings: Settings, now: float, params: ConsolidateParams,
+                 state: FleetState | None = None) -> tuple[list[tuple[int, int]], list[JobDemand], dict[int, str]]:
     """Devices ((id, bytes)), every placed workflow's demand up to `now` (with the hosts that can read its
     checkpoint location), and each device's host, from the fleet state: a device's bytes are its free capacity
     (enforcer.fleet_state's one rule). A job on several devices holds each whole and is not moved (one demand per
     device, `<workflow>#<k>`, as the simulator gives them); nor is a job registered but not started (a pending
     placement), which holds the lane or device admission gave it. A job on its way into a lane (a move under way)
-    holds its share of it there (`arriving:<workflow>`)."""
-    state = read_fleet_state(session, now=now, settings=settings)
+    holds its share of it there (`arriving:<workflow>`). `state`: the fleet state already read at `now` (else it is
+    read here)."""
+    state = state or read_fleet_state(session, now=now, settings=settings)
     devices = [(d.device_id, state.free_capacity(d.device_id)) for d in state.devices.values() if d.memory_total]
     hosts = {d.device_id: d.host for d in state.devices.values() if d.memory_total}
     since = now - params.window_s
@@ -123,8 +125,9 @@ def make_consolidation_plan(store: Store, settings: Settings, *, now: float | No
     now = time.time() if now is None else now
     params = ConsolidateParams.from_settings(settings)
     with store.session() as session:
-        devices, demands, hosts = load_demands(session, settings, now, params)
-    plan = plan_consolidation(devices, demands, now, params, hosts=hosts)
+        state = read_fleet_state(session, now=now, settings=settings)
+        devices, demands, hosts = load_demands(session, settings, now, params, state)
+    plan = plan_consolidation(devices, demands, now, params, hosts=hosts, not_heard_from=state.not_heard_from)
     if plan.refused:
         with store.session() as session:
             explain_refusals(session, plan.refused, settings, now)

@@ -31,6 +31,7 @@ from store.checkpoints import readable_hosts_by_workflow
 from store.device_memory import known_context, unplaced_memory
 from store.headroom import charged
 from store.models import Action, ActionEvent, Device, Lane, Placement, Team, Workflow
+from store.registry import hosts_heard_from
 from store.settings import Settings
 from store.workflows import is_movable
 
@@ -112,6 +113,9 @@ class FleetState:
     placements: list[PlacementState] = field(default_factory=list)
     arriving: list[Arriving] = field(default_factory=list)
     workflows: dict[str, WorkflowState] = field(default_factory=dict)
+    # hosts not heard from within Settings.host_silence_s, with the seconds since: the planner and consolidation
+    # move nothing onto or off their devices (admission and the dashboard still see them)
+    not_heard_from: dict[str, float] = field(default_factory=dict)
 
     def free_capacity(self, device_id: int) -> int:
         """The one rule: what admission may hand out on the device (lanes included), its memory less `unmanaged`."""
@@ -137,8 +141,12 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
     """Read the fleet once: every usable device (of `host_id` only, if given), its lanes, placements, moves under way,
     and, with `settings`, each placed workflow's movability (teams from FLEETLENS_MOVABLE_TEAMS too) and the hosts
     that can read its checkpoints (probes younger than `storage_probe_max_age_s`). Without `settings` the storage
-    facts are left out (`readable_hosts` None), only the teams the store marks movable count, and no device charges
-    a default context (every caller that admits or plans passes its settings)."""
+    facts are left out (`readable_hosts` None), only the teams the store marks movable count, no device charges
+    a default context and no host counts as silent (every caller that admits or plans passes its settings).
+
+    With `settings`, the hosts not heard from within `host_silence_s` (store.registry.hosts_heard_from: an agent's
+    heartbeat, or an importer's last record of the node) are named in `not_heard_from`; their devices stay in the
+    state (admission and the dashboard show them as they are), and the planner and consolidation leave them alone."""
     now = time.time() if now is None else now
     query = select(Device).where(Device.state == "ok")
     if host_id is not None:
@@ -164,6 +172,10 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
                                        default if d.source == "nvml" else 0) for d in rows}
     unmanaged = _unmanaged(session, state, totals)
     state.devices = {i: replace(d, unmanaged=unmanaged.get(i, 0)) for i, d in state.devices.items()}
+    if settings is not None:
+        for host, heard in sorted(hosts_heard_from(session, {d.host_id for d in rows}).items()):
+            if now - heard > settings.host_silence_s:
+                state.not_heard_from[host] = round(now - heard, 1)
     workflows = {wf.id: wf for _, wf in placed_rows}
     teams = set(session.scalars(select(Team.name).where(Team.movable.is_(True))))
     if settings is not None:

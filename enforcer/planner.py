@@ -9,7 +9,9 @@ devices. A source device qualifies when each of its jobs is movable (managed, an
 flagged by an open finding (idle holder, low utilisation, over-provisioned memory), known in memory, and not in
 its cool-down. Sources are tried from the easiest (fewest jobs, least memory); each job goes where the policy
 places it under Salus's lane rule, on devices already in use only (moving onto an empty device frees nothing),
-never on a device being emptied nor on one where processes outside fleetlens use memory, and on another host only
+never on a device being emptied nor on one where processes outside fleetlens use memory, never onto or off a device
+of a host not heard from lately (`PlanDevice.silent_s`: its agent could neither start nor checkpoint the job; such
+jobs are counted in `skipped`, the hosts named in `not_heard_from`), and on another host only
 when that host can read the job's checkpoint location (`Holding.readable_hosts`, facts the store side passes in:
 which hosts' agents said so). If one job of a device finds no place, the device's moves are undone; when the only
 places with room are on hosts that cannot read its checkpoints, the device is kept whole and the job is named in
@@ -33,6 +35,7 @@ from enforcer.lane_fleet import Fleet
 from enforcer.lanes import Admission, Job, Lane
 from enforcer.policies import Policy, get_policy
 
+NOT_HEARD_FROM = "on a host not heard from"  # the skipped-count key of jobs kept on a silent host
 REFUSED_UNREADABLE = "refused: not safe to move"  # the skipped-count key of jobs kept for want of readable storage
 UNREADABLE_REASON = ("only hosts that cannot read its checkpoint location have room for it; it runs on where it is "
                      "(give the fleet shared or object storage those hosts can read)")
@@ -54,6 +57,9 @@ class PlanDevice:
     kind: str = ""
     foreign: int = 0  # memory in use that no placement explains (other processes): never offered to lanes
     context_default: int = 0  # C charged beside its lanes to a job whose own is not measured (enforcer.lanes)
+    # seconds since its host was last heard from, when that is past the limit (enforcer.fleet_state): nothing is moved
+    # onto it nor off it; None: heard from lately
+    silent_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -104,12 +110,13 @@ class PlanResult:
     plan_id: int | None = None
     applied: bool = False
     refused: list[dict[str, Any]] = field(default_factory=list)  # moves that cannot be made safely, with the reason
+    not_heard_from: dict[str, float] = field(default_factory=dict)  # silent hosts, seconds since heard: left alone
 
     def summary(self) -> dict[str, Any]:
         worst = max((m.expected_slowdown for m in self.moves), default=1.0)
         return {"moves": len(self.moves), "devices_freed": len(self.devices_freed),
                 "freed_device_ids": self.devices_freed, "max_expected_slowdown": round(worst, 4),
-                "skipped": self.skipped, "refused": self.refused}
+                "skipped": self.skipped, "refused": self.refused, "not_heard_from": self.not_heard_from}
 
 
 def plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Policy | str = "pack",
@@ -130,6 +137,7 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
     if isinstance(policy, str):
         policy = get_policy(policy) if model is None else get_policy(policy, model=model)
     skipped: dict[str, int] = defaultdict(int)
+    silent = {d.device_id for d in devices if d.silent_s is not None}
     fleet = Fleet()
     for d in devices:
         fleet.add_device(d.device_id, d.capacity, kind=d.kind, host=d.host, context_default=d.context_default)
@@ -161,8 +169,10 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
             skipped["in cool-down"] += 1
         if spans[h.workflow_id] > 1:
             skipped["on several devices"] += 1
+        if h.device_id in silent and h.rules and h.movable:
+            skipped[NOT_HEARD_FROM] += 1  # its agent could not checkpoint it: the move would only stall
         candidate[h.workflow_id] = (ok and spans[h.workflow_id] == 1 and h.movable and bool(h.rules)
-                                    and h.persistent is not None and not h.cooling)
+                                    and h.persistent is not None and not h.cooling and h.device_id not in silent)
     for d in devices:
         if d.foreign > 0 and d.device_id in fleet.index_of:
             _hold_foreign(fleet, d)
@@ -173,6 +183,8 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
         if d.foreign > 0 and d.device_id in fleet.index_of:
             # memory someone outside fleetlens uses can grow at any time: nobody is moved next to it
             a.alive[fleet.index_of[d.device_id]] = False
+        if d.device_id in silent and d.device_id in fleet.index_of:
+            a.alive[fleet.index_of[d.device_id]] = False  # its agent could not start the job there
     sources = [d for d, jobs in residents.items() if jobs and all(candidate.get(j, False) for j in jobs)]
     sources.sort(key=lambda d: (len(residents[d]), fleet.device(d).reserved, d))
     targets: set[int] = set()
@@ -209,7 +221,8 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
         m.lane_size = lane.size
         m.compute_share = round(device.compute_shares()[lane.lane_id], 4)
         m.expected_slowdown = round(slowdown_in_place(fleet, m.workflow_id, policy.model), 4)
-    return PlanResult(policy.name, moves, freed, dict(skipped), refused=refused)
+    return PlanResult(policy.name, moves, freed, dict(skipped), refused=refused,
+                      not_heard_from={d.host: d.silent_s for d in devices if d.silent_s is not None})
 
 
 def _job(h: Holding) -> Job:

@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from store.models import Action, ActionEvent, Device, Host, HostEvent, Lane, Placement, Process, Workflow
@@ -57,6 +57,21 @@ def register_host(
 def touch_host(session: Session, host_id: str, now: float | None = None) -> None:
     """Keep the host row alive: last_seen is when its agent last wrote."""
     session.execute(update(Host).where(Host.id == host_id).values(last_seen=time.time() if now is None else now))
+
+
+def hosts_heard_from(session: Session, host_ids: Iterable[str]) -> dict[str, float]:
+    """{host: when it was last heard from}: the later of its heartbeat (`Host.last_seen`, which its agent touches at
+    every flush) and its usable devices' newest record (`Device.last_seen`, which an importer refreshes at every
+    import of a node no agent of ours runs on: a Slurm node is heard from when the Slurm import last listed it)."""
+    ids = sorted(set(host_ids))
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(Host.id, Host.last_seen, func.max(Device.last_seen))
+        .outerjoin(Device, (Device.host_id == Host.id) & (Device.state == "ok"))
+        .where(Host.id.in_(ids)).group_by(Host.id, Host.last_seen)).tuples()
+    return {host: max(float(seen), float(device_seen if device_seen is not None else seen))
+            for host, seen, device_seen in rows}
 
 
 def register_devices(

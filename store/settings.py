@@ -145,6 +145,13 @@ class Settings(BaseSettings):
     checkpoint_url: str | None = None
     storage_probe_s: float = Field(30.0, gt=0)  # how often agents probe checkpoint locations (read and write)
     storage_probe_max_age_s: float = Field(120.0, gt=0)  # an older probe does not count when planning a move
+    # a host not heard from for this long is silent: the planner and consolidation move no job onto its devices nor
+    # off them (its agent could neither start nor checkpoint one; the move would only stall until its commands time
+    # out). Heard from: its agent's heartbeat, every flush_interval_s, or for a node an importer keeps (Slurm), the
+    # importer's last record of its devices. None: six flush intervals, at least 120 s (a slow write or a database
+    # blip is not a silence, nor a Slurm node between two of its importer's runs, a minute apart) and at most
+    # command_ttl_s (past it a command sent there would expire unread)
+    host_silent_after_s: float | None = Field(None, gt=0)
     enforce_drive_s: float = Field(120.0, ge=0)  # one enforcement cycle drives migrations this long (0: one step)
     # a job whose memory nobody declared runs alone on a device until its memory was seen for this many steps
     # (job SDK) or process samples (NVML); only then may it share a device (admission's rule; not
@@ -198,6 +205,13 @@ class Settings(BaseSettings):
     def context_bytes(self) -> int:
         """The default C in bytes (context_mb)."""
         return self.context_mb << 20
+
+    @property
+    def host_silence_s(self) -> float:
+        """How long a host may go unheard before the enforcer plans around it (host_silent_after_s, else derived)."""
+        if self.host_silent_after_s is not None:
+            return self.host_silent_after_s
+        return min(self.command_ttl_s, max(120.0, 6 * self.flush_interval_s))
 
     @property
     def resolved_db_url(self) -> str:

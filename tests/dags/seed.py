@@ -10,7 +10,7 @@ from store.db import Store
 from store.findings import FindingSpec, upsert_finding
 from store.ingest import write_samples
 from store.models import Placement
-from store.registry import DeviceSpec, register_devices, register_host
+from store.registry import DeviceSpec, register_devices, register_host, touch_host
 from store.settings import get_settings
 from store.workflows import sign_workflow_spec, upsert_workflow
 
@@ -63,6 +63,8 @@ def seed(store: Store, now: float | None = None, checkpoint_root: str = "/nonexi
             processes.append({"device_id": ids[index], "workflow_id": wf, "host_id": HOST, "pid": 1000 + index,
                               "ts": ts, "mem_used": int(mem * GIB)})
     write_samples(store, devices, processes)
+    with store.session() as s:
+        touch_host(s, HOST, now)  # its agent's last flush, with the newest samples: a host heard from now
     out.device_rows = len(devices)
     return out
 

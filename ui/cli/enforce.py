@@ -51,6 +51,7 @@ def enforce(
     console.print(f"devices freed: {len(result.devices_freed)} ({freed})")
     if result.skipped:
         console.print("not moved: " + ", ".join(f"{n} {why}" for why, n in sorted(result.skipped.items())))
+    _not_heard_from(result.not_heard_from)
     if result.moves and not result.applied:
         console.print("dry run: nothing moves; `fleetlens enforce --apply` records these moves for the enforcer")
 
@@ -72,6 +73,15 @@ def _consolidate(apply: bool) -> None:
         console.print(f"{job}: {why}")
     for refusal in plan.refused:
         console.print(f"{refusal['workflow_id']} stays on device {refusal['from_device_id']}: {refusal['reason']}")
+    if plan.skipped:
+        console.print("not moved: " + ", ".join(f"{n} {why}" for why, n in sorted(plan.skipped.items())))
+    _not_heard_from(plan.not_heard_from)
+
+
+def _not_heard_from(hosts: dict[str, float]) -> None:
+    if hosts:
+        console.print("left alone, not heard from lately (FLEETLENS_HOST_SILENT_AFTER_S): " + ", ".join(
+            f"{host} ({since:.0f} s)" for host, since in sorted(hosts.items())))
 
 
 @app.command()
