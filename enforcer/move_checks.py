@@ -2,13 +2,14 @@
 
 A plan-level check looks at the fleet's facts, not at the job's bytes: the target device is there and usable, the
 target (its lane, or the whole device) has room for the job as admitted (Salus's rule, `enforcer.lanes`, counting the
-jobs placed there and those already on their way), and the target host said lately that it can read and write the
-job's checkpoint location (else the job could not resume there). `move_refusal` is the one entry; it runs once per
-move, where the move is begun: `enforcer.migration.plan_action` calls it before it records the action, for a plan's
-moves (`apply_plan`) and a move by hand (`start_migration`) alike, and a refused move is never recorded, so no
-actuator ever receives it. The planner plans around the same facts as it reads them with the fleet
-(`FleetState.workflows[...].readable_hosts`, free capacity), and `explain_refusals` uses `storage_refusal` only to
-say why the planner kept a job where it was.
+jobs placed there and those already on their way), both hosts were heard from lately (`Settings.host_silence_s`: a
+silent source's agent could not checkpoint the job, a silent target's could not start it), and the target host said
+lately that it can read and write the job's checkpoint location (else the job could not resume there).
+`move_refusal` is the one entry; it runs once per move, where the move is begun: `enforcer.migration.plan_action`
+calls it before it records the action, for a plan's moves (`apply_plan`) and a move by hand (`start_migration`)
+alike, and a refused move is never recorded, so no actuator ever receives it. The planner plans around the same facts
+as it reads them with the fleet (`FleetState.workflows[...].readable_hosts`, `FleetState.not_heard_from`, free
+capacity), and `explain_refusals` uses `storage_refusal` only to say why the planner kept a job where it was.
 
 Facts can change between the moment a move is begun (the check) and the moment the actuator places the job, and the
 check does not run again: it runs when the move is begun, which for a plan's moves is when the plan is applied, not
@@ -31,6 +32,7 @@ from store.checkpoints import unreadable_reason
 from store.device_memory import known_context
 from store.headroom import charged
 from store.models import Action, ActionEvent, Device, Lane, Placement, Workflow
+from store.registry import hosts_heard_from
 from store.settings import Settings
 
 MOVE_OVER = ("resumed", "rolled_back", "failed")
@@ -41,6 +43,22 @@ def target_refusal(target: Device | None, to_device_id: int) -> str | None:
     """Why the target device cannot take anything (None when it can)."""
     if target is None or target.state != "ok":
         return f"target device {to_device_id} is gone (not in the store, or lost)"
+    return None
+
+
+def silence_refusal(session: Session, source_host: str | None, target_host: str, settings: Settings, *,
+                    now: float) -> str | None:
+    """Why a host of the move has gone silent (None when both were heard from within `host_silence_s`): the same
+    rule the planner plans by (enforcer.fleet_state), checked again when the move is begun, for a plan applied later
+    and a move by hand."""
+    roles = {target_host: "start the job there"}
+    if source_host is not None:
+        roles[source_host] = "checkpoint the job" if source_host != target_host else "checkpoint or start the job"
+    heard = hosts_heard_from(session, roles)
+    for host, role in roles.items():
+        if host in heard and now - heard[host] > settings.host_silence_s:
+            return (f"host {host} has not been heard from for {now - heard[host]:.0f} s (more than "
+                    f"{settings.host_silence_s:.0f} s, FLEETLENS_HOST_SILENT_AFTER_S): its agent could not {role}")
     return None
 
 
@@ -56,7 +74,8 @@ def move_refusal(session: Session, wf: Workflow | None, from_device_id: int, to_
                  to_lane_id: int | None, p_prime: int, ephemeral: int, settings: Settings, *,
                  now: float) -> str | None:
     """The plan-level check of one move (None: it may be begun): target usable, target capacity for a job of
-    charged P' `p_prime` and E `ephemeral`, checkpoint storage readable from the target host."""
+    charged P' `p_prime` and E `ephemeral`, both hosts heard from lately, checkpoint storage readable from the target
+    host."""
     if wf is None:
         return "the workflow is gone"
     target = session.get(Device, to_device_id)
@@ -67,6 +86,10 @@ def move_refusal(session: Session, wf: Workflow | None, from_device_id: int, to_
     if refusal is not None:
         return refusal
     source = session.get(Device, from_device_id)
+    refusal = silence_refusal(session, source.host_id if source is not None else None, target.host_id, settings,
+                              now=now)
+    if refusal is not None:
+        return refusal
     return storage_refusal(session, wf, source.host_id if source is not None else None, target.host_id, settings,
                            now=now)
 

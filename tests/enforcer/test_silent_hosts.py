@@ -5,19 +5,21 @@ as before. A Slurm node's liveness is what its importer last recorded, not an ag
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
 from enforcer.consolidation_store import make_consolidation_plan
 from enforcer.fleet_state import read_fleet_state
-from enforcer.plan_store import make_plan
+from enforcer.migration import MoveRefused, start_migration
+from enforcer.plan_store import apply_plan, make_plan
 from store.checkpoints import record_probes
 from store.db import Store
+from store.errors import InvalidInput
 from store.findings import FindingSpec, upsert_finding
 from store.ingest import write_samples
-from store.models import Host, Placement, Plan
+from store.models import Action, Host, Lane, Placement, Plan, Workflow
 from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
-from store.workflows import upsert_workflow
+from store.workflows import sign_workflow_spec, upsert_workflow
 
 GIB = 2**30
 NOW = 1_800_000_000.0
@@ -104,6 +106,30 @@ def test_consolidation_moves_nothing_onto_or_off_a_silent_host(any_store: Store,
         assert {(m.job_id, m.to_device_id) for m in plan.moves} == {("idle-1", ids[("h2", 1)]),
                                                                      ("idle-2", ids[("h2", 1)])}
         assert summary["skipped"] == {} and summary["not_heard_from"] == {}
+
+
+def test_a_plan_applied_after_its_target_went_silent_and_a_move_by_hand_are_refused_with_nothing_recorded(
+        any_store: Store, tmp_path) -> None:
+    ids = _seed(any_store, str(tmp_path / "shared"), NOW - 5.0)
+    result = make_plan(any_store, "pack", settings=PROBES_KEPT, now=NOW)  # a dry run: h2 was heard from then
+    assert len(result.moves) == 2
+    later = NOW + 300.0  # h1's agent still writes; h2's has been silent for 305 s
+    with any_store.session() as s:
+        s.execute(update(Host).where(Host.id == "h1").values(last_seen=later))
+        sign_workflow_spec(s.get(Workflow, "idle-1"), PROBES_KEPT.secret_bytes())  # as `fleetlens run` registers it
+    with pytest.raises(InvalidInput, match="host h2 has not been heard from for 305 s"):
+        apply_plan(any_store, result.plan_id, settings=PROBES_KEPT, now=later)
+    with pytest.raises(MoveRefused, match="host h2 has not been heard from for 305 s.*could not start the job"):
+        start_migration(any_store, "idle-1", ids[("h2", 1)], new_lane_size=2 * GIB, settings=PROBES_KEPT, now=later)
+    with any_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(Action)) == 0
+        assert s.scalar(select(func.count()).select_from(Lane)) == 0  # no lane opened for a refused move
+        assert s.get(Plan, result.plan_id).applied is False
+    # heard from again: the same move by hand is begun
+    with any_store.session() as s:
+        s.execute(update(Host).where(Host.id == "h2").values(last_seen=later))
+    assert start_migration(any_store, "idle-1", ids[("h2", 1)], new_lane_size=2 * GIB, settings=PROBES_KEPT,
+                           now=later) > 0
 
 
 def test_an_imported_slurm_node_is_heard_from_when_its_importer_last_recorded_it(sqlite_store: Store) -> None:
