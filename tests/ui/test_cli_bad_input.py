@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from collector.recordings.load import load_into_store
+from store.findings import FindingSpec, upsert_finding
 from store.models import Action, DeviceSample, Finding, Host, ProcessSample, ProfileRequest, Workflow
 from store.workflows import upsert_workflow
 from tests.conftest import FLEET, TRACES
@@ -61,6 +62,9 @@ def test_a_now_in_the_future_is_refused_and_changes_nothing(cli_store, capsys, c
     (["findings", "--json", "--workflow", "no-such-workflow"], "no workflow 'no-such-workflow' in the store"),
     (["findings", "--team", "no-such-team"], "no workflow of team 'no-such-team'"),
     (["rank", "--team", "no-such-team"], "no workflow of team 'no-such-team'"),
+    (["findings", "--rule", "idle_holdr"], "no rule 'idle_holdr'; did you mean 'idle_holder'?"),
+    (["findings", "--rule", "host_bound"], "no rule 'host_bound'; did you mean 'trace.host_bound'?"),
+    (["findings", "--json", "--rule", "nonsense"], "no rule 'nonsense'; the rules are idle_holder,"),
 ])
 def test_a_filter_naming_nothing_recorded_is_an_error_not_an_empty_list(cli_store, capsys, argv, expected):
     load_into_store(cli_store, FLEET, containers=2, end_at=time.time())
@@ -68,6 +72,14 @@ def test_a_filter_naming_nothing_recorded_is_an_error_not_an_empty_list(cli_stor
     with cli_store.session() as s:
         known = s.scalars(select(Workflow)).first()
     assert run(["findings", "--workflow", known.id]) == 0  # a known workflow without findings still lists none
+    # a rule of the analyzer's with no findings yet lists none, as does a rule a stored finding carries
+    assert run(["findings", "--rule", "serving.slo_misses"]) == 0
+    assert "no findings match" in capsys.readouterr().out
+    with cli_store.session() as s:
+        upsert_finding(s, FindingSpec(rule="an_older_rule", workflow_id=known.id, source="telemetry", severity="low",
+                                      title="t", fix="f", evidence={}))
+    assert run(["findings", "--rule", "an_older_rule"]) == 0
+    assert "an_older_rule" in capsys.readouterr().out
 
 
 def test_export_into_a_folder_or_of_an_unknown_host_writes_nothing(cli_store, tmp_path, capsys):

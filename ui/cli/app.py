@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import time
 
@@ -9,10 +10,11 @@ import typer
 from rich.console import Console
 from sqlalchemy import select
 
+from analyzer.rule_names import rule_names
 from store.db import Store
 from store.errors import InvalidInput, NotFound
 from store.migrations import check_schema
-from store.models import Workflow
+from store.models import Finding, Workflow
 from store.settings import Settings, get_settings
 from store.workflows import get_workflow
 
@@ -58,10 +60,15 @@ def not_future(option: str, value: float | None) -> float | None:
     return value
 
 
-def check_filters(store: Store, workflow: str | None = None, team: str | None = None) -> None:
-    """Refuse a --workflow or --team the store has never recorded: a typo would otherwise list nothing, as a clean
-    fleet does."""
+def check_filters(store: Store, workflow: str | None = None, team: str | None = None, rule: str | None = None) -> None:
+    """Refuse a --workflow or --team the store has never recorded, and a --rule that is neither one of the analyzer's
+    nor on a stored finding: a typo would otherwise list nothing, as a clean fleet does."""
     with store.session() as session:
+        if rule is not None and rule not in rule_names() and session.scalar(
+                select(Finding.id).where(Finding.rule == rule).limit(1)) is None:
+            near = difflib.get_close_matches(rule, rule_names(), n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise NotFound(f"no rule {rule!r}; {hint}the rules are {', '.join(rule_names())}")
         if workflow is not None:
             get_workflow(session, workflow)
         if team is not None and session.scalar(select(Workflow.id).where(Workflow.team == team).limit(1)) is None:

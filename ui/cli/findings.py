@@ -58,7 +58,7 @@ def findings(
 ) -> None:
     """List findings (trace and telemetry), the costliest first; costs and the total from the one waste function."""
     store = open_store()
-    check_filters(store, workflow=workflow, team=team)
+    check_filters(store, workflow=workflow, team=team, rule=rule)
     frame = findings_frame(store, workflow_id=workflow, rule=rule, team=team, include_resolved=include_resolved)
     # the GPU-hours held are those of the workflows listed (of the team, or the one workflow), as `rank` counts them
     w = waste(frame, held_from_rollups(store, team=team, workflow=workflow))
