@@ -102,11 +102,13 @@ class Agent:
                       Spool(settings.spool_dir / _safe(self.host_id), settings.spool_max_bytes))
         # the SDK socket's handlers and the lane gate behind them, built here and handed to who uses them
         self.gate: LaneGate | None = None
+        self.stats = AgentStats()
         if sdk_handler is None and serve_socket:
-            sdk_handler, self.gate = make_sdk_handlers(store, self.host_id, settings)
+            sdk_handler, self.gate = make_sdk_handlers(store, self.host_id, settings, self.stats)
+        elif isinstance(sdk_handler, SdkHandlers):
+            sdk_handler.stats = self.stats  # what the database refuses of its rows is counted with the agent's
         self.runner = CommandRunner(store, settings, self.host_id, agent=self,
                                     sdk=sdk_handler if isinstance(sdk_handler, SdkHandlers) else None, gate=self.gate)
-        self.stats = AgentStats()
         self._attribute = attribute or _default_attribute
         self._serve_socket = serve_socket
         self._sdk_handler = sdk_handler

@@ -11,6 +11,7 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from collector.command_runner import Outcome
+from collector.sdk_step_writer import RefusedCounts
 from collector.sources.base import DeviceReading
 from store.samples import DEVICE_METRICS, DEVICE_SAMPLE_COLUMNS, PROCESS_METRICS, PROCESS_SAMPLE_COLUMNS
 
@@ -27,8 +28,8 @@ process_metrics = attrgetter(*PROCESS_METRICS)
 
 
 @dataclass
-class AgentStats:
-    """Counters a test or `--once` can read back."""
+class AgentStats(RefusedCounts):
+    """Counters a test or `--once` can read back (and what the database refused of the job SDK's rows)."""
 
     rounds: int = 0  # sampling rounds
     device_rows: int = 0  # device sample rows taken

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from collector.agent_batch import AgentStats
 from collector.command_runner import register_handler
 from collector.job_commands import JOB_COMMANDS
 from collector.job_reaper import REAPER, ReaperHost
@@ -18,15 +19,17 @@ from store.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def make_sdk_handlers(store: Store, host_id: str, settings: Settings) -> tuple[SdkHandlers, LaneGate]:
-    """The SDK socket's handlers with the enforcer's lane gate behind them (SRTF reads each job's declared steps)."""
+def make_sdk_handlers(store: Store, host_id: str, settings: Settings,
+                      stats: AgentStats | None = None) -> tuple[SdkHandlers, LaneGate]:
+    """The SDK socket's handlers with the enforcer's lane gate behind them (SRTF reads each job's declared steps),
+    counting into the agent's `stats`."""
     handlers: SdkHandlers | None = None
 
     def total_steps(workflow: str) -> int | None:
         return handlers.total_steps(workflow) if handlers is not None else None
 
     gate = LaneGate(settings.policy, total_steps=total_steps)
-    handlers = SdkHandlers(store, host_id, settings, gate=gate)
+    handlers = SdkHandlers(store, host_id, settings, gate=gate, stats=stats)
     return handlers, gate
 
 

@@ -33,15 +33,14 @@ from collector.sdk_memory import (
     fold_ended,
     forget_workflow,
     note_memory,
-    record_workflow_memory,
     workflow_memory,
 )
+from collector.sdk_step_writer import Refusal, RefusedCounts, StepWriter
 from collector.sdk_workflows import touch_fields, touch_workflow
 from collector.serving_sink import ServingSink
 from store import profiling
 from store.db import Store
 from store.errors import DatabaseUnavailable, FleetlensError
-from store.models import StepStat
 from store.paths import trace_dir_for
 from store.settings import Settings
 
@@ -54,6 +53,7 @@ MAX_QUEUED_STEP_ROWS = 200_000  # step summaries waiting for the database; past 
 MAX_QUEUED_OPS = 10_000
 # goodbyes kept for take_outcome: the reaper takes those of the jobs it started at once; nobody asks for the others
 MAX_KEPT_OUTCOMES = 4096
+MAX_LOGGED_REFUSALS = 4096  # (workflow, what, kind) of the refusals already logged once
 
 
 class LaneGate(Protocol):
@@ -90,8 +90,11 @@ class SdkHandlers:
     """Answers the job SDK's requests on behalf of one host's agent."""
 
     def __init__(self, store: Store, host_id: str, settings: Settings, *, sync_interval_s: float = 1.0,
-                 gate: LaneGate | None = None) -> None:
+                 gate: LaneGate | None = None, stats: RefusedCounts | None = None) -> None:
         self.store, self.host_id, self.settings = store, host_id, settings
+        # what the database refused of the SDK's rows is counted here: in the agent's stats, which the agent hands in
+        self.stats = stats if stats is not None else RefusedCounts()
+        self._refusals_logged: set[tuple[str, str, str]] = set()
         self.sync_interval_s = sync_interval_s
         self.gate = gate  # the lane gate the agent built (None: no lanes here, every step may run)
         self._lock = threading.Lock()
@@ -254,7 +257,9 @@ class SdkHandlers:
 
     def _write_steps(self) -> None:
         # What is written is taken off the queues first, so a summary or a memory change that arrives during the
-        # write stays queued for the next one; on DatabaseUnavailable it all goes back in front, in order.
+        # write stays queued for the next one; on DatabaseUnavailable what was not written goes back in front, in
+        # order. What the database refuses (not for being away) is given up alone: the rest is written
+        # (collector.sdk_step_writer).
         with self._lock:
             self._prune_ended()
             rows = list(self._step_rows)
@@ -265,22 +270,37 @@ class SdkHandlers:
             contexts = {wf: self._context.workflow_context(wf) for wf in dirty}
         if not rows and not mem:
             return
-        touches = {r["workflow_id"]: r["_touch"] for r in rows if "_touch" in r}
+        writer = StepWriter(self.store, self.host_id, rows, mem, contexts)
         try:
-            with self.store.session() as session:
-                for touch in touches.values():  # the workflow row must exist before its step rows
-                    touch_workflow(session, touch)
-                session.add_all(StepStat(**{k: v for k, v in r.items() if k != "_touch"}) for r in rows)
-                for wf, figures in sorted(mem.items()):  # rows locked in one order by every agent
-                    record_workflow_memory(session, wf, self.host_id, figures, contexts[wf])
+            writer.write()
         except DatabaseUnavailable:
-            with self._lock:  # kept for the next try
-                self._step_rows.extendleft(reversed(rows))
+            with self._lock:  # what was not written (nor given up) before the database went away: kept for the next try
+                self._step_rows.extendleft(reversed([r for i, r in enumerate(rows) if i not in writer.done_rows]))
                 self._trim_step_rows()
-                self._dirty_mem |= dirty
+                self._dirty_mem |= dirty - writer.done_memory
             raise
-        except Exception:  # rows the database refuses would block every later row: drop them, loudly
-            log.exception("job SDK step summaries refused by the database; %d dropped", len(rows))
+        finally:
+            for r in writer.refusals:
+                self._given_up(r)
+
+    def _given_up(self, r: Refusal) -> None:
+        """Count what the database refused (rows that would block every later write if kept), and say so once per
+        workflow and kind of refusal."""
+        if r.what == "step summaries":
+            self.stats.sdk_rows_refused += r.count
+        else:
+            self.stats.sdk_memory_refused += r.count
+        key = (r.workflow, r.what, r.kind)
+        if key in self._refusals_logged:
+            log.debug("job SDK: %d %s of workflow %.200r refused again (%s: %s)", r.count, r.what, r.workflow, r.kind,
+                      r.reason)
+            return
+        if len(self._refusals_logged) >= MAX_LOGGED_REFUSALS:
+            self._refusals_logged.pop()
+        self._refusals_logged.add(key)
+        log.error("job SDK: the database refused %d %s of workflow %.200r, given up (%s: %s); the other rows are "
+                  "written; later refusals of this kind for this workflow are counted in the agent's stats, not logged",
+                  r.count, r.what, r.workflow, r.kind, r.reason)
 
     def _trim_step_rows(self) -> None:
         """Drop the oldest queued step summaries past MAX_QUEUED_STEP_ROWS (the database has been away long).

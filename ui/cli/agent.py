@@ -67,6 +67,9 @@ def agent(
         "the jobs it launched go on (the next agent here takes them up)"
         + (f"; {stats.nonfinite_values} metric values read as NaN or infinite were stored as not reported"
            if stats.nonfinite_values else "")
+        + (f"; the database refused {stats.sdk_rows_refused} step summaries and {stats.sdk_memory_refused} memory "
+           "figures of the jobs (given up, each alone; the log names their workflows)"
+           if stats.sdk_rows_refused or stats.sdk_memory_refused else "")
     )
     if the_agent.stop_signal is not None:
         raise typer.Exit(128 + the_agent.stop_signal)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports them
