@@ -71,6 +71,11 @@ OPS = frozenset(REQUIRED)
 BATCH_FIELDS = (
     "first_step", "last_step", "n_steps", "ts_start", "ts_end", "mean_s", "p50_s", "p95_s", "max_s",
 )
+# the step counts are stored as 32-bit integers, and a workflow id in 512 characters (store.models): what the database
+# would refuse is refused here, to the job that sent it, rather than given up at the write
+STEP_COUNT_FIELDS = ("first_step", "last_step", "n_steps")
+STEP_COUNT_MAX = 2**31 - 1
+WORKFLOW_ID_MAX = 512
 
 
 class ProtocolError(InvalidInput):
@@ -95,6 +100,12 @@ def decode(line: bytes | str) -> dict[str, Any]:
     return message
 
 
+def _step_count(value: int | float) -> bool:
+    """A whole number the store's step columns hold (a float with no fraction too: the SDK may send 5.0)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return whole and 0 <= value <= STEP_COUNT_MAX
+
+
 def check_request(message: dict[str, Any]) -> str:
     """The request's op, after checking it names a known op and carries that op's fields."""
     op = message.get("op")
@@ -108,6 +119,9 @@ def check_request(message: dict[str, Any]) -> str:
         raise ProtocolError(f"{op} request is missing {', '.join(missing)}")
     if not isinstance(message["workflow"], str) or not message["workflow"]:
         raise ProtocolError("workflow must be a non-empty string")
+    if len(message["workflow"]) > WORKFLOW_ID_MAX:
+        raise ProtocolError(f"workflow id of {len(message['workflow'])} characters is over the {WORKFLOW_ID_MAX}-"
+                            "character limit (FLEETLENS_WORKFLOW)")
     if op == STEPS:
         batches = message["batches"]
         if not isinstance(batches, list):
@@ -119,6 +133,10 @@ def check_request(message: dict[str, Any]) -> str:
             wrong = [f for f in BATCH_FIELDS if isinstance(batch[f], bool) or not isinstance(batch[f], int | float)]
             if wrong:
                 raise ProtocolError(f"steps batch fields {', '.join(wrong)} must be numbers")
+            counts = [f for f in STEP_COUNT_FIELDS if not _step_count(batch[f])]
+            if counts:
+                raise ProtocolError(f"steps batch fields {', '.join(counts)} must be whole numbers from 0 to "
+                                    f"{STEP_COUNT_MAX}, got {', '.join(repr(batch[f]) for f in counts)}")
     if op == SERVING and not isinstance(message["minutes"], list):
         raise ProtocolError("serving.minutes must be a list")
     return op

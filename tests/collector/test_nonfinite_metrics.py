@@ -141,3 +141,30 @@ def test_a_step_summary_with_a_value_that_is_no_number_is_refused_and_the_others
         handlers.close()
     with sqlite_store.session() as s:
         assert s.scalars(select(StepStat.workflow_id)).all() == ["good"]
+
+
+@pytest.mark.parametrize(("field", "value"), [("first_step", 3 * 10**9), ("last_step", 10**400), ("n_steps", -1),
+                                              ("first_step", 2.5), ("workflow", "w" * 513)])
+def test_what_the_store_cannot_hold_is_refused_to_the_job_that_sent_it(sqlite_store: Store, fleet_home: Path,
+                                                                       field: str, value) -> None:
+    """A step number past the store's 32-bit column, or a workflow id past its 512 characters, was taken, queued and
+    then given up when the database refused it; the job was never told."""
+    handlers = SdkHandlers(sqlite_store, "h1", Settings(), sync_interval_s=3600)
+    try:
+        message = {"op": "steps", "v": 1, "workflow": "bad", "pid": 1, "batches": [batch(1000.0, None)]}
+        if field == "workflow":
+            message["workflow"] = value
+        else:
+            message["batches"][0][field] = value
+        reply = handlers.handle(message)
+        assert reply["ok"] is False and (field if field != "workflow" else "512-character limit") in reply["error"]
+        at_edge = batch(1000.0, None)
+        at_edge["last_step"] = 2**31 - 1
+        assert handlers.handle({"op": "steps", "v": 1, "workflow": "g" * 512, "pid": 2,
+                                "batches": [at_edge]}).get("ok") is not False
+        handlers.flush()
+    finally:
+        handlers.close()
+    with sqlite_store.session() as s:
+        assert s.scalars(select(StepStat.last_step)).all() == [2**31 - 1]
+    assert handlers.stats.sdk_rows_refused == 0
