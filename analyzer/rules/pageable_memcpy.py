@@ -40,13 +40,16 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
         "steps": s["n_steps"],
     }
     first = min(r["first_ts_us"] for r in rows)
+    api = device_api(s)
+    # the trace's own copy calls (cudaMemcpyAsync, mtiaMemcpyAsync, ...); a summary from before they were kept: none
+    calls = " / ".join(s.get("memcpy_calls") or []) or "the copy call"
     return TraceFinding(
         rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=cost, evidence=evidence,
         title=f"{count} host-to-device copies from pageable memory ({nbytes / 2**20:.1f} MiB, "
               f"{total_us / 1e3:.1f} ms at {evidence['pageable_htod_gbps'] or 0:.1f} GB/s)",
-        location=steps_location(s, f"'Memcpy HtoD (Pageable -> Device)' on the GPU (cudaMemcpyAsync on the CPU), "
+        location=steps_location(s, f"'Memcpy HtoD (Pageable -> Device)' on the {api.device} ({calls} on the CPU), "
                                    f"first at {first / 1e3:.1f} ms"),
-        fix=advice(device_api(s)),
+        fix=advice(api),
     )
 
 

@@ -38,18 +38,34 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
         "steps": s["n_steps"],
         "threshold_calls_per_step": t["calls_per_step_min"],
     }
-    parts = [f"{tot[k]} {label}" for k, label in (("stream_sync", "cudaStreamSynchronize"),
-             ("device_sync", "cudaDeviceSynchronize"), ("event_sync", "cudaEventSynchronize"),
-             ("item", ".item()")) if tot[k]]
+    api = device_api(s)
+    parts = call_counts(sy)
     first = "; ".join(f"{name} at {', '.join(f'{v:.1f}' for v in ts)} ms" for name, ts in sy["first_calls_ms"].items())
     return TraceFinding(
         rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=idle_s, evidence=evidence,
         title=f"{sy['per_step_mean']:.0f} synchronising calls per step ({', '.join(parts)} in the trace)"
-              + (f"; the GPU drains its queue in them and waits {idle_s * 1e3:.1f} ms per step for new work"
+              + (f"; the {api.device} drains its queue in them and waits {idle_s * 1e3:.1f} ms per step for new work"
                  if idle_s >= 5e-5 else ""),
         location=steps_location(s, first),
-        fix=advice(device_api(s)),
+        fix=advice(api),
     )
+
+
+# what a summary written before it kept the calls' own names calls each kind: no runtime's call names
+KIND_WORDS = (("stream_sync", "stream syncs"), ("device_sync", "device syncs"), ("event_sync", "event syncs"))
+
+
+def call_counts(sy: dict[str, Any]) -> list[str]:
+    """'16 cudaStreamSynchronize', '2 hipDeviceSynchronize', '3 .item()': each kind's calls by the names the trace
+    has them under (its runtime's: CUDA, HIP, MTIA), so that no title names a CUDA call on another device."""
+    tot, names = sy["totals"], sy.get("names")
+    parts = []
+    for kind, words in KIND_WORDS:
+        if names is None:
+            parts += [f"{tot[kind]} {words}"] if tot[kind] else []
+        else:
+            parts += [f"{count} {name}" for name, count in sorted(names.get(kind, {}).items())]
+    return parts + ([f"{tot['item']} .item()"] if tot["item"] else [])
 
 
 def advice(api: DeviceApi) -> str:

@@ -295,10 +295,10 @@ def read_rows(store: Store, plan: ReadPlan, common: Common,
 
 
 def read_registry(store: Store) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(devices indexed by device_id: host_id, index, name, memory_total; workflows indexed by workflow_id: team,
-    gpus)."""
+    """(devices indexed by device_id: host_id, index, name, source, memory_total; workflows indexed by workflow_id:
+    team, gpus)."""
     devices = _read(store, select(Device.id.label("device_id"), Device.host_id, Device.index, Device.name,
-                                  Device.memory_total)).set_index("device_id")
+                                  Device.source, Device.memory_total)).set_index("device_id")
     workflows = _read(store, select(Workflow.id.label("workflow_id"), Workflow.team, Workflow.gpus)).set_index(
         "workflow_id"
     )

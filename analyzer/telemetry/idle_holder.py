@@ -33,6 +33,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         per_day = window.per_day(gpu_s)
         mem = None if pd.isna(r["mem"]) else float(r["mem"])
         lane = lane_gib(mem) if mem else None
+        noun = window.device_words(int(dev)).device
         held_s = idle_s if pd.isna(r["held_s"]) else float(r["held_s"])
         specs.append(FindingSpec(
             rule=RULE, workflow_id=str(wf), source="telemetry", severity=th.severity(per_day),
@@ -54,9 +55,9 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
             location=(f"{window.device_label(int(dev))}, longest idle run "
                       f"{fmt_window(r['longest_start'], r['longest_end'])}"),
             gpu_hours_per_day=round(per_day, 3),
-            fix=(f"release the GPU while idle: stop or checkpoint the job when it has no work, or let "
-                 f"`fleetlens enforce` move it to a shared lane of {lane} GiB so the whole GPU comes free"
-                 if lane else "release the GPU while idle: stop or checkpoint the job when it has no work"),
+            fix=(f"release the {noun} while idle: stop or checkpoint the job when it has no work"
+                 + (f", or let `fleetlens enforce` move it to a shared lane of {lane} GiB so the whole {noun} comes "
+                    "free" if lane else "")),
             device_id=int(dev), subject=f"device:{int(dev)}",
         ))
     return specs

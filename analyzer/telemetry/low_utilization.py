@@ -26,6 +26,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         need = min(1.0, max(float(st["util_p95"]), mem_frac))
         per_day = window.per_day(float(st["gpu_s"]) * (1.0 - need))
         lane = lane_gib(st["mem_peak"]) if mem_frac else None
+        noun = window.device_words(int(dev)).device
         # no memory readings: the share it needs is judged on utilisation alone, and the title says so
         unknown = "" if st["mem_peak"] == st["mem_peak"] else "; its memory is not known (no memory readings)"
         specs.append(FindingSpec(
@@ -40,10 +41,10 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
             ).as_json(),
             location=f"{window.device_label(int(dev))}, {fmt_window(st['first_ts'], st['last_ts'])}",
             gpu_hours_per_day=round(per_day, 3),
-            fix=(f"share the GPU: `fleetlens enforce` can pack it into a lane of {lane} GiB next to other jobs "
-                 f"(it needs {need:.0%} of the GPU); or give it more work per step (larger batch, "
-                 "more concurrent requests) or fewer GPUs"
-                 if lane else "give it more work per step (larger batch, more concurrent requests) or fewer GPUs"),
+            fix=(f"share the {noun}: `fleetlens enforce` can pack it into a lane of {lane} GiB next to other jobs "
+                 f"(it needs {need:.0%} of the {noun}); or give it more work per step (larger batch, "
+                 f"more concurrent requests) or fewer {noun}s"
+                 if lane else f"give it more work per step (larger batch, more concurrent requests) or fewer {noun}s"),
             device_id=int(dev), subject=f"device:{int(dev)}",
         ))
     return specs

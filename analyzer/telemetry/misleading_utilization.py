@@ -31,6 +31,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         # the time utilisation overstates: the GPU counted busy while its SMs were not
         overstated = max(0.0, float(st["util_mean"]) - float(st["sm_active_mean"]))
         per_day = window.per_day(float(st["gpu_s"]) * overstated)
+        words = window.device_words(int(dev))
         specs.append(FindingSpec(
             rule=RULE, workflow_id=str(wf), source="telemetry", severity=th.severity(per_day),
             title=(f"utilisation {st['util_mean']:.0%} but only {st['sm_active_mean']:.0%} of SMs active on "
@@ -42,8 +43,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
             },
             location=f"{window.device_label(int(dev))}, {fmt_window(st['first_ts'], st['last_ts'])}",
             gpu_hours_per_day=round(per_day, 3),
-            fix=("the kernels are too small to fill the GPU: raise the batch size, fuse kernels (torch.compile) or "
-                 "capture CUDA graphs; capture a trace and run `fleetlens analyze` on it to see which kernels"),
+            fix=(f"{words.small_work}; capture a trace and run `fleetlens analyze` on it to see which {words.work}"),
             device_id=int(dev), subject=f"device:{int(dev)}",
         ))
     return specs

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.telemetry.common import KEYS, runs
+from analyzer.telemetry.device_words import DeviceWords, device_words
 from analyzer.telemetry.frame import TelemetryWindow
 from analyzer.telemetry.thresholds import Thresholds
 from store.db import Store
@@ -221,6 +222,13 @@ class WindowSummary:
             self.cache["short"] = {int(i): f"{h}:{x}"
                                    for i, h, x in zip(d.index, d["host_id"], d["index"], strict=True)}
         return self.cache["short"].get(int(device_id), f"device {device_id}")
+
+    def device_words(self, device_id: int) -> DeviceWords:
+        """The words advice uses for the device (NVIDIA GPU, CPU device or unknown), from its source and name."""
+        if device_id not in self.devices.index:
+            return device_words(None, None)
+        row = self.devices.loc[device_id]
+        return device_words(row.get("source"), row.get("name"))
 
     def device_total(self, device_id: int) -> float | None:
         if device_id in self.devices.index:

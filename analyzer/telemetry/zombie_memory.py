@@ -86,6 +86,7 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
         per_day = window.per_day(zombie_s)
         last = frame.loc[frame["end"].idxmax()]
         host = window.devices.loc[dev, "host_id"]
+        words = window.device_words(dev)
         specs.append(FindingSpec(
             rule=RULE, workflow_id=wf, source="telemetry", severity=th.severity(per_day),
             title=(f"{gib(frame['mem_max'].max())} GiB still held on {window.device_short(dev)} "
@@ -98,9 +99,8 @@ def find(window: WindowSummary, th: Thresholds) -> list[FindingSpec]:
             },
             location=f"{window.device_label(dev)}, {fmt_window(last['start'], last['end'])}",
             gpu_hours_per_day=round(per_day, 3),
-            fix=(f"free the device: on host {host} find the leftover process holding it (`nvidia-smi "
-                 "--query-compute-apps=pid,used_memory --format=csv`), kill it, or reset the GPU when none is "
-                 "listed; make the job's launcher kill its whole process group on exit"),
+            fix=(f"free the device: on host {host} find the leftover process holding it ({words.leftover_process}), "
+                 f"kill it, or {words.reset}; make the job's launcher kill its whole process group on exit"),
             device_id=dev, subject=f"device:{dev}",
         ))
     return specs

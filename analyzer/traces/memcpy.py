@@ -17,6 +17,8 @@ MEMCPY_RE = re.compile(r"^Memcpy\s+(\w+)\s*(?:\(\s*([^()]+?)\s*->\s*([^()]+?)\s*
 # the host memory each kind names; the device's own kinds (Device, Device Static, Array) name none
 HOST_KINDS = {"Pageable": "pageable", "Pinned": "pinned", "Managed": "managed", "Managed Static": "managed",
               "Host": "host"}
+# the runtime calls on the CPU that issue copies: cudaMemcpyAsync, hipMemcpyWithStream, mtiaMemcpyAsync, cuMemcpyHtoD
+MEMCPY_CALL_RE = re.compile(r"^(?:cuda|hip|mtia|cu)Memcpy")
 COLUMNS = ["direction", "host_memory", "count", "bytes", "total_us", "bandwidth_gbps", "first_ts_us", "cpu_call_us",
            "idle_after_us", "in_steps_us"]
 

@@ -14,7 +14,7 @@ from analyzer.traces.dataloader import dataloader_per_step
 from analyzer.traces.device import device_kind
 from analyzer.traces.events import gpu_events, has_gpu
 from analyzer.traces.kernels import launch_stats, tensor_core_usage, top_kernels
-from analyzer.traces.memcpy import memcpy_by_kind
+from analyzer.traces.memcpy import MEMCPY_CALL_RE, memcpy_by_kind
 from analyzer.traces.overlap import comm_comp_overlap
 from analyzer.traces.parse import ParsedTrace
 from analyzer.traces.sync import sync_calls, sync_per_step
@@ -69,6 +69,9 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
     sync_totals = {k: int(kinds.get(k, 0)) for k in ("stream_sync", "device_sync", "event_sync", "item")}
     sync_totals["total"] = sum(sync_totals.values())
     first_calls = (calls.groupby("name")["ts_us"].apply(lambda s: [round(v / 1e3, 3) for v in s.head(3)]).to_dict())
+    # the runtime's own call names of each kind (cudaStreamSynchronize, hipStreamSynchronize, ...): what titles name
+    by_name = calls[calls["kind"] != "item"].groupby(["kind", "name"]).size()
+    sync_names = {k: {str(n): int(c) for n, c in by_name[k].items()} for k in by_name.index.unique(level="kind")}
     return _clean({
         "path": t.path,
         "rank": t.rank,
@@ -90,12 +93,13 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
         "top_kernels": _records(top_kernels(t, top_n)),
         "launch": launch_stats(t, tiny_kernel_us),
         "memcpy": _records(memcpy_by_kind(t)),
+        "memcpy_calls": sorted(n for n in t.facts["cpu_names"] if MEMCPY_CALL_RE.match(n)),
         "overlap": comm_comp_overlap(t),
         "sync": {"per_step": _records(sy), "totals": sync_totals,
                  "per_step_mean": float(sy["total"].mean()) if len(sy) else 0.0,
                  "blocked_us_per_step": float(sy["blocked_us"].mean()) if len(sy) else 0.0,
                  "idle_after_us_per_step": float(sy["idle_after_us"].mean()) if len(sy) else 0.0,
-                 "first_calls_ms": first_calls},
+                 "first_calls_ms": first_calls, "names": sync_names},
         "dataloader": {"per_step": _records(dl), "share": float(dl["dataloader_us"].sum() / bd["step_us"].sum())
                        if float(bd["step_us"].sum()) > 0 else 0.0,
                        "us_per_step": float(dl["dataloader_us"].mean()),

@@ -22,14 +22,15 @@ class Fleet:
         self.hosts: dict[int, str] = {}
         self._next_index: dict[str, int] = {}
 
-    def device(self, host: str = "h1", total_gib: float = 80.0, name: str = "NVIDIA A100-SXM4-80GB") -> int:
+    def device(self, host: str = "h1", total_gib: float = 80.0, name: str = "NVIDIA A100-SXM4-80GB",
+               source: str = "replay") -> int:
         index = self._next_index.get(host, 0)
         self._next_index[host] = index + 1
         with self.store.session() as s:
-            register_host(s, host, hostname=host, source="replay", now=self.t0)
+            register_host(s, host, hostname=host, source=source, now=self.t0)
             ids = register_devices(
                 s, host, [DeviceSpec(index, f"GPU-{host}-{index}", name, int(total_gib * GIB))],
-                source="replay", now=self.t0,
+                source=source, now=self.t0,
             )
         self.hosts[ids[index]] = host
         return ids[index]

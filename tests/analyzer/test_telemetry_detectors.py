@@ -255,3 +255,40 @@ def test_stricter_thresholds_change_the_outcome(sqlite_store, tmp_path):
     assert {f.rule for f in detect(sqlite_store, now=NOW, window_s=WINDOW)} == {"low_utilization"}
     assert set(RULES) == {"idle_holder", "low_utilization", "misleading_utilization", "memory_overprovisioned",
                           "zombie_memory"}
+
+
+@pytest.mark.parametrize(("source", "name", "said", "not_said"), [
+    # NVML and DCGM (imported from Prometheus) report NVIDIA GPUs: CUDA graphs and nvidia-smi apply
+    ("nvml", "NVIDIA A100-SXM4-80GB", ["capture CUDA graphs", "`nvidia-smi --query-compute-apps", "reset the GPU",
+                                       "release the GPU while idle", "fewer GPUs"], []),
+    ("prometheus", "NVIDIA H100 80GB HBM3", ["capture CUDA graphs", "`nvidia-smi"], []),
+    # the cpu source's groups of cores: no kernels, no CUDA, no GPU
+    ("cpu", "cpu cores 0-3", ["keep the cores busy", "`ps -eo pid,rss,psr,cmd`", "release the CPU device while idle",
+                              "fewer CPU devices"],
+     ["CUDA", "nvidia-smi", "GPU", "kernel"]),
+    # a replayed device whose name names no vendor: no vendor's tools either
+    ("replay", "Instinct MI250X", ["where the device's runtime offers graphs", "reset the device",
+                                   "release the device while idle"],
+     ["CUDA", "nvidia-smi", "GPU"]),
+])
+def test_device_advice_is_in_the_words_of_the_devices_source(sqlite_store, source, name, said, not_said):
+    fleet = Fleet(sqlite_store)
+    busy, held, idle = (fleet.device("h9", name=name, source=source) for _ in range(3))
+    for wf in ("tiny", "gone", "idle"):
+        fleet.workflow(wf)
+    fleet.run(idle, "idle", 0, 180, util=0.0, mem_gib=40, sm_active=0.0)
+    fleet.run(busy, "tiny", 0, 180, util=0.9, mem_gib=60, sm_active=0.1)
+    fleet.process("gone", "h9", 7, 0, ended_min=60)
+    fleet.run(held, "gone", 0, 60, util=0.8, mem_gib=50, sm_active=0.8)
+    fleet.run(held, None, 60, 180, util=0.0, mem_gib=50)
+    fleet.flush()
+    rules = _by_rule(detect(sqlite_store, now=NOW, window_s=WINDOW))
+    (misleading,) = rules["misleading_utilization"]
+    (zombie,) = rules["zombie_memory"]
+    (holder,) = rules["idle_holder"]
+    (low,) = rules["low_utilization"]
+    text = " ".join(f.fix for f in (misleading, zombie, holder, low))
+    for words in said:
+        assert words in text
+    for words in not_said:
+        assert words not in text

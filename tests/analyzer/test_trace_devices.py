@@ -10,13 +10,14 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from analyzer.report import print_report
-from analyzer.rules import launch_bound, per_rank_rules, straggler, tiny_steps
+from analyzer.rules import launch_bound, per_rank_rules, straggler, sync_heavy, tiny_steps
 from analyzer.rules.devices import DEVICE_APIS, not_judged
 from analyzer.traces.run import analyze_one, analyze_paths
 from tests.analyzer.conftest import every_cost_thresholds, words_of_other_devices
@@ -165,3 +166,63 @@ def test_findings_on_a_non_cuda_trace_advise_no_cuda_only_call(tmp_path, kind, t
     if kind == "rocm":
         steps = next(f for f in found if f.rule == "trace.tiny_steps")
         assert "replays the step as a HIP graph" in steps.fix  # it used to say "as a CUDA graph"
+
+
+CUDA_CALL = r"\bcuda[A-Z]\w*"
+
+
+def test_rocm_sync_title_names_the_hip_call_the_trace_has():
+    # the MI250 trace's one hipDeviceSynchronize, reported however few calls per step (it used to be titled
+    # "1 cudaDeviceSynchronize")
+    th = every_cost_thresholds()
+    th = {**th, "sync_heavy": {**th["sync_heavy"], "calls_per_step_min": 0}}
+    _, found = analyze_one(TRACES / "amd_mi250_minitoy.json.gz", thresholds=th)
+    sync = next(f for f in found if f.rule == "trace.sync_heavy")
+    assert "(1 hipDeviceSynchronize in the trace)" in sync.title
+    for f in found:
+        assert words_of_other_devices(f.title + " " + f.location, "rocm") == [], f.rule
+
+
+def test_hip_stream_and_event_syncs_are_counted_under_their_own_names(tmp_path):
+    # the MI250 trace with six hipStreamSynchronize and three hipEventSynchronize calls in its first step (4.5 per step)
+    with gzip.open(TRACES / "amd_mi250_minitoy.json.gz", "rb") as fh:
+        record = json.loads(fh.read())
+    events = record["traceEvents"]
+    sync = next(e for e in events if e.get("name") == "hipDeviceSynchronize")
+    step = next(e for e in events if e.get("name") == "ProfilerStep#1" and e.get("cat") == "user_annotation")
+    for i, name in enumerate(["hipStreamSynchronize"] * 6 + ["hipEventSynchronize"] * 3):
+        events.append({**sync, "name": name, "ts": step["ts"] + 100 * (i + 1), "dur": 50,
+                       "args": {"correlation": 900 + i, "External id": 900 + i}})
+    path = tmp_path / "mi250_syncs.json"
+    path.write_text(json.dumps(record))
+    _, found = analyze_one(path, thresholds=every_cost_thresholds())
+    title = next(f for f in found if f.rule == "trace.sync_heavy").title
+    assert "(6 hipStreamSynchronize, 1 hipDeviceSynchronize, 3 hipEventSynchronize in the trace)" in title
+    assert not re.findall(CUDA_CALL, title)
+
+
+def test_mtia_titles_and_locations_name_the_mtia_calls(tmp_path):
+    _, found = analyze_one(_copy(tmp_path, "mtia.json", _mtia), thresholds=every_cost_thresholds())
+    by_rule = {f.rule: f for f in found}
+    assert "(16 mtiaStreamSynchronize, 5 mtiaDeviceSynchronize in the trace)" in by_rule["trace.sync_heavy"].title
+    assert "the MTIA device drains its queue" in by_rule["trace.sync_heavy"].title
+    assert ("'Memcpy HtoD (Pageable -> Device)' on the MTIA device (mtiaMemcpyAsync on the CPU)"
+            in by_rule["trace.pageable_memcpy"].location)
+    for f in found:
+        assert not re.findall(CUDA_CALL, f.title + " " + f.location), f.rule
+
+
+def test_cuda_titles_and_locations_keep_the_cuda_calls():
+    _, found = analyze_one(ALEXNET, thresholds=every_cost_thresholds())
+    by_rule = {f.rule: f for f in found}
+    assert by_rule["trace.sync_heavy"].title.startswith(
+        "20 synchronising calls per step (16 cudaStreamSynchronize, 5 cudaDeviceSynchronize in the trace); the GPU "
+        "drains its queue")
+    assert ("'Memcpy HtoD (Pageable -> Device)' on the GPU (cudaMemcpyAsync on the CPU), first at"
+            in by_rule["trace.pageable_memcpy"].location)
+
+
+def test_a_summary_without_call_names_titles_syncs_by_kind():
+    # a summary stored before the calls' own names were kept names no runtime's calls
+    sy = {"totals": {"stream_sync": 4, "device_sync": 0, "event_sync": 1, "item": 2}}
+    assert sync_heavy.call_counts(sy) == ["4 stream syncs", "1 event syncs", "2 .item()"]
