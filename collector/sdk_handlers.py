@@ -35,7 +35,7 @@ from collector.sdk_memory import (
     note_memory,
     workflow_memory,
 )
-from collector.sdk_step_writer import Refusal, RefusedCounts, StepWriter
+from collector.sdk_step_writer import RefusalLog, RefusedCounts, StepWriter
 from collector.sdk_workflows import touch_fields, touch_workflow
 from collector.serving_sink import ServingSink
 from store import profiling
@@ -53,7 +53,6 @@ MAX_QUEUED_STEP_ROWS = 200_000  # step summaries waiting for the database; past 
 MAX_QUEUED_OPS = 10_000
 # goodbyes kept for take_outcome: the reaper takes those of the jobs it started at once; nobody asks for the others
 MAX_KEPT_OUTCOMES = 4096
-MAX_LOGGED_REFUSALS = 4096  # (workflow, what, kind) of the refusals already logged once
 
 
 class LaneGate(Protocol):
@@ -94,7 +93,7 @@ class SdkHandlers:
         self.store, self.host_id, self.settings = store, host_id, settings
         # what the database refused of the SDK's rows is counted here: in the agent's stats, which the agent hands in
         self.stats = stats if stats is not None else RefusedCounts()
-        self._refusals_logged: set[tuple[str, str, str]] = set()
+        self._refusals = RefusalLog(self.stats)
         self.sync_interval_s = sync_interval_s
         self.gate = gate  # the lane gate the agent built (None: no lanes here, every step may run)
         self._lock = threading.Lock()
@@ -281,26 +280,7 @@ class SdkHandlers:
             raise
         finally:
             for r in writer.refusals:
-                self._given_up(r)
-
-    def _given_up(self, r: Refusal) -> None:
-        """Count what the database refused (rows that would block every later write if kept), and say so once per
-        workflow and kind of refusal."""
-        if r.what == "step summaries":
-            self.stats.sdk_rows_refused += r.count
-        else:
-            self.stats.sdk_memory_refused += r.count
-        key = (r.workflow, r.what, r.kind)
-        if key in self._refusals_logged:
-            log.debug("job SDK: %d %s of workflow %.200r refused again (%s: %s)", r.count, r.what, r.workflow, r.kind,
-                      r.reason)
-            return
-        if len(self._refusals_logged) >= MAX_LOGGED_REFUSALS:
-            self._refusals_logged.pop()
-        self._refusals_logged.add(key)
-        log.error("job SDK: the database refused %d %s of workflow %.200r, given up (%s: %s); the other rows are "
-                  "written; later refusals of this kind for this workflow are counted in the agent's stats, not logged",
-                  r.count, r.what, r.workflow, r.kind, r.reason)
+                self._refusals.note(r)
 
     def _trim_step_rows(self) -> None:
         """Drop the oldest queued step summaries past MAX_QUEUED_STEP_ROWS (the database has been away long).

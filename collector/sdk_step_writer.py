@@ -10,6 +10,7 @@ returned as a `Refusal`; an outage (DatabaseUnavailable, raised through) leaves 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,7 +21,10 @@ from store.db import Store
 from store.errors import DatabaseUnavailable
 from store.models import StepStat
 
+log = logging.getLogger(__name__)
+
 MemoryFigures = tuple[int | None, int | None, str | None, int]
+MAX_LOGGED_REFUSALS = 4096  # (workflow, what, kind) of the refusals already logged once
 
 
 @dataclass
@@ -48,6 +52,32 @@ def refusal(workflow: str, what: str, count: int, exc: BaseException) -> Refusal
     cause = getattr(exc, "orig", None) or exc
     text = str(cause).strip().splitlines()
     return Refusal(workflow, what, count, type(cause).__name__, text[0] if text else type(cause).__name__)
+
+
+class RefusalLog:
+    """Counts what the database refused (rows that would block every later write if kept) in `stats`, and says so
+    once per workflow, what and kind of refusal (later ones at debug level)."""
+
+    def __init__(self, stats: RefusedCounts) -> None:
+        self.stats = stats
+        self._logged: set[tuple[str, str, str]] = set()
+
+    def note(self, r: Refusal) -> None:
+        if r.what == "step summaries":
+            self.stats.sdk_rows_refused += r.count
+        else:
+            self.stats.sdk_memory_refused += r.count
+        key = (r.workflow, r.what, r.kind)
+        if key in self._logged:
+            log.debug("job SDK: %d %s of workflow %.200r refused again (%s: %s)", r.count, r.what, r.workflow, r.kind,
+                      r.reason)
+            return
+        if len(self._logged) >= MAX_LOGGED_REFUSALS:
+            self._logged.pop()
+        self._logged.add(key)
+        log.error("job SDK: the database refused %d %s of workflow %.200r, given up (%s: %s); the other rows are "
+                  "written; later refusals of this kind for this workflow are counted in the agent's stats, not logged",
+                  r.count, r.what, r.workflow, r.kind, r.reason)
 
 
 class StepWriter:
