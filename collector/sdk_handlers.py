@@ -107,7 +107,7 @@ class SdkHandlers:
         self._context = ContextMeter()  # C per process: NVML's used memory less the allocator's reserved
         self._step_rows: deque[dict[str, Any]] = deque()
         self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
-        self._dropped_rows = 0
+        self._over_cap_logged = False  # the drops past the cap of this outage were logged
         self._outcomes: dict[tuple[str, int], str] = {}  # (wf, pid) -> what the job said in its goodbye
         # processes that said goodbye or went silent: what is kept of them goes once their workflow's figures are
         # written (_prune_ended); kept for good, a long-lived agent's memory grew with every job it ever served
@@ -272,6 +272,7 @@ class SdkHandlers:
         writer = StepWriter(self.store, self.host_id, rows, mem, contexts)
         try:
             writer.write()
+            self._over_cap_logged = False  # the database is back: a later outage's drops are logged again
         except DatabaseUnavailable:
             with self._lock:  # what was not written (nor given up) before the database went away: kept for the next try
                 self._step_rows.extendleft(reversed([r for i, r in enumerate(rows) if i not in writer.done_rows]))
@@ -285,9 +286,17 @@ class SdkHandlers:
     def _trim_step_rows(self) -> None:
         """Drop the oldest queued step summaries past MAX_QUEUED_STEP_ROWS (the database has been away long).
         Call under the lock."""
-        while len(self._step_rows) > MAX_QUEUED_STEP_ROWS:
+        over = len(self._step_rows) - MAX_QUEUED_STEP_ROWS
+        if over <= 0:
+            return
+        for _ in range(over):
             self._step_rows.popleft()
-            self._dropped_rows += 1
+        self.stats.sdk_rows_over_cap += over
+        if not self._over_cap_logged:
+            self._over_cap_logged = True
+            log.warning("job SDK: the database has been away so long that the step summaries waiting for it passed "
+                        "%d; the oldest are dropped from now on while it stays away, counted in the agent's stats "
+                        "(sdk_rows_over_cap)", MAX_QUEUED_STEP_ROWS)
 
     def _run_ops(self, limit: int) -> None:
         """Carry out the first `limit` queued updates, in order."""

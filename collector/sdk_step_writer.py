@@ -35,6 +35,8 @@ class RefusedCounts:
 
     sdk_rows_refused: int = 0  # step summaries
     sdk_memory_refused: int = 0  # workflows' memory figures
+    # the oldest step summaries dropped while the database was away, past the queue's cap (MAX_QUEUED_STEP_ROWS)
+    sdk_rows_over_cap: int = 0
 
 
 @dataclass(frozen=True)

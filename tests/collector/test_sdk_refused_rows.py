@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from collector import protocol as p
+from collector import sdk_handlers
 from collector.agent import Agent
 from collector.sdk_handlers import SdkHandlers
 from store.db import Store
@@ -112,3 +113,25 @@ def test_the_database_going_away_while_a_refused_write_is_split_keeps_every_unwr
     assert _stored(any_store) == {"wf-a": [0, 20], "wf-b": [0, 10]}  # every good row once, none twice
     assert handlers.stats.sdk_rows_refused == 1
     assert sum(map(len, written.values())) < 4  # the database did go away before the split was done
+
+
+def test_step_summaries_past_the_queue_cap_during_an_outage_are_counted_and_logged_once(
+        any_store: Store, fleet_home: Path, caplog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the database was away, the oldest step summaries past the cap were dropped with no count the agent
+    showed and no line in the log."""
+    monkeypatch.setattr(sdk_handlers, "MAX_QUEUED_STEP_ROWS", 3)
+    handlers = SdkHandlers(any_store, "h-cap", Settings(), sync_interval_s=3600)
+    handlers.store = _GoesAway(any_store, 0)  # away from the start
+    with caplog.at_level(logging.WARNING, logger="collector.sdk_handlers"):
+        for first in range(0, 50, 10):  # five summaries, one message each
+            assert handlers.handle(_steps("wf-a", [_batch(first, first + 9)]))["ok"]
+        with pytest.raises(DatabaseUnavailable):
+            handlers.flush()
+        assert handlers.handle(_steps("wf-a", [_batch(50, 59)]))["ok"]
+    assert handlers.stats.sdk_rows_over_cap == 3
+    over = [r.getMessage() for r in caplog.records if "sdk_rows_over_cap" in r.getMessage()]
+    assert len(over) == 1, over  # once for the outage, not once a row
+    handlers.store = any_store  # back: the newest three are written
+    handlers.flush()
+    handlers.close()
+    assert _stored(any_store) == {"wf-a": [30, 40, 50]}

@@ -70,6 +70,8 @@ def agent(
         + (f"; the database refused {stats.sdk_rows_refused} step summaries and {stats.sdk_memory_refused} memory "
            "figures of the jobs (given up, each alone; the log names their workflows)"
            if stats.sdk_rows_refused or stats.sdk_memory_refused else "")
+        + (f"; {stats.sdk_rows_over_cap} step summaries were dropped, the oldest, while the database was away past "
+           "the queue's cap" if stats.sdk_rows_over_cap else "")
     )
     if the_agent.stop_signal is not None:
         raise typer.Exit(128 + the_agent.stop_signal)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports them
