@@ -109,6 +109,9 @@ class SdkHandlers:
         self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
         self._over_cap_logged = False  # the drops past the cap of this outage were logged
         self._outcomes: dict[tuple[str, int], str] = {}  # (wf, pid) -> what the job said in its goodbye
+        # (wf, pid) of the goodbyes heard, the newest MAX_KEPT_OUTCOMES: the reaper takes an outcome away, but a
+        # launch still waiting to see the job start must learn that it said goodbye (it ran, then ended)
+        self._byes: dict[tuple[str, int], None] = {}
         # processes that said goodbye or went silent: what is kept of them goes once their workflow's figures are
         # written (_prune_ended); kept for good, a long-lived agent's memory grew with every job it ever served
         self._ended: set[tuple[str, int]] = set()
@@ -185,9 +188,9 @@ class SdkHandlers:
             return self._outcomes.pop((workflow_id, pid), None)
 
     def said_goodbye(self, workflow_id: str, pid: int) -> bool:
-        """Whether the job's process said how it ended (its outcome is kept for `take_outcome`)."""
+        """Whether the job's process said how it ended, even if the reaper has taken its outcome since."""
         with self._lock:
-            return (workflow_id, pid) in self._outcomes
+            return (workflow_id, pid) in self._byes
 
     def total_steps(self, workflow: str) -> int | None:
         """The step count a running job of `workflow` declared (SRTF's remaining work in the lane gate), if any."""
@@ -466,6 +469,9 @@ class SdkHandlers:
             self._outcomes[(wf, pid)] = outcome
             while len(self._outcomes) > MAX_KEPT_OUTCOMES:  # the oldest, which nobody took
                 del self._outcomes[next(iter(self._outcomes))]
+            self._byes[(wf, pid)] = None
+            while len(self._byes) > MAX_KEPT_OUTCOMES:
+                del self._byes[next(iter(self._byes))]
             self._context.forget(pid)
             self._ended.add((wf, pid))
         if int(msg.get("rank") or 0) == 0 and outcome in ("finished", "failed"):

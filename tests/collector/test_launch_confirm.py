@@ -47,6 +47,18 @@ def test_a_job_that_said_goodbye_before_the_agent_looked_has_started(sqlite_stor
     assert handlers.take_outcome("wf", popen.pid) == "failed"  # left for the reaper
 
 
+def test_a_job_whose_goodbye_the_reaper_took_first_has_started(sqlite_store, handlers, tmp_path):
+    """The reaper polls the same process: when it reaped the job and took its outcome before the launch looked, the
+    launch took the job for one that never started ("exited at once"), though it had trained and said goodbye."""
+    popen = _ended()
+    assert handlers.handle({"op": protocol.BYE, "v": protocol.VERSION, "workflow": "wf", "pid": popen.pid,
+                            "rank": 0, "outcome": "failed", "last_step": 3}) == {"ok": True}
+    assert handlers.take_outcome("wf", popen.pid) == "failed"  # the reaper, first
+    result = _confirm(_context(sqlite_store, handlers), popen, "wf", tmp_path / "wf.log", timeout_s=5)
+    assert result["connected"] is True and result["pid"] == popen.pid
+    assert handlers.take_outcome("wf", popen.pid) is None  # taken once
+
+
 def test_a_job_that_exits_without_a_word_failed_to_start(sqlite_store, handlers, tmp_path):
     popen = _ended()
     (tmp_path / "wf.log").write_text("ImportError: no module named train\n")
