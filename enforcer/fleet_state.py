@@ -31,7 +31,7 @@ from store.checkpoints import readable_hosts_by_workflow
 from store.device_memory import known_context, unplaced_memory
 from store.headroom import charged
 from store.models import Action, ActionEvent, Device, Lane, Placement, Team, Workflow
-from store.registry import hosts_heard_from
+from store.registry import silent_hosts
 from store.settings import Settings
 from store.workflows import is_movable
 
@@ -144,7 +144,7 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
     facts are left out (`readable_hosts` None), only the teams the store marks movable count, no device charges
     a default context and no host counts as silent (every caller that admits or plans passes its settings).
 
-    With `settings`, the hosts not heard from within `host_silence_s` (store.registry.hosts_heard_from: an agent's
+    With `settings`, the hosts not heard from within `host_silence_s` (store.registry.silent_hosts: an agent's
     heartbeat, or an importer's last record of the node) are named in `not_heard_from`; their devices stay in the
     state (admission and the dashboard show them as they are), and the planner and consolidation leave them alone."""
     now = time.time() if now is None else now
@@ -173,9 +173,7 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
     unmanaged = _unmanaged(session, state, totals)
     state.devices = {i: replace(d, unmanaged=unmanaged.get(i, 0)) for i, d in state.devices.items()}
     if settings is not None:
-        for host, heard in sorted(hosts_heard_from(session, {d.host_id for d in rows}).items()):
-            if now - heard > settings.host_silence_s:
-                state.not_heard_from[host] = round(now - heard, 1)
+        state.not_heard_from = silent_hosts(session, {d.host_id for d in rows}, settings.host_silence_s, now)
     workflows = {wf.id: wf for _, wf in placed_rows}
     teams = set(session.scalars(select(Team.name).where(Team.movable.is_(True))))
     if settings is not None:

@@ -32,7 +32,7 @@ from store.checkpoints import unreadable_reason
 from store.device_memory import known_context
 from store.headroom import charged
 from store.models import Action, ActionEvent, Device, Lane, Placement, Workflow
-from store.registry import hosts_heard_from
+from store.registry import silent_hosts
 from store.settings import Settings
 
 MOVE_OVER = ("resumed", "rolled_back", "failed")
@@ -54,10 +54,10 @@ def silence_refusal(session: Session, source_host: str | None, target_host: str,
     roles = {target_host: "start the job there"}
     if source_host is not None:
         roles[source_host] = "checkpoint the job" if source_host != target_host else "checkpoint or start the job"
-    heard = hosts_heard_from(session, roles)
+    silent = silent_hosts(session, roles, settings.host_silence_s, now)
     for host, role in roles.items():
-        if host in heard and now - heard[host] > settings.host_silence_s:
-            return (f"host {host} has not been heard from for {now - heard[host]:.0f} s (more than "
+        if host in silent:
+            return (f"host {host} has not been heard from for {silent[host]:.0f} s (more than "
                     f"{settings.host_silence_s:.0f} s, FLEETLENS_HOST_SILENT_AFTER_S): its agent could not {role}")
     return None
 

@@ -74,6 +74,13 @@ def hosts_heard_from(session: Session, host_ids: Iterable[str]) -> dict[str, flo
             for host, seen, device_seen in rows}
 
 
+def silent_hosts(session: Session, host_ids: Iterable[str], limit_s: float, now: float) -> dict[str, float]:
+    """{host: seconds since it was heard from (hosts_heard_from)} of those not heard from for more than `limit_s`:
+    the one rule the planner, consolidation and the move checks leave hosts alone by."""
+    return {host: round(now - heard, 1) for host, heard in sorted(hosts_heard_from(session, host_ids).items())
+            if now - heard > limit_s}
+
+
 def register_devices(
     session: Session, host_id: str, specs: Iterable[DeviceSpec], *, source: str, now: float | None = None,
     moved_here: bool = False,
