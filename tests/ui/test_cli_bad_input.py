@@ -181,3 +181,37 @@ def test_ctrl_c_while_profile_waits_says_so_and_withdraws_the_request(cli_store,
     with cli_store.session() as s:
         request = s.get(ProfileRequest, 1)
         assert request.status == "expired" and "withdrawn" in request.error  # no job traces steps nobody awaits
+
+
+_SLOW_CLI_IMPORT = '''
+import sys, time
+
+class _SlowCli:
+    """Holds the import of ui.cli for a while, after saying so, as a cold machine's slow imports do."""
+    def find_spec(self, name, path=None, target=None):
+        if name == "ui.cli":
+            sys.stderr.write("loading ui.cli\\n")
+            sys.stderr.flush()
+            time.sleep(30)
+        return None
+
+sys.meta_path.insert(0, _SlowCli())
+'''
+
+
+def test_ctrl_c_while_the_command_line_loads_says_so_without_a_traceback(fleet_home, tmp_path):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SLOW_CLI_IMPORT)
+    env = {"PATH": os.environ["PATH"], "HOME": str(fleet_home), "FLEETLENS_HOME": str(fleet_home),
+           "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen([FLEETLENS, "status"], env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stderr.readline() == "loading ui.cli\n"  # the signal lands inside the import, not after it
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err.strip() == "fleetlens: interrupted"
