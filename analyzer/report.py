@@ -7,7 +7,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from analyzer.traces.names import kernel_label
 from analyzer.traces.run import AnalysisResult
 
 
@@ -70,10 +72,12 @@ def _rank_tables(s: dict[str, Any]) -> list[Table]:
 
     if s["top_kernels"]:
         k = Table(title="top kernels", title_justify="left")
-        for col in ("kernel", "kind", "count", "total ms", "mean us", "share"):
-            k.add_column(col, justify="left" if col == "kernel" else "right")
+        k.add_column("kernel", justify="left")
+        for col in ("kind", "count", "total ms", "mean us", "share"):
+            k.add_column(col, justify="right", no_wrap=True, min_width=max(len(col), 5))
         for r in s["top_kernels"]:
-            k.add_row(r["name"][:70], r["kind"], str(r["count"]), _ms(r["total_us"]), f"{r['mean_us']:.1f}",
+            # one line a kernel: the column narrows to what the numbers leave, the name ends in an ellipsis
+            k.add_row(Text(kernel_label(r["name"]), no_wrap=True, overflow="ellipsis"), r["kind"], str(r["count"]), _ms(r["total_us"]), f"{r['mean_us']:.1f}",
                       _pct(r["share"]))
         tables.append(k)
     if s["memcpy"]:

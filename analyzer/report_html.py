@@ -7,6 +7,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from analyzer.traces.names import kernel_label
 from analyzer.traces.run import AnalysisResult
 
 PARTS = [("computation_us", "computation"), ("communication_us", "communication"), ("memory_us", "memory copies"),
@@ -27,7 +28,8 @@ def _figures(result: AnalysisResult) -> list[go.Figure]:
             figs.append(fig)
         if s["top_kernels"]:
             k = s["top_kernels"][::-1]
-            figs.append(go.Figure(go.Bar(x=[r["total_us"] / 1e3 for r in k], y=[r["name"][:60] for r in k],
+            names = [_short(kernel_label(r["name"])) for r in k]
+            figs.append(go.Figure(go.Bar(x=[r["total_us"] / 1e3 for r in k], y=names,
                                          orientation="h"),
                                   layout={"title": f"{label}: top kernels (ms)", "height": 420,
                                           "margin": {"l": 420}}))
@@ -68,3 +70,7 @@ def render_html(result: AnalysisResult, gpus: int = 1) -> str:
         + (f"<h2>Failed</h2><ul>{errors}</ul>" if errors else "")
         + "<h2>Charts</h2>" + "".join(parts) + "</body></html>"
     )
+
+
+def _short(label: str, width: int = 60) -> str:
+    return label if len(label) <= width else label[:width - 1] + "…"

@@ -43,3 +43,32 @@ LAUNCH_RE = re.compile(
     r"(cuda|hip|cu|hipExt|hipModule|hipExtModule|mtia)LaunchKernel|cudaLaunchKernelExC|(cuda|cu|hip)GraphLaunch"
     r"|LaunchCooperative"
 )
+
+
+def kernel_label(name: str) -> str:
+    """A kernel's name as a report shows it on one line: its demangled signature without the return type and the
+    parameter list, template arguments kept (two instances of one template are different kernels).
+    "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 4, 64, 64>(...)" reads
+    "at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 4, 64, 64>"."""
+    label = name.strip()
+    if label.startswith("void "):
+        label = label[5:].lstrip()
+    depth = 0
+    i = 0
+    while i < len(label):
+        c = label[i]
+        if c == "<":
+            depth += 1
+        elif c == ">" and depth:
+            depth -= 1
+        elif c == "(" and depth == 0:
+            if label.startswith("(anonymous namespace)", i):
+                i += len("(anonymous namespace)")
+                continue
+            # a lambda's call operator is part of the name
+            if i >= len("operator") and label.startswith("operator()", i - len("operator")):
+                i += 2
+                continue
+            return label[:i].rstrip() or name
+        i += 1
+    return label or name

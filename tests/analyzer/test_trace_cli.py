@@ -91,3 +91,17 @@ def test_json_output_has_no_progress(fleet_home, capsys, monkeypatch):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["traces"][0]["events"] > 0
     assert captured.err == ""
+
+
+def test_terminal_report_shows_each_top_kernel_on_one_line(fleet_home, capsys):
+    trace = TRACES / "a100_8rank_rank3_training.json.gz"  # templated kernels with long signatures
+    assert run(["analyze", str(trace), "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)["traces"][0]["top_kernels"]
+    assert any(k["name"].startswith("void ") and "(" in k["name"] for k in top)
+    assert run(["analyze", str(trace)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = out.index(next(line for line in out if line.startswith("top kernels"))) + 4  # title, rule, header, rule
+    rows = out[start:out.index(next(line for line in out[start:] if line.startswith("└")))]
+    assert len(rows) == len(top)  # a long name is cut with an ellipsis, never wrapped onto more lines
+    assert [r.split("│")[3].strip() for r in rows] == [str(k["count"]) for k in top]
+    assert not any(r.split("│")[1].strip().startswith("void") for r in rows)  # no return type

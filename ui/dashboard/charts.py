@@ -9,6 +9,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from analyzer.traces.names import kernel_label
+
 # The dashboard's one look, as plotly's default: a template named in update_layout is validated (deep-copied) on
 # every figure, 25 ms each; the default is applied once, when the figure is serialised, to the same JSON.
 pio.templates.default = "plotly_white"
@@ -161,7 +163,7 @@ def trace_figures(summary: dict[str, Any] | None) -> list[tuple[str, go.Figure]]
     kernels = pd.DataFrame(summary.get("top_kernels") or [])
     if not kernels.empty and {"name", "total_us"} <= set(kernels.columns):
         top = kernels.nlargest(10, "total_us").iloc[::-1]
-        names = [n if len(n) <= 60 else n[:57] + "…" for n in top.name.astype(str)]
+        names = [n if len(n) <= 60 else n[:59] + "…" for n in map(kernel_label, top.name.astype(str))]
         fig = go.Figure(go.Bar(x=top.total_us / 1000, y=names, orientation="h", marker_color=BLUE))
         out.append(("kernels", _layout(fig, height=max(220, 26 * len(top) + 90), title="Top kernels",
                                         xaxis_title="ms in the trace")))
