@@ -37,6 +37,8 @@ the reason. Without storage facts (the simulator) any device will do.
 Silent hosts. The devices of a host not heard from lately (`not_heard_from`, which the store side reads with the
 fleet state) are neither drained nor filled: its agent could not checkpoint a job there nor start one, so such a
 move would only stall until its commands time out. Their movable jobs are counted in `ConsolidationPlan.skipped`.
+The devices of a Slurm node that takes no new job (`closed`: drained, draining, in maintenance, reserved) are never
+filled, and may be drained: moving its jobs off is what draining it is for.
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ class ConsolidationPlan:
     # jobs kept where they run because the only room was on hosts that cannot read their checkpoint location
     refused: list[dict[str, Any]] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # movable jobs left where they are, counted by why
-    not_heard_from: dict[str, float] = field(default_factory=dict)  # silent hosts, seconds since heard: left alone
+    not_heard_from: dict[str, str] = field(default_factory=dict)  # silent hosts and why: left alone
+    closed: dict[str, str] = field(default_factory=dict)  # hosts that take no new job and why: no move onto them
 
     def summary(self) -> dict:
         reasons: dict[str, int] = {}
@@ -153,7 +156,7 @@ class ConsolidationPlan:
         return {"moves": len(self.moves), "by_reason": reasons, "devices_held": self.devices_held,
                 "devices_needed": self.devices_needed, "devices_freed": len(self.devices_freed),
                 "unresolved": len(self.unresolved), "refused": self.refused, "skipped": self.skipped,
-                "not_heard_from": self.not_heard_from}
+                "not_heard_from": self.not_heard_from, "closed": self.closed}
 
 
 def size_job(d: JobDemand, now: float, p: ConsolidateParams) -> Size:
@@ -391,12 +394,14 @@ class Packing:
 def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand], now: float,
                        params: ConsolidateParams | None = None, *, guard_only: bool = False,
                        hosts: Mapping[int, str] | None = None,
-                       not_heard_from: Mapping[str, float] | None = None) -> ConsolidationPlan:
+                       not_heard_from: Mapping[str, str] | None = None,
+                       closed: Mapping[str, str] | None = None) -> ConsolidationPlan:
     """Moves for one cycle: guard moves for devices running out, then (unless `guard_only`: a check between
     cycles when a job's memory passed what it was planned at) moves that free whole devices. `hosts` (device id
     -> host) with the jobs' `readable_hosts` keeps every move where the job's checkpoints can be read;
-    `not_heard_from` (host -> seconds since it was heard from) names the silent hosts, whose devices are neither
-    drained nor filled (their agents could neither checkpoint a job nor start one)."""
+    `not_heard_from` (host -> why) names the silent hosts, whose devices are neither drained nor filled (their
+    agents could neither checkpoint a job nor start one); `closed` (host -> why) the hosts that take no new job,
+    whose devices are never filled but may be drained."""
     p = params or ConsolidateParams()
     pk = Packing(devices, p.util_cap, hosts)
     sizes = size_jobs(demands, now, p)
@@ -404,8 +409,11 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
     pos_of = pk.fleet.index_of
     silent = dict(not_heard_from or {})
     quiet = {pos_of[d] for d, host in (hosts or {}).items() if host in silent and d in pos_of}
-    for i in quiet:
-        pk.fleet.arrays.alive[i] = False  # no job goes to one of its devices, empty or not
+    shut = dict(closed or {})
+    # devices no job goes to, empty or not: a silent host's, and a closed one's (whose jobs may still leave)
+    no_target = quiet | {pos_of[d] for d, host in (hosts or {}).items() if host in shut and d in pos_of}
+    for i in no_target:
+        pk.fleet.arrays.alive[i] = False
 
     # a move's cost: its downtime plus the work since the job's last checkpoint
     costs = {d.job_id: p.downtime_s + max(0.0, d.since_checkpoint_s) for d in demands}
@@ -457,10 +465,10 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
             kept.add(i)
             continue
         allowed = pk.reachable(by_id[job_id].readable_hosts, i)
-        to, _ = pk.place_new(sizes[job_id], exclude=kept | {i}, worst=True, allowed=allowed)
+        to, _ = pk.place_new(sizes[job_id], exclude=kept | no_target | {i}, worst=True, allowed=allowed)
         if to is None:
-            refusal = None if allowed is None else pk.refusal(job_id, i, sizes[job_id], kept | {i}, worst=True,
-                                                               alone=True)
+            refusal = None if allowed is None else pk.refusal(job_id, i, sizes[job_id], kept | no_target | {i},
+                                                               worst=True, alone=True)
             if refusal is not None:
                 refused.append(refusal)  # it stays where it is: better short of memory than its work lost
                 kept.add(i)
@@ -503,9 +511,9 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
         targets: list[tuple[str, int]] = []
         for j, s in sorted(taken, key=lambda x: -x[1].mem):
             allowed = pk.reachable(by_id[j].readable_hosts, i)
-            to = pk.best_shared(s, exclude=emptied | kept | {i}, allowed=allowed)
+            to = pk.best_shared(s, exclude=emptied | kept | no_target | {i}, allowed=allowed)
             if to is None:
-                refusal = None if allowed is None else pk.refusal(j, i, s, emptied | kept | {i})
+                refusal = None if allowed is None else pk.refusal(j, i, s, emptied | kept | no_target | {i})
                 if refusal is not None:
                     refused.append(refusal)
                 break
@@ -526,4 +534,4 @@ def plan_consolidation(devices: list[tuple[int, int]], demands: list[JobDemand],
             moved.add(j)
         budget -= len(targets)
     return ConsolidationPlan(moves, sizes, held, int((pk.n_jobs > 0).sum()), freed, unresolved, pk, refused,
-                             skipped, silent)
+                             skipped, silent, shut)

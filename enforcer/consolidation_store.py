@@ -10,7 +10,8 @@ Each job comes with the hosts that recently said they can read its checkpoint lo
 same helper, as the planner's: store.checkpoints.readable_hosts_by_workflow), and each device with its host, so
 consolidation plans no move a target agent could not resume from; the jobs it keeps for that reason are listed
 in the plan's summary under "refused", each with what the target host's agent said. The hosts not heard from lately
-(the fleet state's `not_heard_from`) are left alone: no job is moved onto or off their devices.
+(the fleet state's `not_heard_from`) are left alone: no job is moved onto or off their devices; the Slurm nodes that
+take no new job (its `closed`: drained, draining, in maintenance, reserved) take no move, and their jobs may leave.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def make_consolidation_plan(store: Store, settings: Settings, *, now: float | No
     with store.session() as session:
         state = read_fleet_state(session, now=now, settings=settings)
         devices, demands, hosts = load_demands(session, settings, now, params, state)
-    plan = plan_consolidation(devices, demands, now, params, hosts=hosts, not_heard_from=state.not_heard_from)
+    plan = plan_consolidation(devices, demands, now, params, hosts=hosts, not_heard_from=state.not_heard_from,
+                              closed=state.closed)
     if plan.refused:
         with store.session() as session:
             explain_refusals(session, plan.refused, settings, now)

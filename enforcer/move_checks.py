@@ -3,7 +3,9 @@
 A plan-level check looks at the fleet's facts, not at the job's bytes: the target device is there and usable, the
 target (its lane, or the whole device) has room for the job as admitted (Salus's rule, `enforcer.lanes`, counting the
 jobs placed there and those already on their way), both hosts were heard from lately (`Settings.host_silence_s`: a
-silent source's agent could not checkpoint the job, a silent target's could not start it), and the target host said
+silent source's agent could not checkpoint the job, a silent target's could not start it; a Slurm node Slurm reports
+down or not responding is not heard from), the target host takes new jobs (not a Slurm node drained, draining, in
+maintenance or reserved; a job may leave one), and the target host said
 lately that it can read and write the job's checkpoint location (else the job could not resume there).
 `move_refusal` is the one entry; it runs once per move, where the move is begun: `enforcer.migration.plan_action`
 calls it before it records the action, for a plan's moves (`apply_plan`) and a move by hand (`start_migration`)
@@ -32,7 +34,7 @@ from store.checkpoints import unreadable_reason
 from store.device_memory import known_context
 from store.headroom import charged
 from store.models import Action, ActionEvent, Device, Lane, Placement, Workflow
-from store.registry import silent_hosts
+from store.registry import closed_hosts, silent_hosts
 from store.settings import Settings
 
 MOVE_OVER = ("resumed", "rolled_back", "failed")
@@ -57,9 +59,15 @@ def silence_refusal(session: Session, source_host: str | None, target_host: str,
     silent = silent_hosts(session, roles, settings.host_silence_s, now)
     for host, role in roles.items():
         if host in silent:
-            return (f"host {host} has not been heard from for {silent[host]:.0f} s (more than "
-                    f"{settings.host_silence_s:.0f} s, FLEETLENS_HOST_SILENT_AFTER_S): its agent could not {role}")
+            return f"host {host} {silent[host]}; its agent could not {role}"
     return None
+
+
+def closed_refusal(session: Session, target_host: str) -> str | None:
+    """Why the target host takes no new job (None when it does): a Slurm node drained, draining, in maintenance or
+    reserved (store.registry.closed_hosts), the same rule the planner plans by. The source may be one."""
+    why = closed_hosts(session, [target_host]).get(target_host)
+    return None if why is None else f"host {target_host} {why}; nothing is moved onto it"
 
 
 def storage_refusal(session: Session, wf: Workflow, source_host: str | None, target_host: str, settings: Settings,
@@ -74,8 +82,8 @@ def move_refusal(session: Session, wf: Workflow | None, from_device_id: int, to_
                  to_lane_id: int | None, p_prime: int, ephemeral: int, settings: Settings, *,
                  now: float) -> str | None:
     """The plan-level check of one move (None: it may be begun): target usable, target capacity for a job of
-    charged P' `p_prime` and E `ephemeral`, both hosts heard from lately, checkpoint storage readable from the target
-    host."""
+    charged P' `p_prime` and E `ephemeral`, both hosts heard from lately, the target host taking new jobs,
+    checkpoint storage readable from the target host."""
     if wf is None:
         return "the workflow is gone"
     target = session.get(Device, to_device_id)
@@ -87,7 +95,7 @@ def move_refusal(session: Session, wf: Workflow | None, from_device_id: int, to_
         return refusal
     source = session.get(Device, from_device_id)
     refusal = silence_refusal(session, source.host_id if source is not None else None, target.host_id, settings,
-                              now=now)
+                              now=now) or closed_refusal(session, target.host_id)
     if refusal is not None:
         return refusal
     return storage_refusal(session, wf, source.host_id if source is not None else None, target.host_id, settings,

@@ -41,13 +41,13 @@ def load_state(session: Session, settings: Settings, now: float) -> tuple[list[P
 def plan_inputs(session: Session, state: FleetState, settings: Settings) -> tuple[list[PlanDevice], list[Holding]]:
     """The planner's inputs from a fleet state: each device's memory with what it does not manage (`foreign`: the
     planner holds it, so what it may hand out is the state's free capacity) and, for a host not heard from lately,
-    how long it has been silent (`silent_s`: nothing is moved onto or off it), and a holding per placement, active or
-    pending (registered, not started yet: it holds its lane or device as admission gave it, and is not moved), and
-    per job on its way into a lane."""
+    why (`not_heard_from`: nothing is moved onto or off it), for a Slurm node that takes no new job, why (`closed`:
+    nothing is moved onto it), and a holding per placement, active or pending (registered, not started yet: it holds
+    its lane or device as admission gave it, and is not moved), and per job on its way into a lane."""
     now = state.now
     devices = [PlanDevice(d.device_id, d.memory_total, d.host, d.kind,
                           foreign=d.memory_total - state.free_capacity(d.device_id), context_default=d.context_default,
-                          silent_s=state.not_heard_from.get(d.host))
+                          not_heard_from=state.not_heard_from.get(d.host), closed=state.closed.get(d.host))
                for d in state.devices.values() if d.memory_total]
     findings: dict[str, list] = defaultdict(list)
     for f in open_findings(session, rules=PLANNER_RULES):

@@ -10,12 +10,14 @@ flagged by an open finding (idle holder, low utilisation, over-provisioned memor
 its cool-down. Sources are tried from the easiest (fewest jobs, least memory); each job goes where the policy
 places it under Salus's lane rule, on devices already in use only (moving onto an empty device frees nothing),
 never on a device being emptied nor on one where processes outside fleetlens use memory, never onto or off a device
-of a host not heard from lately (`PlanDevice.silent_s`: its agent could neither start nor checkpoint the job; such
-jobs are counted in `skipped`, the hosts named in `not_heard_from`), and on another host only
-when that host can read the job's checkpoint location (`Holding.readable_hosts`, facts the store side passes in:
-which hosts' agents said so). If one job of a device finds no place, the device's moves are undone; when the only
-places with room are on hosts that cannot read its checkpoints, the device is kept whole and the job is named in
-`PlanResult.refused` with the reason. At most `max_moves` moves per plan.
+of a host not heard from lately (`PlanDevice.not_heard_from`: its agent could neither start nor checkpoint the job,
+or Slurm reports the node not answering; such jobs are counted in `skipped`, the hosts named in `not_heard_from`
+with why), never onto a device of a Slurm node that takes no new job (`PlanDevice.closed`: drained, draining, in
+maintenance or reserved; its jobs may still be moved off it, and the nodes are named in `closed`), and on another
+host only when that host can read the job's checkpoint location (`Holding.readable_hosts`, facts the store side
+passes in: which hosts' agents said so). If one job of a device finds no place, the device's moves are undone;
+when the only places with room are on hosts that cannot read its checkpoints, the device is kept whole and the job
+is named in `PlanResult.refused` with the reason. At most `max_moves` moves per plan.
 
 A job that holds a whole device but whose memory profile the SDK measured is taken to live in the lane Salus
 would give it there, so others may be moved next to it, into lanes of their own: nobody joins that lane, since its
@@ -57,9 +59,11 @@ class PlanDevice:
     kind: str = ""
     foreign: int = 0  # memory in use that no placement explains (other processes): never offered to lanes
     context_default: int = 0  # C charged beside its lanes to a job whose own is not measured (enforcer.lanes)
-    # seconds since its host was last heard from, when that is past the limit (enforcer.fleet_state): nothing is moved
-    # onto it nor off it; None: heard from lately
-    silent_s: float | None = None
+    # why its host is not heard from (enforcer.fleet_state): nothing is moved onto it nor off it; None: heard from
+    not_heard_from: str | None = None
+    # why its host takes no new job (a Slurm node drained, draining, in maintenance, reserved): nothing is moved onto
+    # it, its jobs may be moved off; None: it takes jobs
+    closed: str | None = None
 
 
 @dataclass(slots=True)
@@ -110,13 +114,15 @@ class PlanResult:
     plan_id: int | None = None
     applied: bool = False
     refused: list[dict[str, Any]] = field(default_factory=list)  # moves that cannot be made safely, with the reason
-    not_heard_from: dict[str, float] = field(default_factory=dict)  # silent hosts, seconds since heard: left alone
+    not_heard_from: dict[str, str] = field(default_factory=dict)  # silent hosts and why: left alone
+    closed: dict[str, str] = field(default_factory=dict)  # hosts that take no new job and why: no move onto them
 
     def summary(self) -> dict[str, Any]:
         worst = max((m.expected_slowdown for m in self.moves), default=1.0)
         return {"moves": len(self.moves), "devices_freed": len(self.devices_freed),
                 "freed_device_ids": self.devices_freed, "max_expected_slowdown": round(worst, 4),
-                "skipped": self.skipped, "refused": self.refused, "not_heard_from": self.not_heard_from}
+                "skipped": self.skipped, "refused": self.refused, "not_heard_from": self.not_heard_from,
+                "closed": self.closed}
 
 
 def plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Policy | str = "pack",
@@ -137,7 +143,8 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
     if isinstance(policy, str):
         policy = get_policy(policy) if model is None else get_policy(policy, model=model)
     skipped: dict[str, int] = defaultdict(int)
-    silent = {d.device_id for d in devices if d.silent_s is not None}
+    silent = {d.device_id for d in devices if d.not_heard_from is not None}
+    closed = {d.device_id for d in devices if d.closed is not None}
     fleet = Fleet()
     for d in devices:
         fleet.add_device(d.device_id, d.capacity, kind=d.kind, host=d.host, context_default=d.context_default)
@@ -183,8 +190,9 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
         if d.foreign > 0 and d.device_id in fleet.index_of:
             # memory someone outside fleetlens uses can grow at any time: nobody is moved next to it
             a.alive[fleet.index_of[d.device_id]] = False
-        if d.device_id in silent and d.device_id in fleet.index_of:
-            a.alive[fleet.index_of[d.device_id]] = False  # its agent could not start the job there
+        if (d.device_id in silent or d.device_id in closed) and d.device_id in fleet.index_of:
+            # its agent could not start the job there, or Slurm starts no new job there
+            a.alive[fleet.index_of[d.device_id]] = False
     sources = [d for d, jobs in residents.items() if jobs and all(candidate.get(j, False) for j in jobs)]
     sources.sort(key=lambda d: (len(residents[d]), fleet.device(d).reserved, d))
     targets: set[int] = set()
@@ -222,7 +230,8 @@ def _plan_moves(devices: list[PlanDevice], holdings: list[Holding], policy: Poli
         m.compute_share = round(device.compute_shares()[lane.lane_id], 4)
         m.expected_slowdown = round(slowdown_in_place(fleet, m.workflow_id, policy.model), 4)
     return PlanResult(policy.name, moves, freed, dict(skipped), refused=refused,
-                      not_heard_from={d.host: d.silent_s for d in devices if d.silent_s is not None})
+                      not_heard_from={d.host: d.not_heard_from for d in devices if d.not_heard_from is not None},
+                      closed={d.host: d.closed for d in devices if d.closed is not None})
 
 
 def _job(h: Holding) -> Job:

@@ -19,6 +19,7 @@ from store.device_memory import known_memory
 from store.errors import FleetlensError
 from store.models import Action, Device, Host, Placement, ProcessSample, Workflow
 from store.models_slurm import SlurmJob as SlurmJobRow
+from store.registry import closed_hosts, silent_hosts
 from store.settings import Settings
 from store.slurm import finest_shards
 
@@ -26,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[SlurmHolding]:
-    """The running Slurm jobs that hold GPUs, with their use over the window (`used_p95`) and the most shards a GPU
-    of their node has (from the import's host labels)."""
+    """The running Slurm jobs that hold GPUs, with their use over the window (`used_p95`), the most shards a GPU
+    of their node has (from the import's host labels), and whether their node is heard from and takes new jobs (the
+    store's one rule for every host: store.registry.silent_hosts and closed_hosts)."""
     with store.session() as session:
         used = used_p95(session, since=now - settings.slurm_usage_window_s)
         placed = {wf: d for wf, d in session.execute(
@@ -40,15 +42,19 @@ def slurm_holdings(store: Store, settings: Settings, *, now: float) -> list[Slur
         device_memory = dict(session.execute(select(Device.id, Device.memory_total).where(
             Device.id.in_([d for d in placed.values() if d is not None]))).tuples().all())
         per_gpu = {}
-        for host in session.scalars(select(Host).where(Host.id.in_({r.node for r in rows if r.node}))):
+        nodes = {r.node for r in rows if r.node}
+        for host in session.scalars(select(Host).where(Host.id.in_(nodes))):
             slurm = (host.labels or {}).get("slurm") or {}
             per_gpu[host.id] = finest_shards(int(slurm.get("gpus", 0)), int(slurm.get("shards", 0)))
+        silent = silent_hosts(session, nodes, settings.host_silence_s, now)
+        closed = closed_hosts(session, nodes)
         return [SlurmHolding(workflow_id=r.workflow_id, job_id=r.job_id, gres_kind="gpu" if r.gpus else "shard",
                              count=r.gpus or r.shards, shards_per_gpu=per_gpu.get(r.node or "", 0),
                              used=used.get(r.workflow_id),
                              opted_in=r.opted_in, not_movable_reason=r.not_movable_reason,
                              device_id=placed.get(r.workflow_id), memory=memory.get(r.workflow_id),
-                             device_memory=device_memory.get(placed.get(r.workflow_id)))
+                             device_memory=device_memory.get(placed.get(r.workflow_id)), node=r.node,
+                             not_heard_from=silent.get(r.node or ""), closed=closed.get(r.node or ""))
                 for r in rows if r.gpus or r.shards]
 
 
@@ -79,8 +85,8 @@ def run_slurm_cycle(store: Store, settings: Settings, *, apply: bool, now: float
             Action.engine == "slurm",
             Action.state.not_in(TERMINAL) | (Action.updated_at >= now - settings.cooldown_s))))
     holdings = slurm_holdings(store, settings, now=now)
-    moves, advice = plan_slurm_moves(holdings, busy=busy, max_moves=settings.max_moves_per_cycle,
-                                     policy=settings.policy)
+    moves, advice, skipped = plan_slurm_moves(holdings, busy=busy, max_moves=settings.max_moves_per_cycle,
+                                              policy=settings.policy)
     begun: list[int] = []
     errors: list[str] = []
     if apply:
@@ -90,4 +96,7 @@ def run_slurm_cycle(store: Store, settings: Settings, *, apply: bool, now: float
             except FleetlensError as exc:
                 errors.append(str(exc))
     return {"mode": "enforce" if apply else "dry_run", "moves": [m.workflow_id for m in moves], "begun": begun,
-            "advice": {a.workflow_id: a.message for a in advice}, "errors": errors}
+            "advice": {a.workflow_id: a.message for a in advice}, "errors": errors, "skipped": skipped,
+            # the nodes of the running jobs that are left alone (not heard from) or take no move, and why
+            "not_heard_from": {h.node: h.not_heard_from for h in holdings if h.node and h.not_heard_from},
+            "closed": {h.node: h.closed for h in holdings if h.node and h.closed and not h.not_heard_from}}

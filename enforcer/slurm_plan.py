@@ -10,6 +10,12 @@ A job whose use is unknown (no samples yet) is left alone: nothing is planned on
 decides who may share a GPU: a job whose memory is not known yet (FLEETLENS_MEMORY_SEEN_STEPS) runs alone first,
 and where the GPU's memory is known a job gets at least the shards whose share of it holds its Salus lane,
 1.05 (1.1 P + E).
+
+A move requeues the job, and the actuator gives it its fewer shards on the node it runs on (it checks that node's
+room): that node is the move's target as well as its source. So a job on a node not heard from (`SlurmHolding.
+not_heard_from`: the import has not listed it lately, or Slurm reports it down or not responding) or on a node that
+takes no new job (`closed`: drained, draining, in maintenance or reserved, where the requeued job could not start
+again) is not moved: it is counted in the plan's `skipped` under NOT_HEARD_FROM or NODE_CLOSED.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from enforcer.actuators.base import Move
+from enforcer.planner import NOT_HEARD_FROM
 from store.headroom import charged, lane_size
 from store.slurm import GPU_TO_SHARD_VERSION, OPT_IN_WORD, SDK_OPT_IN
 
@@ -35,6 +42,9 @@ class SlurmHolding:
     device_id: int | None = None  # the store's device of the GPU it holds now
     memory: tuple[int, int] | None = None  # (P, E) when known well enough to share a GPU (enforcer admission's rule)
     device_memory: int | None = None  # bytes of the GPU it holds, when an agent reported them
+    node: str | None = None  # the node it runs on (its batch script's)
+    not_heard_from: str | None = None  # why its node is not heard from (store.registry.silent_hosts); None: it is
+    closed: str | None = None  # why its node takes no new job (store.registry.closed_hosts); None: it takes them
 
 
 @dataclass(frozen=True)
@@ -43,16 +53,23 @@ class SlurmAdvice:
     message: str
 
 
+# the skipped-count key of jobs kept on a node that takes no new job: the requeued job could not start there again
+NODE_CLOSED = "on a node that takes no new job"
+
+
 def needed_shards(used: float, shards_per_gpu: int, util_cap: float = 1.0) -> int:
     return max(1, math.ceil(round(used * shards_per_gpu / util_cap, 6)))
 
 
 def plan_slurm_moves(holdings: list[SlurmHolding], *, busy: frozenset[str] = frozenset(), max_moves: int = 4,
-                     util_cap: float = 1.0, policy: str | None = None) -> tuple[list[Move], list[SlurmAdvice]]:
+                     util_cap: float = 1.0, policy: str | None = None,
+                     ) -> tuple[list[Move], list[SlurmAdvice], dict[str, int]]:
     """Moves for opted-in shard jobs that hold more shards than they use; advice for the others that do (`busy`:
-    workflows with an unfinished move, left out)."""
+    workflows with an unfinished move, left out); and the jobs that would have been moved but for their node,
+    counted by why (NOT_HEARD_FROM, NODE_CLOSED)."""
     moves: list[Move] = []
     advice: list[SlurmAdvice] = []
+    skipped: dict[str, int] = {}
     for h in sorted(holdings, key=lambda h: (h.used if h.used is not None else 1.0, h.job_id)):
         if h.used is None or h.workflow_id in busy or h.shards_per_gpu <= 0:
             continue
@@ -77,8 +94,12 @@ def plan_slurm_moves(holdings: list[SlurmHolding], *, busy: frozenset[str] = fro
                 f"holds {h.count} shards and uses {h.used:.0%} of a GPU ({want} would do); fleetlens only advises: "
                 f"{h.not_movable_reason}")))
             continue
+        kept = NOT_HEARD_FROM if h.not_heard_from is not None else NODE_CLOSED if h.closed is not None else None
+        if kept is not None:
+            skipped[kept] = skipped.get(kept, 0) + 1
+            continue
         if len(moves) < max_moves:
             moves.append(Move(workflow_id=h.workflow_id, to_device_id=h.device_id or 0, from_device_id=h.device_id,
                               compute_share=want / h.shards_per_gpu, policy=policy, request={"gres": f"shard:{want}"},
                               reason=f"holds {h.count} shards, uses {h.used:.0%} of a GPU: {want} shard(s) will do"))
-    return moves, advice
+    return moves, advice, skipped

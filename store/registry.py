@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from store.models import Action, ActionEvent, Device, Host, HostEvent, Lane, Placement, Process, Workflow
 from store.rows import insert_missing
+from store.slurm_nodes import closed_reason, unresponsive_reason
 from store.workflows import upsert_workflow
 
 _INDEX_OUT_OF_WAY = 1_000_000_000  # a row changing index waits below every index a device gets
@@ -62,7 +63,8 @@ def touch_host(session: Session, host_id: str, now: float | None = None) -> None
 def hosts_heard_from(session: Session, host_ids: Iterable[str]) -> dict[str, float]:
     """{host: when it was last heard from}: the later of its heartbeat (`Host.last_seen`, which its agent touches at
     every flush) and its usable devices' newest record (`Device.last_seen`, which an importer refreshes at every
-    import of a node no agent of ours runs on: a Slurm node is heard from when the Slurm import last listed it)."""
+    import of a node no agent of ours runs on: a Slurm node is heard from when the Slurm import last listed it).
+    When, only: what Slurm says of the node's state (silent_hosts) is not a time."""
     ids = sorted(set(host_ids))
     if not ids:
         return {}
@@ -74,11 +76,39 @@ def hosts_heard_from(session: Session, host_ids: Iterable[str]) -> dict[str, flo
             for host, seen, device_seen in rows}
 
 
-def silent_hosts(session: Session, host_ids: Iterable[str], limit_s: float, now: float) -> dict[str, float]:
-    """{host: seconds since it was heard from (hosts_heard_from)} of those not heard from for more than `limit_s`:
-    the one rule the planner, consolidation and the move checks leave hosts alone by."""
-    return {host: round(now - heard, 1) for host, heard in sorted(hosts_heard_from(session, host_ids).items())
-            if now - heard > limit_s}
+def _slurm_labels(session: Session, host_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """{host: what the Slurm import's latest listing said of the node (`labels.slurm`)} for the hosts it listed."""
+    ids = sorted(set(host_ids))
+    if not ids:
+        return {}
+    return {host: dict((labels or {}).get("slurm") or {})
+            for host, labels in session.execute(select(Host.id, Host.labels).where(Host.id.in_(ids))).tuples()
+            if (labels or {}).get("slurm")}
+
+
+def silent_hosts(session: Session, host_ids: Iterable[str], limit_s: float, now: float) -> dict[str, str]:
+    """{host: why it is not heard from} of the hosts not heard from for more than `limit_s` (hosts_heard_from), and
+    of the Slurm nodes whose latest listing shows them not answering Slurm (down, not responding, failed, powered
+    off: store.slurm_nodes; the listing itself is no sign of life then, and an agent's heartbeat does not outweigh
+    Slurm's word until a listing says the node answers again). The one rule the planner, consolidation, the Slurm
+    cycle and the move checks leave hosts alone by: nothing is moved onto or off them."""
+    heard = hosts_heard_from(session, host_ids)
+    slurm = _slurm_labels(session, heard)
+    out: dict[str, str] = {}
+    for host, when in sorted(heard.items()):
+        if now - when > limit_s:
+            out[host] = (f"has not been heard from for {now - when:.0f} s (more than {limit_s:.0f} s, "
+                         "FLEETLENS_HOST_SILENT_AFTER_S)")
+        elif (why := unresponsive_reason(slurm.get(host))) is not None:
+            out[host] = f"is not heard from: {why}"
+    return out
+
+
+def closed_hosts(session: Session, host_ids: Iterable[str]) -> dict[str, str]:
+    """{host: why it takes no new job} of the Slurm nodes whose latest listing shows them drained, draining, in
+    maintenance or reserved (store.slurm_nodes): alive, so a job may be moved off one, never onto one."""
+    return {host: f"takes no new job: {why}" for host, label in sorted(_slurm_labels(session, host_ids).items())
+            if (why := closed_reason(label)) is not None}
 
 
 def register_devices(

@@ -174,10 +174,12 @@ class SlurmJob:
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
-    state: str
+    state: str  # the base state, as sinfo --json gives it (idle, mixed, allocated, down, ...)
     partitions: tuple[str, ...]
     gpus: int
     shards: int
+    flags: tuple[str, ...] = ()  # its state flags (DRAIN, NOT_RESPONDING, FAIL, MAINTENANCE, ...: store.slurm_nodes)
+    reason: str | None = None  # why an admin or Slurm drained it or set it down
 
     def shards_on(self, index: int) -> int:
         """The shards GPU `index` of the node has (Slurm's spread: `shards_by_gpu`)."""
@@ -362,7 +364,9 @@ def parse_nodes(doc: dict[str, Any], *, errors: list[str] | None = None) -> tupl
                 log.warning("%s", why)
             continue
         nodes[name] = SlurmNode(name=name, state=str(raw.get("state") or "unknown"),
-                                partitions=tuple(raw.get("partitions") or ()), gpus=gpus, shards=shards)
+                                partitions=tuple(raw.get("partitions") or ()), gpus=gpus, shards=shards,
+                                flags=tuple(str(f) for f in raw.get("state_flags") or ()),
+                                reason=str(raw["reason"]) if raw.get("reason") else None)
     return release, nodes
 
 

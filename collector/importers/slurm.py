@@ -4,7 +4,9 @@ A job becomes the workflow `slurm-<id>` (the id the agent gives its processes th
 (its account or partition, FLEETLENS_SLURM_TEAM_FROM, renamed by FLEETLENS_SLURM_TEAMS), and a `slurm_jobs` row with
 its request, time limit, the GPUs it holds and whether it opted in to be moved (its --comment, or its fleetlens
 SDK's start mark in its checkpoint location: store.slurm_marks). A node becomes a host, its GPUs devices (source
-"slurm"; a node whose agent registered its GPUs keeps them), and a running job's GPUs placements, one per GPU on
+"slurm"; a node whose agent registered its GPUs keeps them; the host's labels keep the node's state as Slurm gives
+it, which store.registry reads: a node Slurm reports down or not responding is not heard from, and one drained,
+draining, in maintenance or reserved takes no move), and a running job's GPUs placements, one per GPU on
 every node the job runs on (a shard job's compute share is its shards over the GPU's). The row's `gpus_by_node`
 and the workflow's label `slurm_gpus` keep every node's GPUs (the same value), the row's `node` and `gpu_indices`
 the batch script's node and its GPUs there (all of them for a job on one node), and the workflow's `gpus` counts the
@@ -48,6 +50,7 @@ from store.slurm import (
 )
 from store.slurm_cli import SlurmCli
 from store.slurm_marks import StartMarks, first_submits, sdk_asked_from, signal_unsafe
+from store.slurm_nodes import node_label
 from store.workflows import upsert_workflow
 
 log = logging.getLogger(__name__)
@@ -138,10 +141,11 @@ def _unless_signal_unsafe(job: SlurmJob, marks: StartMarks) -> SlurmJob:
 
 def _node_devices(session: Session, slurm_node: SlurmNode, now: float) -> dict[int, int]:
     """{GPU index: device id}: the node's agent's devices when it has registered them, else the GPUs Slurm names.
-    The host's labels keep what Slurm says of the node (its GPUs, shards and partitions)."""
+    The host's labels keep what Slurm says of the node (its GPUs, shards and partitions, and its state: its base
+    state, flags and reason, which decide whether it is heard from and takes moves, store.slurm_nodes)."""
     node, gpus = slurm_node.name, slurm_node.gpus
-    labels = {"slurm": {"gpus": gpus, "shards": slurm_node.shards, "state": slurm_node.state,
-                        "partitions": list(slurm_node.partitions)}}
+    labels = {"slurm": {"gpus": gpus, "shards": slurm_node.shards, "partitions": list(slurm_node.partitions),
+                        **node_label(slurm_node.state, slurm_node.flags, slurm_node.reason)}}
     host = session.get(Host, node)
     if host is None:
         register_host(session, node, hostname=node, source=SOURCE, labels=labels, now=now)

@@ -49,6 +49,7 @@ from store.db import Store
 from store.errors import InvalidInput, NotFound, UpstreamUnavailable
 from store.models import Action, ActionEvent, Device
 from store.models_slurm import SlurmJob as SlurmJobRow
+from store.registry import closed_hosts, silent_hosts
 from store.settings import Settings
 from store.slurm import HOLDING_STATES, WAITING_STATES, Gres, SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
 from store.slurm_cli import SlurmCli, SlurmRefused
@@ -60,6 +61,7 @@ from store.slurm_marks import (
     sdk_asked_from,
     signal_unsafe,
 )
+from store.slurm_nodes import no_move_reason, node_label
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,12 @@ class SlurmActuator:
                                    f"not {move.request.get('gres')!r}; nothing moved")
             if row.state != "RUNNING":
                 raise InvalidInput(f"{move.workflow_id} is {row.state} in Slurm, not RUNNING; nothing moved")
+            # its node is the target too (the requeued job gets its shards there): heard from and taking new jobs as
+            # the import last saw it (the store's rule for every host), and as sinfo says at the requeue (_room)
+            node = row.node or ""
+            if why := (silent_hosts(session, [node], self.settings.host_silence_s, now).get(node)
+                       or closed_hosts(session, [node]).get(node)):
+                raise InvalidInput(f"{move.workflow_id} runs on node {node}, which {why}; nothing moved")
             busy = session.scalar(select(Action.id).where(Action.workflow_id == move.workflow_id,
                                                           Action.state.not_in(TERMINAL)).limit(1))
             if busy is not None:
@@ -411,7 +419,9 @@ class SlurmActuator:
         return jobs.get(job_id)
 
     def _room(self, job_id: int, node_name: str | None, shards: int) -> str | None:
-        """Why the node has no GPU left with `shards` free beside the job's own (None when it has one). Raises
+        """Why the node has no GPU left with `shards` free beside the job's own, or takes no new job now (down, not
+        responding, drained, draining, in maintenance, reserved: store.slurm_nodes), as sinfo says now (None when it
+        has such a GPU and takes jobs). Raises
         UpstreamUnavailable while Slurm does not know the node's shards (slurmd not registered again after a restart
         of slurmctld): the move waits rather than rolls back on a half-known node."""
         _, jobs = parse_jobs(self.cli.json("squeue"))
@@ -419,6 +429,8 @@ class SlurmActuator:
         node = nodes.get(node_name or "")
         if node is None:
             return f"node {node_name} is not in sinfo"
+        if (why := no_move_reason(node_label(node.state, node.flags, node.reason))) is not None:
+            return f"node {node.name} takes no move now: {why}"  # the requeued job could not start there again
         if node.gpus and not node.shards:
             raise UpstreamUnavailable(f"Slurm does not say yet how many shards node {node.name} has (state "
                                       f"{node.state})")

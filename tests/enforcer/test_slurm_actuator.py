@@ -1,7 +1,8 @@
 """The Slurm actuator's steps against a fake Slurm at the command line's boundary (the real cluster's tests are in
 tests/slurm/): a move is decided from what Slurm says of the job now, not from the store's row of the last import; the
-resume is checked against the run the move started; a job someone else released while it was held ends the move; and
-two enforcers never begin two moves of one job."""
+resume is checked against the run the move started; a job someone else released while it was held ends the move;
+a job whose node Slurm drains or sets down during the move is not requeued (it could not start there again), or, if
+held already, gets its old request back; and two enforcers never begin two moves of one job."""
 
 from __future__ import annotations
 
@@ -149,6 +150,49 @@ def test_a_job_that_never_comes_back_to_the_queue_after_its_hold_is_rolled_back(
     actuator.advance(action_id, now=now + 71)
     assert actuator.state(action_id) == "rolled_back"
     assert ("scontrol", "release", str(JOB)) in slurm.sent and slurm.jobs[JOB]["tres_per_node"] == "gres:shard:4"
+
+
+@pytest.mark.parametrize(("state", "flags", "said"), [("mixed", ["DRAIN"], "MIXED+DRAIN"), ("down", [], "DOWN"),
+                                                     ("mixed", ["NOT_RESPONDING"], "MIXED+NOT_RESPONDING")])
+def test_a_job_whose_node_is_drained_or_down_after_its_checkpoint_is_not_requeued(sqlite_store, settings, tmp_path,
+                                                                                  state, flags, said):
+    slurm = FakeSlurm()
+    slurm.submit(JOB, "shard:4")
+    import_slurm(sqlite_store, settings, cli=slurm)
+    _started(settings, restart=0)
+    now = time.time()
+    actuator = SlurmActuator(sqlite_store, settings, cli=slurm)
+    action_id = actuator.begin(Move(workflow_id=WF, to_device_id=0, request={"gres": "shard:1"}), now=now)
+    actuator.advance(action_id, now=now)
+    _checkpoint(settings, tmp_path, 0, 8, now + 1)
+    actuator.advance(action_id, now=now + 2)
+    assert actuator.state(action_id) == "checkpointed", _events(sqlite_store, action_id)
+    slurm.node_state.update(state=state, state_flags=flags, reason="admin")  # before the requeue
+    actuator.advance(action_id, now=now + 3)
+    assert actuator.state(action_id) == "failed", _events(sqlite_store, action_id)
+    with sqlite_store.session() as s:
+        error = s.get(Action, action_id).error
+    assert f"node gpu01 takes no move now: Slurm's latest listing shows it {said} (reason: admin)" in error
+    assert "nothing was changed" in error
+    assert [c[0] for c in slurm.sent] == ["scancel"]  # signalled for its checkpoint, never requeued
+    assert (slurm.jobs[JOB]["job_state"], slurm.jobs[JOB]["tres_per_node"]) == ("RUNNING", "gres:shard:4")
+
+
+def test_a_held_job_whose_node_was_drained_meanwhile_gets_its_old_request_back(sqlite_store, settings, tmp_path):
+    slurm = FakeSlurm()
+    slurm.submit(JOB, "shard:4")
+    import_slurm(sqlite_store, settings, cli=slurm)
+    _started(settings, restart=0)
+    now = time.time()
+    actuator, action_id, _ = _to_held(sqlite_store, settings, slurm, tmp_path, restart=0, now=now)
+    slurm.node_state.update(state="idle", state_flags=["DRAIN"], reason="admin")
+    actuator.advance(action_id, now=now + 4)
+    assert actuator.state(action_id) == "rolling_back"
+    assert "takes no move now" in _events(sqlite_store, action_id)[-1][1]
+    actuator.advance(action_id, now=now + 5)
+    assert actuator.state(action_id) == "rolled_back"
+    assert ("scontrol", "update", f"jobid={JOB}", "gres=shard:1") not in slurm.sent
+    assert slurm.jobs[JOB]["tres_per_node"] == "gres:shard:4"
 
 
 def test_two_enforcers_never_begin_two_moves_of_one_job(any_store, settings):

@@ -15,8 +15,8 @@ def _h(wf: str, used: float | None, *, count: int = 2, kind: str = "shard", opte
 
 
 def test_idle_opted_in_jobs_move_to_what_they_use():
-    moves, advice = plan_slurm_moves([_h("slurm-1", 0.05), _h("slurm-2", 0.9), _h("slurm-3", None),
-                                      _h("slurm-4", 0.3, count=1)])
+    moves, advice, _ = plan_slurm_moves([_h("slurm-1", 0.05), _h("slurm-2", 0.9), _h("slurm-3", None),
+                                         _h("slurm-4", 0.3, count=1)])
     assert [(m.workflow_id, m.request) for m in moves] == [("slurm-1", {"gres": "shard:1"})]
     assert moves[0].compute_share == 0.5 and advice == []
     assert needed_shards(0.5, 2) == 1 and needed_shards(0.51, 2) == 2 and needed_shards(0.0, 4) == 1
@@ -24,15 +24,15 @@ def test_idle_opted_in_jobs_move_to_what_they_use():
 
 def test_lane_admission_decides_who_shares_a_gpu():
     # memory not known yet: it runs alone first; a lane of 1.05 (1.1 P + E) = 12.3 GiB needs both shards of 16 GiB
-    moves, _ = plan_slurm_moves([_h("slurm-1", 0.05, memory=None),
-                                 _h("slurm-2", 0.05, memory=(10 * 2**30, 2**29), device_memory=16 * 2**30),
-                                 _h("slurm-3", 0.05, memory=(4 * 2**30, 2**29), device_memory=16 * 2**30)])
+    moves, _, _ = plan_slurm_moves([_h("slurm-1", 0.05, memory=None),
+                                    _h("slurm-2", 0.05, memory=(10 * 2**30, 2**29), device_memory=16 * 2**30),
+                                    _h("slurm-3", 0.05, memory=(4 * 2**30, 2**29), device_memory=16 * 2**30)])
     assert [(m.workflow_id, m.request["gres"]) for m in moves] == [("slurm-3", "shard:1")]
 
 
 def test_jobs_that_did_not_opt_in_or_hold_whole_gpus_get_advice_only():
-    moves, advice = plan_slurm_moves([_h("slurm-5", 0.1, opted=False), _h("slurm-6", 0.1, count=1, kind="gpu"),
-                                      _h("slurm-7", 0.1)], busy=frozenset({"slurm-7"}))
+    moves, advice, _ = plan_slurm_moves([_h("slurm-5", 0.1, opted=False), _h("slurm-6", 0.1, count=1, kind="gpu"),
+                                         _h("slurm-7", 0.1)], busy=frozenset({"slurm-7"}))
     assert moves == []
     said = {a.workflow_id: a.message for a in advice}
     assert set(said) == {"slurm-5", "slurm-6"}
@@ -40,7 +40,7 @@ def test_jobs_that_did_not_opt_in_or_hold_whole_gpus_get_advice_only():
 
 
 def test_moves_are_capped_per_cycle_idlest_first():
-    moves, _ = plan_slurm_moves([_h(f"slurm-{i}", 0.01 * i) for i in range(1, 6)], max_moves=2)
+    moves, _, _ = plan_slurm_moves([_h(f"slurm-{i}", 0.01 * i) for i in range(1, 6)], max_moves=2)
     assert [m.workflow_id for m in moves] == ["slurm-1", "slurm-2"]
 
 

@@ -23,6 +23,8 @@ class FakeSlurm(SlurmCli):
     jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
     node_gres: str = "gpu:4,shard:16"
     sent: list[tuple[str, ...]] = field(default_factory=list)
+    # the node's state as sinfo --json gives it (a test drains it or sets it down by changing these)
+    node_state: dict[str, Any] = field(default_factory=lambda: {"state": "mixed", "state_flags": [], "reason": ""})
 
     def submit(self, job_id: int, gres: str, *, gpu: int = 0, restart: int = 0, submit_time: float = 1000.0) -> None:
         """A running job that opted in by its comment, on GPU `gpu` of the node."""
@@ -44,7 +46,7 @@ class FakeSlurm(SlurmCli):
         if name in ("squeue", "sinfo"):
             if name == "sinfo":
                 return json.dumps({"meta": META, "errors": [], "nodes": [
-                    {"name": NODE, "state": "mixed", "gres": self.node_gres, "partitions": ["debug"]}]})
+                    {"name": NODE, **self.node_state, "gres": self.node_gres, "partitions": ["debug"]}]})
             return json.dumps({"meta": META, "errors": [], "jobs": list(self.jobs.values())})
         self.sent.append((name, *args))
         if name == "scontrol" and args[0] in ("requeuehold", "hold", "release"):

@@ -51,7 +51,7 @@ def enforce(
     console.print(f"devices freed: {len(result.devices_freed)} ({freed})")
     if result.skipped:
         console.print("not moved: " + ", ".join(f"{n} {why}" for why, n in sorted(result.skipped.items())))
-    _not_heard_from(result.not_heard_from)
+    _not_heard_from(result.not_heard_from, result.closed)
     if result.moves and not result.applied:
         console.print("dry run: nothing moves; `fleetlens enforce --apply` records these moves for the enforcer")
 
@@ -75,13 +75,14 @@ def _consolidate(apply: bool) -> None:
         console.print(f"{refusal['workflow_id']} stays on device {refusal['from_device_id']}: {refusal['reason']}")
     if plan.skipped:
         console.print("not moved: " + ", ".join(f"{n} {why}" for why, n in sorted(plan.skipped.items())))
-    _not_heard_from(plan.not_heard_from)
+    _not_heard_from(plan.not_heard_from, plan.closed)
 
 
-def _not_heard_from(hosts: dict[str, float]) -> None:
-    if hosts:
-        console.print("left alone, not heard from lately (FLEETLENS_HOST_SILENT_AFTER_S): " + ", ".join(
-            f"{host} ({since:.0f} s)" for host, since in sorted(hosts.items())))
+def _not_heard_from(hosts: dict[str, str], closed: dict[str, str]) -> None:
+    for host, why in sorted(hosts.items()):
+        console.print(f"left alone: host {host} {why}")
+    for host, why in sorted(closed.items()):
+        console.print(f"no job moved onto host {host}: it {why}")
 
 
 @app.command()
