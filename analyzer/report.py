@@ -77,8 +77,8 @@ def _rank_tables(s: dict[str, Any]) -> list[Table]:
             k.add_column(col, justify="right", no_wrap=True, min_width=max(len(col), 5))
         for r in s["top_kernels"]:
             # one line a kernel: the column narrows to what the numbers leave, the name ends in an ellipsis
-            k.add_row(Text(kernel_label(r["name"]), no_wrap=True, overflow="ellipsis"), r["kind"], str(r["count"]), _ms(r["total_us"]), f"{r['mean_us']:.1f}",
-                      _pct(r["share"]))
+            name = Text(kernel_label(r["name"]), no_wrap=True, overflow="ellipsis")
+            k.add_row(name, r["kind"], str(r["count"]), _ms(r["total_us"]), f"{r['mean_us']:.1f}", _pct(r["share"]))
         tables.append(k)
     if s["memcpy"]:
         m = Table(title="memory copies", title_justify="left")
