@@ -15,7 +15,8 @@ Facts can change between the moment a move is begun (the check) and the moment t
 check does not run again: it runs when the move is begun, which for a plan's moves is when the plan is applied, not
 when the actuator takes its first step. The target stays reserved in between because admission and the planner hold
 a lane opened for a move under way for the job on its way (`FleetState.arriving`); a host whose storage fails after
-the check fails the relaunch there, which the actuator rolls back.
+the check fails the relaunch there, which the actuator rolls back, and a host that falls silent after it is noticed
+by the agents' state machine at its next step, by the same rule (enforcer.move_silence).
 
 What belongs to execution (the relaunch spec matches its signature, the checkpoint's size and sha256, its age when
 the job stops, the resume step at or above the checkpoint's) is checked inside the actuator
@@ -57,9 +58,15 @@ def silence_refusal(session: Session, source_host: str | None, target_host: str,
     silent = silent_hosts(session, roles, settings.host_silence_s, now)
     for host, role in roles.items():
         if host in silent:
-            return (f"host {host} has not been heard from for {silent[host]:.0f} s (more than "
-                    f"{settings.host_silence_s:.0f} s, FLEETLENS_HOST_SILENT_AFTER_S): its agent could not {role}")
+            return f"{silence_phrase(host, silent[host], settings)}: its agent could not {role}"
     return None
+
+
+def silence_phrase(host: str, silent_s: float, settings: Settings) -> str:
+    """How a silent host (store.registry.silent_hosts) is named, when a move is refused for it and when a move under
+    way gives up for it (enforcer.move_silence)."""
+    return (f"host {host} has not been heard from for {silent_s:.0f} s (more than {settings.host_silence_s:.0f} s, "
+            "FLEETLENS_HOST_SILENT_AFTER_S)")
 
 
 def storage_refusal(session: Session, wf: Workflow, source_host: str | None, target_host: str, settings: Settings,

@@ -76,7 +76,8 @@ def hosts_heard_from(session: Session, host_ids: Iterable[str]) -> dict[str, flo
 
 def silent_hosts(session: Session, host_ids: Iterable[str], limit_s: float, now: float) -> dict[str, float]:
     """{host: seconds since it was heard from (hosts_heard_from)} of those not heard from for more than `limit_s`:
-    the one rule the planner, consolidation and the move checks leave hosts alone by."""
+    the one rule the planner, consolidation and the move checks leave hosts alone by, and a move under way gives up
+    by (enforcer.move_silence)."""
     return {host: round(now - heard, 1) for host, heard in sorted(hosts_heard_from(session, host_ids).items())
             if now - heard > limit_s}
 
