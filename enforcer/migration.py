@@ -8,6 +8,7 @@ Its steps are enforcer.migration_steps; enforcer.actuators.agents is the actuato
                                              |
                                              +--> rolled_back (running where it was, from its checkpoint)
     any step that cannot go on without risk -> failed (with the job left as it was, or said where it is)
+    a host the move waits on gone silent (enforcer.move_silence) -> failed before the stop, rolling_back after it
 
 `drive(store, action_id)` advances one action by at most one step, from what the store says alone (the action's
 state and the commands issued for it), so it is idempotent and picks up after the enforcer or an agent crashes:

@@ -7,7 +7,8 @@ the relaunch spec matches its signature (`planned`, and the agent again), the ch
 reaches the job (`checkpointed`, by the agent), and a relaunched job resumes at or above its checkpoint's step
 (`relaunched`); the checkpoint's size and sha256 the agent that starts the job checks. The plan-level checks (target
 capacity, storage readable from the target) ran once before any of this, when the move was begun
-(enforcer.move_checks): no step repeats them.
+(enforcer.move_checks): no step repeats them. What a step does when a host it waits on has gone silent since is
+enforcer.move_silence.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from enforcer.move_silence import halt_if_silent, roll_back_if_target_silent, unsettled
 from store.checkpoints import latest_checkpoint
 from store.commands import enqueue_command
 from store.headroom import charged
@@ -165,6 +167,8 @@ class StepRunner:
         if refusal is not None:
             self.fail(f"refused: {refusal}; nothing moved, {wf.id} runs on where it is", {"refused": refusal})
             return
+        if halt_if_silent(self, wf, []):
+            return
         self.ask_checkpoint(wf, here.host_id)
         self.to("checkpoint_requested",
                 f"asked {wf.id} on host {here.host_id} to save a checkpoint into {wf.checkpoint_dir}",
@@ -183,6 +187,8 @@ class StepRunner:
         command = sent[-1] if sent else None
         here = self.origin(wf)
         host = here.host_id if here is not None else self.host_of(self.action.from_device_id)
+        if (command is None or command.status in OUTSTANDING or self.lost(command)) and halt_if_silent(self, wf, sent):
+            return
         if command is None or self.lost(command):
             if len(sent) >= self.options.max_attempts:
                 self.fail(f"no agent answered {len(sent)} checkpoint requests for {wf.id}; nothing moved, the job was "
@@ -223,15 +229,19 @@ class StepRunner:
 
     # ---- checkpointed: stop the job
     def checkpointed(self, wf: Workflow) -> None:
-        since = self.session.scalar(select(ActionEvent.ts).where(
-            ActionEvent.action_id == self.action.id, ActionEvent.to_state == "checkpointed")
-            .order_by(ActionEvent.id.desc()).limit(1)) or 0.0
+        since = self.session.scalar(select(ActionEvent.ts).where(  # when it became checkpointed (notes do not count)
+            ActionEvent.action_id == self.action.id, ActionEvent.to_state == "checkpointed",
+            ActionEvent.from_state != "checkpointed").order_by(ActionEvent.id.desc()).limit(1)) or 0.0
         sent = [c for c in self.commands("stop") if c.issued_at >= since]  # the stops after the newest checkpoint
         command = sent[-1] if sent else None
         here = self.origin(wf)
         host = here.host_id if here is not None else self.host_of(self.action.from_device_id)
         fresh_ok = len(self.commands("checkpoint")) < self.options.max_attempts
-        if command is not None and command.status == "done" and (command.result or {}).get("stale_checkpoint"):
+        stale = command is not None and bool((command.result or {}).get("stale_checkpoint"))
+        known_stopped = command is not None and command.status == "done" and not stale
+        if not known_stopped and halt_if_silent(self, wf, [c for c in sent if c.status in OUTSTANDING], sent):
+            return
+        if command is not None and command.status == "done" and stale:
             wf.state = "running"
             self.ask_checkpoint(wf, host or command.host_id)
             self.to("checkpoint_requested", f"{wf.id} was not stopped: its checkpoint at step "
@@ -242,9 +252,12 @@ class StepRunner:
         if command is None or self.lost(command) or command.status in ("failed", "refused"):
             if command is not None and len(sent) >= self.options.max_attempts:
                 wf.state = "running"
-                self.fail(f"{wf.id} could not be stopped on {host} after {len(sent)} tries "
-                          f"({(command.result or {}).get('error') or command.status}); nothing moved, it runs on where "
-                          f"it was", dict(command.result or {}))
+                why = f"{wf.id} could not be stopped on {host} after {len(sent)} tries " \
+                      f"({(command.result or {}).get('error') or command.status})"
+                self.fail(f"{why}; nothing moved, it runs on where it was" if not unsettled(self, sent) else
+                          f"{why}, and a stop its agent claimed was never answered: whether it stopped is not known, "
+                          f"so it was started nowhere else; its checkpoint is {self.action.checkpoint_path}",
+                          dict(command.result or {}))
                 return
             if host is None:
                 self.fail(f"the host of device {self.action.from_device_id} is gone; {wf.id} was not stopped")
@@ -268,6 +281,8 @@ class StepRunner:
 
     # ---- stopped: relaunch at the target
     def stopped(self, wf: Workflow) -> None:
+        if roll_back_if_target_silent(self, wf):
+            return
         self.relaunch(wf, purpose="move")
 
     def relaunch(self, wf: Workflow, *, purpose: str) -> None:

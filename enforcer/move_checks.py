@@ -17,7 +17,8 @@ Facts can change between the moment a move is begun (the check) and the moment t
 check does not run again: it runs when the move is begun, which for a plan's moves is when the plan is applied, not
 when the actuator takes its first step. The target stays reserved in between because admission and the planner hold
 a lane opened for a move under way for the job on its way (`FleetState.arriving`); a host whose storage fails after
-the check fails the relaunch there, which the actuator rolls back.
+the check fails the relaunch there, which the actuator rolls back, and a host that falls silent after it is noticed
+by the agents' state machine at its next step, by the same rule (enforcer.move_silence).
 
 What belongs to execution (the relaunch spec matches its signature, the checkpoint's size and sha256, its age when
 the job stops, the resume step at or above the checkpoint's) is checked inside the actuator
@@ -59,7 +60,7 @@ def silence_refusal(session: Session, source_host: str | None, target_host: str,
     silent = silent_hosts(session, roles, settings.host_silence_s, now)
     for host, role in roles.items():
         if host in silent:
-            return f"host {host} {silent[host]}; its agent could not {role}"
+            return f"{silence_phrase(host, silent[host])}; its agent could not {role}"
     return None
 
 
@@ -68,6 +69,12 @@ def closed_refusal(session: Session, target_host: str) -> str | None:
     reserved (store.registry.closed_hosts), the same rule the planner plans by. The source may be one."""
     why = closed_hosts(session, [target_host]).get(target_host)
     return None if why is None else f"host {target_host} {why}; nothing is moved onto it"
+
+
+def silence_phrase(host: str, why: str) -> str:
+    """How a silent host (store.registry.silent_hosts: `why` is its reason) is named, when a move is refused for it
+    and when a move under way gives up for it (enforcer.move_silence)."""
+    return f"host {host} {why}"
 
 
 def storage_refusal(session: Session, wf: Workflow, source_host: str | None, target_host: str, settings: Settings,

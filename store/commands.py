@@ -107,6 +107,26 @@ def finish(
         raise NotFound(f"no command {command_id} in the store")
 
 
+WITHDRAWN = "withdrawn"  # result.error of a command taken back before any agent claimed it
+
+
+def withdraw_pending(session: Session, command_ids: list[int], reason: str, *, now: float | None = None) -> list[int]:
+    """Take back the commands among `command_ids` that no agent has claimed yet: each finishes 'failed' with
+    result {"error": "withdrawn: <reason>", "withdrawn": true}, so an agent that comes back never runs it. Returns
+    the ids withdrawn; one an agent claimed meanwhile (PostgreSQL re-reads the row after a claimer's lock, SQLite
+    writes one at a time) is left to its agent and not returned."""
+    now = time.time() if now is None else now
+    withdrawn = []
+    for command_id in command_ids:
+        done = session.execute(
+            update(Command).where(Command.id == command_id, Command.status == "pending")
+            .values(status="failed", result={"error": f"{WITHDRAWN}: {reason}", WITHDRAWN: True}, done_at=now)
+            .execution_options(synchronize_session="fetch"))
+        if done.rowcount:
+            withdrawn.append(command_id)
+    return withdrawn
+
+
 def get_command(session: Session, command_id: int) -> Command:
     command = session.get(Command, command_id)
     if command is None:
