@@ -104,3 +104,15 @@ def steps_location(summary: dict[str, Any], extra: str = "") -> str:
     loc = (f"rank {summary['rank']} ({Path(summary['path']).name}), {names}, "
            f"ts {first['start_ms']:.1f}-{last['end_ms']:.1f} ms from trace start")
     return f"{loc}; {extra}" if extra else loc
+
+
+def copy_calls(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The copy calls on the CPU that issued the copies of `rows` (summary["memcpy"] rows), as a location names them:
+    joined to the copies by correlation id; a trace whose copies carry no ids (or a summary from before the join)
+    names every copy call it has, and "the copy call" when it has none (or none read matches the copies' ids)."""
+    named = [r.get("calls") for r in rows]
+    if any(calls is not None for calls in named):
+        issued = sorted({c for calls in named for c in calls or []})
+    else:
+        issued = summary.get("memcpy_calls") or []
+    return " / ".join(issued) or "the copy call"

@@ -3,7 +3,7 @@
 Each rule writes its advice from `device_api(summary)`: the device's name, its graph capture (CUDA graphs, HIP graphs;
 none on MTIA and CPU, where torch.compile is what applies), its synchronize and event calls and its collectives
 library, so no advice names a CUDA call on a device that has none. A rule that cannot judge a trace (no kernel
-timeline, no device at all, kernel names it cannot read) says why.
+timeline, no device at all, kernel names it cannot read, copies whose host memory the trace does not name) says why.
 """
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ from typing import Any
 NEEDS_TIMELINE = ("trace.host_bound", "trace.launch_bound", "trace.pageable_memcpy", "trace.pageable_dtoh",
                   "trace.no_tensor_cores", "trace.comm_overlap")
 TENSOR_CORE_KINDS = ("cuda", "rocm")
+# the copy rules judge the host memory a copy's name gives (Kineto: "Memcpy HtoD (Pageable -> Device)"). ROCm's
+# tracers (roctracer, rocprofiler) name it "Host" from the copy's direction alone, pageable and pinned alike, and the
+# copy call's own record holds only pointers, a size and a hipMemcpyKind: such a trace cannot tell the two apart
+HOST_MEMORY_RULES = {"trace.pageable_memcpy": ("HtoD", "host-to-device"),
+                     "trace.pageable_dtoh": ("DtoH", "device-to-host")}
 
 
 @dataclass(frozen=True)
@@ -67,4 +72,16 @@ def not_judged(summary: dict[str, Any], rules: list[str]) -> dict[str, str]:
                          "trace")
         elif rule == "trace.sync_heavy" and kind == "cpu":
             out[rule] = "CPU only: .item() and synchronize calls do not wait for a device here"
+        elif rule in HOST_MEMORY_RULES and (n := unknown_host_copies(summary, HOST_MEMORY_RULES[rule][0])):
+            out[rule] = (f"the copy kind is unknown on this device: its {n} {HOST_MEMORY_RULES[rule][1]} copies name "
+                         f"their host memory 'Host', pageable or pinned alike ({label} traces do not record which)")
     return out
+
+
+def unknown_host_copies(summary: dict[str, Any], direction: str) -> int:
+    """How many copies of `direction` name their host memory only as "Host" (ROCm), when none names it pageable or
+    pinned; 0 when the trace tells them apart."""
+    rows = [r for r in summary.get("memcpy") or [] if r["direction"] == direction]
+    if any(r["host_memory"] in ("pageable", "pinned") for r in rows):
+        return 0
+    return sum(r["count"] for r in rows if r["host_memory"] == "host")

@@ -1,4 +1,5 @@
-"""Rule: the GPU sits idle for much of each step (host bound): the CPU does not feed it fast enough.
+"""Rule: the device (GPU, MTIA, ...) sits idle for much of each step (host bound): the CPU does not feed it fast
+enough.
 
 It fires on [host_bound] idle_fraction_min; its cost, the idle time no other finding explains, is gated on [common]
 material_cost_fraction once the other findings have claimed theirs (analyzer.rules.idle_share)."""
@@ -31,12 +32,14 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
         "threshold": th["host_bound"]["idle_fraction_min"],
     }
     cause = max(("host_wait", "kernel_wait", "other_idle"), key=lambda k: fr[k] or 0)
+    api = device_api(s)
+    device = api.device[:1].upper() + api.device[1:]  # "GPU", "MTIA device", "Device"
     return TraceFinding(
         rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=idle_s, evidence=evidence,
-        title=f"GPU idle {fr['idle']:.0%} of each step ({idle_s * 1e3:.1f} ms of {step_s * 1e3:.1f} ms), "
+        title=f"{device} idle {fr['idle']:.0%} of each step ({idle_s * 1e3:.1f} ms of {step_s * 1e3:.1f} ms), "
               f"mostly {cause.replace('_', ' ')}",
         location=steps_location(s, f"most idle: step {worst['step']} ({worst['idle_us'] / 1e3:.1f} ms idle)"),
-        fix=advice(device_api(s)),
+        fix=advice(api),
     )
 
 

@@ -24,6 +24,7 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
             or not is_material(cost, step_s, th)):
         return None
     worst = max(dl["per_step"], key=lambda r: r["dataloader_us"])
+    api = device_api(s)
     return TraceFinding(
         rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=cost,
         evidence={"dataloader_share": round(dl["share"], 4), "dataloader_ms_per_step": round(loader_s * 1e3, 3),
@@ -31,10 +32,10 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
                   "step_ms": round(step_s * 1e3, 3), "calls": sum(r["calls"] for r in dl["per_step"]),
                   "threshold": th["input_pipeline"]["dataloader_share_min"]},
         title=f"DataLoader takes {dl['share']:.0%} of each step ({loader_s * 1e3:.1f} ms)"
-              + (f"; the GPU waits {cost * 1e3:.1f} ms of it" if idle_us is not None else ""),
+              + (f"; the {api.device} waits {cost * 1e3:.1f} ms of it" if idle_us is not None else ""),
         location=steps_location(s, f"enumerate(DataLoader)#...__next__ spans; longest in step {worst['step']} "
                                    f"({worst['dataloader_us'] / 1e3:.1f} ms)"),
-        fix=advice(device_api(s)),
+        fix=advice(api),
     )
 
 

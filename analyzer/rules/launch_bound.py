@@ -1,4 +1,4 @@
-"""Rule: many tiny kernels whose launch cost leaves the GPU waiting (launch bound).
+"""Rule: many tiny kernels whose launch cost leaves the device waiting (launch bound).
 
 Reported when launching the tiny kernels costs a material share of step time ([common] material_cost_fraction), not
 on the share of idle time spent waiting for launches alone: most of that wait can have another cause (on the 2-rank
@@ -24,7 +24,8 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
             or launch_idle < t["launch_idle_fraction_min"]):
         return None
     step_s = s["step_us_mean"] / 1e6
-    # what launching the tiny kernels costs, bounded by the idle time the GPU spends waiting for launches
+    api = device_api(s)
+    # what launching the tiny kernels costs, bounded by the idle time the device spends waiting for launches
     launch_cost = la["tiny_kernels_per_step"] * (la["launch_cpu_mean_us"] or 0) / 1e6
     cost = min(launch_cost, launch_idle * step_s)
     if not is_material(cost, step_s, th):
@@ -38,11 +39,11 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
                   "launch_wait_fraction": round(launch_idle, 4), "launch_apis": la["launch_names"],
                   "step_ms": round(step_s * 1e3, 3)},
         title=f"Launch bound: {la['tiny_kernels_per_step']:.0f} kernels per step run under "
-              f"{la['tiny_kernel_us']:.0f} us ({la['tiny_share']:.0%} of kernels), GPU waits for launches "
+              f"{la['tiny_kernel_us']:.0f} us ({la['tiny_share']:.0%} of kernels), the {api.device} waits for launches "
               f"{launch_idle:.0%} of the step",
         location=steps_location(s, f"kernels under {la['tiny_kernel_us']:.0f} us launched by "
                                    + "/".join(la["launch_names"])),
-        fix=advice(device_api(s)),
+        fix=advice(api),
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.rules.base import TraceFinding, is_material, steps_location
+from analyzer.rules.base import TraceFinding, copy_calls, is_material, steps_location
 from analyzer.rules.devices import DeviceApi, device_api
 
 RULE = "trace.pageable_dtoh"
@@ -41,14 +41,15 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
         "steps": s["n_steps"],
     }
     first = min(r["first_ts_us"] for r in rows)
+    api = device_api(s)
     return TraceFinding(
         rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=cost, evidence=evidence,
         title=f"{count} device-to-host copies into pageable memory ({nbytes / 2**10:.1f} KiB); each one blocks the "
               f"CPU until the device catches up ({blocked_us / steps / 1e3:.1f} ms per step), then the device waits "
               f"{idle_us / steps / 1e3:.1f} ms per step for new work",
-        location=steps_location(s, f"'Memcpy DtoH (Device -> Pageable)' on the GPU, the copy call on the CPU, "
-                                   f"first at {first / 1e3:.1f} ms"),
-        fix=advice(device_api(s)),
+        location=steps_location(s, f"'Memcpy DtoH (Device -> Pageable)' on the {api.device} "
+                                   f"({copy_calls(s, rows)} on the CPU), first at {first / 1e3:.1f} ms"),
+        fix=advice(api),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.rules.base import TraceFinding, is_material, steps_location
+from analyzer.rules.base import TraceFinding, copy_calls, is_material, steps_location
 from analyzer.rules.devices import DeviceApi, device_api
 
 RULE = "trace.pageable_memcpy"
@@ -41,8 +41,8 @@ def check(s: dict[str, Any], th: dict) -> TraceFinding | None:
     }
     first = min(r["first_ts_us"] for r in rows)
     api = device_api(s)
-    # the trace's own copy calls (cudaMemcpyAsync, mtiaMemcpyAsync, ...); a summary from before they were kept: none
-    calls = " / ".join(s.get("memcpy_calls") or []) or "the copy call"
+    # the calls that issued these copies (cudaMemcpyAsync, mtiaMemcpyAsync, ...), by correlation id
+    calls = copy_calls(s, rows)
     return TraceFinding(
         rule=RULE, subject=f"rank{s['rank']}", step_s=step_s, cost_s_per_step=cost, evidence=evidence,
         title=f"{count} host-to-device copies from pageable memory ({nbytes / 2**20:.1f} MiB, "

@@ -19,7 +19,7 @@ from analyzer.traces.stream_read import BYTES_PER_ROW, ReadProgress, stream_trac
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = "5"  # bump when ParsedTrace or the parse changes
+CACHE_VERSION = "6"  # bump when ParsedTrace or the parse changes
 
 
 @dataclass(frozen=True)

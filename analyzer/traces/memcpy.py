@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.traces.events import clipped_total, covered_until, gpu_events, merge_intervals, step_windows
+from analyzer.traces.names import COPY_CATS
 from analyzer.traces.parse import ParsedTrace
 
 # Kineto names copies "Memcpy HtoD (Pageable -> Device)"; ROCm says "Host" where CUDA says Pageable/Pinned. A memory
@@ -17,10 +18,9 @@ MEMCPY_RE = re.compile(r"^Memcpy\s+(\w+)\s*(?:\(\s*([^()]+?)\s*->\s*([^()]+?)\s*
 # the host memory each kind names; the device's own kinds (Device, Device Static, Array) name none
 HOST_KINDS = {"Pageable": "pageable", "Pinned": "pinned", "Managed": "managed", "Managed Static": "managed",
               "Host": "host"}
-# the runtime calls on the CPU that issue copies: cudaMemcpyAsync, hipMemcpyWithStream, mtiaMemcpyAsync, cuMemcpyHtoD
-MEMCPY_CALL_RE = re.compile(r"^(?:cuda|hip|mtia|cu)Memcpy")
+# calls: the copy calls that issued this kind's copies (by correlation id), None when its copies carry no ids
 COLUMNS = ["direction", "host_memory", "count", "bytes", "total_us", "bandwidth_gbps", "first_ts_us", "cpu_call_us",
-           "idle_after_us", "in_steps_us"]
+           "idle_after_us", "in_steps_us", "calls"]
 
 
 def _host_memory(direction: str, src: str | None, dst: str | None) -> str:
@@ -47,10 +47,25 @@ def _idle_after(t: ParsedTrace, ends: np.ndarray) -> np.ndarray:
     return np.where(last_of_run, np.clip(gap, 0.0, None), 0.0)
 
 
+def _calls(t: ParsedTrace, names: pd.Series, direction: pd.Series, host: list[str], out: pd.DataFrame
+           ) -> list[list[str] | None]:
+    """For each row of `out`: the copy calls that issued its kind's copies (t.facts["copy_calls"], by correlation
+    id), None when none of them carries an id (or the trace was read before the calls were joined)."""
+    by_name = t.facts.get("copy_calls")
+    kinds = pd.DataFrame({"name": names.to_numpy(), "direction": direction.to_numpy(), "host": host})
+    kinds = kinds.drop_duplicates()
+    result: list[list[str] | None] = []
+    for d, h in zip(out["direction"], out["host_memory"], strict=True):
+        named = [by_name[n] for n in kinds.loc[(kinds["direction"] == d) & (kinds["host"] == h), "name"]
+                 if by_name is not None and n in by_name]
+        result.append(sorted({c for calls in named for c in calls}) if named else None)
+    return result
+
+
 def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
     """One row per (direction, host memory kind): copies, bytes, time (us), bandwidth (GB/s)."""
     df = t.df
-    cp = df[df["stream"].ge(0) & df["s_cat"].isin(["gpu_memcpy", "Memcpy"])]
+    cp = df[df["stream"].ge(0) & df["s_cat"].isin(COPY_CATS)]
     if cp.empty:
         return pd.DataFrame(columns=COLUMNS)
     parts = cp["s_name"].astype(object).str.extract(MEMCPY_RE)
@@ -76,6 +91,7 @@ def memcpy_by_kind(t: ParsedTrace) -> pd.DataFrame:
     wall = {key: float(clipped_total(*merge_intervals(part["start"].to_numpy(), part["end"].to_numpy()), w0, w1).sum())
             for key, part in frame.groupby(["direction", "host_memory"])}
     out["in_steps_us"] = [wall[(d, h)] for d, h in zip(out["direction"], out["host_memory"], strict=True)]
+    out["calls"] = _calls(t, cp["s_name"].astype(object), parts["direction"], host, out)
     # bytes per microsecond is MB/s; /1e3 gives GB/s
     out["bandwidth_gbps"] = out["bytes"] / out["total_us"].where(out["total_us"] > 0) / 1e3
     out.loc[out["bytes"] <= 0, "bandwidth_gbps"] = None  # the trace did not record sizes (ROCm)

@@ -1,8 +1,12 @@
-"""Event names the questions pick out: tensor-core and matmul kernels, synchronising calls, kernel launches."""
+"""Event names the questions pick out: tensor-core and matmul kernels, synchronising calls, kernel launches, copy
+calls (and which of them issued which device copies)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+
+import numpy as np
 
 # Tensor-core kernels by name: NVIDIA HMMA/IMMA paths (xmma, *_tensorop, sm80+ cutlass/cuBLASLt, wgmma, tf32/fp16
 # gemm variants, flash attention), cuBLASLt's nvjet GEMMs (CUDA 12.8+ on Hopper and Blackwell: warpgroup-MMA kernels
@@ -72,3 +76,30 @@ def kernel_label(name: str) -> str:
             return label[:i].rstrip() or name
         i += 1
     return label or name
+
+
+# the device's copies (Kineto's categories), and the runtime calls on the CPU that issue them: cudaMemcpyAsync,
+# hipMemcpyWithStream, mtiaMemcpyAsync, cuMemcpyHtoD
+COPY_CATS = ("gpu_memcpy", "Memcpy")
+MEMCPY_CALL_RE = re.compile(r"^(?:cuda|hip|mtia|cu)Memcpy")
+
+
+def issuing_calls(copy_name: np.ndarray, copy_corr: np.ndarray, call_name: np.ndarray, call_corr: np.ndarray,
+                  table: Sequence[str]) -> dict[str, list[str]]:
+    """Which copy calls issued each kind of device copy, joined by correlation id (Kineto gives a device event the id
+    of the runtime call that launched it): copy event name -> the calls' names, sorted.
+
+    Names are codes into `table`; `call_*` are the copy calls on the CPU (MEMCPY_CALL_RE) in file order, the last of
+    an id winning as in HTA's join. Only copy names whose events carry a correlation id are keys: a trace without ids
+    tells nothing here (an empty list says the ids match no copy call read)."""
+    has = copy_corr >= 0
+    out: dict[str, list[str]] = {str(table[c]): [] for c in np.unique(copy_name[has])}
+    if not out or not len(call_corr):
+        return out
+    ids, first_from_end = np.unique(call_corr[::-1], return_index=True)
+    names = call_name[len(call_corr) - 1 - first_from_end]  # the last call read with each id
+    pos = np.clip(np.searchsorted(ids, copy_corr), 0, len(ids) - 1)
+    hit = has & (ids[pos] == copy_corr)
+    for c, n in np.unique(np.stack([copy_name[hit], names[pos[hit]]]).astype(np.int64), axis=1).T:
+        out[str(table[c])].append(str(table[n]))
+    return {k: sorted(v) for k, v in out.items()}

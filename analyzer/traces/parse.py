@@ -26,7 +26,7 @@ import pandas as pd
 import psutil
 
 from analyzer.traces.errors import InvalidTrace
-from analyzer.traces.names import LAUNCH_RE
+from analyzer.traces.names import COPY_CATS, LAUNCH_RE, MEMCPY_CALL_RE, issuing_calls
 from analyzer.traces.read_events import read_events
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ class ParsedTrace:
     warnings: list[str] = field(default_factory=list)
     # whole-trace facts, so that `df` may hold only the events the questions look at one by one (the streaming
     # reader keeps the device's events and the CPU calls named in analyzer.traces.events): events, t0, t_end,
-    # cats, cpu_names, launch_calls and launch_us (every kernel launch call, and their CPU time), launch_names
+    # cats, cpu_names, launch_calls and launch_us (every kernel launch call, and their CPU time), launch_names,
+    # copy_calls (the copy calls that issued each kind of device copy, by correlation id: names.issuing_calls)
     facts: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -154,7 +155,22 @@ def whole_trace_facts(df: pd.DataFrame) -> dict[str, Any]:
             "cats": {str(c) for c in df["s_cat"].unique()},
             "cpu_names": {str(n) for n in df.loc[cpu, "s_name"].unique()},
             "launch_calls": int(len(launches)), "launch_us": float(launches["dur"].sum()),
-            "launch_names": sorted({str(n) for n in launches["s_name"].unique()})}
+            "launch_names": sorted({str(n) for n in launches["s_name"].unique()}),
+            "copy_calls": _copy_calls(df, cpu)}
+
+
+def _copy_calls(df: pd.DataFrame, cpu: pd.Series) -> dict[str, list[str]]:
+    """names.issuing_calls over a frame of every event (in file order)."""
+    if "correlation" not in df.columns:
+        return {}
+    table = df["s_name"].cat.categories
+    codes = df["s_name"].cat.codes
+    corr = np.nan_to_num(df["correlation"].to_numpy(float), nan=-1).astype(np.int64)  # null: no id
+    calls = (cpu & codes.isin([i for i, n in enumerate(table) if MEMCPY_CALL_RE.match(str(n))])
+             & (corr >= 0)).to_numpy()
+    copies = (~cpu & df["s_cat"].isin(COPY_CATS)).to_numpy()
+    codes = codes.to_numpy(np.int64)
+    return issuing_calls(codes[copies], corr[copies], codes[calls], corr[calls], table)
 
 
 def add_launch_columns(df: pd.DataFrame) -> None:
@@ -180,14 +196,14 @@ def _find_steps(df: pd.DataFrame, facts: dict[str, Any]) -> pd.DataFrame:
     spans = cpu[["ts", "dur"]].assign(step=codes[cpu.index].map(step_of), name=cpu["s_name"].astype(object))
     spans = spans.drop_duplicates("step").sort_values("ts")
     if spans.empty:
-        # no steps: a micro-benchmark; take the span the GPU was in use (from the first launch), else all
+        # no steps: a micro-benchmark; take the span the device was in use (from the first launch), else all
         gpu = df[df["stream"].ge(0) & df["s_cat"].isin(GPU_CATS)]
         if gpu.empty:
             ts0, ts1, name = facts["t0"], facts["t_end"], "whole trace"
         else:
             launches = gpu["launch_ts"].dropna()
             ts0 = float(min(gpu["ts"].min(), launches.min() if len(launches) else np.inf))
-            ts1, name = float((gpu["ts"] + gpu["dur"]).max()), "GPU active span"
+            ts1, name = float((gpu["ts"] + gpu["dur"]).max()), "device active span"
         spans = pd.DataFrame({"step": [0], "name": [name], "ts": [ts0], "dur": [ts1 - ts0]})
     spans["end"] = spans["ts"] + spans["dur"]
     return spans[["step", "name", "ts", "end", "dur"]].reset_index(drop=True)
@@ -269,7 +285,7 @@ def finish(p: Path, rank: int, meta: dict[str, Any], df: pd.DataFrame, facts: di
            warnings: list[str]) -> ParsedTrace:
     """Steps and iterations over an event frame (every event, or the streaming reader's selection)."""
     steps = _find_steps(df, facts)
-    if steps["name"].iloc[0] in ("whole trace", "GPU active span"):
+    if steps["name"].iloc[0] in ("whole trace", "device active span"):
         warnings.append(f"no ProfilerStep#N spans: one step taken over the {steps['name'].iloc[0]}")
     _assign_iterations(df, steps)
     return ParsedTrace(path=str(p), rank=rank, meta=meta, df=df, steps=steps, warnings=warnings, facts=facts)

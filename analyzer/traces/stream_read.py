@@ -28,11 +28,12 @@ from analyzer.traces.cpu_work import MATH_OPS
 from analyzer.traces.dataloader import DATALOADER_RE
 from analyzer.traces.errors import InvalidTrace
 from analyzer.traces.memory import release_freed_memory
-from analyzer.traces.names import LAUNCH_RE, SYNC_NAMES
+from analyzer.traces.names import COPY_CATS, LAUNCH_RE, MEMCPY_CALL_RE, SYNC_NAMES, issuing_calls
 from analyzer.traces.parse import GPU_CATS, STEP_RE, ParsedTrace, check_file_only, finish, rank_of
 from analyzer.traces.stream_json import EventStream, NotKineto, TraceCut
 
 KEEP, LAUNCH, MATH_ONLY = 1, 2, 4  # MATH_ONLY: only a CPU-only trace's arithmetic share reads these calls
+COPY_CALL = 8  # a copy call (cudaMemcpyAsync, ...): only its correlation id and name are kept
 GPU_CAT_SET = frozenset(GPU_CATS)
 GPU_SIDE_NAMES = ("Event Sync", "Context Sync")  # HTA counts these as device events whatever their stream
 SPILL = np.dtype([("corr", "i8"), ("idx", "i8"), ("ts", "f8"), ("dur", "f8"), ("launch", "i1")])
@@ -61,7 +62,7 @@ def _flags(name: str) -> int:
     f = KEEP if (STEP_RE.match(name) or name in SYNC_NAMES or DATALOADER_RE.search(name)) else 0
     if not f and MATH_OPS.match(name):
         f = KEEP | MATH_ONLY
-    return f | (LAUNCH if LAUNCH_RE.search(name) else 0)
+    return f | (LAUNCH if LAUNCH_RE.search(name) else 0) | (COPY_CALL if MEMCPY_CALL_RE.match(name) else 0)
 
 
 def _correlation(value: Any) -> int:
@@ -163,6 +164,7 @@ class StreamedColumns:
         self.flags: list[int] = []
         self.gpu = _Columns(GPU_COLS)
         self.cpu = _Columns(CPU_COLS)
+        self.copy_calls = _Columns(("correlation", "name"))  # the copy calls' ids, to name who issued each copy
         self.launch_codes: set[int] = set()
         self.cat_codes: set[int] = set()
         self.cpu_codes: set[int] = set()
@@ -200,6 +202,7 @@ class StreamedColumns:
         ci, cn, cc, ct, cd, cs, cr = [], [], [], [], [], [], []
         si, sr, st, sd = [], [], [], []
         sl = []
+        qr, qn = [], []
         all_ts, kept_dur, kept_ts = [], [], []
         cpu_codes, cat_codes = self.cpu_codes, self.cat_codes
         side = {symbols.get(n) for n in GPU_SIDE_NAMES} - {None}
@@ -263,6 +266,9 @@ class StreamedColumns:
                     cd.append(dur)
                     cs.append(stream)
                     cr.append(corr)
+                if f & COPY_CALL and corr >= 0:
+                    qr.append(corr)
+                    qn.append(n)
             launch = f & LAUNCH
             if launch:
                 self.launch_codes.add(n)
@@ -284,6 +290,7 @@ class StreamedColumns:
             self.t_end = max(self.t_end, float(np.nanmax(kt + kd)))
         self.gpu.add((gi, gn, gc, gt, gd, gs, gr, gb))
         self.cpu.add((ci, cn, cc, ct, cd, cs, cr))
+        self.copy_calls.add((qr, qn))
         if si:
             rec = np.empty(len(si), SPILL)
             rec["idx"], rec["corr"], rec["ts"], rec["dur"], rec["launch"] = si, sr, _array(st), _array(sd), sl
@@ -395,6 +402,10 @@ class StreamedColumns:
         df["launch_dur"] = np.concatenate([ldur, np.full(n_cpu, np.nan)])[order]
         del order, link, lts, ldur
         table = pd.Index(self.table)
+        gpu = df["stream"].to_numpy() >= 0  # the device rows, in the order of the ids beside the frame
+        copies = np.isin(cat[gpu], [self.symbols[c] for c in COPY_CATS if c in self.symbols])
+        copy_calls = issuing_calls(name[gpu][copies], g_corr[copies], self.copy_calls.column("name"),
+                                   self.copy_calls.column("correlation"), self.table)
         df["s_name"] = pd.Categorical.from_codes(name, categories=table)
         df["s_cat"] = pd.Categorical.from_codes(cat, categories=table)
         launch_calls, launch_us = self.launch_facts()
@@ -404,7 +415,7 @@ class StreamedColumns:
         facts = {"events": self.events, "t0": t0, "t_end": t_end,
                  "cats": {self.table[c] for c in self.cat_codes}, "cpu_names": {self.table[c] for c in self.cpu_codes},
                  "launch_calls": launch_calls, "launch_us": launch_us,
-                 "launch_names": sorted(self.table[c] for c in self.launch_codes)}
+                 "launch_names": sorted(self.table[c] for c in self.launch_codes), "copy_calls": copy_calls}
         return df, facts
 
 

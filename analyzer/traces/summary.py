@@ -14,7 +14,8 @@ from analyzer.traces.dataloader import dataloader_per_step
 from analyzer.traces.device import device_kind
 from analyzer.traces.events import gpu_events, has_gpu
 from analyzer.traces.kernels import launch_stats, tensor_core_usage, top_kernels
-from analyzer.traces.memcpy import MEMCPY_CALL_RE, memcpy_by_kind
+from analyzer.traces.memcpy import memcpy_by_kind
+from analyzer.traces.names import MEMCPY_CALL_RE
 from analyzer.traces.overlap import comm_comp_overlap
 from analyzer.traces.parse import ParsedTrace
 from analyzer.traces.sync import sync_calls, sync_per_step
@@ -93,6 +94,7 @@ def summarize(t: ParsedTrace, *, consecutive_kernel_delay_us: float = 30.0, tiny
         "top_kernels": _records(top_kernels(t, top_n)),
         "launch": launch_stats(t, tiny_kernel_us),
         "memcpy": _records(memcpy_by_kind(t)),
+        # every copy call of the trace; each memcpy row's "calls" are those that issued its copies
         "memcpy_calls": sorted(n for n in t.facts["cpu_names"] if MEMCPY_CALL_RE.match(n)),
         "overlap": comm_comp_overlap(t),
         "sync": {"per_step": _records(sy), "totals": sync_totals,

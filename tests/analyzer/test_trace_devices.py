@@ -208,8 +208,41 @@ def test_mtia_titles_and_locations_name_the_mtia_calls(tmp_path):
     assert "the MTIA device drains its queue" in by_rule["trace.sync_heavy"].title
     assert ("'Memcpy HtoD (Pageable -> Device)' on the MTIA device (mtiaMemcpyAsync on the CPU)"
             in by_rule["trace.pageable_memcpy"].location)
+    # the device it ran on, not "GPU": "GPU idle 99 % of each step", "GPU active span" (the one step of a trace
+    # without ProfilerStep spans) were in the titles and locations of this MTIA trace
+    assert by_rule["trace.host_bound"].title.startswith("MTIA device idle 99% of each step")
+    assert "rank 0 (mtia.json), device active span, ts" in by_rule["trace.host_bound"].location
     for f in found:
         assert not re.findall(CUDA_CALL, f.title + " " + f.location), f.rule
+        assert not re.findall(r"\bGPU\b", f"{f.title} {f.location} {f.fix}"), f.rule
+
+
+def test_rocm_copies_say_the_trace_cannot_tell_pageable_from_pinned():
+    # Kineto's ROCm tracers name a copy's host side "Host" from its direction alone (the MI250 trace's two uploads:
+    # "Memcpy HtoD (Host -> Device)", their hipMemcpyWithStream calls recording pointers, a size and kind 1, HtoD):
+    # pageable_memcpy could never fire on ROCm, and said nothing about it
+    res = analyze_paths([TRACES / "amd_mi250_minitoy.json.gz"], thresholds=every_cost_thresholds())
+    summary = res.summaries[0]
+    assert [(r["direction"], r["host_memory"], r["count"], r["calls"]) for r in summary["memcpy"]] == [
+        ("HtoD", "host", 2, ["hipMemcpyWithStream"])]
+    assert summary["rules_not_judged"]["trace.pageable_memcpy"] == (
+        "the copy kind is unknown on this device: its 2 host-to-device copies name their host memory 'Host', "
+        "pageable or pinned alike (ROCm/HIP (AMD) traces do not record which)")
+    assert "trace.pageable_dtoh" not in summary["rules_not_judged"]  # no readbacks to judge
+    assert not [f for f in res.findings if f.rule.startswith("trace.pageable")]
+    out = _report(res)
+    assert "not judged: pageable_memcpy" in out and "copy kind is unknown on this device" in out
+
+
+def test_rocm_readbacks_say_the_trace_cannot_tell_pageable_from_pinned():
+    summary = {"device_kind": {"kind": "rocm", "label": "ROCm/HIP (AMD)", "kernel_timeline": True},
+               "memcpy": [{"direction": "DtoH", "host_memory": "host", "count": 30},
+                          {"direction": "DtoD", "host_memory": "device", "count": 4}]}
+    why = not_judged(summary, ["trace.pageable_memcpy", "trace.pageable_dtoh"])
+    assert list(why) == ["trace.pageable_dtoh"] and "its 30 device-to-host copies" in why["trace.pageable_dtoh"]
+    # a trace that names its copies' host memory is judged
+    summary["memcpy"][0]["host_memory"] = "pageable"
+    assert not not_judged(summary, ["trace.pageable_memcpy", "trace.pageable_dtoh"])
 
 
 def test_cuda_titles_and_locations_keep_the_cuda_calls():

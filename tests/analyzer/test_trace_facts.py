@@ -33,8 +33,8 @@ def test_alexnet_pageable_copies_and_stream_syncs_are_found_by_both_rules():
     assert sync.evidence["stream_syncs"] == 16
     assert sync.evidence["device_syncs"] == 5
     assert "cudaStreamSynchronize" in sync.location
-    # no ProfilerStep in a micro-benchmark: one step over the GPU's active span
-    assert summary["n_steps"] == 1 and summary["steps"][0]["name"] == "GPU active span"
+    # no ProfilerStep in a micro-benchmark: one step over the device's active span
+    assert summary["n_steps"] == 1 and summary["steps"][0]["name"] == "device active span"
 
 
 def test_fp32_sgemm_in_alexnet_is_a_tensor_core_opportunity():

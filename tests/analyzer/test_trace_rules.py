@@ -4,6 +4,7 @@ trace that lacks the pattern (the raw events show it is absent)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import statistics
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from analyzer.rules import TraceFinding, load_thresholds
+from analyzer.rules import TraceFinding, load_thresholds, run_rules
 from analyzer.traces.run import analyze_one, analyze_paths
 from tests.analyzer import raw_trace as R
 from tests.analyzer.conftest import every_cost_thresholds
@@ -527,6 +528,74 @@ def test_copies_to_device_variables_from_pinned_memory_get_no_pageable_finding(t
     assert "trace.pageable_memcpy" not in {f.rule for f in found}
 
 
+def _issuers_trace(path, correlated: bool = True) -> None:
+    """Two 40 ms steps, each with three 10 ms copies issued by different calls: a pageable upload by cudaMemcpy, a
+    pinned one by cudaMemcpyAsync, a device-to-device copy by cudaMemcpy2DAsync (without correlated: no ids)."""
+    issuers = [("cudaMemcpy", "Memcpy HtoD (Pageable -> Device)"),
+               ("cudaMemcpyAsync", "Memcpy HtoD (Pinned -> Device)"),
+               ("cudaMemcpy2DAsync", "Memcpy DtoD (Device -> Device)")]
+    events, corr, t = [], 1, 1_000_000
+    for step in (1, 2):
+        start = t + (step - 1) * 40_000
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": 40_000})
+        for i, (call, name) in enumerate(issuers):
+            at, ids = start + 1_000 + i * 12_000, {"correlation": corr} if correlated else {}
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": call, "pid": 1, "tid": 1, "ts": at - 20,
+                           "dur": 10_030, "args": ids})
+            events.append({"ph": "X", "cat": "gpu_memcpy", "name": name, "pid": 0, "tid": 7, "ts": at, "dur": 10_000,
+                           "args": {"stream": 7, "bytes": 64 << 20, **ids}})
+            corr += 1
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                                "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}))
+
+
+def test_pageable_htod_names_the_calls_that_issued_the_pageable_copies(tmp_path):
+    # the location named every copy call of the trace ("cudaMemcpy / cudaMemcpy2DAsync / cudaMemcpyAsync"): the
+    # pageable copies are cudaMemcpy's alone, by their correlation ids
+    from analyzer.traces.parse import parse_trace  # noqa: PLC0415
+    from analyzer.traces.stream_read import stream_trace  # noqa: PLC0415
+
+    path = tmp_path / "issuers.json"
+    _issuers_trace(path)
+    summary, found = analyze_one(path)
+    calls = {(r["direction"], r["host_memory"]): r["calls"] for r in summary["memcpy"]}
+    assert calls == {("HtoD", "pageable"): ["cudaMemcpy"], ("HtoD", "pinned"): ["cudaMemcpyAsync"],
+                     ("DtoD", "device"): ["cudaMemcpy2DAsync"]}
+    f = next(f for f in found if f.rule == "trace.pageable_memcpy")
+    assert "'Memcpy HtoD (Pageable -> Device)' on the GPU (cudaMemcpy on the CPU), first at 1.0 ms" in f.location
+    # both readers join the copies to their calls alike
+    expected = {"Memcpy HtoD (Pageable -> Device)": ["cudaMemcpy"],
+                "Memcpy HtoD (Pinned -> Device)": ["cudaMemcpyAsync"],
+                "Memcpy DtoD (Device -> Device)": ["cudaMemcpy2DAsync"]}
+    assert stream_trace(path).facts["copy_calls"] == parse_trace(path).facts["copy_calls"] == expected
+
+
+def test_copy_findings_name_every_copy_call_when_the_copies_carry_no_correlation_ids(tmp_path):
+    path = tmp_path / "no_ids.json"
+    _issuers_trace(path, correlated=False)
+    summary, found = analyze_one(path)
+    assert {r["calls"] is None for r in summary["memcpy"]} == {True}
+    f = next(f for f in found if f.rule == "trace.pageable_memcpy")
+    assert "(cudaMemcpy / cudaMemcpy2DAsync / cudaMemcpyAsync on the CPU)" in f.location
+
+
+def test_copies_whose_ids_match_no_copy_call_read_name_no_call():
+    from analyzer.rules.base import copy_calls  # noqa: PLC0415
+
+    summary = {"memcpy_calls": ["cudaMemcpy2DAsync", "cudaMemcpyAsync"]}
+    assert copy_calls(summary, [{"calls": []}]) == "the copy call"
+    assert copy_calls(summary, [{"calls": ["cudaMemcpy"]}, {"calls": None}]) == "cudaMemcpy"
+    assert copy_calls(summary, [{}]) == "cudaMemcpy2DAsync / cudaMemcpyAsync" == copy_calls(summary, [{"calls": None}])
+
+
+def test_pageable_dtoh_names_the_calls_that_issued_the_readbacks(analysed):
+    # the 16-rank trace's 30 readbacks into pageable memory, each issued by a cudaMemcpyAsync (by correlation id)
+    _, rules = analysed(RANK0_16, every_cost=True)
+    assert "'Memcpy DtoH (Device -> Pageable)' on the GPU (cudaMemcpyAsync on the CPU), first at" in (
+        rules["trace.pageable_dtoh"].location)
+
+
 def test_tensor_cores_rule_fires_on_fp32_gemms():
     raw = R.load(ALEXNET)
     gemm = [e for e in raw.device("comp") if "gemm" in e["name"]]
@@ -746,6 +815,28 @@ def test_input_pipeline_on_a_gpu_costs_the_gpu_idle_while_the_batch_is_fetched(t
     f = next(f for f in found if f.rule == "trace.input_pipeline")
     assert f.cost_s_per_step == pytest.approx(0.020, rel=1e-6) and f.cost_fraction == pytest.approx(0.5)
     assert f.evidence["device_idle_during_loader_ms_per_step"] == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize(("kind", "label", "device"), [("mtia", "MTIA (Meta)", "MTIA device"),
+                                                       ("unknown", "unknown device", "device")])
+def test_titles_and_locations_name_the_device_the_trace_ran_on(analysed, tmp_path, kind, label, device):
+    # the summaries of real CUDA traces (and the starved loader's) as if captured on another device: the titles
+    # said "GPU idle", "GPU waits for launches", "the GPU waits" and "on the GPU" whatever the device
+    starved = tmp_path / "starved.json"
+    _loader_on_gpu_trace(starved, optimizer_during_loader=False)
+    summaries = [analysed(NCCL)[0], analysed(RANK0_16)[0], analyze_one(starved)[0]]
+    found: dict[str, TraceFinding] = {}
+    for summary in summaries:
+        moved = {**copy.deepcopy(summary), "device_kind": {**summary["device_kind"], "kind": kind, "label": label}}
+        for f in run_rules(moved, EVERY_COST):
+            found.setdefault(f.rule, f)
+            assert not re.findall(r"\bGPU\b", f"{f.title} {f.location} {f.fix}"), f.rule
+    cap = device[0].upper() + device[1:]
+    assert found["trace.host_bound"].title.startswith(f"{cap} idle ")
+    assert f"the {device} waits for launches" in found["trace.launch_bound"].title
+    assert f"; the {device} waits 20.0 ms of it" in found["trace.input_pipeline"].title
+    assert f"'Memcpy DtoH (Device -> Pageable)' on the {device} (" in found["trace.pageable_dtoh"].location
+    assert f"'Memcpy HtoD (Pageable -> Device)' on the {device} (" in found["trace.pageable_memcpy"].location
 
 
 def test_idle_time_is_costed_once_by_the_findings_that_claim_it(tmp_path):
