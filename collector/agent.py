@@ -17,9 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psutil
-
-from collector import attribution
 from collector.agent_batch import (
     AgentStats,
     Batch,
@@ -30,7 +27,14 @@ from collector.agent_batch import (
     sample_rows,
 )
 from collector.agent_hooks import install_job_hooks, make_sdk_handlers
-from collector.agent_store import record_host, register_new_devices, retire_unlisted, touch_new_workflows
+from collector.agent_procs import Attribute, ProcessCache
+from collector.agent_store import (
+    batch_device_ids,
+    record_host,
+    register_new_devices,
+    retire_unlisted,
+    touch_new_workflows,
+)
 from collector.command_runner import CommandRunner, Outcome
 from collector.job_reaper import REAPER, ReaperHost
 from collector.metrics import serve_agent_metrics
@@ -43,30 +47,13 @@ from enforcer.gate import LaneGate
 from store.db import Store
 from store.errors import DatabaseBusy, DatabaseUnavailable
 from store.ingest import write_samples, write_samples_once
-from store.registry import (
-    DeviceSpec,
-    device_ids,
-    device_ids_by_uuid,
-    register_devices,
-    register_host,
-)
+from store.registry import DeviceSpec, register_devices, register_host
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
-# the processes cached for attribution are pruned to those the devices listed in the last this many rounds: a process
-# that ended leaves (one that comes back is looked up again); kept for good, the cache grew with every pid ever seen
-PROC_FORGET_ROUNDS = 60
 STOP_THREADS_S = 8.0  # after SIGTERM/SIGINT the threads get this long; the last flush follows (all within 15 s)
-def _default_attribute(pid: int) -> tuple[str, str] | None:
-    """(workflow id, how it was found) for `pid`, from collector.attribution."""
-    result = attribution.attribute(pid)
-    if result is None:
-        return None
-    if isinstance(result, tuple):
-        return str(result[0]), str(result[1])
-    return str(result.workflow_id), str(getattr(result, "id_source", "cmdline"))
 
 
 class Agent:
@@ -85,7 +72,7 @@ class Agent:
         spool: Spool | None = None,
         sdk_handler: Any = None,
         serve_socket: bool = True,
-        attribute: Callable[[int], tuple[str, str] | None] | None = None,
+        attribute: Attribute | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -109,14 +96,12 @@ class Agent:
             sdk_handler.stats = self.stats  # what the database refuses of its rows is counted with the agent's
         self.runner = CommandRunner(store, settings, self.host_id, agent=self,
                                     sdk=sdk_handler if isinstance(sdk_handler, SdkHandlers) else None, gate=self.gate)
-        self._attribute = attribute or _default_attribute
         self._serve_socket = serve_socket
         self._sdk_handler = sdk_handler
         self._socket_server = None
         self._batch = Batch()
         self._batch_lock = threading.Lock()
-        self._procs: dict[int, KnownProcess] = {}
-        self._procs_listed: set[int] = set()  # the pids the devices listed since the cache was last pruned
+        self._procs = ProcessCache(self.host_id, attribute)  # each process's workflow, by pid (collector.agent_procs)
         self._lost: set[int] = set()
         self._device_ids: dict[int, int] = {}
         self._registered_uuids: dict[int, str] = {}  # device index -> the UUID registered for it
@@ -323,7 +308,7 @@ class Agent:
             device_rows.append(row)
             nonfinite += bad
             for p in reading.processes:
-                proc = self._proc(p, now)
+                proc = self._procs.lookup(p, now)
                 if proc is None:
                     continue
                 seen[proc.pid] = proc
@@ -336,11 +321,7 @@ class Agent:
                             "agent's nonfinite_values counts them)", self.source.name, nonfinite, self.host_id)
             self.stats.nonfinite_values += nonfinite
         self.latest = readings
-        self._procs_listed.update(seen)
-        if self.stats.rounds % PROC_FORGET_ROUNDS == PROC_FORGET_ROUNDS - 1:
-            # a new dict in place of the old: /metrics reads the cache from another thread
-            self._procs = {pid: proc for pid, proc in self._procs.items() if pid in self._procs_listed}
-            self._procs_listed = set()
+        self._procs.note_listed(seen, self.stats.rounds)
         if isinstance(self._sdk_handler, SdkHandlers):  # NVML's half of each process's context measurement
             self._sdk_handler.note_process_memory(
                 [(p.pid, p.mem_used, r.ts) for r in readings if not r.lost for p in r.processes])
@@ -357,42 +338,6 @@ class Agent:
         self.stats.device_rows += len(device_rows)
         self.stats.process_rows += len(process_rows)
         return len(readings)
-
-    def _proc(self, p: Any, now: float) -> KnownProcess | None:
-        """The workflow of the process on a device; cached per pid and re-checked for pid reuse now and then (at once
-        when the source gives the process's start time and it is not the cached one's)."""
-        cached = self._procs.get(p.pid)
-        if cached is not None and p.workflow_id is None and p.start_time and cached.start_time != p.start_time:
-            cached = None  # another process under the same pid
-        if cached is not None and (now - cached.checked_at < 30.0 or p.workflow_id is not None):
-            return cached
-        if p.workflow_id is not None:  # the source knows (replay): no /proc to read
-            proc = KnownProcess(p.pid, p.start_time or 0.0, p.workflow_id, p.id_source or "env", checked_at=now)
-            self._procs[p.pid] = proc
-            return proc
-        try:
-            ps = psutil.Process(p.pid)
-            with ps.oneshot():
-                start_time = ps.create_time()
-                if cached is not None and cached.start_time == start_time:
-                    cached.checked_at = now
-                    return cached
-                cmdline = " ".join(ps.cmdline()) or ps.name()
-                username = ps.username()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            self._procs.pop(p.pid, None)
-            return None  # gone between the device listing it and us reading it
-        except psutil.AccessDenied:
-            start_time, cmdline, username = p.start_time or 0.0, None, None
-        try:
-            attributed = self._attribute(p.pid)
-        except (ProcessLookupError, PermissionError, FileNotFoundError):
-            attributed = None
-        if attributed is None:
-            attributed = (f"pid:{p.pid}@{self.host_id}", "cmdline")
-        proc = KnownProcess(p.pid, start_time, attributed[0], attributed[1], cmdline, username, checked_at=now)
-        self._procs[p.pid] = proc
-        return proc
 
     # ---- writing ---------------------------------------------------------------------------------------
 
@@ -470,31 +415,13 @@ class Agent:
     def _send(self, payload: dict[str, Any], *, once: bool = False) -> None:
         """Write one batch (fresh or spooled) in one transaction; `once`: leave out the rows the store holds."""
         host_id = payload["host_id"]
-        ids = self._device_ids if host_id == self.host_id else {}
-        indexes = {row[0] for row in payload["devices"]} | {row[0] for row in payload["processes"]}
-        uuids = {int(i): u for i, u in (payload.get("device_uuids") or {}).items()}
-        if uuids and not (host_id == self.host_id and uuids.items() <= self._uuids().items()):
-            # spooled before the devices were numbered otherwise (a reboot): each row's device is found by its UUID
-            ids = self._ids_by_uuid(host_id, uuids)
-        elif not indexes <= ids.keys():
-            ids = {**ids, **self._known_devices(host_id)}
+        ids = batch_device_ids(self.store, payload, self.host_id, self._device_ids, self._uuids)
         touch_new_workflows(self.store, payload["workflows"], self._known_workflows)
         device_rows, process_rows, dropped = sample_rows(payload, ids)
         if dropped:
             self.stats.rows_dropped += dropped
             log.error("%d sample rows name devices host %s never registered; dropped", dropped, host_id)
         (write_samples_once if once else write_samples)(self.store, device_rows, process_rows)
-
-    def _known_devices(self, host_id: str) -> dict[int, int]:
-        with self.store.session() as session:
-            return device_ids(session, host_id)
-
-    def _ids_by_uuid(self, host_id: str, uuids: dict[int, str]) -> dict[int, int]:
-        """{index the batch used: device id} for the batch's devices, found by UUID (one not registered is left out,
-        its rows dropped and counted, rather than written to the device that has its index now)."""
-        with self.store.session() as session:
-            by_uuid = device_ids_by_uuid(session, host_id, uuids.values())
-        return {i: by_uuid[u] for i, u in uuids.items() if u in by_uuid}
 
     def flush_sdk(self) -> None:
         """Write the step statistics the jobs reported over the socket (an outage leaves them buffered)."""
@@ -536,8 +463,6 @@ class Agent:
 
     def _start_socket(self) -> None:
         self._socket_server = SocketServer(self.settings.socket_path, self._sdk_handler).start()
-
-
 
 
 def _safe(host_id: str) -> str:

@@ -1,10 +1,12 @@
 """What the agent writes to the store for a batch besides its samples: workflows first seen, the host's heartbeat,
-its lost and found devices, and the processes it saw."""
+its lost and found devices, and the processes it saw; and which device ids a batch's rows go to."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -14,6 +16,8 @@ from store.db import Store
 from store.registry import (
     DeviceSpec,
     SeenProcess,
+    device_ids,
+    device_ids_by_uuid,
     mark_device_lost,
     record_processes,
     register_devices,
@@ -103,3 +107,32 @@ def record_host(store: Store, host_id: str, batch: Batch, source: DeviceSource, 
             record_processes(session, host_id, seen)
             recorded = keys
     return recorded
+
+
+def batch_device_ids(store: Store, payload: dict[str, Any], host_id: str, own_ids: dict[int, int],
+                     uuids_now: Callable[[], dict[int, str]]) -> dict[int, int]:
+    """{device index: device id} for the rows of a batch (fresh or spooled) of `host_id`'s agent, whose devices are
+    `own_ids` and, numbered as the source numbers them now, `uuids_now()`."""
+    batch_host = payload["host_id"]
+    ids = own_ids if batch_host == host_id else {}
+    indexes = {row[0] for row in payload["devices"]} | {row[0] for row in payload["processes"]}
+    uuids = {int(i): u for i, u in (payload.get("device_uuids") or {}).items()}
+    if uuids and not (batch_host == host_id and uuids.items() <= uuids_now().items()):
+        # spooled before the devices were numbered otherwise (a reboot): each row's device is found by its UUID
+        ids = _ids_by_uuid(store, batch_host, uuids)
+    elif not indexes <= ids.keys():
+        ids = {**ids, **_known_devices(store, batch_host)}
+    return ids
+
+
+def _known_devices(store: Store, host_id: str) -> dict[int, int]:
+    with store.session() as session:
+        return device_ids(session, host_id)
+
+
+def _ids_by_uuid(store: Store, host_id: str, uuids: dict[int, str]) -> dict[int, int]:
+    """{index the batch used: device id} for the batch's devices, found by UUID (one not registered is left out,
+    its rows dropped and counted, rather than written to the device that has its index now)."""
+    with store.session() as session:
+        by_uuid = device_ids_by_uuid(session, host_id, uuids.values())
+    return {i: by_uuid[u] for i, u in uuids.items() if u in by_uuid}

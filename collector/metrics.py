@@ -126,7 +126,7 @@ class AgentMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         readings: list[DeviceReading] = list(self.agent.latest)
-        procs = self.agent._procs
+        procs = self.agent._procs.known
         host = self.agent.host_id
         with self._lock:
             self._refresh({procs[p.pid].workflow_id for r in readings for p in r.processes if p.pid in procs})

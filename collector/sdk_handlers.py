@@ -8,8 +8,9 @@ the agent's flusher calls too); what the database cannot take yet stays queued, 
 
 Every poll is answered with what the job should do next: capture a profile (requests in the store, cached
 here by `flush`), or save a checkpoint (requests the enforcer makes through `request_checkpoint`, held in
-memory because a checkpoint is only ever wanted from a job that runs now). Lane gating is delegated to an
-optional gate object the enforcer provides.
+memory because a checkpoint is only ever wanted from a job that runs now: collector.sdk_checkpoints). Lane gating
+is delegated to an optional gate object the enforcer provides. What is known of each process served (heard from
+lately, steps taken, its goodbye, what is kept once it ended) is collector.sdk_processes.
 """
 
 from __future__ import annotations
@@ -26,15 +27,10 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session
 
 from collector import protocol as p
+from collector.sdk_checkpoints import CheckpointRequests
 from collector.sdk_context import ContextMeter
-from collector.sdk_memory import (
-    ProcessMemory,
-    as_int,
-    fold_ended,
-    forget_workflow,
-    note_memory,
-    workflow_memory,
-)
+from collector.sdk_memory import ProcessMemory, as_int, note_memory, workflow_memory
+from collector.sdk_processes import ProcessBook
 from collector.sdk_step_writer import RefusalLog, RefusedCounts, StepWriter
 from collector.sdk_workflows import touch_fields, touch_workflow
 from collector.serving_sink import ServingSink
@@ -48,11 +44,8 @@ log = logging.getLogger(__name__)
 
 # a capturing request is handed to more ranks of the workflow only this long after the first one claimed it
 PROFILE_JOIN_WINDOW_S = 30.0
-JOB_FORGET_S = 600.0  # a job silent this long is dropped from `jobs()` and no longer polled for in the store
 MAX_QUEUED_STEP_ROWS = 200_000  # step summaries waiting for the database; past this the oldest are dropped
 MAX_QUEUED_OPS = 10_000
-# goodbyes kept for take_outcome: the reaper takes those of the jobs it started at once; nobody asks for the others
-MAX_KEPT_OUTCOMES = 4096
 
 
 class LaneGate(Protocol):
@@ -62,16 +55,6 @@ class LaneGate(Protocol):
     def handle(self, message: dict[str, Any]) -> dict[str, Any]: ...
 
     def release(self, workflow: str, pid: int | None = None) -> int: ...
-
-
-@dataclass
-class _Checkpoint:
-    workflow_id: str
-    request_id: Any
-    directory: str
-    requested_at: float
-    delivered: set[tuple[int, int]] = field(default_factory=set)  # (pid, rank) told about it
-    answers: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its answer
 
 
 @dataclass
@@ -98,26 +81,17 @@ class SdkHandlers:
         self.gate = gate  # the lane gate the agent built (None: no lanes here, every step may run)
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._checkpoints: dict[str, _Checkpoint] = {}
+        self._checkpoints = CheckpointRequests()
         self._profiles: dict[str, list[_OpenProfile]] = {}  # workflow -> its open requests
-        self._jobs: dict[tuple[str, int], dict[str, Any]] = {}
         # (wf, pid) -> P, E, source, and how many steps the memory was seen for
         self._mem: ProcessMemory = {}
         self._dirty_mem: set[str] = set()
         self._context = ContextMeter()  # C per process: NVML's used memory less the allocator's reserved
+        # the processes served: heard from lately, steps taken, goodbyes, ended (collector.sdk_processes)
+        self._processes = ProcessBook(self._mem, self._context)
         self._step_rows: deque[dict[str, Any]] = deque()
         self._ops: deque[tuple[str, Callable[[Session], None]]] = deque()  # (what, db work), in order
         self._over_cap_logged = False  # the drops past the cap of this outage were logged
-        self._outcomes: dict[tuple[str, int], str] = {}  # (wf, pid) -> what the job said in its goodbye
-        # (wf, pid) of the goodbyes heard, the newest MAX_KEPT_OUTCOMES: the reaper takes an outcome away, but a
-        # launch still waiting to see the job start must learn that it said goodbye (it ran, then ended)
-        self._byes: dict[tuple[str, int], None] = {}
-        # processes that said goodbye or went silent: what is kept of them goes once their workflow's figures are
-        # written (_prune_ended); kept for good, a long-lived agent's memory grew with every job it ever served
-        self._ended: set[tuple[str, int]] = set()
-        # (wf, pid) -> the last step of the step summaries taken from that process: a summary the job sends again
-        # (our reply came after its timeout, so it kept the summary) is taken once
-        self._taken_steps: dict[tuple[str, int], int] = {}
         self.duplicate_batches = 0  # step summaries sent again and not taken a second time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -142,9 +116,7 @@ class SdkHandlers:
     def request_checkpoint(self, workflow_id: str, request_id: Any, directory: str | Path) -> None:
         """Ask the workflow's running job to checkpoint into `directory` at its next poll (between steps)."""
         with self._lock:
-            key = str(request_id)
-            if key not in self._checkpoints:  # asking twice is asking once
-                self._checkpoints[key] = _Checkpoint(workflow_id, request_id, str(directory), time.time())
+            self._checkpoints.request(workflow_id, request_id, directory)
 
     def checkpoint_result(self, request_id: Any) -> dict[str, Any] | None:
         """The job's answer, or None while there is none yet (or for an unknown request).
@@ -154,43 +126,26 @@ class SdkHandlers:
         (each rank's answer).
         """
         with self._lock:
-            ckpt = self._checkpoints.get(str(request_id))
-            if ckpt is None or not ckpt.answers:
-                return None
-            ranks_told = {rank for _pid, rank in ckpt.delivered}
-            if 0 in ckpt.answers:
-                main = ckpt.answers[0]
-            elif ranks_told and ranks_told <= set(ckpt.answers):
-                main = ckpt.answers[min(ckpt.answers)]
-            else:
-                return None
-            failed = [a for a in ckpt.answers.values() if a["status"] == "failed"]
-            return {
-                "request_id": ckpt.request_id, "workflow_id": ckpt.workflow_id,
-                "status": "failed" if failed else "done", "path": main.get("path"), "step": main.get("step"),
-                "error": failed[0]["error"] if failed else None,
-                "ranks": {rank: dict(answer) for rank, answer in ckpt.answers.items()},
-            }
+            return self._checkpoints.result(request_id)
 
     def checkpoint_delivered(self, request_id: Any) -> bool:
         """Whether a job has been told about the checkpoint request yet (it saves between steps after that)."""
         with self._lock:
-            ckpt = self._checkpoints.get(str(request_id))
-            return bool(ckpt and ckpt.delivered)
+            return self._checkpoints.delivered(request_id)
 
     def cancel_checkpoint(self, request_id: Any) -> None:
         with self._lock:
-            self._checkpoints.pop(str(request_id), None)
+            self._checkpoints.cancel(request_id)
 
     def take_outcome(self, workflow_id: str, pid: int) -> str | None:
         """How the job's process said it ended (finished, failed, stopped), once; None if it never said goodbye."""
         with self._lock:
-            return self._outcomes.pop((workflow_id, pid), None)
+            return self._processes.outcomes.pop((workflow_id, pid), None)
 
     def said_goodbye(self, workflow_id: str, pid: int) -> bool:
         """Whether the job's process said how it ended, even if the reaper has taken its outcome since."""
         with self._lock:
-            return (workflow_id, pid) in self._byes
+            return (workflow_id, pid) in self._processes.byes
 
     def total_steps(self, workflow: str) -> int | None:
         """The step count a running job of `workflow` declared (SRTF's remaining work in the lane gate), if any."""
@@ -202,8 +157,8 @@ class SdkHandlers:
     def jobs(self) -> list[dict[str, Any]]:
         """The SDK jobs heard from recently: workflow, pid, rank, lane, step, total_steps, last_seen."""
         with self._lock:
-            self._forget_silent(time.time())
-            return [dict(job) for job in self._jobs.values()]
+            self._processes.forget_silent(time.time())
+            return [dict(job) for job in self._processes.jobs.values()]
 
     # ---- the database side: the writer thread and the agent's flusher ------------------------------------
 
@@ -263,7 +218,7 @@ class SdkHandlers:
         # order. What the database refuses (not for being away) is given up alone: the rest is written
         # (collector.sdk_step_writer).
         with self._lock:
-            self._prune_ended()
+            self._processes.prune_ended(self._dirty_mem)
             rows = list(self._step_rows)
             self._step_rows.clear()
             dirty = set(self._dirty_mem)
@@ -323,8 +278,8 @@ class SdkHandlers:
     def _refresh_profiles(self) -> None:
         now = time.time()
         with self._lock:
-            self._forget_silent(now)
-            workflows = {wf for wf, _pid in self._jobs}
+            self._processes.forget_silent(now)
+            workflows = {wf for wf, _pid in self._processes.jobs}
         if not workflows:
             return
         with self.store.session() as session:
@@ -359,8 +314,7 @@ class SdkHandlers:
         start = as_int(msg.get("start_step"))
         key = (msg["workflow"], int(msg["pid"]))
         with self._lock:
-            if start is not None and start <= self._taken_steps.get(key, -1):
-                del self._taken_steps[key]  # a new process under an old one's pid, from an earlier step
+            self._processes.hello(key, start)
         touch = touch_fields(msg)
         restart = int(msg.get("rank") or 0) == 0
 
@@ -381,11 +335,8 @@ class SdkHandlers:
         self._seen(msg, step=int(batches[-1]["last_step"]) + 1 if batches else None)
         wf, pid, rank = msg["workflow"], int(msg["pid"]), int(msg.get("rank") or 0)
         with self._lock:
-            taken = self._taken_steps.get((wf, pid), -1)
-            fresh = [b for b in batches if int(b["last_step"]) > taken]
+            fresh = self._processes.fresh((wf, pid), batches)
             self.duplicate_batches += len(batches) - len(fresh)
-            if fresh:
-                self._taken_steps[(wf, pid)] = int(fresh[-1]["last_step"])
         batches = fresh
         rows = []
         for b in batches:
@@ -464,16 +415,7 @@ class SdkHandlers:
     def _on_bye(self, msg: dict[str, Any]) -> dict[str, Any]:
         wf, pid, outcome = msg["workflow"], int(msg["pid"]), msg["outcome"]
         with self._lock:
-            self._jobs.pop((wf, pid), None)
-            self._taken_steps.pop((wf, pid), None)
-            self._outcomes[(wf, pid)] = outcome
-            while len(self._outcomes) > MAX_KEPT_OUTCOMES:  # the oldest, which nobody took
-                del self._outcomes[next(iter(self._outcomes))]
-            self._byes[(wf, pid)] = None
-            while len(self._byes) > MAX_KEPT_OUTCOMES:
-                del self._byes[next(iter(self._byes))]
-            self._context.forget(pid)
-            self._ended.add((wf, pid))
+            self._processes.bye((wf, pid), outcome)
         if int(msg.get("rank") or 0) == 0 and outcome in ("finished", "failed"):
             touch = touch_fields(msg)
 
@@ -488,45 +430,13 @@ class SdkHandlers:
     # ---- helpers -------------------------------------------------------------------------------------
 
     def _seen(self, msg: dict[str, Any], step: int | None = None) -> None:
-        key = (msg["workflow"], int(msg["pid"]))
         with self._lock:
-            job = self._jobs.setdefault(key, {"workflow": key[0], "pid": key[1], "rank": int(msg.get("rank") or 0)})
-            job["last_seen"] = time.time()
-            for name in ("lane", "total_steps", "name"):
-                if msg.get(name) is not None:
-                    job[name] = msg[name]
-            if step is not None:
-                job["step"] = int(step)
-
-    def _forget_silent(self, now: float) -> None:
-        for key in [k for k, job in self._jobs.items() if now - job["last_seen"] > JOB_FORGET_S]:
-            del self._jobs[key]
-            self._taken_steps.pop(key, None)
-            self._context.forget(key[1])
-            self._ended.add(key)
-
-    def _prune_ended(self) -> None:
-        """What is kept of processes that ended, once their workflow's figures are written (it is not dirty): folded
-        into the workflow's figures while another of its processes runs here, else dropped with the workflow's (the
-        store holds them; a process of it that starts here later begins afresh, as after an agent restart). Call
-        under the lock."""
-        for key in [k for k in self._ended if k[0] not in self._dirty_mem]:
-            self._ended.discard(key)
-            if key in self._jobs:  # silent a while, then heard from again: it runs
-                continue
-            wf = key[0]
-            fold_ended(self._mem, key)
-            if not any(k[0] == wf for k in self._jobs):
-                forget_workflow(self._mem, wf)
-                self._context.forget_workflow(wf)
+            self._processes.seen(msg, step)
 
     def _checkpoint_answer(self, msg: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            ckpt = self._checkpoints.get(str(msg["request_id"]))
-            if ckpt is None:
+            if not self._checkpoints.answer(msg["request_id"], msg.get("rank"), answer):
                 return p.error_reply(f"no checkpoint request {msg['request_id']!r} is waiting (cancelled?)")
-            answer.setdefault("error", None)
-            ckpt.answers[int(msg.get("rank") or 0)] = answer
         return {"ok": True}
 
     def _instructions(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -534,11 +444,9 @@ class SdkHandlers:
         reply: dict[str, Any] = {"ok": True}
         wf, who, now = msg["workflow"], (int(msg["pid"]), int(msg.get("rank") or 0)), time.time()
         with self._lock:
-            for ckpt in self._checkpoints.values():
-                if ckpt.workflow_id == wf and who not in ckpt.delivered and who[1] not in ckpt.answers:
-                    ckpt.delivered.add(who)
-                    reply["checkpoint"] = {"request_id": ckpt.request_id, "directory": ckpt.directory}
-                    break
+            checkpoint = self._checkpoints.deliver(wf, who)
+            if checkpoint is not None:
+                reply["checkpoint"] = checkpoint
             for request in self._profiles.get(wf, []):
                 if who in request.delivered:
                     continue

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import select
 
 import collector.agent as agent_module
+import collector.agent_procs as agent_procs
 from collector.agent import Agent
 from collector.socket_server import connect
 from collector.sources.base import DeviceInfo, ProcessReading
@@ -217,7 +218,7 @@ def test_a_pid_taken_by_another_process_is_attributed_again_at_once(sqlite_store
                 r.processes = [ProcessReading(pid=4242, cpu_util=0.5, start_time=now["start"])]
             return readings
 
-    monkeypatch.setattr(agent_module.psutil, "Process", Proc)
+    monkeypatch.setattr(agent_procs.psutil, "Process", Proc)
     agent = make_agent(sqlite_store, settings, Source(n=1), attribute=lambda pid: (now["workflow"], "env"))
     agent.sample_once()
     now.update(start=1001.0, workflow="second")  # the first ended; a new process got its pid within the second

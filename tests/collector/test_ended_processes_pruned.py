@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import time
 
-from collector import sdk_handlers as handlers_mod
-from collector.agent import PROC_FORGET_ROUNDS, Agent
+from collector import sdk_processes
+from collector.agent import Agent
+from collector.agent_procs import PROC_FORGET_ROUNDS
 from collector.sdk_handlers import SdkHandlers
 from collector.sources.base import DeviceReading, ProcessReading
 from store.db import Store
@@ -31,7 +32,7 @@ def _job(handlers: SdkHandlers, wf: str, pid: int, *, persistent: int = GiB, bye
 
 def _kept(handlers: SdkHandlers) -> dict[str, int]:
     context = handlers._context
-    return {"memory": len(handlers._mem), "context pairs": len(context._pairs), "ended": len(handlers._ended),
+    return {"memory": len(handlers._mem), "context pairs": len(context._pairs), "ended": len(handlers._processes.ended),
             "context of ended": len(context._ended)}
 
 
@@ -75,7 +76,7 @@ def test_a_job_gone_silent_is_pruned_too(sqlite_store: Store, fleet_home, monkey
         for j in range(50):
             _job(handlers, f"killed-{j}", 20_000 + j, bye=False)  # killed: no goodbye
         handlers.flush()
-        monkeypatch.setattr(handlers_mod, "JOB_FORGET_S", -1.0)  # every job silent past the limit
+        monkeypatch.setattr(sdk_processes, "JOB_FORGET_S", -1.0)  # every job silent past the limit
         assert handlers.jobs() == []
         handlers.flush()
         assert _kept(handlers) == {"memory": 0, "context pairs": 0, "ended": 0, "context of ended": 0}
@@ -84,12 +85,12 @@ def test_a_job_gone_silent_is_pruned_too(sqlite_store: Store, fleet_home, monkey
 
 
 def test_goodbyes_nobody_takes_are_not_kept_without_bound(sqlite_store: Store, fleet_home, monkeypatch) -> None:
-    monkeypatch.setattr(handlers_mod, "MAX_KEPT_OUTCOMES", 10)
+    monkeypatch.setattr(sdk_processes, "MAX_KEPT_OUTCOMES", 10)
     handlers = SdkHandlers(sqlite_store, "h1", Settings(), sync_interval_s=3600)
     try:
         for j in range(100):
             handlers.handle({"op": "bye", "v": 1, "workflow": f"w{j}", "pid": j + 1, "outcome": "finished"})
-        assert len(handlers._outcomes) == 10
+        assert len(handlers._processes.outcomes) == 10
         assert handlers.take_outcome("w99", 100) == "finished"  # the newest are kept
     finally:
         handlers.close()
@@ -113,7 +114,7 @@ def test_the_agent_forgets_processes_the_devices_no_longer_list(sqlite_store: St
     try:
         for _ in range(10 * PROC_FORGET_ROUNDS):
             agent.sample_once()
-        assert len(agent._procs) <= PROC_FORGET_ROUNDS
-        assert agent.source.next_pid in agent._procs  # the process running now is still known
+        assert len(agent._procs.known) <= PROC_FORGET_ROUNDS
+        assert agent.source.next_pid in agent._procs.known  # the process running now is still known
     finally:
         agent.stop()
