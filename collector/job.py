@@ -9,8 +9,9 @@
 `j.steps()` times every step in memory and sends summaries to the host's agent about once a second (never a
 socket round trip per step); each send is also the job's poll for work: a profile request (the next N steps
 are traced with torch.profiler into gzipped Kineto JSON) or a checkpoint request (the `checkpoint` callback
-runs between steps). Without an agent the loop runs exactly the same and the SDK tries to connect again only
-every `sdk_retry_s`. Nothing the SDK does may stop training: agent errors are logged at debug level.
+runs between steps), both carried out by collector.job_requests. Without an agent the loop runs exactly the same
+and the SDK tries to connect again only every `sdk_retry_s`. Nothing the SDK does may stop training: agent errors are
+logged at debug level.
 
 In a lane a step's turn ends when the step's GPU work is done, not when the loop body returns (CUDA runs
 asynchronously): the SDK records a CUDA event at the end of the step and hands the turn on once it has completed,
@@ -45,14 +46,14 @@ from typing import Any
 
 from collector import protocol as p
 from collector.device_caps import DeviceCaps
-from collector.job_capture import TraceCapture, trace_folder
+from collector.job_capture import TraceCapture
 from collector.job_memory import StepMemory
 from collector.job_origin import default_workflow_id, start_step
+from collector.job_requests import act, capture_step, send_finished_captures
 from collector.sdk_settings import job_settings
 from collector.slurm_job import SlurmSide
 from collector.turns import CudaStepWaiter, LeaseKeeper, TurnMemory
 from store.errors import InvalidInput
-from store.paths import path_component
 from store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ class Job:
             for thread in self._capture_threads:
                 thread.join()
             self._flush(time.perf_counter())
-            self._send_finished_captures()
+            send_finished_captures(self)
             if self._conn.connected:
                 self._send(self._msg(p.BYE, outcome=outcome, last_step=self._step - 1))
         except Exception:
@@ -302,7 +303,7 @@ class Job:
             if in_lane:
                 self._end_turn(self._step - 1, again=True)
             if self._capture is not None:
-                self._capture_step()
+                capture_step(self)
             if self._slurm is not None and self._slurm.asked:
                 self._slurm.checkpoint(self._checkpoint_fn, self._step)
                 last = clock()
@@ -377,7 +378,7 @@ class Job:
             })
             times.clear()  # in place: steps() holds this list
         self._next_flush = now + self.settings.sdk_flush_interval_s
-        self._send_finished_captures()
+        send_finished_captures(self)
         if not self._link_ready():
             return
         if self._outbox:
@@ -389,7 +390,7 @@ class Job:
         else:
             reply = self._send(self._msg(p.POLL))
         if reply is not None:
-            self._act(reply)
+            act(self, reply)  # a checkpoint or a profile the agent asks for (collector.job_requests)
 
     def _link_ready(self) -> bool:
         """Connected to the agent, connecting (and saying hello) if it is time to try again."""
@@ -411,7 +412,7 @@ class Job:
         ))
         if reply is None:
             return False
-        self._act(reply)
+        act(self, reply)
         return self._conn.connected
 
     def _send(self, message: dict[str, Any], *, wait_forever: bool = False) -> dict[str, Any] | None:
@@ -430,12 +431,6 @@ class Job:
         self._warned.add(key)
         log.log(level, fmt, *args)
 
-    def _act(self, reply: dict[str, Any]) -> None:
-        if isinstance(reply.get("checkpoint"), dict):
-            self._checkpoint_on_request(reply["checkpoint"])
-        if isinstance(reply.get("profile"), dict):
-            self._start_capture(reply["profile"])
-
     def _gate_request(self, phase: str, step: int, *, again: bool = True) -> None:
         if not self._link_ready():
             return  # no agent: a job never waits for a gate nobody keeps
@@ -447,64 +442,8 @@ class Job:
         elif reply is not None and isinstance(reply.get("lease_s"), int | float) and reply["lease_s"] > 0:
             self._renew_every_s = float(reply["lease_s"]) / 3.0
 
-    # ---- checkpoints -----------------------------------------------------------------------------------
-
-    def _checkpoint_on_request(self, request: dict[str, Any]) -> None:
-        request_id = request.get("request_id")
-        directory = request.get("directory") or str(
-            self.settings.checkpoint_dir / path_component(self.workflow_id))
-        if self._checkpoint_fn is None:
-            self._send(self._msg(p.CHECKPOINT_FAILED, request_id=request_id, step=self._step,
-                                 error="this job passed no checkpoint callback to collector.job"))
-            return
-        try:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            path = self._checkpoint_fn(str(directory))
-            path = str(path if path is not None else directory)
-        except Exception as exc:
-            log.warning("checkpoint into %s failed: %s", directory, exc)
-            self._send(self._msg(p.CHECKPOINT_FAILED, request_id=request_id, step=self._step,
-                                 error=f"{type(exc).__name__}: {exc}"))
-            return
-        self.checkpoints.append({"request_id": request_id, "path": path, "step": self._step})
-        self._send(self._msg(p.CHECKPOINT_DONE, request_id=request_id, path=path, step=self._step))
-
-    # ---- on-demand profiling ---------------------------------------------------------------------------
-
-    def _start_capture(self, request: dict[str, Any]) -> None:
-        request_id, steps = int(request["request_id"]), int(request["steps"])
-        if self._capture is not None:
-            self._send(self._msg(p.PROFILE_FAILED, request_id=request_id,
-                                 error=f"already capturing request #{self._capture.request_id}"))
-            return
-        try:
-            folder = trace_folder(self.settings.trace_dir, self.workflow_id, request.get("trace_dir"), request_id)
-            self._capture = TraceCapture(self, request_id, steps, folder)
-        except Exception as exc:
-            log.warning("cannot start profiling: %s", exc)
-            self._send(self._msg(p.PROFILE_FAILED, request_id=request_id, error=f"{type(exc).__name__}: {exc}"))
-
-    def _capture_step(self) -> None:
-        capture = self._capture
-        assert capture is not None
-        capture.step()
-        if capture.done:
-            capture.finish()
-            self._capture = None
+    # ---- what the agent asks for (collector.job_requests) ------------------------------------------------
 
     def _capture_finished(self, result: dict[str, Any]) -> None:
         """Called from a capture's writer thread; the training loop sends it at its next flush."""
         self._finished_captures.append(result)
-
-    def _send_finished_captures(self) -> None:
-        while self._finished_captures and self._link_ready():
-            result = self._finished_captures[0]
-            if result.get("path"):
-                self.traces.append(result["path"])
-                sent = self._send(self._msg(p.PROFILE_DONE, **result))
-            else:
-                sent = self._send(self._msg(p.PROFILE_FAILED, request_id=result["request_id"],
-                                            error=result["error"]))
-            if sent is None:
-                return
-            self._finished_captures.pop(0)
