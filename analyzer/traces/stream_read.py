@@ -7,7 +7,8 @@ steps, synchronisations, DataLoader spans, arithmetic operators). Every other ev
 (count, first and last time, categories, CPU call names, launch calls' CPU time). The CPU calls that carry a
 correlation id go to a temporary file (32 bytes each) and are joined to the device events after the read, with
 HTA's rule (transform_correlation_to_index: the last CPU event of a correlation id wins), so that each device
-event knows when and for how long its launch ran.
+event knows when and for how long its launch ran. How each event's fields are read (and a malformed one named) is
+analyzer.traces.stream_fields; what of a trace cut short can still be analysed, analyzer.traces.stream_cut.
 
 The frame built from the columns has the reference reader's (analyzer.traces.parse) values for every row it
 holds; tests/analyzer/test_trace_streaming.py holds the summaries and findings equal on every shared trace.
@@ -24,21 +25,28 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.traces.cpu_work import MATH_OPS
-from analyzer.traces.dataloader import DATALOADER_RE
 from analyzer.traces.errors import InvalidTrace
 from analyzer.traces.memory import release_freed_memory
-from analyzer.traces.names import COPY_CATS, LAUNCH_RE, MEMCPY_CALL_RE, SYNC_NAMES, issuing_calls
-from analyzer.traces.parse import GPU_CATS, STEP_RE, ParsedTrace, check_file_only, finish, rank_of
+from analyzer.traces.names import COPY_CATS, issuing_calls
+from analyzer.traces.parse import GPU_CATS, ParsedTrace, check_file_only, finish, rank_of
+from analyzer.traces.stream_cut import complete_part
+from analyzer.traces.stream_fields import (
+    COPY_CALL,
+    KEEP,
+    LAUNCH,
+    MATH_ONLY,
+    SPILL,
+    correlation_id,
+    malformed,
+    name_flags,
+    number_array,
+    stream_number,
+)
 from analyzer.traces.stream_json import EventStream, NotKineto, TraceCut
 
-KEEP, LAUNCH, MATH_ONLY = 1, 2, 4  # MATH_ONLY: only a CPU-only trace's arithmetic share reads these calls
-COPY_CALL = 8  # a copy call (cudaMemcpyAsync, ...): only its correlation id and name are kept
 GPU_CAT_SET = frozenset(GPU_CATS)
 GPU_SIDE_NAMES = ("Event Sync", "Context Sync")  # HTA counts these as device events whatever their stream
-SPILL = np.dtype([("corr", "i8"), ("idx", "i8"), ("ts", "f8"), ("dur", "f8"), ("launch", "i1")])
 SPILL_CHUNK = 1 << 16  # spilled records read back at a time (2 MiB)
-GAP_IDS = 1000  # a wider gap between correlation ids read means calls are missing there
 BYTES_PER_ROW = 96  # a kept event's columns, with the frame built from them
 ReadProgress = Callable[[int, int, int], None]  # (file bytes read, file size, events read)
 
@@ -49,79 +57,6 @@ class TruncatedTrace(InvalidTrace):
     def __init__(self, path: str, problem: str, partial: ParsedTrace | None) -> None:
         super().__init__(path, problem)
         self.partial = partial
-
-
-def _stream_number(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return -1
-
-
-def _flags(name: str) -> int:
-    f = KEEP if (STEP_RE.match(name) or name in SYNC_NAMES or DATALOADER_RE.search(name)) else 0
-    if not f and MATH_OPS.match(name):
-        f = KEEP | MATH_ONLY
-    return f | (LAUNCH if LAUNCH_RE.search(name) else 0) | (COPY_CALL if MEMCPY_CALL_RE.match(name) else 0)
-
-
-def _correlation(value: Any) -> int:
-    """A correlation id that is not an int: null is none (-1, as HTA's frame leaves it unlinked); a whole float is
-    its int; anything else is a malformed event (ValueError)."""
-    if value is None:
-        return -1
-    if value.__class__ is float and value.is_integer():
-        return int(value)
-    raise ValueError("not a correlation id")
-
-
-NUMBER = (int, float)
-
-
-def _array(values: list[Any]) -> np.ndarray:
-    """Numbers as one array, NaN for a missing value; ValueError when a value is no number (a malformed event)."""
-    arr = np.array(values)
-    if arr.dtype.kind not in "if":  # a missing value among them, or one that is no number
-        if any(v is not None and v.__class__ not in NUMBER for v in values):
-            raise ValueError("not a number")
-        arr = np.array([math.nan if v is None else v for v in values], dtype=np.float64)
-    return arr
-
-
-def _what(value: Any) -> str:
-    text = repr(value)
-    kind = type(value).__name__
-    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({text[:40]}{'...' if len(text) > 40 else ''})"
-
-
-def _malformed(batch: list[Any], base: int) -> str:
-    """What is wrong with the first malformed event of a batch the read could not take, for the error."""
-    for i, e in enumerate(batch):
-        if e.__class__ is not dict:
-            return f"event {base + i} is not an object"
-        ts, dur, cat = e.get("ts"), e.get("dur"), e.get("cat")
-        wrong = {}
-        if ts is not None and ts.__class__ not in NUMBER:
-            wrong["ts"] = f"is {_what(ts)}, not a number"
-        if dur is not None and cat is not None and cat != "Trace":
-            if dur.__class__ not in NUMBER:
-                wrong["dur"] = f"is {_what(dur)}, not a number"
-            for key in ("cat", "name"):
-                if key not in e or e[key] is None:
-                    wrong[key] = "is missing"
-                elif e[key].__class__ is not str:
-                    wrong[key] = f"is {_what(e[key])}, not a string"
-            a = e.get("args")
-            if a.__class__ is dict:
-                corr, nbytes = a.get("correlation"), a.get("bytes")
-                if corr is not None and corr.__class__ is not int and not (corr.__class__ is float
-                                                                           and corr.is_integer()):
-                    wrong["args.correlation"] = f"is {_what(corr)}, not an integer"
-                if nbytes is not None and nbytes.__class__ not in NUMBER:
-                    wrong["args.bytes"] = f"is {_what(nbytes)}, not a number"
-        if wrong:
-            return f"event {base + i}: " + "; ".join(f"{k} {v}" for k, v in wrong.items())
-    return "an event's fields are not of the types a trace has"
 
 
 NARROW = frozenset({"name", "cat", "stream"})
@@ -139,7 +74,7 @@ class _Columns:
         if not lists[0]:
             return
         for n, values in zip(self.names, lists, strict=True):
-            arr = _array(values)
+            arr = number_array(values)
             if n in NARROW and arr.dtype.kind == "i" and len(arr) and -2**31 < arr.min() and arr.max() < 2**31:
                 arr = arr.astype(np.int32)  # symbol codes and streams: half the memory while the read goes on
             self.parts[n].append(arr)
@@ -183,7 +118,7 @@ class StreamedColumns:
             c = self.symbols[name] = len(self.table)
             text = str(name)
             self.table.append(text)
-            self.flags.append(_flags(text))
+            self.flags.append(name_flags(text))
         return c
 
     def add(self, batch: list[Any]) -> None:
@@ -194,7 +129,7 @@ class StreamedColumns:
         try:
             self._add(batch)
         except (TypeError, ValueError):
-            raise InvalidTrace(str(self.path), f"has malformed events ({_malformed(batch, base)})") from None
+            raise InvalidTrace(str(self.path), f"has malformed events ({malformed(batch, base)})") from None
 
     def _add(self, batch: list[Any]) -> None:  # noqa: C901, PLR0912, PLR0915  (one pass per event, kept flat for speed)
         symbols, flags, code = self.symbols, self.flags, self.code
@@ -236,9 +171,9 @@ class StreamedColumns:
                 stream = a.get("stream", -1)
                 corr = a.get("correlation", -1)
                 if stream.__class__ is not int:
-                    stream = _stream_number(stream)
+                    stream = stream_number(stream)
                 if corr.__class__ is not int:
-                    corr = _correlation(corr)
+                    corr = correlation_id(corr)
             else:
                 stream = corr = -1
             idx = base + i
@@ -282,10 +217,10 @@ class StreamedColumns:
                 sl.append(1 if launch else 0)
         self.position += len(batch)
         self.events += len(kept_ts)
-        if _array(all_ts).dtype.kind != "i":
+        if number_array(all_ts).dtype.kind != "i":
             self.float_ts = True
         if kept_ts:
-            kt, kd = _array(kept_ts), _array(kept_dur)
+            kt, kd = number_array(kept_ts), number_array(kept_dur)
             self.t0 = min(self.t0, float(np.nanmin(kt)))
             self.t_end = max(self.t_end, float(np.nanmax(kt + kd)))
         self.gpu.add((gi, gn, gc, gt, gd, gs, gr, gb))
@@ -293,7 +228,8 @@ class StreamedColumns:
         self.copy_calls.add((qr, qn))
         if si:
             rec = np.empty(len(si), SPILL)
-            rec["idx"], rec["corr"], rec["ts"], rec["dur"], rec["launch"] = si, sr, _array(st), _array(sd), sl
+            rec["idx"], rec["corr"], rec["ts"], rec["dur"] = si, sr, number_array(st), number_array(sd)
+            rec["launch"] = sl
             rec.tofile(self.spill)
             self.spilled += len(si)
         if self.max_rows is not None and self.gpu.rows + self.cpu.rows > self.max_rows:
@@ -419,62 +355,6 @@ class StreamedColumns:
         return df, facts
 
 
-def _covered(cols: StreamedColumns) -> list[tuple[float, float]]:
-    """The stretches of time whose CPU calls with a correlation id were all read: the ids are given out one after
-    another, so a run of ids read without a gap wider than GAP_IDS covers the time from its first to its last call
-    (Kineto filters a few calls out, which leaves gaps of up to ~140 ids in whole traces)."""
-    parts = [rec[["corr", "ts", "dur"]][rec["corr"] >= 0] for rec in cols.spilled_chunks()]
-    rec = np.concatenate(parts) if parts else np.empty(0, SPILL)
-    if not len(rec):
-        return []
-    rec = rec[np.argsort(rec["corr"], kind="stable")]
-    ts, _, _ = cols._round(rec["ts"], rec["dur"])
-    ts = ts.astype(np.float64)
-    breaks = np.flatnonzero(np.diff(rec["corr"]) > GAP_IDS) + 1
-    return [(float(part.min()), float(part.max())) for part in np.split(ts, breaks) if len(part)]
-
-
-def _complete_part(cols: StreamedColumns, df: pd.DataFrame, meta: dict[str, Any]) -> tuple[pd.DataFrame, int] | None:
-    """The events of the complete steps before a cut, with how many steps that is; None when no step is complete.
-
-    Kineto writes the device's events and the launch calls as its activity buffers fill, not in time order (a
-    ring: the ids may start mid-trace and wrap round), so the time of the last event read says nothing of what is
-    missing. A step is complete when its whole window lies in a stretch whose CPU calls were all read (by
-    correlation id, _covered), no launch call in it lost its device event, and no device event from it or the step
-    after lost its launch call. A trace that names a device but was cut before any device event has no complete
-    step; a trace without device events is judged by its CPU calls alone."""
-    cpu = df[df["stream"].lt(0)]
-    steps = cpu[cpu["s_name"].astype(object).str.match(STEP_RE.pattern)
-                & cpu["s_cat"].isin(["user_annotation", "cpu_op"])].sort_values("ts")
-    gpu = df[df["stream"].ge(0)]
-    if steps.empty or (meta.get("deviceProperties") and gpu.empty):
-        return None
-    w0, w1 = steps["ts"].to_numpy(float), steps["end"].to_numpy(float)
-    unsure: list[tuple[float, float]] = []  # stretches of time whose events may be missing
-    if len(gpu):
-        lag = (gpu["ts"] - gpu["launch_ts"]).max()  # a device event runs at most this long after its launch
-        lag = float(lag) if np.isfinite(lag) else 0.0
-        spans = sorted(_covered(cols))
-        edges = [-math.inf, *[x for span in spans for x in span], math.inf]
-        # launch calls may be missing between the stretches read; their device events ran up to `lag` later
-        unsure += [(a, b + lag) for a, b in zip(edges[::2], edges[1::2], strict=True)]
-        seen = np.unique(cols.gpu_corr)
-        for rec in cols.spilled_chunks():
-            rec = rec[(rec["launch"] == 1) & (rec["corr"] >= 0)]
-            lost = ~np.isin(rec["corr"], seen, kind="sort")
-            ts, _, _ = cols._round(rec["ts"][lost], rec["dur"][lost])
-            unsure += [(t, t + lag) for t in np.asarray(ts, float)]  # its device event is missing
-        # the device rows keep their file order, as the correlation ids beside the frame do
-        orphan = gpu[(cols.gpu_corr >= 0) & gpu["launch_ts"].isna().to_numpy()]
-        unsure += [(t - lag, t) for t in orphan["ts"].to_numpy(float)]  # its launch call is missing
-    ok = np.array([not any(a < e and s < b for a, b in unsure) for s, e in zip(w0, w1, strict=True)], bool)
-    if not ok.any():
-        return None
-    # every event read stays (a complete step's idle time depends on the busy stretch before it); the incomplete
-    # steps' own spans go, so that they are no steps of the analysis
-    return df.drop(index=steps.index[~ok]).reset_index(drop=True), int(ok.sum())
-
-
 def stream_trace(path: str | Path, *, block_bytes: int = 2 << 20, max_rows: int | None = None,
                  spill_dir: str | None = None, progress: ReadProgress | None = None) -> ParsedTrace:
     """Read one trace file with the streaming reader; raises InvalidTrace (TruncatedTrace for a cut file)."""
@@ -523,7 +403,7 @@ def _read(p: Path, size: int, stream: EventStream, cols: StreamedColumns, done: 
     where = (f"after {cut.events:,} whole events ({cut.text_bytes / 2**20:.1f} MiB of JSON text, "
              f"{done[0] / 2**20:.1f} of {size / 2**20:.1f} MiB of the file read)")
     problem = f"{cut.problem}; the read stopped {where}"
-    part = _complete_part(cols, df, stream.meta)
+    part = complete_part(cols, df, stream.meta)
     if part is None:
         raise TruncatedTrace(str(p), f"{problem}; no profiler step is complete before the cut", None)
     kept, n = part
