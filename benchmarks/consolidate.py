@@ -35,7 +35,7 @@ FLEET = ROOT.parent / "shared" / "data" / "fleet"
 
 import numpy as np  # noqa: E402
 
-from enforcer.consolidate import ConsolidateParams  # noqa: E402
+from enforcer.consolidation_sizing import ConsolidateParams  # noqa: E402
 from enforcer.sim.bounds import (  # noqa: E402
     fractional_device_hours,
     integral_device_hours,

@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from enforcer.consolidate import ConsolidateParams, JobDemand, plan_consolidation
+from enforcer.consolidate import plan_consolidation
+from enforcer.consolidation_sizing import ConsolidateParams, JobDemand
 from enforcer.planner import Holding, PlanDevice, plan_moves
 from store.settings import Settings
 

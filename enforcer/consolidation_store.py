@@ -24,7 +24,8 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from enforcer.consolidate import ConsolidateParams, ConsolidationPlan, JobDemand, lane_bytes, plan_consolidation
+from enforcer.consolidate import ConsolidationPlan, lane_bytes, plan_consolidation
+from enforcer.consolidation_sizing import ConsolidateParams, JobDemand
 from enforcer.fleet_state import FleetState, read_fleet_state
 from enforcer.plan_store import apply_plan, explain_refusals
 from enforcer.planner import Move

@@ -77,7 +77,7 @@ def known_memory(session: Session, workflow: Workflow, min_steps: int) -> tuple[
     seen in `min_steps` samples (its largest process's use is taken as persistent, with no ephemeral peak).
 
     This is admission's rule (FLEETLENS_MEMORY_SEEN_STEPS, for `fleetlens run` and the planner), on purpose not
-    consolidation's minimum history: enforcer.consolidate's docstring says why the two stay apart."""
+    consolidation's minimum history: enforcer.consolidation_sizing's docstring says why the two stay apart."""
     labels = workflow.labels or {}
     if workflow.mem_persistent is not None:
         if labels.get("mem_source") not in ("cuda", "rss"):

@@ -155,7 +155,7 @@ class Settings(BaseSettings):
     enforce_drive_s: float = Field(120.0, ge=0)  # one enforcement cycle drives migrations this long (0: one step)
     # a job whose memory nobody declared runs alone on a device until its memory was seen for this many steps
     # (job SDK) or process samples (NVML); only then may it share a device (admission's rule; not
-    # consolidate_min_history_s: enforcer.consolidate's docstring says why the two stay apart)
+    # consolidate_min_history_s: enforcer.consolidation_sizing's docstring says why the two stay apart)
     memory_seen_steps: int = Field(20, ge=1)
     # C, a GPU job's memory outside PyTorch's caching allocator (CUDA context, cuDNN / cuBLAS / NCCL workspaces),
     # charged beside its lane until the agent has measured it (NVML's per-process memory less the allocator's
@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     consolidate_interval_s: float = Field(900.0, gt=0)
     consolidate_window_s: float = Field(3 * 3600.0, gt=0)  # recent window: peak memory, p95 utilisation
     # history a job needs before consolidation co-locates it by its observed peak (time, not memory_seen_steps'
-    # steps: enforcer.consolidate's docstring says why)
+    # steps: enforcer.consolidation_sizing's docstring says why)
     consolidate_min_history_s: float = Field(2700.0, ge=0)
     consolidate_util_cap: float = Field(1.0, gt=0)  # most summed p95 utilisation planned on one shared device
     consolidate_util_guard: float = Field(1.2, gt=0)  # summed p95 over this on a shared device moves a job off

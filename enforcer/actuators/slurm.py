@@ -33,6 +33,10 @@ if the action is still in the state it was decided in (two enforcers on one move
 `begin` locks the job's row first (two enforcers beginning moves of one job: the second finds the first's).
 Slurm keeps one job under one id: a requeued job never runs twice, and fleetlens never cancels a job or resubmits it
 under a new id.
+
+This module is the state machine; what Slurm says of the job and its node is read by enforcer.actuators.slurm_reads,
+and the action's record in the store (each step written only from the state it was decided in) is
+enforcer.actuators.slurm_record's.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from typing import Any, ClassVar
 from sqlalchemy import select, update
 
 from enforcer.actuators.base import Move, Step, StepOutcome
+from enforcer.actuators.slurm_reads import is_held, node_room, read_job, whole_holders, why_not_fewer
+from enforcer.actuators.slurm_record import SlurmActionRecord
 from store.checkpoints import digest, record_checkpoint
 from store.db import Store
 from store.errors import InvalidInput, NotFound, UpstreamUnavailable
@@ -51,17 +57,9 @@ from store.models import Action, ActionEvent, Device
 from store.models_slurm import SlurmJob as SlurmJobRow
 from store.registry import closed_hosts, silent_hosts
 from store.settings import Settings
-from store.slurm import HOLDING_STATES, WAITING_STATES, Gres, SlurmJob, free_shards, parse_gres, parse_jobs, parse_nodes
+from store.slurm import HOLDING_STATES, WAITING_STATES, SlurmJob, parse_gres
 from store.slurm_cli import SlurmCli, SlurmRefused
-from store.slurm_marks import (
-    first_submits,
-    job_folder,
-    read_manifest,
-    read_started,
-    sdk_asked_from,
-    signal_unsafe,
-)
-from store.slurm_nodes import no_move_reason, node_label
+from store.slurm_marks import job_folder, read_manifest, read_started, signal_unsafe
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +83,9 @@ class SlurmMoveOptions:
                    resume_timeout_s=settings.slurm_resume_timeout_s, max_attempts=settings.slurm_max_attempts)
 
 
-class SlurmActuator:
-    """Carries out moves of Slurm jobs (see the module's docstring); state lives in `actions` (engine 'slurm')."""
+class SlurmActuator(SlurmActionRecord):
+    """Carries out moves of Slurm jobs (see the module's docstring); state lives in `actions` (engine 'slurm'),
+    read and written through SlurmActionRecord."""
 
     engine: ClassVar[str] = ENGINE
 
@@ -162,7 +161,7 @@ class SlurmActuator:
             state = action.state
         self._stepping = (action_id, state)  # a step is written only from the state it was decided in
         try:
-            job = self._job(int(detail["job_id"]))
+            job = read_job(self.cli, self.store, self.settings, int(detail["job_id"]))
             step = getattr(self, f"_{state}")
             return step(action_id, detail, job, now)
         except UpstreamUnavailable as exc:  # slurmctld away (restarting): nothing was done, try again later
@@ -194,7 +193,7 @@ class SlurmActuator:
         if not job.opted_in:
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"job {job.job_id} no longer opts in ({job.not_movable_reason}); nothing was done")
-        why_not = _why_not_fewer(parse_gres(d["new_gres"]), job.gres)
+        why_not = why_not_fewer(parse_gres(d["new_gres"]), job.gres)
         if why_not is not None:  # the store's row was read before a move or an update changed the job's request
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"job {job.job_id} holds {job.gres} now (Slurm), not {d['old_gres']} as the store "
@@ -275,7 +274,7 @@ class SlurmActuator:
             return self._to(action_id, "planned", d, now, Step.PLANNED, True,
                             f"the checkpoint is {age:.0f} s old (limit {self.options.checkpoint_max_age_s:.0f} s): "
                             "asking for a fresh one")
-        room = self._room(job.job_id, d["node"], int(d["new_gres"].split(":")[-1]))
+        room = node_room(self.cli, job.job_id, d["node"], int(d["new_gres"].split(":")[-1]))
         if room is not None:
             return self._end(action_id, "failed", Step.FAILED, now, False, f"{room}; nothing was changed")
         # the run this move stops is the one Slurm shows now: the resume is checked against its restart count
@@ -285,7 +284,8 @@ class SlurmActuator:
         try:
             self.cli.run("scontrol", "requeuehold", str(job.job_id))
         except SlurmRefused as exc:
-            again = self._job(job.job_id)  # refused, or a first requeuehold whose answer was lost went through
+            # refused, or a first requeuehold whose answer was lost went through
+            again = read_job(self.cli, self.store, self.settings, job.job_id)
             if again is not None and again.restart_count > job.restart_count:
                 return self._hold_took_effect(action_id, d, again, now)
             return self._end(action_id, "failed", Step.FAILED, now, False,
@@ -298,7 +298,7 @@ class SlurmActuator:
         """The job was requeued after fleetlens sent `scontrol requeuehold` whose answer did not come back: held
         (PENDING, JobHeldUser), the move carries on from `held`; still completing its requeue, wait; anything else
         (released by someone, or ended) is no longer fleetlens's to change."""
-        held = job.state == "REQUEUE_HOLD" or (job.state in WAITING_STATES and _is_held(job.reason))
+        held = job.state == "REQUEUE_HOLD" or (job.state in WAITING_STATES and is_held(job.reason))
         if held:
             return self._to(action_id, "held", {**d, "held_at": now}, now, Step.STOPPED, True,
                             f"job {job.job_id} requeued and held (Slurm's answer to the requeuehold was lost; squeue "
@@ -333,7 +333,7 @@ class SlurmActuator:
                 return self._to(action_id, "rolling_back", {**d, "why": why}, now, Step.FAILED, False,
                                 f"{why}; restoring its request")
             return []
-        room = self._room(job.job_id, d["node"], int(d["new_gres"].split(":")[-1]))
+        room = node_room(self.cli, job.job_id, d["node"], int(d["new_gres"].split(":")[-1]))
         if room is not None:
             return self._to(action_id, "rolling_back", {**d, "why": room}, now, Step.FAILED, False,
                             f"{room}; restoring its request")
@@ -365,7 +365,7 @@ class SlurmActuator:
                                  f"job {d['job_id']} resumed at step {started.step}, not from its checkpoint at step "
                                  f"{ckpt['step']} (sha256 {ckpt['sha256'][:12]})", training_step=started.step)
             where = f"GPU {','.join(map(str, job.gpu_indices)) or '?'} of {job.node}"
-            whole = self._whole_holders(job)
+            whole = whole_holders(self.cli, job)
             note = (f"; note: Slurm put it on a GPU that job(s) {whole} hold whole (Slurm 22.05 does not keep "
                     "whole-GPU jobs off shared GPUs)") if whole else ""
             return self._end(action_id, "resumed", Step.RESUMED, now, True,
@@ -389,7 +389,7 @@ class SlurmActuator:
         if job.state == "RUNNING":
             return self._end(action_id, "failed", Step.FAILED, now, False,
                              f"{why}; meanwhile Slurm started job {d['job_id']} with {job.gres}: it runs on so")
-        if not _is_held(job.reason):
+        if not is_held(job.reason):
             self.cli.run("scontrol", "hold", str(job.job_id))
         if job.gres is None or str(job.gres) != d["old_gres"]:
             self.cli.run("scontrol", "update", f"jobid={job.job_id}", f"gres={d['old_gres']}")
@@ -400,114 +400,5 @@ class SlurmActuator:
 
     # ---- helpers ------------------------------------------------------------------------------------------------
 
-    def _job(self, job_id: int) -> SlurmJob | None:
-        """What Slurm says of one job now, with its opt-in read from its start mark. squeue 22.05 lists every job
-        whatever `--jobs` says, so the others are dropped before they are read: one start mark per step, not one per
-        job in the queue."""
-        try:
-            doc = self.cli.json("squeue", f"--jobs={job_id}")
-        except SlurmRefused as exc:
-            if "invalid job id" in str(exc).lower():
-                return None
-            raise
-        mine = [j for j in doc.get("jobs") or [] if isinstance(j, dict) and str(j.get("job_id")) == str(job_id)]
-        # the job's first submission as the store saw it: its own mark from before a requeue still counts while
-        # the run after it has not written its own yet
-        asked = sdk_asked_from(self.settings, first_submits=first_submits(self.store, [job_id]))
-        _, jobs = parse_jobs({**doc, "jobs": mine},
-                             sdk_asked=lambda j, submit, restart: j == job_id and asked(j, submit, restart))
-        return jobs.get(job_id)
-
-    def _room(self, job_id: int, node_name: str | None, shards: int) -> str | None:
-        """Why the node has no GPU left with `shards` free beside the job's own, or takes no new job now (down, not
-        responding, drained, draining, in maintenance, reserved: store.slurm_nodes), as sinfo says now (None when it
-        has such a GPU and takes jobs). Raises
-        UpstreamUnavailable while Slurm does not know the node's shards (slurmd not registered again after a restart
-        of slurmctld): the move waits rather than rolls back on a half-known node."""
-        _, jobs = parse_jobs(self.cli.json("squeue"))
-        _, nodes = parse_nodes(self.cli.json("sinfo"))
-        node = nodes.get(node_name or "")
-        if node is None:
-            return f"node {node_name} is not in sinfo"
-        if (why := no_move_reason(node_label(node.state, node.flags, node.reason))) is not None:
-            return f"node {node.name} takes no move now: {why}"  # the requeued job could not start there again
-        if node.gpus and not node.shards:
-            raise UpstreamUnavailable(f"Slurm does not say yet how many shards node {node.name} has (state "
-                                      f"{node.state})")
-        free = free_shards(node, jobs, leaving=job_id)
-        if any(n >= shards for n in free.values()):
-            return None
-        holders = {j.job_id: f"{j.gres}@{list(j.gpus_on(node.name))}" for j in jobs.values()
-                   if j.gpus_on(node.name) and j.state in HOLDING_STATES and j.job_id != job_id}
-        return (f"no free shard is left on {node.name}: no GPU there has {shards} shards free that no whole-GPU job "
-                f"holds (free per GPU {free}; held by jobs {holders})")
-
-    def _whole_holders(self, job: SlurmJob) -> list[int]:
-        """The running whole-GPU jobs on one of the GPUs `job` was given."""
-        _, jobs = parse_jobs(self.cli.json("squeue"))
-        return sorted(j.job_id for j in jobs.values() if j.job_id != job.job_id and job.node is not None
-                      and j.state == "RUNNING" and j.gres is not None and j.gres.kind == "gpu"
-                      and set(j.gpus_on(job.node)) & set(job.gpu_indices))
-
-    def _created(self, action_id: int) -> float:
-        with self.store.session() as session:
-            return float(session.get(Action, action_id).created_at)
-
     def _folder(self, action_id: int) -> str:
         return job_folder(self.settings, self._workflow(action_id))
-
-    def _workflow(self, action_id: int) -> str:
-        with self.store.session() as session:
-            return session.get(Action, action_id).workflow_id
-
-    def _note(self, action_id: int, detail: dict[str, Any]) -> bool:
-        """Record `detail` without a step (what is about to be sent), if the action is still in the state this step
-        was decided in; False when another enforcer moved it on meanwhile."""
-        with self.store.session() as session:
-            query = select(Action).where(Action.id == action_id)
-            action = session.scalar(query.with_for_update() if self.store.is_postgres else query)
-            if self._stepping is not None and self._stepping != (action_id, action.state):
-                return False
-            action.detail = detail
-            return True
-
-    def _to(self, action_id: int, state: str, detail: dict[str, Any], now: float, step: Step | None, ok: bool,
-            message: str, training_step: int | None = None) -> list[StepOutcome]:
-        with self.store.session() as session:
-            query = select(Action).where(Action.id == action_id)
-            action = session.scalar(query.with_for_update() if self.store.is_postgres else query)
-            before = action.state
-            if self._stepping is not None and self._stepping != (action_id, before):
-                # another enforcer took this step meanwhile (serve and a DAG, say): its record stands
-                log.info("Slurm action %s moved on to %s meanwhile; this step is not recorded", action_id, before)
-                return []
-            action.state, action.detail, action.updated_at = state, detail, now
-            if not ok:
-                action.error = message
-            session.add(ActionEvent(action_id=action_id, ts=now, from_state=before, to_state=state, message=message,
-                                    detail={k: v for k, v in detail.items() if k != "reason"}))
-        return [] if step is None else [StepOutcome(action_id, step, ok, now, message, training_step)]
-
-    def _end(self, action_id: int, state: str, step: Step, now: float, ok: bool, message: str,
-             training_step: int | None = None, extra: dict[str, Any] | None = None) -> list[StepOutcome]:
-        with self.store.session() as session:
-            detail = {**dict(session.get(Action, action_id).detail or {}), **(extra or {}),
-                      "outcome": message}
-        return self._to(action_id, state, detail, now, step, ok, message, training_step)
-
-
-def _why_not_fewer(new: Gres | None, live: Gres | None) -> str | None:
-    """Why `new` is not a smaller request than `live`, the one Slurm shows the job holding now (None: it is). A move
-    only ever lowers a shard request; a whole-GPU request is not one fleetlens changes (Slurm 22.05 cannot)."""
-    if new is None or new.kind != "shard":
-        return f"the move asks for {new}, not shards"
-    if live is None or live.kind != "shard":
-        return f"the job's request is {live}, not shards, and fleetlens only lowers a shard request"
-    if new.count >= live.count:
-        return f"{new} is not fewer shards than {live}, and fleetlens never raises a request"
-    return None
-
-
-def _is_held(reason: str | None) -> bool:
-    """Whether Slurm's state_reason says the job is held (by its user, an admin, or a requeuehold)."""
-    return (reason or "").lower().startswith(("jobheld", "job requeued in held"))

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from enforcer.consolidate import ConsolidateParams, JobDemand, Packing, Size, lane_bytes, size_jobs
+from enforcer.consolidate import Packing, lane_bytes
+from enforcer.consolidation_sizing import ConsolidateParams, JobDemand, Size, size_jobs
 from enforcer.sim.readers.demand import DemandTrace
 from store.errors import InvalidInput
 from store.headroom import LANE_FACTOR, PERSISTENT_FACTOR

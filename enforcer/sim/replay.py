@@ -15,14 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from enforcer.consolidate import (
-    ConsolidateParams,
-    JobDemand,
-    Packing,
-    Size,
-    plan_consolidation,
-    size_job,
-)
+from enforcer.consolidate import Packing, plan_consolidation
+from enforcer.consolidation_sizing import ConsolidateParams, JobDemand, Size, size_job
 from enforcer.sim.readers.demand import DemandJob, DemandTrace
 from store.errors import InvalidInput
 

@@ -7,14 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from enforcer.consolidate import (
-    ConsolidateParams,
-    JobDemand,
-    lane_bytes,
-    plan_consolidation,
-    size_job,
-    size_jobs,
-)
+from enforcer.consolidate import lane_bytes, plan_consolidation
+from enforcer.consolidation_sizing import ConsolidateParams, JobDemand, size_job, size_jobs
 from enforcer.lanes import lane_request
 from store.errors import InvalidInput
 from store.settings import Settings

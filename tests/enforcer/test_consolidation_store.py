@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select, update
 
-from enforcer.consolidate import ConsolidateParams, JobDemand, size_jobs
+from enforcer.consolidation_sizing import ConsolidateParams, JobDemand, size_jobs
 from enforcer.consolidation_store import POLICY, consolidation_due, load_demands, make_consolidation_plan
 from enforcer.cycle import run_cycle
 from enforcer.migration import plan_action
@@ -263,7 +263,7 @@ def test_consolidation_keeps_a_job_no_host_with_room_can_read_and_records_why(an
 
 
 def test_admission_trusts_memory_seen_for_steps_before_consolidation_trusts_its_history(any_store: Store):
-    # two rules on purpose (enforcer.consolidate's docstring): 30 one-minute samples are enough steps for
+    # two rules on purpose (enforcer.consolidation_sizing's docstring): 30 one-minute samples are enough steps for
     # admission to know a's memory, and not enough history for consolidation to co-locate it by its peak
     seed(any_store, minutes=30)
     with any_store.session() as s:

@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from enforcer.consolidate import ConsolidateParams
+from enforcer.consolidation_sizing import ConsolidateParams
 from enforcer.consolidation_store import load_demands
 from enforcer.fleet_state import read_fleet_state
 from enforcer.managed import load_host_fleet

@@ -189,7 +189,7 @@ def test_on_cpu_devices_a_process_that_ran_on_the_cores_holds_none_of_their_memo
 
 
 def test_consolidation_counts_memory_used_outside_the_placements_too(any_store: Store) -> None:
-    from enforcer.consolidate import ConsolidateParams
+    from enforcer.consolidation_sizing import ConsolidateParams
     from enforcer.consolidation_store import load_demands
 
     ids = host(any_store)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from collector.importers.slurm import import_slurm
 from enforcer.actuators.base import Move
 from enforcer.actuators.slurm import TERMINAL, SlurmActuator, SlurmMoveOptions
+from enforcer.actuators.slurm_reads import read_job
 from store.errors import InvalidInput
 from store.models import Action, ActionEvent
 from store.settings import Settings
@@ -246,5 +247,5 @@ def test_a_job_that_opted_in_by_its_sdk_stays_movable_after_a_requeue_until_its_
     import_slurm(sqlite_store, settings, cli=slurm)
     # requeued (by anyone): a restart and a new submit time; its run 1 has not written its own mark yet
     slurm.jobs[JOB].update(restart_cnt=1, submit_time=2000.0)
-    job = SlurmActuator(sqlite_store, settings, cli=slurm)._job(JOB)
+    job = read_job(slurm, sqlite_store, settings, JOB)
     assert job is not None and job.opted_in, job

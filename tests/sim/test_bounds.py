@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from enforcer.consolidate import ConsolidateParams
+from enforcer.consolidation_sizing import ConsolidateParams
 from enforcer.sim.bounds import integral_device_hours, repack_by_combined_memory, repack_every_cycle
 from enforcer.sim.model import ReadReport
 from enforcer.sim.readers.demand import DemandJob, DemandTrace

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from enforcer.consolidate import ConsolidateParams
+from enforcer.consolidation_sizing import ConsolidateParams
 from enforcer.sim.model import ReadReport
 from enforcer.sim.readers.demand import DemandJob, DemandTrace, read_alibaba_demand, read_openb_demand
 from enforcer.sim.replay import replay

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from enforcer.consolidate import ConsolidateParams
+from enforcer.consolidation_sizing import ConsolidateParams
 from enforcer.sim.readers.demand import DemandTrace, read_alibaba_demand, read_openb_demand
 from enforcer.sim.readers.openb import DEVICE_MEM as OPENB_MEM
 from enforcer.sim.readers.openb import NODE_FILE, read_openb_nodes
