@@ -31,7 +31,7 @@ from store.checkpoints import readable_hosts_by_workflow
 from store.device_memory import known_context, unplaced_memory
 from store.headroom import charged
 from store.models import Action, ActionEvent, Device, Lane, Placement, Team, Workflow
-from store.registry import closed_hosts, silent_hosts
+from store.registry import hosts_left_alone
 from store.settings import Settings
 from store.workflows import is_movable
 
@@ -115,10 +115,11 @@ class FleetState:
     workflows: dict[str, WorkflowState] = field(default_factory=dict)
     # hosts not heard from within Settings.host_silence_s, or Slurm nodes Slurm reports not answering, with why
     # (store.registry.silent_hosts): the planner and consolidation move nothing onto or off their devices (admission
-    # and the dashboard still see them)
+    # still sees them; the dashboard's Fleet page names them, by the same rule: store.registry.hosts_left_alone)
     not_heard_from: dict[str, str] = field(default_factory=dict)
     # Slurm nodes that run their jobs on but take no new one (drained, draining, in maintenance, reserved), with why
-    # (store.registry.closed_hosts): the planner and consolidation may move jobs off their devices, never onto them
+    # (store.registry.closed_hosts; a host not heard from is named in not_heard_from only): the planner and
+    # consolidation may move jobs off their devices, never onto them
     closed: dict[str, str] = field(default_factory=dict)
 
     def free_capacity(self, device_id: int) -> int:
@@ -151,9 +152,9 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
     With `settings`, the hosts not heard from within `host_silence_s` (store.registry.silent_hosts: an agent's
     heartbeat, or an importer's last record of the node; and a Slurm node whose latest listing shows it down or not
     responding) are named in `not_heard_from`, and the Slurm nodes that take no new job (drained, draining, in
-    maintenance, reserved: store.registry.closed_hosts) in `closed`; their devices stay in the state (admission and
-    the dashboard show them as they are), the planner and consolidation leave the silent ones alone and move
-    nothing onto the closed ones."""
+    maintenance, reserved: store.registry.closed_hosts, both read by store.registry.hosts_left_alone) in `closed`;
+    their devices stay in the state (admission and the dashboard show them as they are), the planner and
+    consolidation leave the silent ones alone and move nothing onto the closed ones."""
     now = time.time() if now is None else now
     query = select(Device).where(Device.state == "ok")
     if host_id is not None:
@@ -181,8 +182,7 @@ def read_fleet_state(session: Session, *, now: float | None = None, settings: Se
     state.devices = {i: replace(d, unmanaged=unmanaged.get(i, 0)) for i, d in state.devices.items()}
     if settings is not None:
         hosts = {d.host_id for d in rows}
-        state.not_heard_from = silent_hosts(session, hosts, settings.host_silence_s, now)
-        state.closed = {h: why for h, why in closed_hosts(session, hosts).items() if h not in state.not_heard_from}
+        state.not_heard_from, state.closed = hosts_left_alone(session, hosts, settings.host_silence_s, now)
     workflows = {wf.id: wf for _, wf in placed_rows}
     teams = set(session.scalars(select(Team.name).where(Team.movable.is_(True))))
     if settings is not None:

@@ -111,6 +111,18 @@ def closed_hosts(session: Session, host_ids: Iterable[str]) -> dict[str, str]:
             if (why := closed_reason(label)) is not None}
 
 
+def hosts_left_alone(session: Session, host_ids: Iterable[str], limit_s: float,
+                     now: float) -> tuple[dict[str, str], dict[str, str]]:
+    """({host: why it is not heard from}, {host: why it takes no new job}) of `host_ids`: silent_hosts, and
+    closed_hosts of the others (a node Slurm reports both down and drained is not heard from, and named there
+    only). What the enforcer plans around (enforcer.fleet_state), and what `fleetlens status` and the dashboard
+    show, from the one rule."""
+    ids = sorted(set(host_ids))
+    silent = silent_hosts(session, ids, limit_s, now)
+    closed = {host: why for host, why in closed_hosts(session, ids).items() if host not in silent}
+    return silent, closed
+
+
 def register_devices(
     session: Session, host_id: str, specs: Iterable[DeviceSpec], *, source: str, now: float | None = None,
     moved_here: bool = False,
