@@ -57,13 +57,13 @@ def seed(store: Store, now: float | None = None, raw_hours: float = 2.0, rollup_
     with store.session() as s:
         for host in HOSTS:
             s.add(Host(id=host, hostname=f"{host}.cluster", source="nvml", agent_version="0.1.0", agent_pid=100,
-                       started_at=now - 8 * 86400, last_seen=now - (5 if host == "gpu-a" else 900), labels={}))
+                       started_at=now - 8 * 86400, last_seen=now - (5 if host == "gpu-a" else 15), labels={}))
         s.flush()
         for host, n in HOSTS.items():
             for i in range(n):
                 d = Device(host_id=host, index=i, uuid=f"GPU-{host}-{i}", name="NVIDIA A100-SXM4-80GB",
                            source="nvml", memory_total=DEVICE_MEMORY, state="ok", registered_at=now - 8 * 86400,
-                           last_seen=now)
+                           last_seen=now - 8 * 86400)  # when its agent registered it: its heartbeat says it lives
                 s.add(d)
                 s.flush()
                 out.device_ids[(host, i)] = d.id

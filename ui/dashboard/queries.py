@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Integer, and_, case, cast, func, literal, select
+from sqlalchemy import Integer, and_, case, cast, func, select
 from sqlalchemy.sql import ColumnElement, Select
 
 from analyzer.device_hours import device_hours, rolled_device_hours
@@ -32,15 +32,18 @@ from store.models import (
     Rollup,
     Workflow,
 )
+from store.registry import hosts_heard_from, hosts_left_alone
 from store.serving import AppWindow, app_windows
 from store.serving_raw import all_raw_counts
+from store.settings import get_settings
 from store.sweeps import events as sweep_event_rows
 from store.sweeps import gpu_use, labelled_trials
 from store.sweeps import sweeps as sweep_rows
 
 RAW_LIMIT_S = 6 * 3600  # longer windows read rollups
 HOUR = 3600.0
-STALE_AFTER_S = 120.0  # an agent silent this long is shown as stale
+HOST_NOT_HEARD_FROM = "not heard from"  # a host's status (hosts()): the enforcer moves nothing onto or off it
+HOST_CLOSED = "takes no new job"  # a Slurm node drained, draining, in maintenance or reserved: nothing moves onto it
 
 
 @dataclass(frozen=True)
@@ -190,9 +193,13 @@ def device_utilisation(store: Store, window: Window) -> pd.DataFrame:
     return _frame(store, stmt)
 
 
-def hosts(store: Store, now: float | None = None) -> pd.DataFrame:
-    """Hosts with their agent, device count and seconds since the agent last wrote."""
+def hosts(store: Store, now: float | None = None, silence_s: float | None = None) -> pd.DataFrame:
+    """Hosts with their agent, device count, when each was last heard from, and whether the enforcer leaves it
+    alone: `status` "not heard from" or "takes no new job" and `why`, by the store's one rule
+    (store.registry.hosts_left_alone over `silence_s`, else Settings.host_silence_s), "ok" otherwise. Hosts left
+    alone come first, then the others by when they were last heard from, latest first."""
     now = time.time() if now is None else now
+    silence_s = get_settings().host_silence_s if silence_s is None else silence_s
     n_devices = (
         select(Device.host_id, func.count().label("devices"))
         .where(Device.state == "ok")
@@ -206,15 +213,21 @@ def hosts(store: Store, now: float | None = None) -> pd.DataFrame:
             Host.source,
             Host.agent_version,
             func.coalesce(n_devices.c.devices, 0).label("devices"),
-            Host.last_seen,
-            (literal(now) - Host.last_seen).label("silent_s"),
         )
         .outerjoin(n_devices, n_devices.c.host_id == Host.id)
-        .order_by(Host.last_seen.desc())
     )
-    df = _frame(store, stmt)
-    df["agent"] = ["stale" if s > STALE_AFTER_S else "ok" for s in df.silent_s]
-    return df
+    with store.session() as session:
+        df = pd.read_sql(stmt, session.connection())
+        ids = list(df.host)
+        heard = hosts_heard_from(session, ids)  # a heartbeat, or an importer's record of the node's devices
+        silent, closed = hosts_left_alone(session, ids, silence_s, now)
+    df["last_seen"] = [heard.get(h, float("nan")) for h in df.host]
+    df["silent_s"] = now - df.last_seen
+    df["status"] = [HOST_NOT_HEARD_FROM if h in silent else HOST_CLOSED if h in closed else "ok" for h in df.host]
+    df["why"] = [silent.get(h) or closed.get(h) or "" for h in df.host]
+    order = df.status.map({HOST_NOT_HEARD_FROM: 0, HOST_CLOSED: 1}).fillna(2)
+    return (df.assign(_order=order).sort_values(["_order", "last_seen", "host"], ascending=[True, False, True])
+            .drop(columns="_order").reset_index(drop=True))
 
 
 def plans(store: Store, window: Window | None = None, limit: int = 200) -> pd.DataFrame:

@@ -1,6 +1,7 @@
-"""Enforcement page: lanes per device, the latest PACK and FAIR plans side by side (applied, with each move's outcome,
-or proposed, to apply with confirmation), consolidation cycles (devices held, needed, freed, each move's reason),
-actions log. Columns carry human names; the tables keep the store's column names underneath."""
+"""Enforcement page: the hosts the enforcer leaves alone (not heard from, taking no new job), lanes per device, the
+latest PACK and FAIR plans side by side (applied, with each move's outcome, or proposed, to apply with confirmation),
+consolidation cycles (devices held, needed, freed, each move's reason), actions log. Columns carry human names; the
+tables keep the store's column names underneath."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import streamlit as st
 from store.errors import FleetlensError
 from ui.dashboard import actions, charts
 from ui.dashboard.common import ago, device_page, fresh, report
+from ui.dashboard.hosts_view import host_table, left_alone_notice
 
 POLICIES = ("pack", "fair")
 MOVE_COLUMNS = ["workflow_id", "from_device_id", "to_device_id", "to_lane_id", "new_lane", "lane_size",
@@ -52,9 +54,12 @@ try:
     plan_rows = fresh(ctx, "plans", limit=200)
     action_rows = fresh(ctx, "actions")
     cycles = fresh(ctx, "consolidation_cycles")
+    hosts = host_table(ctx)
 except FleetlensError as exc:
     report(exc)
     st.stop()
+
+left_alone_notice(hosts)  # what the planner and consolidation plan around now
 
 st.subheader("Lanes")
 if lane_rows.empty:

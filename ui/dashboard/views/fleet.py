@@ -1,4 +1,5 @@
-"""Fleet page: device-hours held vs active, utilisation distribution, waste ranking, enforcement, hosts."""
+"""Fleet page: hosts the enforcer leaves alone, device-hours held vs active, utilisation distribution, waste ranking,
+enforcement, hosts (each with its status: heard from, not heard from, taking no new job)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import streamlit as st
 from store.errors import FleetlensError
 from ui.dashboard import charts, waste
 from ui.dashboard.common import ago, cached, device_page, fmt_hours, fresh, report
+from ui.dashboard.hosts_view import host_table, left_alone_notice
 
 ctx = device_page("Fleet")
 
@@ -15,12 +17,14 @@ try:
     timeline = cached(ctx, "fleet_timeline", ctx.window)
     util = cached(ctx, "device_utilisation", ctx.window)
     freed = cached(ctx, "freed_over_time", ctx.window)
-    host_table = fresh(ctx, "hosts")
+    hosts = host_table(ctx)
     host_event_table = fresh(ctx, "host_events")
     slurm_table = fresh(ctx, "slurm_jobs")
 except FleetlensError as exc:
     report(exc)
     st.stop()
+
+left_alone_notice(hosts)  # the hosts the enforcer plans around, named at the top with why
 
 held, active = hours["held"], hours["active"]
 c = st.columns(5)
@@ -62,12 +66,14 @@ with e2:
         st.dataframe(acts.groupby("state").size().rename("actions").reset_index(), hide_index=True)
 
 st.subheader("Hosts")
-if host_table.empty:
+if hosts.empty:
     st.info("No host has registered an agent yet: run `fleetlens agent` on each host.")
 else:
-    shown = host_table.assign(last_contact=[ago(t) for t in host_table.last_seen])
+    # last contact: its agent's heartbeat, or for a node an importer keeps (Slurm) its last record; status: whether
+    # the enforcer leaves it alone, and why (the store's rule, as `fleetlens enforce` prints it)
+    shown = hosts.assign(last_contact=[ago(t) for t in hosts.last_seen])
     st.dataframe(
-        shown[["host", "hostname", "source", "agent_version", "devices", "agent", "last_contact"]],
+        shown[["host", "status", "why", "hostname", "source", "agent_version", "devices", "last_contact"]],
         hide_index=True,
     )
 if not host_event_table.empty:
