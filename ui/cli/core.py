@@ -1,6 +1,9 @@
-"""`fleetlens init` and `fleetlens status`: create or upgrade the database, and say what is in it."""
+"""`fleetlens init` and `fleetlens status`: create or upgrade the database, and say what is in it (and which hosts
+the enforcer leaves alone)."""
 
 from __future__ import annotations
+
+import time
 
 from rich.table import Table
 from sqlalchemy import func, select
@@ -8,6 +11,7 @@ from sqlalchemy import func, select
 from store import models
 from store.db import Store
 from store.migrations import current_revision, head_revision, upgrade
+from store.registry import hosts_left_alone
 from ui.cli.app import app, console, settings
 
 
@@ -25,7 +29,8 @@ def init() -> None:
 
 @app.command()
 def status() -> None:
-    """Database URL, schema revision, and counts of what the store holds."""
+    """Database URL, schema revision, counts of what the store holds, and the hosts not heard from or taking no
+    new job."""
     s = settings()
     store = Store.from_settings(s)
     store.ping()
@@ -47,4 +52,16 @@ def status() -> None:
         with store.session() as session:
             for label, model in counts.items():
                 table.add_row(label, str(session.scalar(select(func.count()).select_from(model))))
+            # the hosts the enforcer leaves alone, by the store's one rule (`fleetlens enforce` says why)
+            silent, closed = hosts_left_alone(session, session.scalars(select(models.Host.id)), s.host_silence_s,
+                                              time.time())
+            table.add_row("hosts not heard from", _named(silent))
+            table.add_row("hosts taking no new job", _named(closed))
     console.print(table)
+
+
+def _named(hosts: dict[str, str], most: int = 10) -> str:
+    """How many hosts, and which (the first `most` by name)."""
+    names = sorted(hosts)
+    shown = ", ".join(names[:most]) + (f", … ({len(names) - most} more)" if len(names) > most else "")
+    return f"{len(names)}" + (f": {shown}" if names else "")
