@@ -58,26 +58,25 @@ def _said(label: Mapping[str, Any]) -> str:
     return f"Slurm's latest listing shows it {state_text(label)}" + (f" (reason: {reason})" if reason else "")
 
 
+def _reason(label: Mapping[str, Any] | None, among: frozenset[str], meaning: str) -> str | None:
+    """What Slurm's latest listing said, and what it means, when the node's state has a word `among`; else None."""
+    if not label or "state" not in label:
+        return None
+    if not state_words(label.get("state"), label.get("flags") or ()) & among:
+        return None
+    return f"{_said(label)}: {meaning}"
+
+
 def unresponsive_reason(label: Mapping[str, Any] | None) -> str | None:
     """Why a node is not heard from by Slurm's word (its `labels.slurm`), None when Slurm says it answers (or no
     Slurm import has listed it)."""
-    if not label or "state" not in label:
-        return None
-    found = state_words(label.get("state"), label.get("flags") or ()) & UNRESPONSIVE
-    if not found:
-        return None
-    return f"{_said(label)}: its slurmd does not answer Slurm, or the node failed or is powered off"
+    return _reason(label, UNRESPONSIVE, "its slurmd does not answer Slurm, or the node failed or is powered off")
 
 
 def closed_reason(label: Mapping[str, Any] | None) -> str | None:
     """Why a node that answers takes no new job by Slurm's word (its `labels.slurm`), None when it takes them (or no
     Slurm import has listed it)."""
-    if not label or "state" not in label:
-        return None
-    found = state_words(label.get("state"), label.get("flags") or ()) & CLOSED
-    if not found:
-        return None
-    return f"{_said(label)}: its jobs run on, but Slurm starts no new job there"
+    return _reason(label, CLOSED, "its jobs run on, but Slurm starts no new job there")
 
 
 def no_move_reason(label: Mapping[str, Any] | None) -> str | None:
