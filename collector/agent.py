@@ -439,6 +439,10 @@ class Agent:
 
     def _command_loop(self) -> None:
         while not self._stop.wait(self.command_interval_s):
+            try:  # with the database away too: a start it never took must not outlive its relaunch
+                self.stats.fenced.extend(self.fencer.lapsed(self.runner))
+            except Exception:
+                log.exception("fencing the unreported starts on %s failed", self.host_id)
             if self._db_up is False:
                 continue  # the flusher finds out when it is back; no need to hammer a dead server from here
             try:

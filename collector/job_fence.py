@@ -15,6 +15,11 @@ checkpoint (SIGTERM, SIGKILL after the grace period), each one whose workflow
   move the enforcer has not yet recorded is left alone.
 
 Each such stop is recorded as a host event (kind `fence`) and noted on the job's last move that named this host.
+
+So that the two copies do not run side by side while the agent is cut off, it also holds a lease (`lapse`, every
+round of its commander, the database up or not): a start for a move whose outcome the database could not take is
+stopped as soon as its relaunch command expires, the moment the enforcer takes it for lost; the enforcer puts the
+job back on its source only some time after that expiry (enforcer.move_silence.fencing).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 from sqlalchemy import or_, select
 
+from collector.command_runner import CommandRunner
 from collector.job_control import DEFAULT_STOP_GRACE_S, stop_tree
 from collector.job_reaper import REAPER, alive
 from collector.launch import find_managed_processes
@@ -91,7 +97,10 @@ def fence(store: Store, host_id: str, *, gate: LaneGate | None = None, grace_s: 
         if gate is not None:
             gate.release(s.workflow_id)  # a turn the copy held in a lane here passes on
         done.append({"workflow_id": s.workflow_id, "placed_on": s.placed_on, "action_id": s.action_id,
-                     "stopped": stopped, "killed": killed})
+                     "stopped": stopped, "killed": killed, "message": (
+                         f"stopped {s.workflow_id} (pids {stopped}, without a checkpoint) on {host_id}: the store "
+                         f"runs it on {s.placed_on} and its move is over, so this copy was stale (its start here was "
+                         "never recorded) and would have written over that one's checkpoints")})
         log.warning("fenced: stopped %s (pids %s) on %s: the store runs it on %s and its move is over",
                     s.workflow_id, stopped, host_id, s.placed_on)
     if done:
@@ -99,12 +108,39 @@ def fence(store: Store, host_id: str, *, gate: LaneGate | None = None, grace_s: 
     return done
 
 
+def lapse(runner: CommandRunner, host_id: str, *, gate: LaneGate | None = None,
+          grace_s: float = DEFAULT_STOP_GRACE_S, now: float | None = None) -> list[dict[str, Any]]:
+    """Stop each job this agent started for a move whose start the database never took, once its relaunch command
+    has expired: from then on the enforcer takes the relaunch for lost and may put the job back on its source. Needs
+    no database (the agent may be cut off from it); the relaunch's outcome becomes a failure saying so, recorded
+    when the database is back. Returns what was stopped, as `fence` does."""
+    now = time.time() if now is None else now
+    done: list[dict[str, Any]] = []
+    due = [u for u in runner.outcomes_unreported() if u.command.kind == "relaunch" and u.status == "done"
+           and u.command.payload.get("purpose") == "move" and now > u.command.expires_at]
+    for u in due:
+        workflow_id, pid = str(u.command.payload["workflow_id"]), u.result.get("pid")
+        procs = [p for p in find_managed_processes(host_id).get(workflow_id, []) if alive(p)]
+        REAPER.forget([p.pid for p in procs])  # its end is no ending of the job, which is put back elsewhere
+        stopped, killed = stop_tree(procs, grace_s) if procs else ([], [])
+        if gate is not None:
+            gate.release(workflow_id)
+        message = (f"stopped {workflow_id} (pids {stopped}, without a checkpoint) on {host_id}: started here as pid "
+                   f"{pid} by the relaunch of a move, it could not be reported before the relaunch expired (the "
+                   "database was away), so the move takes it for lost and puts the job back where it was; this copy "
+                   "would have run beside that one")
+        u.status, u.result = "failed", {**u.result, "error": message, "fenced": True, "stopped": stopped}
+        done.append({"workflow_id": workflow_id, "placed_on": None, "action_id": u.command.action_id,
+                     "stopped": stopped, "killed": killed, "message": message})
+        log.warning("fenced: %s", message)
+    return done
+
+
 def _record(store: Store, host_id: str, done: list[dict[str, Any]], now: float) -> None:
     with store.session() as session:
         for d in done:
-            message = (f"stopped {d['workflow_id']} (pids {d['stopped']}, without a checkpoint) on {host_id}: the "
-                       f"store runs it on {d['placed_on']} and its move is over, so this copy was stale (its start "
-                       "here was never recorded) and would have written over that one's checkpoints")
+            message = d["message"]
+            d = {k: v for k, v in d.items() if k != "message"}
             record_host_event(session, host_id, "fence", "warning", message, d, now=now)
             action = session.get(Action, d["action_id"]) if d["action_id"] is not None else None
             if action is not None:
@@ -120,11 +156,23 @@ class Fencer:
         self.store, self.host_id, self.gate, self.every_s = store, host_id, gate, every_s
         self.last: float | None = None  # monotonic time of the last fence; None: due at once
 
+        self.owed: list[dict[str, Any]] = []  # stops made with the database away, to record when it is back
+
     def outage(self) -> None:
         """The database was away: fence before the next command runs."""
         self.last = None
 
+    def lapsed(self, runner: CommandRunner, now: float | None = None) -> list[dict[str, Any]]:
+        """Every round of the commander, the database up or not: `lapse`."""
+        done = lapse(runner, self.host_id, gate=self.gate, now=now)
+        self.owed.extend(done)
+        return done
+
     def maybe(self) -> list[dict[str, Any]]:
+        """Record the stops owed, and fence when due. Raises DatabaseUnavailable when the store is away."""
+        if self.owed:
+            _record(self.store, self.host_id, self.owed, time.time())
+            self.owed = []
         if self.last is not None and time.monotonic() - self.last < self.every_s:
             return []
         done = fence(self.store, self.host_id, gate=self.gate)

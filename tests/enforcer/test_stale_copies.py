@@ -18,11 +18,16 @@ import psutil
 import pytest
 from sqlalchemy import select
 
+from collector import command_runner
 from collector.agent import Agent
 from collector.job_reaper import REAPER, ReaperHost
 from enforcer.migration import drive
+from enforcer.migration_steps import MigrationOptions
+from store.commands import enqueue_command, finish
 from store.db import Store
-from store.models import HostEvent
+from store.errors import DatabaseUnavailable
+from store.models import Command, HostEvent
+from store.settings import Settings
 from tests.collector.agent_helpers import StubSource
 from tests.enforcer.silent_fleet import DST, JOB, SETTINGS, SRC, T0, SilentFleet
 
@@ -77,10 +82,10 @@ def heard_again(store: Store, host: str, tmp_path: Path, monkeypatch: pytest.Mon
     return agent
 
 
-def silent_after_claiming_the_relaunch(store: Store, tmp_path: Path) -> SilentFleet:
+def silent_after_claiming_the_relaunch(store: Store, tmp_path: Path, settings: Settings = SETTINGS) -> SilentFleet:
     """The job is stopped on its source at T0 + 9 and the relaunch claimed by the target at T0 + 11, which then falls
     silent (cut off from the database, not dead) and never answers it."""
-    f = SilentFleet(store, tmp_path, silent_at={SRC: None, DST: T0 + 11.5}).seed()
+    f = SilentFleet(store, tmp_path, silent_at={SRC: None, DST: T0 + 11.5}, settings=settings).seed()
     f.begin()
     return f
 
@@ -131,3 +136,99 @@ def test_a_copy_is_left_alone_while_its_move_is_under_way_and_on_the_host_the_st
     assert running(at_source)  # the copy where the store places it
     heard_again(any_store, DST, tmp_path, monkeypatch)
     assert not running(at_target) and running(at_source)
+
+
+def test_a_start_the_database_never_took_is_stopped_by_its_agent_when_its_relaunch_expires(
+        any_store: Store, tmp_path: Path, copies: Copies, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease the roll back relies on: cut off from the database, the target's agent stops the job it started for
+    a move once the relaunch has expired, since the move then takes it for lost (and may put the job back)."""
+    f = SilentFleet(any_store, tmp_path).seed()
+    f.begin()
+    settings = SETTINGS.model_copy(update={"home": tmp_path / "home-dst"})
+    agent = Agent(any_store, settings, StubSource(n=1), host_id=DST, serve_socket=False)
+    with any_store.session() as s:
+        command_id = enqueue_command(s, DST, "relaunch", {"workflow_id": JOB, "device_id": f.devices[DST],
+                                                          "purpose": "move", "deadline_s": 8.0}, ttl=23.0,
+                                     action_id=f.action_id, secret=SETTINGS.secret_bytes()).id
+    cut_off = {"now": False}
+    session = any_store.session
+
+    def through_the_cut(*args, **kwargs):
+        if cut_off["now"]:
+            raise DatabaseUnavailable("cut off from the database")
+        return session(*args, **kwargs)
+
+    started: list[subprocess.Popen] = []
+
+    def relaunch(payload, ctx):  # starts the job, then the database goes away before the outcome is written
+        started.append(copies.start(JOB, DST))
+        cut_off["now"] = True
+        return {"pid": started[0].pid, "log": "job.log"}
+
+    monkeypatch.setattr(any_store, "session", through_the_cut)
+    monkeypatch.setitem(command_runner._HANDLERS, "relaunch", relaunch)
+    assert agent.poll_commands() == []  # the outcome could not be written
+    with session() as s:
+        expires_at = s.get(Command, command_id).expires_at
+    assert agent.fencer.lapsed(agent.runner, now=expires_at - 1) == []
+    assert running(started[0])  # the move may still hear of it
+    done = agent.fencer.lapsed(agent.runner, now=expires_at + 1)
+    assert [d["stopped"] for d in done] == [[started[0].pid]]
+    assert not running(started[0])
+
+    cut_off["now"] = False  # the database is back: the relaunch's outcome says what happened, and so does the host
+    monkeypatch.setattr(agent, "_db_up", True)
+    agent.poll_commands()
+    with session() as s:
+        command = s.get(Command, command_id)
+        assert command.status == "failed" and command.result["fenced"] and "puts the job back" in \
+            command.result["error"]
+        assert [e.kind for e in s.scalars(select(HostEvent).where(HostEvent.host_id == DST))] == ["fence"]
+    assert "could not be reported before the relaunch expired" in f.log()
+
+
+def test_the_roll_back_waits_for_the_fence_of_a_relaunch_claimed_and_never_answered(
+        any_store: Store, tmp_path: Path) -> None:
+    # the target counts as silent 20 s after it claimed the relaunch, before that relaunch's deadline (T0 + 33): the
+    # move puts the job back as soon as the deadline has passed
+    f = silent_after_claiming_the_relaunch(
+        any_store, tmp_path, SETTINGS.model_copy(update={"host_silent_after_s": 20.0}))
+    state, _ = f.run(until=900)
+    assert state == "rolled_back", f.log()
+    options = MigrationOptions.from_settings(SETTINGS)
+    with any_store.session() as s:
+        sent = list(s.scalars(select(Command).where(Command.action_id == f.action_id, Command.kind == "relaunch")
+                              .order_by(Command.id)))
+        claimed = [c for c in sent if c.host_id == DST and c.status == "running"]
+        back = [c for c in sent if c.host_id == SRC]
+        assert claimed and back
+        # the source starts the job only after the target's agent has stopped what it may have started
+        fenced_by = max(c.expires_at for c in claimed) + options.stop_grace_s + 5
+        assert back[0].issued_at > fenced_by
+    assert "was claimed and never answered: waiting until" in f.log()
+    assert (f.placement_host(), f.workflow_state()) == (SRC, "running")
+
+
+def test_a_relaunch_answered_after_the_move_gave_up_on_it_is_stopped_before_the_job_starts_where_it_was(
+        any_store: Store, tmp_path: Path) -> None:
+    # as above, and the target's agent, its clock behind the enforcer's, answers the relaunch 12 s after the move
+    # took it for lost: the job runs there, unknown to the move
+    f = silent_after_claiming_the_relaunch(
+        any_store, tmp_path, SETTINGS.model_copy(update={"host_silent_after_s": 20.0}))
+    now = T0
+    while now < T0 + 45:
+        f.tick(now)
+        drive(any_store, f.action_id, settings=f.settings, now=now)
+        now += 1.0
+    with any_store.session() as s:
+        claimed = s.scalar(select(Command).where(Command.action_id == f.action_id, Command.kind == "relaunch",
+                                                 Command.host_id == DST))
+        finish(s, claimed.id, "done", {"pid": 555, "log": "job.log"}, now=now)
+    f.silent_at[DST] = None  # heard from again
+    f.running_on, f.copies = DST, f.copies + 1
+    f.most_copies = max(f.most_copies, f.copies)
+    state, _ = f.run(until=900, since=now - T0)
+    assert state == "rolled_back", f.log()
+    assert f.most_copies == 1  # never at both ends
+    assert ("stop", DST, "done") in f.commands() and "after the move had given up on that relaunch" in f.log()
+    assert (f.running_on, f.placement_host(), f.workflow_state()) == (SRC, SRC, "running")
