@@ -36,6 +36,7 @@ from collector.agent_store import (
     touch_new_workflows,
 )
 from collector.command_runner import CommandRunner, Outcome
+from collector.job_fence import Fencer
 from collector.job_reaper import REAPER, ReaperHost
 from collector.metrics import serve_agent_metrics
 from collector.mps import MpsSupervisor
@@ -96,6 +97,7 @@ class Agent:
             sdk_handler.stats = self.stats  # what the database refuses of its rows is counted with the agent's
         self.runner = CommandRunner(store, settings, self.host_id, agent=self,
                                     sdk=sdk_handler if isinstance(sdk_handler, SdkHandlers) else None, gate=self.gate)
+        self.fencer = Fencer(store, self.host_id, self.gate)  # stops stale copies of jobs placed elsewhere
         self._serve_socket = serve_socket
         self._sdk_handler = sdk_handler
         self._socket_server = None
@@ -257,6 +259,7 @@ class Agent:
         if self._db_up is not False:
             log.warning("database unavailable, spooling samples to %s: %s", self.spool.directory, exc)
         self._db_up = False
+        self.fencer.outage()  # a move may have ended meanwhile with a job of ours placed elsewhere: fence first
 
     def _db_back(self) -> None:
         if self._db_up is False:
@@ -436,6 +439,10 @@ class Agent:
 
     def _command_loop(self) -> None:
         while not self._stop.wait(self.command_interval_s):
+            try:  # with the database away too: a start it never took must not outlive its relaunch
+                self.stats.fenced.extend(self.fencer.lapsed(self.runner))
+            except Exception:
+                log.exception("fencing the unreported starts on %s failed", self.host_id)
             if self._db_up is False:
                 continue  # the flusher finds out when it is back; no need to hammer a dead server from here
             try:
@@ -444,13 +451,24 @@ class Agent:
                 log.exception("running commands failed")
 
     def poll_commands(self) -> list[Outcome]:
+        """Fence when due (collector.job_fence: at the first round, after an outage, every FENCE_EVERY_S), then run
+        the pending commands. The same thread does both, so no relaunch runs here while a fence decides."""
         try:
+            self._fence()
             outcomes = self.runner.poll()
         except DatabaseUnavailable as exc:
             self._db_down(exc)
             return []
         self.stats.commands.extend(outcomes)
         return outcomes
+
+    def _fence(self) -> None:
+        try:
+            self.stats.fenced.extend(self.fencer.maybe())
+        except DatabaseUnavailable:
+            raise
+        except Exception:  # fencing must not keep the commands from running
+            log.exception("fencing the managed jobs on %s failed", self.host_id)
 
     def _install_enforcer_hooks(self) -> None:
         """The enforcer's command kinds (launch, checkpoint, stop, relaunch), the job reaper (it takes up the jobs an

@@ -47,6 +47,8 @@ class AgentStats(RefusedCounts):
     nonfinite_values: int = 0
     sample_errors: int = 0
     commands: list[Outcome] = field(default_factory=list)
+    # stale copies of managed jobs this agent stopped, each as collector.job_fence.fence reports it
+    fenced: list[dict[str, Any]] = field(default_factory=list)
     # seconds each fresh batch took to write, the latest ones (a load test reads the percentiles)
     write_s: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 

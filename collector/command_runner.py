@@ -22,7 +22,7 @@ from typing import Any
 from collector.sdk_handlers import LaneGate, SdkHandlers
 from store.commands import claim_pending, finish, has_pending
 from store.db import Store
-from store.errors import UnsafeToRun
+from store.errors import DatabaseUnavailable, UnsafeToRun
 from store.models import Command
 from store.settings import Settings
 from store.signing import verify
@@ -169,6 +169,11 @@ class CommandRunner:
         self.ledger = ledger or NonceLedger(ledger_path(settings, host_id))
         self.agent = agent
         self.sdk, self.gate = sdk, gate
+        # outcomes the database could not take when they were reached (it went away meanwhile), oldest first: each is
+        # recorded when it is back (`report_unreported`); collector.job_fence stops a start still unreported when its
+        # command expires, since the enforcer takes it for lost from then on
+        self.unreported: list[Unreported] = []
+        self._unreported_lock = threading.Lock()
 
     def refusal(self, command: Command, now: float | None = None) -> str | None:
         """Why `command` must not run, or None when it may."""
@@ -196,8 +201,33 @@ class CommandRunner:
                 finish(session, command.id, "failed", {"error": "the agent stopped while running it"})
         return len(stale)
 
+    def outcomes_unreported(self) -> list[Unreported]:
+        """The outcomes still waiting for the database (the entries themselves: a fence may change one)."""
+        with self._unreported_lock:
+            return list(self.unreported)
+
+    def report_unreported(self) -> int:
+        """Record the outcomes the database could not take before; returns how many are recorded now. Raises
+        DatabaseUnavailable when it is still away (what is left is kept)."""
+        with self._unreported_lock:
+            left, self.unreported = self.unreported, []
+        recorded = 0
+        try:
+            while left:
+                u = left[0]
+                with self.store.session() as session:
+                    finish(session, u.command.id, u.status, u.result)
+                left.pop(0)
+                recorded += 1
+        finally:
+            with self._unreported_lock:
+                self.unreported[:0] = left
+        return recorded
+
     def poll(self) -> list[Outcome]:
         """Claim and handle every pending command for this host; returns what happened to each."""
+        if self.unreported:
+            self.report_unreported()
         if not has_pending(self.store, self.host_id):
             return []
         with self.store.session() as session:
@@ -225,9 +255,23 @@ class CommandRunner:
         return self._finish(command, "done", result or {})
 
     def _finish(self, command: _Snapshot, status: str, result: dict[str, Any]) -> Outcome:
-        with self.store.session() as session:
-            finish(session, command.id, status, result)
+        try:
+            with self.store.session() as session:
+                finish(session, command.id, status, result)
+        except DatabaseUnavailable:
+            with self._unreported_lock:
+                self.unreported.append(Unreported(command, status, result))
+            raise
         return Outcome(command.id, command.kind, status, result)
+
+
+@dataclass
+class Unreported:
+    """A command's outcome the database could not take yet."""
+
+    command: _Snapshot
+    status: str
+    result: dict[str, Any]
 
 
 @dataclass(frozen=True)

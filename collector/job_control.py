@@ -92,6 +92,15 @@ def handle_stop(payload: dict[str, Any], ctx: CommandContext) -> dict[str, Any]:
     if taken is not None and max_age is not None and time.time() - float(taken) > float(max_age):
         # the job trained on since its checkpoint: stopping it now would throw that work away
         return {"stale_checkpoint": True, "age_s": round(time.time() - float(taken), 1), "stopped": [], "killed": []}
+    stopped, killed = stop_tree(procs, grace)
+    if ctx.gate is not None:
+        ctx.gate.release(workflow_id)  # a turn the stopped job held in its lane passes on at once
+    return {"stopped": stopped, "killed": killed}
+
+
+def stop_tree(procs: list[psutil.Process], grace: float) -> tuple[list[int], list[int]]:
+    """SIGTERM these processes and their children, SIGKILL what is left after `grace` s; the reaper records their
+    ends. Returns (the pids stopped, those of them killed)."""
     tree: list[psutil.Process] = []
     for p in procs:
         try:
@@ -111,7 +120,5 @@ def handle_stop(payload: dict[str, Any], ctx: CommandContext) -> dict[str, Any]:
             pass
     psutil.wait_procs(left, timeout=5)
     REAPER.reap()
-    if ctx.gate is not None:
-        ctx.gate.release(workflow_id)  # a turn the stopped job held in its lane passes on at once
-    return {"stopped": [p.pid for p in procs], "killed": [p.pid for p in left]}
+    return [p.pid for p in procs], [p.pid for p in left]
 

@@ -78,6 +78,13 @@ class _Reaper:
         with self.lock:
             self.children[popen.pid] = (popen, workflow_id)
 
+    def forget(self, pids: list[int]) -> None:
+        """No longer watch these jobs: their end is not theirs to record (a stale copy fenced, collector.job_fence,
+        whose end must not end the job's placement elsewhere, or fail its workflow)."""
+        with self.lock:
+            for pid in pids:
+                self.children.pop(pid, None)
+
     def adopt(self, store: Store, host_id: str) -> list[tuple[int, str]]:
         """Take up the detached jobs already running on this host (an agent restarted: its jobs went on).
 

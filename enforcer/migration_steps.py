@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from enforcer.move_silence import halt_if_silent, roll_back_if_target_silent, unsettled
+from enforcer.move_silence import fencing, halt_if_silent, roll_back_if_target_silent, unsettled
 from store.checkpoints import latest_checkpoint
 from store.commands import enqueue_command
 from store.headroom import charged
@@ -123,6 +123,10 @@ class StepRunner:
 
     def note(self, message: str, detail: dict[str, Any] | None = None) -> None:
         note_event(self.session, self.action, message, self.now, detail)
+
+    def events(self) -> list[ActionEvent]:
+        return list(self.session.scalars(select(ActionEvent).where(ActionEvent.action_id == self.action.id)
+                                         .order_by(ActionEvent.id)))
 
     def commands(self, kind: str, purpose: str | None = None) -> list[Command]:
         rows = self.session.scalars(select(Command).where(Command.action_id == self.action.id, Command.kind == kind)
@@ -477,6 +481,8 @@ class StepRunner:
                                                  "purpose": "unwind"}, deadline_s=self.options.stop_grace_s + 5)
                 self.note(f"stopping {wf.id} on {last.host_id} again: the last stop got no answer")
                 return
+        if fencing(self, wf):
+            return
         self.relaunch(wf, purpose="rollback")
 
 

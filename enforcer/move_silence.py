@@ -19,6 +19,11 @@ deadlines:
 
 A job started at the target before the target fell silent (`relaunched`) is left to the resume timeout, and a roll
 back to a silent source to its relaunch's tries: there the job may be running, and only its agent can say.
+
+A roll back after a relaunch the target's agent claimed and never answered starts the job where it was only once
+that relaunch has expired by more than the time its agent takes to stop an unreported start (`fencing`;
+collector.job_fence is the agent's side, and also stops, when the agent is heard from again, a copy the store
+places elsewhere), so the job never runs at both ends.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from enforcer.move_checks import silence_phrase
 from store.commands import withdraw_pending
-from store.models import Action, Command, Workflow
+from store.models import Action, ActionEvent, Command, Workflow
 from store.registry import silent_hosts
 from store.settings import Settings
 
@@ -41,6 +46,7 @@ class StepRunner(Protocol):
     session: Session
     action: Action
     settings: Settings
+    options: Any  # enforcer.migration_steps.MigrationOptions: stop_grace_s, command_grace_s
     now: float
 
     def host_of(self, device_id: int | None) -> str | None: ...
@@ -48,6 +54,9 @@ class StepRunner(Protocol):
     def lost(self, command: Command) -> bool: ...
     def overdue(self, command: Command) -> bool: ...
     def fail(self, message: str, detail: dict[str, Any] | None = None) -> None: ...
+    def note(self, message: str, detail: dict[str, Any] | None = None) -> None: ...
+    def send(self, host_id: str, kind: str, payload: dict[str, Any], deadline_s: float) -> Command: ...
+    def events(self) -> list[ActionEvent]: ...
     def to(self, state: str, message: str, detail: dict[str, Any] | None = None, **fields: Any) -> None: ...
 
 
@@ -106,6 +115,36 @@ def settle(wf: Workflow) -> None:
     agents' to report again; one that finished or failed meanwhile stays so."""
     if wf.state == "moving":
         wf.state = "running"
+
+
+def fencing(step: StepRunner, wf: Workflow) -> bool:
+    """Whether the roll back waits before starting the job where it was: a relaunch at the target that its agent
+    claimed and never answered may have started the job there. That agent stops such a start once the relaunch has
+    expired without its outcome reaching the store (collector.job_fence.lapse), within the stop's grace; this waits
+    for that, and for a command grace of clock skew between the hosts, so that the job never runs twice."""
+    sent = step.commands("relaunch", "move")
+    recorded = {(e.detail or {}).get("pid") for e in step.events() if e.to_state == "relaunched"}
+    late = [c for c in sent if c.status == "done" and (c.result or {}).get("pid") not in recorded]
+    if late and not step.commands("stop", "unwind"):
+        # its answer came after the move had given up on it (the hosts' clocks differ): the job runs there, unknown
+        # to the move; it is stopped there first (the unwind's stop), as a relaunched job is
+        last = late[-1]
+        step.send(last.host_id, "stop", {"workflow_id": wf.id, "grace_s": step.options.stop_grace_s,
+                                         "purpose": "unwind"}, deadline_s=step.options.stop_grace_s + 5)
+        step.note(f"{wf.id} was started on {last.host_id} as pid {(last.result or {}).get('pid')} after the move had "
+                  f"given up on that relaunch; stopping it there before starting it where it was")
+        return True
+    claimed = [c for c in sent if c.status == "running"]
+    if not claimed:
+        return False
+    until = max(c.expires_at for c in claimed) + step.options.stop_grace_s + 5 + step.options.command_grace_s
+    if step.now > until:
+        return False
+    if not any((e.detail or {}).get("awaiting_fence") for e in step.events()):
+        step.note(f"the relaunch of {wf.id} at {claimed[-1].host_id} was claimed and never answered: waiting until "
+                  f"{until - step.now:.0f} s from now, by when its agent has stopped any copy it started, before "
+                  "starting it where it was", {"awaiting_fence": True, "until": until})
+    return True
 
 
 def roll_back_if_target_silent(step: StepRunner, wf: Workflow) -> bool:

@@ -129,11 +129,11 @@ class SilentFleet:
                            first_step=first, last_step=first + 9, n_steps=10, mean_s=0.1, p50_s=0.1, p95_s=0.1,
                            max_s=0.1))
 
-    def run(self, until: float = 1200.0, every: float = 1.0) -> tuple[str, float]:
-        """Drive the move every `every` s (as drive_actions does, on the fake clock) until it is over; returns its
-        final state and when it got there (seconds after T0)."""
+    def run(self, until: float = 1200.0, every: float = 1.0, since: float = 0.0) -> tuple[str, float]:
+        """Drive the move every `every` s (as drive_actions does, on the fake clock) from `since` s after T0 until it
+        is over; returns its final state and when it got there (seconds after T0)."""
         assert self.action_id is not None
-        now, state = T0, "planned"
+        now, state = T0 + since, "planned"
         while now <= T0 + until:
             self.tick(now)
             state = drive(self.store, self.action_id, settings=self.settings, now=now)
