@@ -35,7 +35,7 @@ from collector.command_runner import CommandRunner
 from collector.job_control import DEFAULT_STOP_GRACE_S, stop_tree
 from collector.job_reaper import REAPER, alive
 from collector.launch import find_managed_processes
-from enforcer.gate import LaneGate
+from collector.sdk_handlers import LaneGate
 from store.db import Store
 from store.models import Action, ActionEvent, Device, Placement
 from store.placements import MOVE_OVER
@@ -155,7 +155,6 @@ class Fencer:
                  every_s: float = FENCE_EVERY_S) -> None:
         self.store, self.host_id, self.gate, self.every_s = store, host_id, gate, every_s
         self.last: float | None = None  # monotonic time of the last fence; None: due at once
-
         self.owed: list[dict[str, Any]] = []  # stops made with the database away, to record when it is back
 
     def outage(self) -> None:
