@@ -124,9 +124,13 @@ def _nothing() -> Iterator[None]:
 
 # Under pytest-xdist (`make test` runs two workers) the tests that start a whole deployment run one at a time: each
 # group below runs on one worker, the longest first, while the other worker takes the short tests one by one.
+# "ray": the live Ray Tune tests share one Ray cluster per module (tests/sweeps/test_tune_live.py), so they must all
+# run on one worker, or each worker starts a cluster of its own and two run at once on a two-core machine.
+# xdist hands out the groups before the single tests whatever this order says (it sorts the units by their number of
+# tests, --loadscope-reorder, its default); the order below holds in a run without xdist and among equal counts.
 SERIAL_GROUPS = {"tests/e2e/test_demo.py": "demo", "tests/e2e/test_demo_signals.py": "demo",
-                 "tests/dags/test_celery_executor.py": "celery"}
-GROUP_ORDER = ("demo", "celery", "slurm")
+                 "tests/dags/test_celery_executor.py": "celery", "tests/sweeps/test_tune_live.py": "ray"}
+GROUP_ORDER = ("demo", "celery", "slurm", "ray")
 SERIAL_FOLDERS = {"tests/slurm/": "slurm"}  # one real Slurm cluster per worker: all its tests on one worker
 
 
