@@ -123,13 +123,17 @@ def _nothing() -> Iterator[None]:
 
 
 # Under pytest-xdist (`make test` runs two workers) the tests that start a whole deployment run one at a time: each
-# group below runs on one worker, the longest first, while the other worker takes the short tests one by one.
-# A module whose tests share a costly module fixture is a group too, so that the fixture is built once rather than on
-# each worker that gets one of its tests: the Alibaba day backfilled into Prometheus and imported (most of a minute).
+# group below runs on one worker, while the other worker takes other work. A module whose tests share a costly module
+# fixture is a group too, so that the fixture is built once rather than on each worker that gets one of its tests: the
+# Alibaba day backfilled into Prometheus and imported (most of a minute), the Ray cluster of the live Ray Tune tests
+# (two clusters at once on a two-core machine would each time out starting). xdist hands out the groups before the
+# single tests whatever this order says (it sorts the units by their number of tests, --loadscope-reorder, its
+# default); the order below holds in a run without xdist and among equal counts.
 SERIAL_GROUPS = {"tests/e2e/test_demo.py": "demo", "tests/e2e/test_demo_signals.py": "demo",
                  "tests/dags/test_celery_executor.py": "celery",
-                 "tests/analyzer/test_telemetry_prometheus.py": "alibaba-prometheus"}
-GROUP_ORDER = ("demo", "celery", "slurm", "alibaba-prometheus")
+                 "tests/analyzer/test_telemetry_prometheus.py": "alibaba-prometheus",
+                 "tests/sweeps/test_tune_live.py": "ray"}
+GROUP_ORDER = ("demo", "celery", "slurm", "ray", "alibaba-prometheus")
 SERIAL_FOLDERS = {"tests/slurm/": "slurm"}  # one real Slurm cluster per worker: all its tests on one worker
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 import time
@@ -9,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from enforcer.sim.sweeps.tune_model import run_tune_model
@@ -30,34 +33,92 @@ SCALE = 1.0  # wall seconds per simulated second in the live run
 FLUID = FluidConfig(GPUS, SPEED, dynamic=True, restart_s=1.0)
 
 
-@pytest.fixture
-def ray_cluster(fleet_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """Ray on 2 CPUs and 4 logical GPUs, its processes marked by the test's FLEETLENS_HOME; stopped however the
-    test ends, and no raylet or GCS left behind."""
-    ray, _ = need_ray()
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    try:
+class _Cluster:
+    """Ray on 2 CPUs and 4 logical GPUs, its processes marked by `home` (FLEETLENS_HOME, set before it starts)."""
+
+    def __init__(self, ray: object, home: Path, temp: str) -> None:
+        self.ray, self.home, self.temp = ray, home, temp
+
+    def start(self) -> None:
         for attempt in (1, 2):  # Ray waits a fixed 30 s for its raylet; a loaded machine may need a second go
             try:
-                ray.init(num_cpus=2, num_gpus=GPUS, include_dashboard=False, _temp_dir=temp, log_to_driver=False,
-                         configure_logging=False)
-                break
+                self.ray.init(num_cpus=2, num_gpus=GPUS, include_dashboard=False, _temp_dir=self.temp,
+                              log_to_driver=False, configure_logging=False)
+                return
             except Exception as exc:  # Ray raises a bare Exception for this
-                ray.shutdown()
+                self.ray.shutdown()
                 if attempt == 2 or "timed out during startup" not in str(exc):
                     raise
-                for proc in processes_under(tmp_path):
+                for proc in processes_under(self.home):
                     proc.kill()
-        yield ray
-    finally:
-        ray.shutdown()
+
+    def stop(self) -> list[psutil.Process]:
+        """Ray shut down; the processes of it still running 20 s later, killed (returned to be named)."""
+        self.ray.shutdown()
         deadline = time.monotonic() + 20
-        while processes_under(tmp_path) and time.monotonic() < deadline:
+        while processes_under(self.home) and time.monotonic() < deadline:
             time.sleep(0.5)
-        left = processes_under(tmp_path)
-        shutil.rmtree(temp, ignore_errors=True)
-        assert not left, f"Ray left processes running: {[p.pid for p in left]}"
+        left = processes_under(self.home)
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(left, timeout=10)
+        return left
+
+    def clean(self) -> bool:
+        """Every placement group a test left (its own, or a trial's that Tune did not end) removed, which ends the
+        actors and tasks in it; True once all the CPUs and GPUs are free again (within 30 s)."""
+        from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+        for pg_id, info in placement_group_table().items():
+            if info["state"] != "REMOVED":
+                remove_placement_group(PlacementGroup(self.ray.PlacementGroupID(bytes.fromhex(pg_id))))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            free = self.ray.available_resources()
+            if free.get("CPU", 0.0) == 2.0 and free.get("GPU", 0.0) == GPUS:
+                return True
+            time.sleep(0.2)
+        return False
+
+
+@pytest.fixture(scope="module")
+def ray_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Cluster]:
+    """One Ray cluster for the module (starting one takes 20 to 40 s here), its processes marked by a FLEETLENS_HOME
+    of the module's own; stopped however the module ends, and no raylet, GCS or worker left behind."""
+    ray, _ = need_ray()
+    home = tmp_path_factory.mktemp("rayhome")
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    cluster = _Cluster(ray, home, temp)
+    with pytest.MonkeyPatch.context() as env:  # Ray's processes inherit the environment ray.init runs in
+        for var in list(os.environ):
+            if var.startswith("FLEETLENS_") and var != "FLEETLENS_TEST_PG_URL":
+                env.delenv(var)
+        env.setenv("FLEETLENS_HOME", str(home))
+        env.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            left = cluster.stop()
+            shutil.rmtree(temp, ignore_errors=True)
+            assert not left, f"Ray left processes running: {[p.pid for p in left]}"
+
+
+@pytest.fixture
+def ray_cluster(ray_module: _Cluster) -> Iterator[object]:
+    """The module's Ray cluster, all of it free for the test; after it, whatever the test left on it is removed, and
+    if Ray does not get all its CPUs and GPUs back the cluster is restarted for the next test."""
+    if not ray_module.ray.is_initialized():
+        ray_module.start()
+    yield ray_module.ray
+    try:
+        clean = ray_module.clean()
+    except Exception:  # Ray itself broke in the test: a new cluster for the next
+        clean = False
+    if not clean:
+        left = ray_module.stop()
+        print(f"Ray did not free its resources after the test: restarted (killed {[p.pid for p in left]})")
 
 
 def _fluid_sweep(tmp_path: Path, store: Store, name: str, *, callbacks: tuple = (),
