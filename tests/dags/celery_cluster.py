@@ -38,15 +38,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def marked(mark: str) -> list[psutil.Process]:
-    """Processes whose environment carries this run's mark."""
+def marked(mark: str, home: str | None = None) -> list[psutil.Process]:
+    """Processes whose environment carries this run's mark (and, given `home`, that AIRFLOW_HOME: one component's)."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get(RUN_MARK) == mark:
-                found.append(proc)
+            env = proc.environ()
         except psutil.Error:
             continue
+        if env.get(RUN_MARK) == mark and (home is None or env.get("AIRFLOW_HOME") == home):
+            found.append(proc)
     return found
 
 
@@ -79,7 +80,7 @@ class CeleryCluster:
         env.update({
             RUN_MARK: self.mark,
             "PYTHONPATH": os.pathsep.join(str(p) for p in (PROJECT_ROOT, extra_path) if p),
-            "AIRFLOW_HOME": str(home / "airflow"),
+            "AIRFLOW_HOME": self.env_home(name),
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -159,14 +160,37 @@ class CeleryCluster:
             return list(conn.execute(text(sql), params).all())
 
     def kill(self, name: str) -> None:
-        """SIGKILL one component's whole process group (a machine lost, not a shutdown)."""
+        """SIGKILL one component and every process it started (a machine lost, not a shutdown): its process group,
+        and what left that group, such as the process a Celery worker runs a task in (Airflow's supervisor puts it in
+        a group of its own), which would otherwise finish the task's work unseen. Those are found as descendants
+        (read while the tree stands) and by environment (setproctitle may overwrite what /proc shows of it)."""
         proc = self.procs.pop(name)
         self.killed[name] = proc
+        home = self.env_home(name)
+        try:
+            members = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            members = []
+        members += [p for p in marked(self.mark, home) if p not in members]
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        deadline = time.monotonic() + 30
+        while members:
+            for p in members:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    continue
+            psutil.wait_procs(members, timeout=5)
+            assert time.monotonic() < deadline, f"{name}: processes survive SIGKILL: {members}"
+            members = [p for p in marked(self.mark, home) if p.is_running()]  # forked before it died
         proc.wait(timeout=30)
+
+    def env_home(self, name: str) -> str:
+        """The AIRFLOW_HOME component `name` runs with (and every process it starts inherits)."""
+        return str(self.root / name / "airflow")
 
     def stop(self) -> list[str]:
         """Stop every process group, then anything else carrying this run's mark; returns what was left over after
