@@ -27,3 +27,13 @@ def processes_under(folder: Path) -> list[psutil.Process]:
         except (OSError, psutil.Error):
             continue
     return found
+
+
+def kill_all(procs: list[psutil.Process], timeout: float = 10) -> None:
+    """SIGKILL each of `procs` (one already gone is skipped) and wait up to `timeout` s for them to be gone."""
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(procs, timeout=timeout)

@@ -26,6 +26,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from tests.conftest import PROJECT_ROOT
+from tests.procs import kill_all
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
 RUN_MARK = "FLEETLENS_TEST_CELERY_RUN"
@@ -178,12 +179,7 @@ class CeleryCluster:
             pass
         deadline = time.monotonic() + 30
         while members:
-            for p in members:
-                try:
-                    p.kill()
-                except psutil.Error:
-                    continue
-            psutil.wait_procs(members, timeout=5)
+            kill_all(members, timeout=5)
             assert time.monotonic() < deadline, f"{name}: processes survive SIGKILL: {members}"
             members = [p for p in marked(self.mark, home) if p.is_running()]  # forked before it died
         proc.wait(timeout=30)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
@@ -19,7 +18,7 @@ from enforcer.sweeps.fluid import FluidConfig
 from enforcer.sweeps.speed import SpeedModel
 from store.db import Store
 from store.sweeps import events, gpu_use
-from tests.procs import processes_under
+from tests.procs import kill_all, processes_under
 from tests.sweeps.needs_ray import need_ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -49,8 +48,7 @@ class _Cluster:
                 self.ray.shutdown()
                 if attempt == 2 or "timed out during startup" not in str(exc):
                     raise
-                for proc in processes_under(self.home):
-                    proc.kill()
+                kill_all(processes_under(self.home))
 
     def stop(self) -> list[psutil.Process]:
         """Ray shut down; the processes of it still running 20 s later, killed (returned to be named)."""
@@ -59,10 +57,7 @@ class _Cluster:
         while processes_under(self.home) and time.monotonic() < deadline:
             time.sleep(0.5)
         left = processes_under(self.home)
-        for proc in left:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(left, timeout=10)
+        kill_all(left)
         return left
 
     def clean(self) -> bool:
